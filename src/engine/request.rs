@@ -1,0 +1,119 @@
+//! What crosses the channel between the binding layer and the engine thread: commands in,
+//! per-request events out.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::error::EngineError;
+use crate::tokenizer::ChatMessage;
+
+/// What a request evaluates. Chat input goes through the model's chat template and into the
+/// session's history; raw text and tokens continue the session's token stream as they are.
+#[derive(Clone, Debug)]
+pub enum Input {
+    Chat(Vec<ChatMessage>),
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// Per-request options; `None` falls back to `generation_config.json`, then to library defaults.
+#[derive(Clone, Debug, Default)]
+pub struct GenerateOptions {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub top_logprobs: Option<usize>,
+    pub enable_thinking: Option<bool>,
+}
+
+#[derive(Clone, Debug)]
+pub struct TokenChunk {
+    pub token_id: u32,
+    pub text: String,
+    pub logprob: f32,
+    pub top_logprobs: Option<Vec<(u32, f32)>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Timings {
+    /// Request received by the engine → first token sampled.
+    pub ttft_ms: f64,
+    /// Decode throughput after the first token (whole request when only one token).
+    pub tokens_per_second: f64,
+    /// Prompt tokens evaluated (not cached) per second of prefill.
+    pub prefill_tokens_per_second: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+}
+
+pub enum Event {
+    Token(TokenChunk),
+    Done(Completion),
+    Error(EngineError),
+}
+
+/// State a session shares between its JS handle and the engine thread.
+#[derive(Default)]
+pub struct SessionShared {
+    /// Set by the binding when a request starts, cleared by the engine when it ends: a second
+    /// concurrent request is refused synchronously with `SESSION_BUSY`.
+    pub busy: AtomicBool,
+    pub history: Mutex<Vec<ChatMessage>>,
+    pub system: Option<String>,
+}
+
+pub struct GenerateRequest {
+    pub session: u64,
+    pub input: Input,
+    pub options: GenerateOptions,
+    pub events: UnboundedSender<Event>,
+    pub cancel: Arc<AtomicBool>,
+}
+
+pub enum Command {
+    CreateSession { id: u64, shared: Arc<SessionShared> },
+    Generate(Box<GenerateRequest>),
+    ResetSession { id: u64 },
+    DropSession { id: u64 },
+    Shutdown { done: tokio::sync::oneshot::Sender<()> },
+}

@@ -1,0 +1,227 @@
+//! One running request: its sampler, incremental detokenizer, stop-string matcher and
+//! counters. The scheduler feeds it one sampled token at a time and it decides what text to
+//! release and whether to finish.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::request::{Completion, Event, FinishReason, TokenChunk, Timings, Usage};
+use crate::sampling::{Sampled, Sampler};
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+
+/// Holds back text that could still become a stop string, across token boundaries.
+pub struct StopMatcher {
+    stops: Vec<String>,
+    pending: String,
+}
+
+impl StopMatcher {
+    pub fn new(stops: Vec<String>) -> Self {
+        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), pending: String::new() }
+    }
+
+    /// Adds `delta`; returns the text that is safe to emit and whether a stop string matched
+    /// (the stop string and anything after it are never emitted).
+    pub fn push(&mut self, delta: &str) -> (String, bool) {
+        self.pending.push_str(delta);
+        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+            let out = self.pending[..at].to_string();
+            self.pending.clear();
+            return (out, true);
+        }
+        // Keep the longest suffix of `pending` that is a proper prefix of some stop string.
+        let keep = self
+            .stops
+            .iter()
+            .map(|s| {
+                (1..s.len().min(self.pending.len() + 1))
+                    .rev()
+                    .find(|&n| s.is_char_boundary(n) && self.pending.ends_with(&s[..n]))
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
+        let cut = self.pending.len() - keep;
+        let out = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (out, false)
+    }
+
+    /// Text still held back when generation ends for another reason.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+pub struct Sequence {
+    pub session: u64,
+    /// Prompt tokens still to evaluate (the uncached suffix), consumed by the first step.
+    pub pending_prompt: Vec<u32>,
+    /// The last sampled token, fed to the model in the next decode step.
+    pub last_token: Option<u32>,
+    pub sampler: Sampler,
+    pub max_tokens: usize,
+    pub eos: Vec<u32>,
+    pub events: UnboundedSender<Event>,
+    pub cancel: Arc<AtomicBool>,
+    pub is_chat: bool,
+    detok: IncrementalDecoder,
+    stop: StopMatcher,
+    want_top: bool,
+    stopped_by_string: bool,
+    text: String,
+    tokens: Vec<u32>,
+    usage: Usage,
+    started: Instant,
+    prefill_done: Option<Instant>,
+    first_token: Option<Instant>,
+}
+
+impl Sequence {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        session: u64,
+        pending_prompt: Vec<u32>,
+        sampler: Sampler,
+        max_tokens: usize,
+        eos: Vec<u32>,
+        stops: Vec<String>,
+        want_top: bool,
+        events: UnboundedSender<Event>,
+        cancel: Arc<AtomicBool>,
+        usage: Usage,
+        is_chat: bool,
+        started: Instant,
+    ) -> Self {
+        Self {
+            session,
+            pending_prompt,
+            last_token: None,
+            sampler,
+            max_tokens,
+            eos,
+            events,
+            cancel,
+            is_chat,
+            detok: IncrementalDecoder::new(),
+            stop: StopMatcher::new(stops),
+            want_top,
+            stopped_by_string: false,
+            text: String::new(),
+            tokens: Vec::new(),
+            usage,
+            started,
+            prefill_done: None,
+            first_token: None,
+        }
+    }
+
+    /// Cancelled by the caller, or nobody listens any more (the JS stream was dropped).
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
+    }
+
+    pub fn mark_prefill_done(&mut self) {
+        self.prefill_done = Some(Instant::now());
+    }
+
+    /// Handles one sampled token: emits its chunk and returns `Some(reason)` when the
+    /// request is over. `room_left` is false when the context has no position for another token.
+    pub fn on_token(&mut self, tok: &Tokenizer, s: Sampled, room_left: bool) -> Option<FinishReason> {
+        let now = Instant::now();
+        self.first_token.get_or_insert(now);
+        self.usage.completion_tokens += 1;
+        self.tokens.push(s.token);
+        self.sampler.accept(s.token);
+        let is_eos = self.eos.contains(&s.token);
+        let (text, stopped) = if is_eos {
+            (String::new(), false)
+        } else {
+            let delta = self.detok.push(tok, s.token).unwrap_or_default();
+            self.stop.push(&delta)
+        };
+        self.stopped_by_string = stopped;
+        self.text.push_str(&text);
+        let chunk = TokenChunk {
+            token_id: s.token,
+            text,
+            logprob: s.logprob,
+            top_logprobs: self.want_top.then_some(s.top_logprobs),
+        };
+        let _ = self.events.send(Event::Token(chunk));
+        self.last_token = Some(s.token);
+        if is_eos || stopped {
+            Some(FinishReason::Stop)
+        } else if self.usage.completion_tokens >= self.max_tokens || !room_left {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+
+    /// Sends the summary; returns the final text (for the session history).
+    pub fn finish(mut self, tok: &Tokenizer, reason: FinishReason) -> String {
+        // After a stop-string match nothing more is emitted; otherwise release what was held.
+        if !self.stopped_by_string {
+            let tail = self.detok.flush(tok).unwrap_or_default();
+            let (mut out, _) = self.stop.push(&tail);
+            out.push_str(&self.stop.finish());
+            self.text.push_str(&out);
+        }
+        let now = Instant::now();
+        let first = self.first_token.unwrap_or(now);
+        let decode_n = self.usage.completion_tokens.saturating_sub(1) as f64;
+        let decode_s = now.duration_since(first).as_secs_f64();
+        let prefill_s = self.prefill_done.unwrap_or(now).duration_since(self.started).as_secs_f64();
+        let evaluated = (self.usage.prompt_tokens - self.usage.cached_tokens) as f64;
+        let timings = Timings {
+            ttft_ms: first.duration_since(self.started).as_secs_f64() * 1e3,
+            tokens_per_second: if decode_n > 0.0 && decode_s > 0.0 {
+                decode_n / decode_s
+            } else {
+                self.usage.completion_tokens as f64 / now.duration_since(self.started).as_secs_f64().max(1e-9)
+            },
+            prefill_tokens_per_second: if prefill_s > 0.0 { evaluated / prefill_s } else { 0.0 },
+        };
+        let text = self.text.clone();
+        let _ = self.events.send(Event::Done(Completion {
+            text: self.text,
+            tokens: self.tokens,
+            finish_reason: reason,
+            usage: self.usage,
+            timings,
+        }));
+        text
+    }
+
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StopMatcher;
+
+    #[test]
+    fn stop_string_split_across_pushes_is_not_emitted() {
+        let mut m = StopMatcher::new(vec!["</end>".into()]);
+        assert_eq!(m.push("hello </"), ("hello ".to_string(), false));
+        assert_eq!(m.push("en"), (String::new(), false));
+        assert_eq!(m.push("d> tail"), (String::new(), true));
+    }
+
+    #[test]
+    fn held_back_prefix_is_released_when_it_diverges() {
+        let mut m = StopMatcher::new(vec!["STOP".into(), "xyz".into()]);
+        assert_eq!(m.push("aST"), ("a".to_string(), false));
+        assert_eq!(m.push("x"), ("ST".to_string(), false));
+        assert_eq!(m.finish(), "x");
+    }
+
+    #[test]
+    fn earliest_stop_wins() {
+        let mut m = StopMatcher::new(vec!["b".into(), "a".into()]);
+        assert_eq!(m.push("xxab"), ("xx".to_string(), true));
+    }
+}

@@ -1,0 +1,55 @@
+//! Engine errors. Every variant carries a stable, machine-readable `code` that the binding
+//! layer puts on the JS `Error` (`err.code`); messages are for humans and may change.
+
+#[derive(thiserror::Error, Debug, Clone)]
+pub enum EngineError {
+    #[error("model not found: {0}")]
+    ModelNotFound(String),
+    #[error("invalid model: {0}")]
+    InvalidModel(String),
+    #[error("unsupported architecture: {0}")]
+    UnsupportedArchitecture(String),
+    #[error("context overflow: {0}")]
+    ContextOverflow(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("session busy: {0}")]
+    SessionBusy(String),
+    #[error("disposed: {0}")]
+    Disposed(String),
+    #[error("no CUDA device: {0}")]
+    NoCudaDevice(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl EngineError {
+    /// The stable code exposed to JavaScript as `err.code`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::ModelNotFound(_) => "MODEL_NOT_FOUND",
+            Self::InvalidModel(_) => "INVALID_MODEL",
+            Self::UnsupportedArchitecture(_) => "UNSUPPORTED_ARCHITECTURE",
+            Self::ContextOverflow(_) => "CONTEXT_OVERFLOW",
+            Self::InvalidArgument(_) => "INVALID_ARGUMENT",
+            Self::SessionBusy(_) => "SESSION_BUSY",
+            Self::Disposed(_) => "DISPOSED",
+            Self::NoCudaDevice(_) => "NO_CUDA_DEVICE",
+            Self::Internal(_) => "INTERNAL",
+        }
+    }
+
+    /// Wraps a candle error raised while reading weights: the file is at fault, not us.
+    pub fn invalid_model(ctx: impl std::fmt::Display, e: impl std::fmt::Display) -> Self {
+        Self::InvalidModel(format!("{ctx}: {e}"))
+    }
+}
+
+/// Errors from tensor ops during a forward pass are internal: the inputs were validated before.
+impl From<candle_core::Error> for EngineError {
+    fn from(e: candle_core::Error) -> Self {
+        Self::Internal(e.to_string())
+    }
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

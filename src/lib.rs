@@ -1,0 +1,9 @@
+//! expert-runtime: an LLM inference engine with run-time PEFT experts.
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod sampling;
+pub mod tokenizer;
+pub mod kv;
+#[cfg(feature = "node")]
+pub mod napi;

@@ -1,0 +1,299 @@
+//! Model configuration, read from an HF `config.json` (transformers 4.x and 5.x forms) or from
+//! GGUF metadata, normalised into one [`ModelConfig`] that the decoder switches on.
+//!
+//! Family differences the decoder needs to know about:
+//! - Llama: plain attention; GGUF files store Q/K rows permuted for interleaved RoPE.
+//! - Qwen2: bias on the Q/K/V projections.
+//! - Qwen3: per-head RMSNorm on Q and K before RoPE, explicit `head_dim`.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{EngineError, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "llama" | "mistral" => Ok(Arch::Llama),
+            "qwen2" => Ok(Arch::Qwen2),
+            "qwen3" => Ok(Arch::Qwen3),
+            other => Err(EngineError::UnsupportedArchitecture(format!(
+                "'{other}' (supported: llama, qwen2, qwen3)"
+            ))),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    /// GGUF llama files permute Q/K rows so that RoPE rotates adjacent pairs.
+    pub rope_interleaved: bool,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    /// The dtype the checkpoint declares (`torch_dtype` / `dtype`), if any.
+    pub declared_dtype: Option<String>,
+}
+
+/// The subset of HF `config.json` we read. Both the 4.x (`rope_theta`, `rope_scaling`,
+/// `torch_dtype`) and the 5.x (`rope_parameters`, `dtype`) spellings are accepted.
+#[derive(Deserialize)]
+struct HfConfig {
+    model_type: Option<String>,
+    architectures: Option<Vec<String>>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: f64,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<Value>,
+    rope_parameters: Option<Value>,
+    max_position_embeddings: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    attention_bias: Option<bool>,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<Value>,
+    torch_dtype: Option<String>,
+    dtype: Option<String>,
+}
+
+/// `eos_token_id` is a number or a list of numbers (or null).
+pub fn token_id_list(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|n| n as u32).collect(),
+        _ => vec![],
+    }
+}
+
+/// RoPE scaling is not implemented yet: a scaling type other than the default is an error,
+/// never silently ignored (the model would produce plausible but wrong text past the
+/// original context).
+fn check_rope_scaling(v: Option<&Value>) -> Result<()> {
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(()) };
+    let ty = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
+    if ty == "default" {
+        return Ok(());
+    }
+    Err(EngineError::UnsupportedArchitecture(format!(
+        "rope scaling type '{ty}' is not supported yet"
+    )))
+}
+
+impl ModelConfig {
+    /// Parses HF `config.json` text.
+    pub fn from_hf_json(text: &str) -> Result<Self> {
+        let raw: Value = serde_json::from_str(text)
+            .map_err(|e| EngineError::invalid_model("config.json is not valid JSON", e))?;
+        let hf: HfConfig = serde_json::from_value(raw)
+            .map_err(|e| EngineError::invalid_model("config.json", e))?;
+        let model_type = hf
+            .model_type
+            .clone()
+            .or_else(|| {
+                let a = hf.architectures.as_ref()?.first()?.to_lowercase();
+                ["qwen3", "qwen2", "llama"].into_iter().find(|p| a.starts_with(p)).map(String::from)
+            })
+            .ok_or_else(|| EngineError::InvalidModel("config.json has no model_type".into()))?;
+        let arch = Arch::from_name(&model_type)?;
+
+        // transformers 5.x moves the theta into `rope_parameters`.
+        check_rope_scaling(hf.rope_scaling.as_ref())?;
+        check_rope_scaling(hf.rope_parameters.as_ref())?;
+        let rope_theta = hf
+            .rope_theta
+            .or_else(|| hf.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
+            .unwrap_or(10_000.0);
+
+        let num_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
+        let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1));
+        let cfg = ModelConfig {
+            arch,
+            vocab_size: hf.vocab_size,
+            hidden_size: hf.hidden_size,
+            intermediate_size: hf.intermediate_size,
+            num_layers: hf.num_hidden_layers,
+            num_heads: hf.num_attention_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: hf.rms_norm_eps,
+            rope_theta,
+            rope_interleaved: false,
+            max_position_embeddings: hf.max_position_embeddings,
+            tie_word_embeddings: hf.tie_word_embeddings,
+            qkv_bias: match arch {
+                Arch::Qwen2 => true,
+                _ => hf.attention_bias.unwrap_or(false),
+            },
+            qk_norm: arch == Arch::Qwen3,
+            bos_token_id: hf.bos_token_id,
+            eos_token_ids: token_id_list(hf.eos_token_id.as_ref()),
+            declared_dtype: hf.dtype.or(hf.torch_dtype),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads `{arch}.*` GGUF metadata the way llama.cpp writes it.
+    pub fn from_gguf(md: &HashMap<String, gguf_file::Value>) -> Result<Self> {
+        let s = |k: &str| md.get(k).and_then(|v| v.to_string().ok()).cloned();
+        let arch_name = s("general.architecture")
+            .ok_or_else(|| EngineError::InvalidModel("GGUF has no general.architecture".into()))?;
+        let arch = Arch::from_name(&arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let num = |k: &str| -> Option<u64> {
+            let v = md.get(&key(k))?;
+            v.to_u64().ok().or_else(|| v.to_u32().ok().map(u64::from)).or_else(|| v.to_i32().ok().map(|x| x as u64))
+        };
+        let req = |k: &str| -> Result<usize> {
+            num(k).map(|n| n as usize).ok_or_else(|| EngineError::InvalidModel(format!("GGUF metadata lacks {}", key(k))))
+        };
+        let float = |k: &str| md.get(&key(k)).and_then(|v| v.to_f32().ok().map(f64::from).or_else(|| v.to_f64().ok()));
+
+        let hidden_size = req("embedding_length")?;
+        let num_heads = req("attention.head_count")?;
+        let vocab_size = match num("vocab_size") {
+            Some(n) => n as usize,
+            None => md
+                .get("tokenizer.ggml.tokens")
+                .and_then(|v| v.to_vec().ok())
+                .map(|v| v.len())
+                .ok_or_else(|| EngineError::InvalidModel("GGUF has neither vocab_size nor tokens".into()))?,
+        };
+        let tok_id = |k: &str| md.get(k).and_then(|v| v.to_u32().ok());
+        let cfg = ModelConfig {
+            arch,
+            vocab_size,
+            hidden_size,
+            intermediate_size: req("feed_forward_length")?,
+            num_layers: req("block_count")?,
+            num_heads,
+            num_kv_heads: num("attention.head_count_kv").map(|n| n as usize).unwrap_or(num_heads),
+            head_dim: num("attention.key_length").map(|n| n as usize).unwrap_or(hidden_size / num_heads.max(1)),
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+            rope_theta: float("rope.freq_base").unwrap_or(10_000.0),
+            rope_interleaved: arch == Arch::Llama,
+            max_position_embeddings: num("context_length").map(|n| n as usize).unwrap_or(4096),
+            // Decided by the loader from the presence of `output.weight`.
+            tie_word_embeddings: false,
+            qkv_bias: arch == Arch::Qwen2,
+            qk_norm: arch == Arch::Qwen3,
+            bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
+            eos_token_ids: ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
+                .iter()
+                .filter_map(|k| tok_id(k))
+                .collect(),
+            declared_dtype: None,
+        };
+        if let Some(t) = s(&key("rope.scaling.type")).filter(|t| t != "none") {
+            return Err(EngineError::UnsupportedArchitecture(format!("rope scaling type '{t}' is not supported yet")));
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Invariants the decoder relies on, checked once here.
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(EngineError::InvalidModel(m));
+        if self.num_heads == 0 || self.num_kv_heads == 0 || self.head_dim == 0 || self.num_layers == 0 {
+            return bad("heads, kv heads, head_dim and layers must all be positive".into());
+        }
+        // Grouped-query attention maps `num_heads / num_kv_heads` query heads onto each KV head.
+        if self.num_heads % self.num_kv_heads != 0 {
+            return bad(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        // RoPE rotates pairs of dimensions.
+        if self.head_dim % 2 != 0 {
+            return bad(format!("head_dim {} must be even", self.head_dim));
+        }
+        if self.vocab_size == 0 || self.hidden_size == 0 || self.intermediate_size == 0 {
+            return bad("vocab_size, hidden_size and intermediate_size must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> serde_json::Value {
+        serde_json::json!({
+            "model_type": "qwen3", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 6,
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 64, "eos_token_id": [3, 4], "bos_token_id": null
+        })
+    }
+
+    #[test]
+    fn reads_both_config_forms() {
+        let mut v4 = base();
+        v4["rope_theta"] = 1e6.into();
+        v4["rope_scaling"] = serde_json::Value::Null;
+        v4["torch_dtype"] = "bfloat16".into();
+        let c = ModelConfig::from_hf_json(&v4.to_string()).unwrap();
+        assert_eq!((c.rope_theta, c.head_dim, c.eos_token_ids.clone()), (1e6, 6, vec![3, 4]));
+        assert_eq!(c.declared_dtype.as_deref(), Some("bfloat16"));
+        assert!(c.qk_norm && c.bos_token_id.is_none());
+
+        let mut v5 = base();
+        v5["rope_parameters"] = serde_json::json!({"rope_theta": 5e5, "rope_type": "default"});
+        v5["dtype"] = "float32".into();
+        v5["eos_token_id"] = 7.into();
+        let c = ModelConfig::from_hf_json(&v5.to_string()).unwrap();
+        assert_eq!((c.rope_theta, c.eos_token_ids.clone()), (5e5, vec![7]));
+    }
+
+    #[test]
+    fn rejects_unknown_rope_scaling_and_arch() {
+        let mut v = base();
+        v["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
+        assert_eq!(ModelConfig::from_hf_json(&v.to_string()).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE");
+        let mut v = base();
+        v["model_type"] = "gpt2".into();
+        assert_eq!(ModelConfig::from_hf_json(&v.to_string()).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE");
+        let mut v = base();
+        v["num_key_value_heads"] = 3.into();
+        assert_eq!(ModelConfig::from_hf_json(&v.to_string()).unwrap_err().code(), "INVALID_MODEL");
+        assert_eq!(ModelConfig::from_hf_json("{").unwrap_err().code(), "INVALID_MODEL");
+    }
+}

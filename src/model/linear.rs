@@ -1,0 +1,52 @@
+//! A linear layer over dense or GGUF-quantized weights: `y = x Wᵀ + b`.
+//!
+//! The weight stays in its stored form (dense tensor or `QMatMul` blocks); adapters add their
+//! own contribution on top of `forward` later and never touch `w`.
+
+use candle_core::quantized::QMatMul;
+use candle_core::{Module, Tensor};
+
+use crate::error::Result;
+
+pub enum Weight {
+    /// `[out, in]` in the model dtype.
+    Dense(Tensor),
+    Quantized(QMatMul),
+}
+
+pub struct Linear {
+    pub weight: Weight,
+    pub bias: Option<Tensor>,
+    pub out_features: usize,
+    pub in_features: usize,
+}
+
+impl Linear {
+    /// `x`: `[rows, in]` → `[rows, out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = match &self.weight {
+            Weight::Dense(w) => x.matmul(&w.t()?)?,
+            Weight::Quantized(q) => {
+                // Quantized kernels take f32 activations; the result is cast back.
+                let dt = x.dtype();
+                q.forward(&x.to_dtype(candle_core::DType::F32)?)?.to_dtype(dt)?
+            }
+        };
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+
+    /// Rows of the weight as embeddings (tied lm_head / token embeddings share one tensor).
+    pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(match &self.weight {
+            Weight::Dense(w) => w.index_select(ids, 0)?,
+            Weight::Quantized(q) => q.embedding(ids)?,
+        })
+    }
+
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.weight, Weight::Quantized(QMatMul::QTensor(_)))
+    }
+}

@@ -1,0 +1,264 @@
+//! Weight sources: an HF directory of (optionally sharded) safetensors, memory-mapped, or a
+//! GGUF file. Both answer requests by the HF tensor name (`model.layers.0.self_attn.q_proj`),
+//! so the decoder is written once; the GGUF source translates to llama.cpp names
+//! (`blk.0.attn_q`).
+//!
+//! Every failure to read a tensor (missing, wrong shape, truncated file) is reported as
+//! `INVALID_MODEL` naming the tensor, and every requested shape is checked here, once.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul};
+use candle_core::{DType, Device, Tensor};
+
+use super::linear::{Linear, Weight};
+use crate::error::{EngineError, Result};
+
+/// Reports `(loaded_bytes, total_bytes)` as tensors are read.
+pub type Progress<'a> = &'a dyn Fn(u64, u64);
+
+/// Where a model's tensors come from.
+pub trait WeightSource {
+    /// A dense tensor (norm weights, biases) in `dtype`, shape-checked.
+    fn tensor(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor>;
+    /// A linear layer `[out, inp]`, quantized when the file stores it quantized.
+    fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear>;
+    fn contains(&self, name: &str) -> bool;
+}
+
+// ---------------------------------------------------------------- safetensors
+
+pub struct SafetensorsSource<'a> {
+    st: candle_core::safetensors::MmapedSafetensors,
+    device: Device,
+    loaded: u64,
+    total: u64,
+    progress: Option<Progress<'a>>,
+}
+
+/// `model.safetensors`, or the shard list of `model.safetensors.index.json`.
+pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if !index.is_file() {
+        return Err(EngineError::InvalidModel(format!(
+            "{} has neither model.safetensors nor model.safetensors.index.json",
+            dir.display()
+        )));
+    }
+    let text = std::fs::read_to_string(&index).map_err(|e| EngineError::invalid_model(index.display(), e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| EngineError::invalid_model(index.display(), e))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| EngineError::InvalidModel(format!("{} has no weight_map", index.display())))?;
+    let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+    files.sort();
+    files.dedup();
+    files
+        .into_iter()
+        .map(|f| {
+            let p = dir.join(&f);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(EngineError::InvalidModel(format!("shard {f} listed in the index is missing")))
+            }
+        })
+        .collect()
+}
+
+impl<'a> SafetensorsSource<'a> {
+    pub fn open(files: &[PathBuf], device: &Device, progress: Option<Progress<'a>>) -> Result<Self> {
+        // SAFETY: the files are mapped read-only; we require that nobody truncates or rewrites
+        // a model file while it is loaded (the contract of every mmap-based loader). The
+        // header and every tensor's byte range are validated against the file length by
+        // `safetensors` before any access, so a truncated file is an error, not a fault.
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(files) }
+            .map_err(|e| EngineError::invalid_model("cannot read safetensors", e))?;
+        let total = st.tensors().iter().map(|(_, v)| v.data().len() as u64).sum();
+        Ok(Self { st, device: device.clone(), loaded: 0, total, progress })
+    }
+}
+
+impl WeightSource for SafetensorsSource<'_> {
+    fn tensor(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let view = self.st.get(name).map_err(|_| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
+        if view.shape() != shape {
+            return Err(EngineError::InvalidModel(format!(
+                "tensor {name} has shape {:?}, expected {shape:?}",
+                view.shape()
+            )));
+        }
+        let bytes = view.data().len() as u64;
+        let t = self
+            .st
+            .load(name, &self.device)
+            .and_then(|t| t.to_dtype(dtype))
+            .map_err(|e| EngineError::invalid_model(format!("tensor {name}"), e))?;
+        self.loaded += bytes;
+        if let Some(p) = self.progress {
+            p(self.loaded, self.total);
+        }
+        Ok(t)
+    }
+
+    fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear> {
+        let w = self.tensor(&format!("{name}.weight"), &[out, inp], dtype)?;
+        let bias = if bias { Some(self.tensor(&format!("{name}.bias"), &[out], dtype)?) } else { None };
+        Ok(Linear { weight: Weight::Dense(w), bias, out_features: out, in_features: inp })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.st.get(name).is_ok()
+    }
+}
+
+// ---------------------------------------------------------------- GGUF
+
+const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+
+/// True when the file starts with the GGUF magic.
+pub fn is_gguf(path: &Path) -> bool {
+    let mut m = [0u8; 4];
+    File::open(path).and_then(|mut f| f.read_exact(&mut m)).map(|_| m == GGUF_MAGIC).unwrap_or(false)
+}
+
+pub struct GgufSource<'a> {
+    content: gguf_file::Content,
+    reader: BufReader<File>,
+    device: Device,
+    file_len: u64,
+    loaded: u64,
+    total: u64,
+    progress: Option<Progress<'a>>,
+    dequantize: bool,
+}
+
+/// HF tensor name → llama.cpp GGUF tensor name.
+fn gguf_name(hf: &str) -> String {
+    if let Some(rest) = hf.strip_prefix("model.layers.") {
+        let (idx, tail) = rest.split_once('.').unwrap_or((rest, ""));
+        let t = match tail {
+            "input_layernorm" => "attn_norm",
+            "post_attention_layernorm" => "ffn_norm",
+            "self_attn.q_proj" => "attn_q",
+            "self_attn.k_proj" => "attn_k",
+            "self_attn.v_proj" => "attn_v",
+            "self_attn.o_proj" => "attn_output",
+            "self_attn.q_norm" => "attn_q_norm",
+            "self_attn.k_norm" => "attn_k_norm",
+            "mlp.gate_proj" => "ffn_gate",
+            "mlp.up_proj" => "ffn_up",
+            "mlp.down_proj" => "ffn_down",
+            other => other,
+        };
+        return format!("blk.{idx}.{t}");
+    }
+    match hf {
+        "model.embed_tokens" => "token_embd".into(),
+        "model.norm" => "output_norm".into(),
+        "lm_head" => "output".into(),
+        other => other.into(),
+    }
+}
+
+impl<'a> GgufSource<'a> {
+    pub fn open(path: &Path, device: &Device, progress: Option<Progress<'a>>) -> Result<Self> {
+        let file = File::open(path).map_err(|e| EngineError::invalid_model(path.display(), e))?;
+        let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let mut reader = BufReader::new(file);
+        if !is_gguf(path) {
+            return Err(EngineError::InvalidModel(format!("{} is not a GGUF file (bad magic)", path.display())));
+        }
+        let content = gguf_file::Content::read(&mut reader)
+            .map_err(|e| EngineError::invalid_model(format!("GGUF header of {}", path.display()), e))?;
+        let total = content
+            .tensor_infos
+            .values()
+            .map(|i| (i.shape.elem_count() / i.ggml_dtype.block_size() * i.ggml_dtype.type_size()) as u64)
+            .sum();
+        Ok(Self { content, reader, device: device.clone(), file_len, loaded: 0, total, progress, dequantize: false })
+    }
+
+    /// Store every weight dense (dequantized) instead of quantized.
+    pub fn dequantize(mut self, yes: bool) -> Self {
+        self.dequantize = yes;
+        self
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
+        &self.content.metadata
+    }
+
+    /// Reads a tensor, checking its shape and that its bytes lie inside the file (a
+    /// truncated download must fail cleanly, not read past the end).
+    fn read(&mut self, name: &str, shape: &[usize]) -> Result<candle_core::quantized::QTensor> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
+        if info.shape.dims() != shape {
+            return Err(EngineError::InvalidModel(format!(
+                "tensor {name} has shape {:?}, expected {shape:?}",
+                info.shape.dims()
+            )));
+        }
+        let bytes = (info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size()) as u64;
+        let end = self.content.tensor_data_offset + info.offset + bytes;
+        if end > self.file_len {
+            return Err(EngineError::InvalidModel(format!(
+                "tensor {name} ends at byte {end} but the file has {} bytes (truncated?)",
+                self.file_len
+            )));
+        }
+        let q = self
+            .content
+            .tensor(&mut self.reader, name, &self.device)
+            .map_err(|e| EngineError::invalid_model(format!("tensor {name}"), e))?;
+        self.loaded += bytes;
+        if let Some(p) = self.progress {
+            p(self.loaded, self.total);
+        }
+        Ok(q)
+    }
+}
+
+impl WeightSource for GgufSource<'_> {
+    fn tensor(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let g = gguf_name(name.trim_end_matches(".weight").trim_end_matches(".bias"));
+        let suffix = if name.ends_with(".bias") { "bias" } else { "weight" };
+        let q = self.read(&format!("{g}.{suffix}"), shape)?;
+        Ok(q.dequantize(&self.device)?.to_dtype(dtype)?)
+    }
+
+    fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear> {
+        let g = gguf_name(name);
+        let q = self.read(&format!("{g}.weight"), &[out, inp])?;
+        let weight = match q.dtype() {
+            _ if self.dequantize => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
+            _ => Weight::Quantized(QMatMul::from_qtensor(q)?),
+        };
+        let bias = if bias {
+            let b = self.read(&format!("{g}.bias"), &[out])?;
+            Some(b.dequantize(&self.device)?.to_dtype(dtype)?)
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias, out_features: out, in_features: inp })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(&format!("{}.weight", gguf_name(name)))
+    }
+}
+

@@ -1,0 +1,9 @@
+//! Decoder-only transformer models: configuration, weight loading and the forward pass.
+//! One decoder covers the Llama, Qwen2 and Qwen3 families, switched by [`config::ModelConfig`].
+pub mod config;
+pub mod decoder;
+pub mod linear;
+pub mod loader;
+
+pub use config::{Arch, ModelConfig};
+pub use decoder::Decoder;

@@ -1,0 +1,114 @@
+//! `NativeRuntime`: a loaded model behind the engine thread. Wrapped by lib/runtime.ts.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use napi::bindgen_prelude::*;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi_derive::napi;
+
+use super::error::{disposed, to_napi};
+use super::session::NativeSession;
+use super::types::{LoadProgress, NativeLoadOptions, RuntimeInfo};
+use crate::engine::{Engine, LoadOptions};
+use crate::error::EngineError;
+
+type ProgressFn = ThreadsafeFunction<LoadProgress, (), LoadProgress, Status, false>;
+
+#[napi]
+pub struct NativeRuntime {
+    engine: Mutex<Option<Arc<Engine>>>,
+}
+
+impl NativeRuntime {
+    fn engine(&self) -> Result<Arc<Engine>> {
+        self.engine.lock().unwrap().clone().ok_or_else(|| disposed("runtime"))
+    }
+}
+
+/// Loads a model on a new engine thread; resolves once it is ready. Progress callbacks are
+/// queued to the JS thread without blocking the loader.
+#[napi]
+pub async fn load_runtime(path: String, options: Option<NativeLoadOptions>, on_progress: Option<ProgressFn>) -> Result<NativeRuntime> {
+    let o = options.unwrap_or(NativeLoadOptions { device: None, dtype: None, context_length: None, threads: None });
+    if o.threads == Some(0) {
+        return Err(to_napi(EngineError::InvalidArgument("threads must be at least 1".into())));
+    }
+    let opts = LoadOptions {
+        device: o.device,
+        dtype: o.dtype,
+        context_length: o.context_length.map(|n| n as usize),
+        threads: o.threads.map(|n| n as usize),
+    };
+    let progress: Box<dyn Fn(u64, u64) + Send> = match on_progress {
+        Some(f) => Box::new(move |loaded, total| {
+            f.call(
+                LoadProgress { loaded_bytes: loaded as f64, total_bytes: total as f64 },
+                ThreadsafeFunctionCallMode::NonBlocking,
+            );
+        }),
+        None => Box::new(|_, _| {}),
+    };
+    let rx = Engine::spawn(Path::new(&path), opts, progress);
+    let engine = rx
+        .await
+        .map_err(|_| to_napi(EngineError::Internal("the engine thread exited during load".into())))?
+        .map_err(to_napi)?;
+    Ok(NativeRuntime { engine: Mutex::new(Some(engine)) })
+}
+
+#[napi]
+impl NativeRuntime {
+    #[napi(getter)]
+    pub fn info(&self) -> Result<RuntimeInfo> {
+        let e = self.engine()?;
+        let i = &e.info;
+        Ok(RuntimeInfo {
+            architecture: i.architecture.clone(),
+            dtype: i.dtype.clone(),
+            device: i.device.clone(),
+            vocab_size: i.vocab_size as u32,
+            context_length: i.context_length as u32,
+            num_layers: i.num_layers as u32,
+            hidden_size: i.hidden_size as u32,
+            eos_token_ids: i.eos_token_ids.clone(),
+        })
+    }
+
+    #[napi]
+    pub fn tokenize(&self, text: String, add_special_tokens: Option<bool>) -> Result<Vec<u32>> {
+        let e = self.engine()?;
+        e.tokenizer.encode(&text, add_special_tokens.unwrap_or(true)).map_err(|m| to_napi(EngineError::Internal(m)))
+    }
+
+    #[napi]
+    pub fn detokenize(&self, ids: Vec<u32>) -> Result<String> {
+        let e = self.engine()?;
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= e.info.vocab_size) {
+            return Err(to_napi(EngineError::InvalidArgument(format!("token id {bad} is out of range"))));
+        }
+        e.tokenizer.decode(&ids, false).map_err(|m| to_napi(EngineError::Internal(m)))
+    }
+
+    #[napi]
+    pub fn create_session(&self, system: Option<String>) -> Result<NativeSession> {
+        let e = self.engine()?;
+        let handle = e.create_session(system).map_err(to_napi)?;
+        Ok(NativeSession::new(e, handle))
+    }
+
+    /// Cancels running requests and stops the engine thread; later calls fail with `DISPOSED`.
+    #[napi]
+    pub async fn dispose(&self) -> Result<()> {
+        let engine = self.engine.lock().unwrap().take();
+        if let Some(e) = engine {
+            let _ = e.shutdown().await;
+        }
+        Ok(())
+    }
+
+    #[napi(getter)]
+    pub fn disposed(&self) -> bool {
+        self.engine.lock().unwrap().as_ref().is_none_or(|e| e.is_disposed())
+    }
+}

@@ -1,0 +1,78 @@
+//! `NativeSession`: one conversation and its KV cache on the engine thread.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+
+use super::error::{disposed, to_napi};
+use super::stream::TokenStream;
+use super::types::{JsChatMessage, NativeGenerateOptions, NativeInput};
+use crate::engine::{Engine, SessionHandle};
+
+#[napi]
+pub struct NativeSession {
+    engine: Arc<Engine>,
+    handle: SessionHandle,
+    disposed: AtomicBool,
+}
+
+impl NativeSession {
+    pub fn new(engine: Arc<Engine>, handle: SessionHandle) -> Self {
+        Self { engine, handle, disposed: AtomicBool::new(false) }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.disposed.load(Ordering::Acquire) {
+            return Err(disposed("session"));
+        }
+        if self.engine.is_disposed() {
+            return Err(disposed("runtime"));
+        }
+        Ok(())
+    }
+}
+
+#[napi]
+impl NativeSession {
+    /// Queues a request and returns its token stream. Throws `SESSION_BUSY` synchronously
+    /// when this session is already generating.
+    #[napi]
+    pub fn generate(&self, input: NativeInput, options: Option<NativeGenerateOptions>) -> Result<TokenStream> {
+        self.check()?;
+        let input = input.into_engine()?;
+        let options = options.unwrap_or_default().into_engine()?;
+        let g = self.engine.generate(&self.handle, input, options).map_err(to_napi)?;
+        Ok(TokenStream::new(g))
+    }
+
+    #[napi(getter)]
+    pub fn history(&self) -> Vec<JsChatMessage> {
+        self.handle.shared.history.lock().unwrap().iter().cloned().map(Into::into).collect()
+    }
+
+    #[napi(getter)]
+    pub fn busy(&self) -> bool {
+        self.handle.shared.busy.load(Ordering::Acquire)
+    }
+
+    #[napi]
+    pub fn reset(&self) -> Result<()> {
+        self.check()?;
+        self.engine.reset_session(&self.handle).map_err(to_napi)
+    }
+
+    #[napi]
+    pub fn dispose(&self) {
+        if !self.disposed.swap(true, Ordering::AcqRel) {
+            self.engine.drop_session(self.handle.id);
+        }
+    }
+}
+
+impl Drop for NativeSession {
+    fn drop(&mut self) {
+        self.dispose();
+    }
+}

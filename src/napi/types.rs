@@ -1,0 +1,190 @@
+//! Plain JS objects crossing the boundary (`#[napi(object)]`), and their conversions.
+
+use napi_derive::napi;
+
+use super::error::invalid;
+use crate::engine::{self, Completion, TokenChunk};
+use crate::tokenizer::ChatMessage;
+
+#[napi(object)]
+pub struct NativeLoadOptions {
+    pub device: Option<String>,
+    pub dtype: Option<String>,
+    pub context_length: Option<u32>,
+    pub threads: Option<u32>,
+}
+
+#[napi(object)]
+pub struct LoadProgress {
+    pub loaded_bytes: f64,
+    pub total_bytes: f64,
+}
+
+#[napi(object)]
+pub struct RuntimeInfo {
+    pub architecture: String,
+    pub dtype: String,
+    pub device: String,
+    pub vocab_size: u32,
+    pub context_length: u32,
+    pub num_layers: u32,
+    pub hidden_size: u32,
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[napi(object)]
+#[derive(Clone)]
+pub struct JsChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// The normalised input: exactly one of the fields is set (lib/session.ts builds it).
+#[napi(object)]
+pub struct NativeInput {
+    pub messages: Option<Vec<JsChatMessage>>,
+    pub text: Option<String>,
+    pub tokens: Option<Vec<u32>>,
+}
+
+#[napi(object)]
+#[derive(Default)]
+pub struct NativeGenerateOptions {
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_k: Option<u32>,
+    pub top_p: Option<f64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub seed: Option<f64>,
+    pub stop: Option<Vec<String>>,
+    pub top_logprobs: Option<u32>,
+    pub enable_thinking: Option<bool>,
+}
+
+#[napi(object)]
+pub struct TopLogprob {
+    pub token_id: u32,
+    pub logprob: f64,
+}
+
+#[napi(object)]
+pub struct JsTokenChunk {
+    pub token_id: u32,
+    pub text: String,
+    pub logprob: f64,
+    pub top_logprobs: Option<Vec<TopLogprob>>,
+}
+
+#[napi(object)]
+pub struct JsUsage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub cached_tokens: u32,
+}
+
+#[napi(object)]
+pub struct JsTimings {
+    pub ttft_ms: f64,
+    pub tokens_per_second: f64,
+    pub prefill_tokens_per_second: f64,
+}
+
+#[napi(object)]
+pub struct JsCompletion {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub finish_reason: String,
+    pub usage: JsUsage,
+    pub timings: JsTimings,
+}
+
+impl From<ChatMessage> for JsChatMessage {
+    fn from(m: ChatMessage) -> Self {
+        Self { role: m.role, content: m.content }
+    }
+}
+
+impl From<JsChatMessage> for ChatMessage {
+    fn from(m: JsChatMessage) -> Self {
+        Self { role: m.role, content: m.content }
+    }
+}
+
+impl From<TokenChunk> for JsTokenChunk {
+    fn from(c: TokenChunk) -> Self {
+        Self {
+            token_id: c.token_id,
+            text: c.text,
+            logprob: c.logprob as f64,
+            top_logprobs: c
+                .top_logprobs
+                .map(|v| v.into_iter().map(|(token_id, lp)| TopLogprob { token_id, logprob: lp as f64 }).collect()),
+        }
+    }
+}
+
+impl From<Completion> for JsCompletion {
+    fn from(c: Completion) -> Self {
+        Self {
+            text: c.text,
+            tokens: c.tokens,
+            finish_reason: c.finish_reason.as_str().into(),
+            usage: JsUsage {
+                prompt_tokens: c.usage.prompt_tokens as u32,
+                completion_tokens: c.usage.completion_tokens as u32,
+                cached_tokens: c.usage.cached_tokens as u32,
+            },
+            timings: JsTimings {
+                ttft_ms: c.timings.ttft_ms,
+                tokens_per_second: c.timings.tokens_per_second,
+                prefill_tokens_per_second: c.timings.prefill_tokens_per_second,
+            },
+        }
+    }
+}
+
+impl NativeInput {
+    pub fn into_engine(self) -> napi::Result<engine::Input> {
+        match (self.messages, self.text, self.tokens) {
+            (Some(m), None, None) => Ok(engine::Input::Chat(m.into_iter().map(Into::into).collect())),
+            (None, Some(t), None) => Ok(engine::Input::Text(t)),
+            (None, None, Some(t)) => Ok(engine::Input::Tokens(t)),
+            _ => Err(invalid("input must be a string, a ChatMessage[], { text } or { tokens }")),
+        }
+    }
+}
+
+fn finite(name: &str, v: Option<f64>) -> napi::Result<Option<f32>> {
+    match v {
+        Some(x) if !x.is_finite() => Err(invalid(format!("{name} must be a finite number"))),
+        other => Ok(other.map(|x| x as f32)),
+    }
+}
+
+impl NativeGenerateOptions {
+    pub fn into_engine(self) -> napi::Result<engine::GenerateOptions> {
+        let seed = match self.seed {
+            Some(s) if !(s.is_finite() && s >= 0.0 && s.fract() == 0.0 && s <= 9007199254740991.0) => {
+                return Err(invalid("seed must be a non-negative integer"))
+            }
+            other => other.map(|s| s as u64),
+        };
+        Ok(engine::GenerateOptions {
+            max_tokens: self.max_tokens.map(|n| n as usize),
+            temperature: finite("temperature", self.temperature)?,
+            top_k: self.top_k.map(|n| n as usize),
+            top_p: finite("topP", self.top_p)?,
+            min_p: finite("minP", self.min_p)?,
+            repetition_penalty: finite("repetitionPenalty", self.repetition_penalty)?,
+            frequency_penalty: finite("frequencyPenalty", self.frequency_penalty)?,
+            presence_penalty: finite("presencePenalty", self.presence_penalty)?,
+            seed,
+            stop: self.stop.unwrap_or_default(),
+            top_logprobs: self.top_logprobs.map(|n| n as usize),
+            enable_thinking: self.enable_thinking,
+        })
+    }
+}

@@ -1,0 +1,515 @@
+//! Building a `tokenizers::Tokenizer` from GGUF metadata (`tokenizer.ggml.*`).
+//!
+//! Design: we do not re-implement llama.cpp's tokenizer; we translate its vocabulary into the
+//! equivalent HF `tokenizers` pipeline so that encode/decode share one well-tested engine:
+//!
+//! * `tokenizer.ggml.model == "gpt2"` (byte-level BPE): BPE model over `tokens`/`merges`,
+//!   pre-tokenizer = one `Split(regex, Isolated)` per regex that llama.cpp's
+//!   `llm_tokenizer_bpe` uses for `tokenizer.ggml.pre` (llama.cpp applies its regex list
+//!   sequentially, each one splitting the pieces produced by the previous one — exactly what a
+//!   `Sequence` of `Split`s does), followed by `ByteLevel(add_prefix_space=false,
+//!   use_regex=false)`; decoder = `ByteLevel` (no spaces are inserted between tokens).
+//!   Where llama.cpp only carries an adapted copy of the HF regex (std::regex lacks Unicode
+//!   classes) we use the original HF regex, which Oniguruma supports.
+//!   `ignore_merges` and the default for `add_bos` follow llama.cpp's per-`pre` settings.
+//! * `tokenizer.ggml.model == "llama"` (SentencePiece BPE): BPE with merges derived from the
+//!   token scores (the same construction HF's `SpmConverter` uses), `byte_fallback` over the
+//!   `<0xXX>` tokens, normalizer `Prepend("▁")` (when `add_space_prefix`) + `Replace(" ", "▁")`,
+//!   decoder `Replace("▁", " ")`, `ByteFallback`, `Fuse`, `Strip(1 leading space)`.
+//!
+//! Token types (llama.cpp `llama_token_type`): 3 = control → special added token (matched in
+//! text, skipped by `decode(.., skip_special_tokens=true)`), 4 = user-defined → non-special added
+//! token, 2 = unknown → special added token. BOS/EOS are not inserted by the `tokenizers`
+//! pipeline; [`GgufTokenizer::add_bos`]/[`GgufTokenizer::add_eos`] tell the caller to do it.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
+use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
+use tokenizers::models::bpe::{Merges, Vocab, BPE};
+use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{
+    AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior,
+};
+
+/// llama.cpp token types (`tokenizer.ggml.token_type`).
+const TOKEN_TYPE_UNKNOWN: i64 = 2;
+const TOKEN_TYPE_CONTROL: i64 = 3;
+const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// Everything the GGUF metadata tells us about the tokenizer.
+pub struct GgufTokenizer {
+    pub tokenizer: tokenizers::Tokenizer,
+    /// Number of entries in `tokenizer.ggml.tokens`.
+    pub vocab_size: usize,
+    pub bos_id: Option<u32>,
+    /// `eos_token_id`, then `eot_token_id` / `eom_token_id` when present (deduplicated).
+    pub eos_ids: Vec<u32>,
+    /// Insert BOS when encoding with special tokens (`tokenizer.ggml.add_bos_token`, else the
+    /// llama.cpp default for this model / pre-tokenizer).
+    pub add_bos: bool,
+    pub add_eos: bool,
+    pub chat_template: Option<String>,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pre-tokenizer regexes (llama.cpp src/llama-vocab.cpp, `llm_tokenizer_bpe` constructor).
+// ---------------------------------------------------------------------------------------------
+
+/// GPT-2's regex, as llama.cpp lists it (without the trailing `|\s+`: text no alternative
+/// matches becomes its own piece anyway, so the result is the same).
+const RE_GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+/// Llama 3 (original tokenizer.json form).
+const RE_LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2 / Qwen3 (original tokenizer.json form): single digits.
+const RE_QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5: marks join letters.
+const RE_QWEN35: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// GPT-4o / Llama 4 (original tokenizer.json form).
+const RE_GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Mistral Tekken (original tokenizer.json form).
+const RE_TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_SEED_CODER: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_BAILINGMOE: &str = r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
+const RE_MINICPM5: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_DEEPSEEK3_MAIN: &str = r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##;
+
+/// How llama.cpp handles one `tokenizer.ggml.pre` value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreTokenizerSpec {
+    /// Regexes applied one after the other (each splits the pieces of the previous one).
+    pub regexes: Vec<&'static str>,
+    /// Whole pre-tokenized words that are in the vocabulary are emitted without merging.
+    pub ignore_merges: bool,
+    /// llama.cpp's default for `add_bos` (overridden by `tokenizer.ggml.add_bos_token`).
+    pub add_bos: bool,
+    /// llama.cpp clears the BOS id for this pre-tokenizer (ChatGLM).
+    pub no_bos: bool,
+}
+
+/// The `tokenizer.ggml.pre` values we support, grouped as llama.cpp groups them.
+pub const SUPPORTED_PRE: &[&str] = &[
+    "default", "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
+    "lfm2", "jina-v5-nano", "dbrx", "smaug-bpe", "chatglm-bpe", "glm4", "deepseek-coder",
+    "deepseek-v3", "hunyuan-dense", "joyai-llm", "falcon", "starcoder", "refact", "command-r",
+    "smollm", "codeshell", "exaone", "minerva-7b", "mellum2", "gpt-2", "phi-2", "jina-es",
+    "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum", "modern-bert",
+    "jina-v1-en", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais", "trillion",
+    "granite-docling", "exaone4", "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "stablelm2",
+    "megrez", "hunyuan", "solar-open", "grok-2", "qwen35", "poro-chat", "bloom", "gpt3-finnish",
+    "tekken", "gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2", "seed-coder", "bailingmoe",
+    "bailingmoe2", "llada-moe", "minicpm5",
+];
+
+/// Maps a `tokenizer.ggml.pre` value (empty = missing) to llama.cpp's regex list and flags.
+pub fn pre_tokenizer_spec(pre: &str) -> Result<PreTokenizerSpec, String> {
+    let spec = |regexes: Vec<&'static str>| PreTokenizerSpec {
+        regexes,
+        ignore_merges: false,
+        add_bos: false,
+        no_bos: false,
+    };
+    let s = match pre {
+        // llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT (also used when the key is missing).
+        "" | "default" => spec(vec![
+            r"[\p{P}\$\+<=>\^~\|]+",
+            RE_GPT2,
+            r"\p{N}+",
+            r"[0-9][0-9][0-9]",
+        ]),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" | "jina-v5-nano" => PreTokenizerSpec {
+            ignore_merges: true,
+            add_bos: true,
+            ..spec(vec![RE_LLAMA3])
+        },
+        "dbrx" | "smaug-bpe" => spec(vec![RE_LLAMA3]),
+        "chatglm-bpe" | "glm4" => PreTokenizerSpec {
+            no_bos: true,
+            ..spec(vec![RE_LLAMA3])
+        },
+        "deepseek-coder" => spec(vec![
+            "[\r\n]",
+            r"\s?\p{L}+",
+            r"\s?\p{P}+",
+            "[一-龥ࠀ-一가-퟿]+",
+            r"\p{N}",
+        ]),
+        "deepseek-v3" | "hunyuan-dense" | "joyai-llm" => {
+            spec(vec![r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", RE_DEEPSEEK3_MAIN])
+        }
+        "falcon" => spec(vec![r"[\p{P}\$\+<=>\^~\|`]+", RE_GPT2, r"[0-9][0-9][0-9]"]),
+        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b"
+        | "mellum2" => spec(vec![r"\p{N}", RE_GPT2]),
+        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
+        | "a.x-4.0" | "mellum" | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe"
+        | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" | "exaone4" => {
+            spec(vec![RE_GPT2])
+        }
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "stablelm2" | "megrez" | "hunyuan"
+        | "solar-open" | "grok-2" => spec(vec![RE_QWEN2]),
+        "qwen35" => spec(vec![RE_QWEN35]),
+        "poro-chat" | "bloom" | "gpt3-finnish" => spec(vec![r" ?[^(\s|.,!?…。，、।۔،)]+"]),
+        "tekken" => PreTokenizerSpec {
+            ignore_merges: true,
+            add_bos: true,
+            ..spec(vec![RE_TEKKEN])
+        },
+        "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => spec(vec![RE_GPT4O]),
+        "seed-coder" => spec(vec![RE_SEED_CODER]),
+        "bailingmoe" | "bailingmoe2" | "llada-moe" => spec(vec![RE_BAILINGMOE]),
+        "minicpm5" => PreTokenizerSpec {
+            ignore_merges: true,
+            ..spec(vec![r"\p{N}{1,3}", RE_MINICPM5])
+        },
+        other => {
+            return Err(format!(
+                "unsupported GGUF pre-tokenizer 'tokenizer.ggml.pre' = '{other}' (supported: {})",
+                SUPPORTED_PRE.join(", ")
+            ))
+        }
+    };
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metadata accessors
+// ---------------------------------------------------------------------------------------------
+
+type Md = HashMap<String, Value>;
+
+fn value_to_i64(v: &Value) -> Option<i64> {
+    Some(match v {
+        Value::U8(x) => *x as i64,
+        Value::I8(x) => *x as i64,
+        Value::U16(x) => *x as i64,
+        Value::I16(x) => *x as i64,
+        Value::U32(x) => *x as i64,
+        Value::I32(x) => *x as i64,
+        Value::U64(x) => i64::try_from(*x).ok()?,
+        Value::I64(x) => *x,
+        Value::Bool(b) => *b as i64,
+        _ => return None,
+    })
+}
+
+fn get_str<'a>(md: &'a Md, key: &str) -> Result<Option<&'a str>, String> {
+    match md.get(key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str())),
+        Some(v) => Err(format!("GGUF metadata '{key}': expected a string, got {:?}", v.value_type())),
+    }
+}
+
+/// A token id; negative values (llama.cpp writes -1 for "none") read as absent.
+fn get_token_id(md: &Md, key: &str, n_tokens: usize) -> Result<Option<u32>, String> {
+    let Some(v) = md.get(key) else { return Ok(None) };
+    let id = value_to_i64(v)
+        .ok_or_else(|| format!("GGUF metadata '{key}': expected an integer, got {:?}", v.value_type()))?;
+    if id < 0 {
+        return Ok(None);
+    }
+    if id as u64 >= n_tokens as u64 {
+        return Err(format!(
+            "GGUF metadata '{key}' = {id} is out of range for a vocabulary of {n_tokens} tokens"
+        ));
+    }
+    Ok(Some(id as u32))
+}
+
+fn get_bool(md: &Md, key: &str) -> Result<Option<bool>, String> {
+    match md.get(key) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => value_to_i64(v)
+            .map(|x| Some(x != 0))
+            .ok_or_else(|| format!("GGUF metadata '{key}': expected a bool, got {:?}", v.value_type())),
+    }
+}
+
+fn get_array<'a>(md: &'a Md, key: &str) -> Result<Option<&'a Vec<Value>>, String> {
+    match md.get(key) {
+        None => Ok(None),
+        Some(Value::Array(a)) => Ok(Some(a)),
+        Some(v) => Err(format!("GGUF metadata '{key}': expected an array, got {:?}", v.value_type())),
+    }
+}
+
+fn get_str_array<'a>(md: &'a Md, key: &str) -> Result<Option<Vec<&'a str>>, String> {
+    let Some(a) = get_array(md, key)? else { return Ok(None) };
+    a.iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Value::String(s) => Ok(s.as_str()),
+            v => Err(format!("GGUF metadata '{key}'[{i}]: expected a string, got {:?}", v.value_type())),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+fn get_int_array(md: &Md, key: &str) -> Result<Option<Vec<i64>>, String> {
+    let Some(a) = get_array(md, key)? else { return Ok(None) };
+    a.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            value_to_i64(v).ok_or_else(|| {
+                format!("GGUF metadata '{key}'[{i}]: expected an integer, got {:?}", v.value_type())
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+fn get_f32_array(md: &Md, key: &str) -> Result<Option<Vec<f32>>, String> {
+    let Some(a) = get_array(md, key)? else { return Ok(None) };
+    a.iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Value::F32(x) => Ok(*x),
+            Value::F64(x) => Ok(*x as f32),
+            v => value_to_i64(v).map(|x| x as f32).ok_or_else(|| {
+                format!("GGUF metadata '{key}'[{i}]: expected a float, got {:?}", v.value_type())
+            }),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Construction
+// ---------------------------------------------------------------------------------------------
+
+/// Builds the tokenizer described by GGUF metadata.
+pub fn load(md: &Md) -> Result<GgufTokenizer, String> {
+    let model = get_str(md, "tokenizer.ggml.model")?
+        .ok_or("GGUF metadata has no 'tokenizer.ggml.model' (the file carries no tokenizer)")?;
+    let tokens = get_str_array(md, "tokenizer.ggml.tokens")?
+        .ok_or("GGUF metadata has no 'tokenizer.ggml.tokens'")?;
+    if tokens.is_empty() {
+        return Err("GGUF metadata 'tokenizer.ggml.tokens' is empty".into());
+    }
+    let n = tokens.len();
+    let types = match get_int_array(md, "tokenizer.ggml.token_type")? {
+        Some(t) if t.len() != n => {
+            return Err(format!(
+                "GGUF metadata 'tokenizer.ggml.token_type' has {} entries but 'tokenizer.ggml.tokens' has {n}",
+                t.len()
+            ))
+        }
+        Some(t) => t,
+        None => vec![1; n],
+    };
+
+    let mut bos_id = get_token_id(md, "tokenizer.ggml.bos_token_id", n)?;
+    let eos_id = get_token_id(md, "tokenizer.ggml.eos_token_id", n)?;
+    let mut eos_ids = Vec::new();
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        if let Some(id) = get_token_id(md, key, n)? {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+    }
+
+    let (mut tokenizer, default_add_bos) = match model {
+        "gpt2" => {
+            let pre = get_str(md, "tokenizer.ggml.pre")?.unwrap_or("");
+            let spec = pre_tokenizer_spec(pre)?;
+            if spec.no_bos {
+                bos_id = None;
+            }
+            (build_byte_level_bpe(md, &tokens, &spec)?, spec.add_bos)
+        }
+        "llama" => (build_spm(md, &tokens, &types)?, true),
+        other => {
+            return Err(format!(
+                "unsupported GGUF tokenizer model 'tokenizer.ggml.model' = '{other}' (supported: 'gpt2', 'llama')"
+            ))
+        }
+    };
+
+    // Control / unknown tokens become special added tokens, user-defined ones plain added
+    // tokens: both are matched verbatim in the input before the model runs (llama.cpp's
+    // `tokenizer_st_partition` with parse_special=true).
+    let mut special = Vec::new();
+    let mut user = Vec::new();
+    for (&tok, &ty) in tokens.iter().zip(types.iter()) {
+        if tok.is_empty() {
+            continue;
+        }
+        match ty {
+            TOKEN_TYPE_CONTROL | TOKEN_TYPE_UNKNOWN => {
+                special.push(AddedToken::from(tok, true).normalized(false))
+            }
+            TOKEN_TYPE_USER_DEFINED => user.push(AddedToken::from(tok, false).normalized(false)),
+            _ => {}
+        }
+    }
+    // BOS/EOS are special even when a converter forgot to mark them as control tokens.
+    for id in bos_id.iter().chain(eos_ids.iter()) {
+        let tok = tokens[*id as usize];
+        if !tok.is_empty() && !special.iter().any(|t| t.content == tok) {
+            special.push(AddedToken::from(tok, true).normalized(false));
+        }
+    }
+    tokenizer
+        .add_special_tokens(special)
+        .map_err(|e| format!("GGUF tokenizer: adding control tokens failed: {e}"))?;
+    tokenizer
+        .add_tokens(user)
+        .map_err(|e| format!("GGUF tokenizer: adding user-defined tokens failed: {e}"))?;
+
+    let add_bos = get_bool(md, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos) && bos_id.is_some();
+    let add_eos = get_bool(md, "tokenizer.ggml.add_eos_token")?.unwrap_or(false) && eos_id.is_some();
+    let chat_template = get_str(md, "tokenizer.chat_template")?.map(str::to_owned);
+
+    Ok(GgufTokenizer {
+        tokenizer,
+        vocab_size: n,
+        bos_token: bos_id.map(|id| tokens[id as usize].to_owned()),
+        eos_token: eos_id.map(|id| tokens[id as usize].to_owned()),
+        bos_id,
+        eos_ids,
+        add_bos,
+        add_eos,
+        chat_template,
+    })
+}
+
+/// token → id, last occurrence wins (as in llama.cpp's `token_to_id`).
+fn vocab_map(tokens: &[&str]) -> Vocab {
+    let mut vocab = Vocab::default();
+    vocab.reserve(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        vocab.insert((*t).to_owned(), i as u32);
+    }
+    vocab
+}
+
+fn build_byte_level_bpe(
+    md: &Md,
+    tokens: &[&str],
+    spec: &PreTokenizerSpec,
+) -> Result<tokenizers::Tokenizer, String> {
+    let merges_raw = get_str_array(md, "tokenizer.ggml.merges")?
+        .ok_or("GGUF metadata has no 'tokenizer.ggml.merges' (required for tokenizer model 'gpt2')")?;
+    let vocab = vocab_map(tokens);
+    let mut merges: Merges = Vec::with_capacity(merges_raw.len());
+    for m in merges_raw {
+        // llama.cpp: split at the first space after the first byte.
+        let Some(pos) = m.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
+            continue;
+        };
+        let (a, b) = (&m[..pos], &m[pos + 1..]);
+        // A merge whose halves are not tokens can never fire; `tokenizers` rejects it, so drop it.
+        if vocab.contains_key(a) && vocab.contains_key(b) {
+            merges.push((a.to_owned(), b.to_owned()));
+        }
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(spec.ignore_merges)
+        .build()
+        .map_err(|e| format!("GGUF tokenizer: building the BPE model from 'tokenizer.ggml.tokens'/'tokenizer.ggml.merges' failed: {e}"))?;
+
+    let mut pre: Vec<PreTokenizerWrapper> = Vec::with_capacity(spec.regexes.len() + 1);
+    for re in &spec.regexes {
+        let split = Split::new(SplitPattern::Regex((*re).to_owned()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| format!("GGUF tokenizer: compiling pre-tokenizer regex {re:?} failed: {e}"))?;
+        pre.push(PreTokenizerWrapper::Split(split));
+    }
+    pre.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)));
+
+    let mut tk = tokenizers::Tokenizer::new(bpe);
+    tk.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(PreTokenizerSequence::new(pre))));
+    tk.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(false, true, false))));
+    Ok(tk)
+}
+
+/// SentencePiece (BPE-type) vocabulary: merges are derived from the scores the way HF's
+/// `SentencePieceExtractor` does (every split of a piece into two in-vocabulary pieces is a merge,
+/// ranked by the merged piece's score, highest first).
+fn build_spm(md: &Md, tokens: &[&str], types: &[i64]) -> Result<tokenizers::Tokenizer, String> {
+    let n = tokens.len();
+    let scores = match get_f32_array(md, "tokenizer.ggml.scores")? {
+        Some(s) if s.len() != n => {
+            return Err(format!(
+                "GGUF metadata 'tokenizer.ggml.scores' has {} entries but 'tokenizer.ggml.tokens' has {n}",
+                s.len()
+            ))
+        }
+        Some(s) => s,
+        None => return Err("GGUF metadata has no 'tokenizer.ggml.scores' (required for tokenizer model 'llama')".into()),
+    };
+    let vocab = vocab_map(tokens);
+
+    // (score, merged id, left id, right id) for every way to build a normal token from two tokens.
+    let mut cands: Vec<(f32, u32, u32, u32, usize)> = Vec::new();
+    for (id, &tok) in tokens.iter().enumerate() {
+        if types[id] != 1 || vocab.get(tok) != Some(&(id as u32)) {
+            continue;
+        }
+        for (split, _) in tok.char_indices().skip(1) {
+            let (l, r) = tok.split_at(split);
+            if let (Some(&li), Some(&ri)) = (vocab.get(l), vocab.get(r)) {
+                cands.push((scores[id], id as u32, li, ri, split));
+            }
+        }
+    }
+    // Highest score first; for one piece, order by (left id, right id) like HF; stable otherwise.
+    cands.sort_by(|a, b| {
+        b.0.partial_cmp(&a.0)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.1.cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+            .then(a.3.cmp(&b.3))
+    });
+    let merges: Merges = cands
+        .iter()
+        .map(|&(_, id, _, _, split)| {
+            let t = tokens[id as usize];
+            (t[..split].to_owned(), t[split..].to_owned())
+        })
+        .collect();
+
+    let unk = get_token_id(md, "tokenizer.ggml.unknown_token_id", n)?
+        .or_else(|| vocab.get("<unk>").copied())
+        .map(|id| tokens[id as usize].to_owned());
+    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true).fuse_unk(true);
+    if let Some(unk) = unk {
+        builder = builder.unk_token(unk);
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| format!("GGUF tokenizer: building the SentencePiece BPE model from 'tokenizer.ggml.tokens'/'tokenizer.ggml.scores' failed: {e}"))?;
+
+    let add_space_prefix = get_bool(md, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+    let replace = |a: &str, b: &str| Replace::new(a, b).map_err(|e| format!("GGUF tokenizer: {e}"));
+    let mut norms = Vec::new();
+    if add_space_prefix {
+        norms.push(NormalizerWrapper::Prepend(Prepend::new("▁".into())));
+    }
+    norms.push(NormalizerWrapper::Replace(replace(" ", "▁")?));
+    let mut decs = vec![
+        DecoderWrapper::Replace(replace("▁", " ")?),
+        DecoderWrapper::ByteFallback(ByteFallback::new()),
+        DecoderWrapper::Fuse(Fuse::new()),
+    ];
+    if add_space_prefix {
+        decs.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+    }
+
+    let mut tk = tokenizers::Tokenizer::new(bpe);
+    tk.with_normalizer(Some(NormalizerWrapper::Sequence(NormalizerSequence::new(norms))))
+        .map_err(|e| format!("GGUF tokenizer: {e}"))?;
+    tk.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(decs))));
+    Ok(tk)
+}

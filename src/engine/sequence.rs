@@ -162,8 +162,9 @@ impl Sequence {
         }
     }
 
-    /// Sends the summary; returns the final text (for the session history).
-    pub fn finish(mut self, tok: &Tokenizer, reason: FinishReason) -> String {
+    /// Builds the summary. The caller updates the session, then sends it with
+    /// [`Sequence::send_done`], so a JS caller that sees the end finds the session free.
+    pub fn finish(mut self, tok: &Tokenizer, reason: FinishReason) -> (Completion, UnboundedSender<Event>) {
         // After a stop-string match nothing more is emitted; otherwise release what was held.
         if !self.stopped_by_string {
             let tail = self.detok.flush(tok).unwrap_or_default();
@@ -186,15 +187,8 @@ impl Sequence {
             },
             prefill_tokens_per_second: if prefill_s > 0.0 { evaluated / prefill_s } else { 0.0 },
         };
-        let text = self.text.clone();
-        let _ = self.events.send(Event::Done(Completion {
-            text: self.text,
-            tokens: self.tokens,
-            finish_reason: reason,
-            usage: self.usage,
-            timings,
-        }));
-        text
+        let done = Completion { text: self.text, tokens: self.tokens, finish_reason: reason, usage: self.usage, timings };
+        (done, self.events)
     }
 
 }

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::{gguf_file, GgmlDType, QMatMul};
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use super::linear::{Linear, Weight};
@@ -200,7 +200,7 @@ impl<'a> GgufSource<'a> {
 
     /// Reads a tensor, checking its shape and that its bytes lie inside the file (a
     /// truncated download must fail cleanly, not read past the end).
-    fn read(&mut self, name: &str, shape: &[usize]) -> Result<candle_core::quantized::QTensor> {
+    fn read(&mut self, name: &str, shape: &[usize]) -> Result<QTensor> {
         let info = self
             .content
             .tensor_infos
@@ -246,6 +246,14 @@ impl WeightSource for GgufSource<'_> {
         let weight = match q.dtype() {
             _ if self.dequantize => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
+            // candle's Q4_1 CPU dot product is a scalar loop that also rounds each activation
+            // block's sum to f16 twice; on SmolLM2 that flips the greedy answer and is slower
+            // than f32. Q4_1 values are exactly representable to within Q8_0's step, so they
+            // are repacked once, at load, to Q8_0 (which has a SIMD kernel).
+            GgmlDType::Q4_1 if self.device.is_cpu() => {
+                let dense = q.dequantize(&self.device)?;
+                Weight::Quantized(QMatMul::from_qtensor(QTensor::quantize(&dense, GgmlDType::Q8_0)?)?)
+            }
             _ => Weight::Quantized(QMatMul::from_qtensor(q)?),
         };
         let bias = if bias {

@@ -39,6 +39,7 @@ pub async fn load_runtime(path: String, options: Option<NativeLoadOptions>, on_p
         dtype: o.dtype,
         context_length: o.context_length.map(|n| n as usize),
         threads: o.threads.map(|n| n as usize),
+        dequantize: false,
     };
     let progress: Box<dyn Fn(u64, u64) + Send> = match on_progress {
         Some(f) => Box::new(move |loaded, total| {

@@ -1159,38 +1159,4 @@ mod tests {
             );
         }
     }
-
-    #[test]
-    fn large_vocab_speed_smoke() {
-        let mut rng = StdRng::seed_from_u64(3);
-        let v = 152_064;
-        let logits: Vec<f32> = (0..v).map(|_| rng.random::<f32>() * 20.0 - 10.0).collect();
-        let context: Vec<u32> = (0..2048).map(|i| (i * 37 % v) as u32).collect();
-        for (name, p) in [
-            ("default", SamplingParams { seed: Some(1), top_logprobs: 5, ..Default::default() }),
-            ("top_p only", SamplingParams { seed: Some(1), top_k: 0, min_p: 0.0, ..Default::default() }),
-            ("no filters", SamplingParams { seed: Some(1), top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() }),
-            (
-                "penalties",
-                SamplingParams {
-                    seed: Some(1),
-                    repetition_penalty: 1.1,
-                    frequency_penalty: 0.2,
-                    presence_penalty: 0.1,
-                    ..Default::default()
-                },
-            ),
-            ("greedy", SamplingParams::greedy()),
-        ] {
-            let mut s = Sampler::new(p, v);
-            let iters = 20;
-            let t0 = std::time::Instant::now();
-            for _ in 0..iters {
-                let r = s.sample(&logits, &context);
-                s.accept(r.token);
-            }
-            let per = t0.elapsed() / iters;
-            eprintln!("sampling {name}: {per:?} per call (V={v})");
-        }
-    }
 }

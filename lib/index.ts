@@ -1,0 +1,5 @@
+export { Runtime } from './runtime'
+export { Session, GenerationStream } from './session'
+export { ExpertRuntimeError } from './errors'
+export type { ErrorCode } from './errors'
+export type * from './types'

@@ -1,0 +1,194 @@
+import type * as N from '../native'
+import { ExpertRuntimeError, disposedError, invalidArgument, toError } from './errors'
+import type { ChatMessage, CompletionResult, FinishReason, GenerateInput, GenerateOptions, TokenChunk } from './types'
+
+function toNativeInput(input: GenerateInput): N.NativeInput {
+  if (typeof input === 'string') return { messages: [{ role: 'user', content: input }] }
+  if (Array.isArray(input)) {
+    for (const m of input) {
+      if (!m || typeof m.role !== 'string' || typeof m.content !== 'string') {
+        throw invalidArgument('each ChatMessage needs a string role and content')
+      }
+    }
+    return { messages: input.map((m) => ({ role: m.role, content: m.content })) }
+  }
+  if (input && typeof input === 'object') {
+    if ('text' in input && typeof input.text === 'string') return { text: input.text }
+    if ('tokens' in input && Array.isArray(input.tokens)) {
+      if (!input.tokens.every((t) => Number.isInteger(t) && t >= 0)) throw invalidArgument('tokens must be non-negative integers')
+      return { tokens: input.tokens }
+    }
+  }
+  throw invalidArgument('input must be a string, a ChatMessage[], { text } or { tokens }')
+}
+
+const INTS = ['maxTokens', 'topK', 'topLogprobs'] as const
+const NUMS = ['temperature', 'topP', 'minP', 'repetitionPenalty', 'frequencyPenalty', 'presencePenalty', 'seed'] as const
+
+function toNativeOptions(o: GenerateOptions): N.NativeGenerateOptions {
+  for (const k of INTS) {
+    const v = o[k]
+    if (v !== undefined && !(Number.isInteger(v) && v >= 0)) throw invalidArgument(`${k} must be a non-negative integer`)
+  }
+  for (const k of NUMS) {
+    const v = o[k]
+    if (v !== undefined && !(typeof v === 'number' && Number.isFinite(v))) throw invalidArgument(`${k} must be a finite number`)
+  }
+  if (o.stop !== undefined && !(Array.isArray(o.stop) && o.stop.every((s) => typeof s === 'string'))) {
+    throw invalidArgument('stop must be an array of strings')
+  }
+  return {
+    maxTokens: o.maxTokens,
+    temperature: o.temperature,
+    topK: o.topK,
+    topP: o.topP,
+    minP: o.minP,
+    repetitionPenalty: o.repetitionPenalty,
+    frequencyPenalty: o.frequencyPenalty,
+    presencePenalty: o.presencePenalty,
+    seed: o.seed,
+    stop: o.stop,
+    topLogprobs: o.topLogprobs,
+    enableThinking: o.enableThinking,
+  }
+}
+
+/**
+ * One request's tokens as an async iterable. Iterate it once. Leaving the loop early
+ * (`break`, `return`, a thrown error) or aborting the signal cancels the request; the loop
+ * exit resolves once the engine has stopped it, so the session is immediately reusable.
+ */
+export class GenerationStream implements AsyncIterable<TokenChunk> {
+  #native?: N.TokenStream
+  #error?: ExpertRuntimeError
+  #signal?: AbortSignal
+  #started = false
+
+  /** @internal */
+  constructor(native: N.TokenStream | undefined, error: ExpertRuntimeError | undefined, signal?: AbortSignal) {
+    this.#native = native
+    this.#error = error
+    this.#signal = signal
+  }
+
+  /** Cancels the request (same as aborting its signal). */
+  cancel(): void {
+    this.#native?.cancel()
+  }
+
+  /** The summary, once the stream has ended (undefined before, or after an error). */
+  get result(): CompletionResult | undefined {
+    const s = this.#native?.summary()
+    return s ? { ...s, finishReason: s.finishReason as FinishReason } : undefined
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<TokenChunk> {
+    if (this.#started) throw invalidArgument('a generation stream can be iterated only once')
+    this.#started = true
+    return this.#iterate()
+  }
+
+  async *#iterate(): AsyncGenerator<TokenChunk, void, undefined> {
+    if (this.#error) throw this.#error
+    const native = this.#native!
+    const it = native[Symbol.asyncIterator]()
+    const signal = this.#signal
+    const onAbort = () => native.cancel()
+    if (signal?.aborted) native.cancel()
+    signal?.addEventListener('abort', onAbort, { once: true })
+    try {
+      for (;;) {
+        let r: IteratorResult<N.JsTokenChunk>
+        try {
+          r = await it.next()
+        } catch (e) {
+          throw toError(e)
+        }
+        if (r.done) return
+        yield r.value as TokenChunk
+      }
+    } finally {
+      signal?.removeEventListener('abort', onAbort)
+      native.cancel()
+      // Drain to the end so the engine has released the session when we return.
+      try {
+        while (!(await it.next()).done) {
+          /* discard */
+        }
+      } catch {
+        /* the error, if any, was already surfaced or is moot after cancellation */
+      }
+    }
+  }
+}
+
+/** A conversation with its own KV cache. Create with `runtime.createSession()`. */
+export class Session {
+  #native: N.NativeSession
+  #disposed = false
+
+  /** @internal */
+  constructor(native: N.NativeSession) {
+    this.#native = native
+  }
+
+  #check(): void {
+    if (this.#disposed) throw disposedError('session')
+  }
+
+  /**
+   * Streams one answer. A string or ChatMessage[] goes through the model's chat template and
+   * into `history`; `{ text }` and `{ tokens }` continue the session's token stream raw. Earlier
+   * turns' KV cache is reused (`usage.cachedTokens`). A second concurrent call on the same
+   * session fails with `SESSION_BUSY` (on the first iteration).
+   */
+  generate(input: GenerateInput, options: GenerateOptions = {}): GenerationStream {
+    let native: N.TokenStream | undefined
+    let error: ExpertRuntimeError | undefined
+    try {
+      this.#check()
+      native = this.#native.generate(toNativeInput(input), toNativeOptions(options))
+    } catch (e) {
+      error = toError(e)
+    }
+    return new GenerationStream(native, error, options.signal)
+  }
+
+  /** Runs `generate` to the end and returns the whole answer. An aborted signal resolves with `finishReason: 'cancelled'`. */
+  async complete(input: GenerateInput, options: GenerateOptions = {}): Promise<CompletionResult> {
+    const stream = this.generate(input, options)
+    for await (const _ of stream) {
+      /* the summary carries the text */
+    }
+    const r = stream.result
+    if (!r) throw new ExpertRuntimeError('INTERNAL', 'the stream ended without a summary')
+    return r
+  }
+
+  /** The chat so far (system prompt first, if any). */
+  get history(): ChatMessage[] {
+    this.#check()
+    return this.#native.history
+  }
+
+  /** Forgets the conversation (keeps the system prompt) and its cache. */
+  reset(): void {
+    this.#check()
+    try {
+      this.#native.reset()
+    } catch (e) {
+      throw toError(e)
+    }
+  }
+
+  /** Frees the session's cache. Later calls fail with `DISPOSED`. Idempotent. */
+  dispose(): void {
+    if (this.#disposed) return
+    this.#disposed = true
+    this.#native.dispose()
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose()
+  }
+}

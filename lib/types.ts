@@ -1,0 +1,80 @@
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant' | 'tool' | (string & {})
+  content: string
+}
+
+export type Device = 'auto' | 'cpu' | 'cuda' | `cuda:${number}`
+export type DType = 'auto' | 'f32' | 'f16' | 'bf16'
+
+export interface LoadOptions {
+  /** `auto` uses CUDA when this build and the machine have it, otherwise the CPU. */
+  device?: Device
+  /** `auto`: f32 on CPU (fastest and exact there), bf16 on CUDA. */
+  dtype?: DType
+  /** Defaults to the model's maximum (`max_position_embeddings` / GGUF `context_length`). */
+  contextLength?: number
+  /** CPU threads for the engine. Defaults to one per core. */
+  threads?: number
+  /** Called as weights are read. */
+  onProgress?: (p: { loadedBytes: number; totalBytes: number }) => void
+}
+
+export interface RuntimeInfo {
+  architecture: string
+  dtype: string
+  device: string
+  vocabSize: number
+  contextLength: number
+  numLayers: number
+  hiddenSize: number
+  eosTokenIds: number[]
+}
+
+export type GenerateInput = string | ChatMessage[] | { text: string } | { tokens: number[] }
+
+export interface GenerateOptions {
+  /** Defaults to the rest of the context. */
+  maxTokens?: number
+  /** 0 = greedy. Default: generation_config.json, else 0.8. */
+  temperature?: number
+  /** 0 disables. Default: generation_config.json, else 40. */
+  topK?: number
+  /** 1 disables. Default: generation_config.json, else 0.95. */
+  topP?: number
+  /** 0 disables. Default 0.05. */
+  minP?: number
+  /** HF semantics over prompt and output; 1 disables. */
+  repetitionPenalty?: number
+  /** OpenAI semantics over the output; 0 disables. */
+  frequencyPenalty?: number
+  presencePenalty?: number
+  /** Same seed and input, same output. */
+  seed?: number
+  /** Generation ends before any of these strings; they are not emitted. */
+  stop?: string[]
+  /** Return the N most likely tokens' logprobs with each chunk (0–20). */
+  topLogprobs?: number
+  /** Stops generation within one step; the stream ends with finishReason 'cancelled'. */
+  signal?: AbortSignal
+  /** Passed to the chat template (Qwen3 thinking mode). */
+  enableThinking?: boolean
+}
+
+export interface TokenChunk {
+  tokenId: number
+  /** May be '' while a UTF-8 character is incomplete or text may become a stop string. */
+  text: string
+  /** Log-probability of this token under the model (before sampling filters). */
+  logprob: number
+  topLogprobs?: { tokenId: number; logprob: number }[]
+}
+
+export type FinishReason = 'stop' | 'length' | 'cancelled'
+
+export interface CompletionResult {
+  text: string
+  tokens: number[]
+  finishReason: FinishReason
+  usage: { promptTokens: number; completionTokens: number; cachedTokens: number }
+  timings: { ttftMs: number; tokensPerSecond: number; prefillTokensPerSecond: number }
+}

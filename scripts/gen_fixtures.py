@@ -299,13 +299,12 @@ def llama_unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
             .reshape(w.shape))
 
 
-def gguf_tensors(model, arch: str):
-    """Yield (gguf_name, numpy f32 array in GGUF row order, hf_name, permute_heads|None)."""
-    cfg = model.config
-    sd = {k: v.detach().to(torch.float32).numpy() for k, v in model.state_dict().items()}
-    n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    out = [("token_embd.weight", sd["model.embed_tokens.weight"], "model.embed_tokens.weight", None)]
-    for i in range(cfg.num_hidden_layers):
+def gguf_tensor_names(arch: str, n_layer: int, n_head: int, n_kv: int, tied: bool):
+    """(gguf_name, hf_name, permute_heads|None) in GGUF file order, with llama.cpp's names.
+    permute_heads is set for llama's q/k rows (see llama_permute). Shared with
+    make_bench_model.py."""
+    out = [("token_embd.weight", "model.embed_tokens.weight", None)]
+    for i in range(n_layer):
         p = f"model.layers.{i}."
         b = f"blk.{i}."
         m = [
@@ -324,76 +323,119 @@ def gguf_tensors(model, arch: str):
             ("ffn_up.weight", "mlp.up_proj.weight", None),
             ("ffn_down.weight", "mlp.down_proj.weight", None),
         ]
-        for gname, hname, perm in m:
-            arr = sd[p + hname]
-            if perm is not None:
-                arr = llama_permute(arr, perm)
-            out.append((b + gname, arr, p + hname, perm))
-    out.append(("output_norm.weight", sd["model.norm.weight"], "model.norm.weight", None))
-    if not cfg.tie_word_embeddings:
-        out.append(("output.weight", sd["lm_head.weight"], "lm_head.weight", None))
+        out += [(b + g, p + h, perm) for g, h, perm in m]
+    out.append(("output_norm.weight", "model.norm.weight", None))
+    if not tied:
+        out.append(("output.weight", "lm_head.weight", None))
     return out
 
 
-def tokenizer_vocab_for_gguf(tok_json: dict):
+def gguf_tensors(model, arch: str):
+    """Yield (gguf_name, numpy f32 array in GGUF row order, hf_name, permute_heads|None)."""
+    cfg = model.config
+    sd = {k: v.detach().to(torch.float32).numpy() for k, v in model.state_dict().items()}
+    out = []
+    for gname, hname, perm in gguf_tensor_names(arch, cfg.num_hidden_layers, cfg.num_attention_heads,
+                                                cfg.num_key_value_heads, cfg.tie_word_embeddings):
+        arr = sd[hname]
+        if perm is not None:
+            arr = llama_permute(arr, perm)
+        out.append((gname, arr, hname, perm))
+    return out
+
+
+def tokenizer_vocab_for_gguf(tok_json: dict, vocab_size: int | None = None):
+    """GGUF token list, token types and merges from a tokenizer.json. With `vocab_size` larger
+    than the tokenizer (Qwen pads its embedding to 151936), the gap is filled with
+    `[PAD{i}]` tokens of type UNUSED, as llama.cpp's convert_hf_to_gguf.py does."""
     vocab = tok_json["model"]["vocab"]
     n = len(vocab) + len(tok_json["added_tokens"])
-    tokens = [None] * n
-    types = [gguf.TokenType.NORMAL] * n
+    n_all = max(n, vocab_size or 0)
+    tokens = [None] * n_all
+    types = [gguf.TokenType.NORMAL] * n_all
     for t, i in vocab.items():
         tokens[i] = t
     for at in tok_json["added_tokens"]:
         tokens[at["id"]] = at["content"]
         types[at["id"]] = gguf.TokenType.CONTROL if at["special"] else gguf.TokenType.USER_DEFINED
+    for i in range(n, n_all):
+        assert tokens[i] is None
+        tokens[i] = f"[PAD{i}]"
+        types[i] = gguf.TokenType.UNUSED
     assert all(t is not None for t in tokens)
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]]
     return tokens, [int(t) for t in types], merges
 
 
-def write_gguf(path: Path, model, arch: str, qtype: GGMLQuantizationType, name: str,
-               tok_json: dict, ids: dict, chat_template: str):
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    rope_theta = cfg.rope_parameters["rope_theta"]
+def gguf_hparams(cfg) -> dict:
+    """The GGUF hyperparameters of an HF config (keyword arguments of new_gguf_writer)."""
+    return dict(
+        n_layer=cfg.num_hidden_layers, n_ctx=cfg.max_position_embeddings, n_embd=cfg.hidden_size,
+        n_ff=cfg.intermediate_size, n_head=cfg.num_attention_heads, n_kv=cfg.num_key_value_heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        rope_theta=cfg.rope_parameters["rope_theta"], rms_eps=cfg.rms_norm_eps, vocab_size=cfg.vocab_size)
+
+
+def new_gguf_writer(path: Path, arch: str, qtype: GGMLQuantizationType, name: str, *,
+                    n_layer: int, n_ctx: int, n_embd: int, n_ff: int, n_head: int, n_kv: int,
+                    head_dim: int, rope_theta: float, rms_eps: float, vocab_size: int,
+                    tok_json: dict, eos_id: int, pad_id: int, bos_id: int | None,
+                    chat_template: str) -> gguf.GGUFWriter:
+    """A GGUFWriter holding llama.cpp's model and tokenizer metadata (gpt2 BPE, qwen2
+    pre-tokenizer); the caller adds the tensors and writes the file."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_type("model")
     w.add_name(name)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
     w.add_rope_freq_base(float(rope_theta))
-    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    w.add_layer_norm_rms_eps(float(rms_eps))
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_vocab_size(cfg.vocab_size)
+    w.add_vocab_size(vocab_size)
     if arch == "llama":
         w.add_rope_dimension_count(head_dim)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == GGMLQuantizationType.F32
                     else gguf.LlamaFileType.MOSTLY_Q8_0)
     if qtype != GGMLQuantizationType.F32:
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    tokens, types, merges = tokenizer_vocab_for_gguf(tok_json)
-    assert len(tokens) == cfg.vocab_size
+    tokens, types, merges = tokenizer_vocab_for_gguf(tok_json, vocab_size)
+    assert len(tokens) == vocab_size
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
-    w.add_eos_token_id(ids["<|im_end|>"])
-    w.add_pad_token_id(ids["<|endoftext|>"])
-    if arch != "llama":
-        w.add_bos_token_id(ids["<|endoftext|>"])  # like real Qwen GGUFs; never auto-added
+    w.add_eos_token_id(eos_id)
+    w.add_pad_token_id(pad_id)
+    if bos_id is not None:
+        w.add_bos_token_id(bos_id)  # like real Qwen GGUFs; never auto-added
     w.add_add_bos_token(False)
     w.add_chat_template(chat_template)
+    return w
+
+
+def gguf_payload(arr: np.ndarray, qtype: GGMLQuantizationType):
+    """(array to store, raw_dtype) for one tensor: 1-D tensors stay F32, 2-D ones take qtype."""
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if qtype == GGMLQuantizationType.F32 or arr.ndim < 2:
+        return arr, None
+    return gguf.quants.quantize(arr, qtype), qtype
+
+
+def write_gguf(path: Path, model, arch: str, qtype: GGMLQuantizationType, name: str,
+               tok_json: dict, ids: dict, chat_template: str):
+    w = new_gguf_writer(path, arch, qtype, name, **gguf_hparams(model.config), tok_json=tok_json,
+                        eos_id=ids["<|im_end|>"], pad_id=ids["<|endoftext|>"],
+                        bos_id=None if arch == "llama" else ids["<|endoftext|>"],
+                        chat_template=chat_template)
     for gname, arr, _h, _p in gguf_tensors(model, arch):
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if qtype == GGMLQuantizationType.F32 or arr.ndim < 2:
-            w.add_tensor(gname, arr)
-        else:
-            w.add_tensor(gname, gguf.quants.quantize(arr, qtype), raw_shape=None, raw_dtype=qtype)
+        data, raw_dtype = gguf_payload(arr, qtype)
+        w.add_tensor(gname, data, raw_shape=None, raw_dtype=raw_dtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

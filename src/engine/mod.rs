@@ -200,6 +200,23 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
     }
 }
 
+/// candle sizes its global CPU pools (the quantized-matmul barrier pool and its rayon pool)
+/// from `CANDLE_NUM_THREADS` / `RAYON_NUM_THREADS` when they are first used, once per
+/// process. The first runtime that asks for a thread count sets them, unless the user
+/// already has; later runtimes share those pools.
+fn configure_candle_threads(threads: Option<usize>) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let Some(n) = threads else { return };
+    ONCE.call_once(|| {
+        for var in ["CANDLE_NUM_THREADS", "RAYON_NUM_THREADS"] {
+            if std::env::var_os(var).is_none() {
+                // Set before any candle pool exists; nothing else reads these variables.
+                std::env::set_var(var, n.to_string());
+            }
+        }
+    });
+}
+
 impl Engine {
     /// Starts the engine thread, which loads the model; the receiver resolves once the model is
     /// ready (or failed to load). `progress` is called on the engine thread.
@@ -210,6 +227,7 @@ impl Engine {
     ) -> tokio::sync::oneshot::Receiver<Result<Arc<Engine>>> {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let path = path.to_path_buf();
+        configure_candle_threads(opts.threads);
         let spawned = std::thread::Builder::new().name("expert-runtime-engine".into()).spawn(move || {
             let pool = match rayon::ThreadPoolBuilder::new().num_threads(opts.threads.unwrap_or(0)).build() {
                 Ok(p) => p,

@@ -137,13 +137,25 @@ impl Sequence {
         self.tokens.push(s.token);
         self.sampler.accept(s.token);
         let is_eos = self.eos.contains(&s.token);
-        let (text, stopped) = if is_eos {
+        let (mut text, stopped) = if is_eos {
             (String::new(), false)
         } else {
             let delta = self.detok.push(tok, s.token).unwrap_or_default();
             self.stop.push(&delta)
         };
         self.stopped_by_string = stopped;
+        let reason = if is_eos || stopped {
+            Some(FinishReason::Stop)
+        } else if self.usage.completion_tokens >= self.max_tokens || !room_left {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        // The last chunk carries what is still held back (an incomplete UTF-8 tail, a partial
+        // stop-string match), so the chunks concatenate to the summary's text.
+        if reason.is_some() && !stopped {
+            text.push_str(&self.release_held(tok));
+        }
         self.text.push_str(&text);
         let chunk = TokenChunk {
             token_id: s.token,
@@ -153,23 +165,25 @@ impl Sequence {
         };
         let _ = self.events.send(Event::Token(chunk));
         self.last_token = Some(s.token);
-        if is_eos || stopped {
-            Some(FinishReason::Stop)
-        } else if self.usage.completion_tokens >= self.max_tokens || !room_left {
-            Some(FinishReason::Length)
-        } else {
-            None
-        }
+        reason
+    }
+
+    /// Flushes the detokenizer and the stop matcher (lossy: an incomplete character becomes
+    /// U+FFFD). Empty when called again.
+    fn release_held(&mut self, tok: &Tokenizer) -> String {
+        let tail = self.detok.flush(tok).unwrap_or_default();
+        let (mut out, _) = self.stop.push(&tail);
+        out.push_str(&self.stop.finish());
+        out
     }
 
     /// Builds the summary. The caller updates the session, then sends it with
     /// [`Sequence::send_done`], so a JS caller that sees the end finds the session free.
     pub fn finish(mut self, tok: &Tokenizer, reason: FinishReason) -> (Completion, UnboundedSender<Event>) {
         // After a stop-string match nothing more is emitted; otherwise release what was held.
+        // (Already done by `on_token` when it ended the request; this covers cancellation.)
         if !self.stopped_by_string {
-            let tail = self.detok.flush(tok).unwrap_or_default();
-            let (mut out, _) = self.stop.push(&tail);
-            out.push_str(&self.stop.finish());
+            let out = self.release_held(tok);
             self.text.push_str(&out);
         }
         let now = Instant::now();

@@ -246,14 +246,7 @@ impl WeightSource for GgufSource<'_> {
         let weight = match q.dtype() {
             _ if self.dequantize => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
-            // candle's Q4_1 CPU dot product is a scalar loop that also rounds each activation
-            // block's sum to f16 twice; on SmolLM2 that flips the greedy answer and is slower
-            // than f32. Q4_1 values are exactly representable to within Q8_0's step, so they
-            // are repacked once, at load, to Q8_0 (which has a SIMD kernel).
-            GgmlDType::Q4_1 if self.device.is_cpu() => {
-                let dense = q.dequantize(&self.device)?;
-                Weight::Quantized(QMatMul::from_qtensor(QTensor::quantize(&dense, GgmlDType::Q8_0)?)?)
-            }
+            _ if self.device.is_cpu() => Weight::Quantized(QMatMul::from_qtensor(super::repack::for_cpu(q, &self.device)?)?),
             _ => Weight::Quantized(QMatMul::from_qtensor(q)?),
         };
         let bias = if bias {

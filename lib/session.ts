@@ -64,12 +64,16 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
   #signal?: AbortSignal
   #started = false
   #cancelled = false
+  // Keeps the session reachable while the stream is: a session that is garbage-collected
+  // mid-request (`rt.createSession().generate(...)`) is disposed natively, which cancels it.
+  readonly #session: Session
 
   /** @internal */
-  constructor(native: N.TokenStream | undefined, error: ExpertRuntimeError | undefined, signal?: AbortSignal) {
+  constructor(native: N.TokenStream | undefined, error: ExpertRuntimeError | undefined, signal: AbortSignal | undefined, session: Session) {
     this.#native = native
     this.#error = error
     this.#signal = signal
+    this.#session = session
   }
 
   /** Cancels the request (same as aborting its signal). */
@@ -155,7 +159,7 @@ export class Session {
     } catch (e) {
       error = toError(e)
     }
-    return new GenerationStream(native, error, options.signal)
+    return new GenerationStream(native, error, options.signal, this)
   }
 
   /** Runs `generate` to the end and returns the whole answer. An aborted signal resolves with `finishReason: 'cancelled'`. */

@@ -41,14 +41,21 @@ impl EngineError {
 
     /// Wraps a candle error raised while reading weights: the file is at fault, not us.
     pub fn invalid_model(ctx: impl std::fmt::Display, e: impl std::fmt::Display) -> Self {
-        Self::InvalidModel(format!("{ctx}: {e}"))
+        Self::InvalidModel(format!("{ctx}: {}", without_backtrace(&e.to_string())))
     }
+}
+
+/// candle appends a Rust backtrace to its messages when `RUST_BACKTRACE` is set; users get the
+/// message only.
+fn without_backtrace(s: &str) -> String {
+    let end = s.find("\nstack backtrace:").or_else(|| s.find("\n   0: ")).unwrap_or(s.len());
+    s[..end].trim_end().to_string()
 }
 
 /// Errors from tensor ops during a forward pass are internal: the inputs were validated before.
 impl From<candle_core::Error> for EngineError {
     fn from(e: candle_core::Error) -> Self {
-        Self::Internal(e.to_string())
+        Self::Internal(without_backtrace(&e.to_string()))
     }
 }
 

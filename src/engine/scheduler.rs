@@ -27,6 +27,24 @@ struct SessionState {
     cache: KvCache,
     /// Tokens whose keys/values are in `cache` (same length).
     tokens: Vec<u32>,
+    /// The last token sampled by the previous request: part of the session's token stream
+    /// but not evaluated yet (a raw continuation starts with it).
+    pending: Option<u32>,
+}
+
+impl SessionState {
+    /// The session's token stream so far: what is cached plus the pending token.
+    fn stream(&self) -> Vec<u32> {
+        let mut v = self.tokens.clone();
+        v.extend(self.pending);
+        v
+    }
+
+    fn clear(&mut self) {
+        self.cache.clear();
+        self.tokens.clear();
+        self.pending = None;
+    }
 }
 
 pub struct Scheduler {
@@ -93,12 +111,11 @@ impl Scheduler {
         match cmd {
             Command::CreateSession { id, shared } => {
                 let cache = self.model.new_cache(self.context_length);
-                self.sessions.insert(id, SessionState { shared, cache, tokens: Vec::new() });
+                self.sessions.insert(id, SessionState { shared, cache, tokens: Vec::new(), pending: None });
             }
             Command::ResetSession { id } => {
                 if let Some(s) = self.sessions.get_mut(&id) {
-                    s.cache.clear();
-                    s.tokens.clear();
+                    s.clear();
                 }
             }
             Command::DropSession { id } => {
@@ -142,8 +159,8 @@ impl Scheduler {
                 tok.encode(&text, false).map_err(EngineError::Internal)?
             }
             Input::Text(t) => {
-                let mut v = state.tokens.clone();
-                v.extend(tok.encode(t, state.tokens.is_empty()).map_err(EngineError::Internal)?);
+                let mut v = state.stream();
+                v.extend(tok.encode(t, v.is_empty()).map_err(EngineError::Internal)?);
                 v
             }
             Input::Tokens(ids) => {
@@ -153,12 +170,12 @@ impl Scheduler {
                         self.model.cfg.vocab_size
                     )));
                 }
-                let mut v = state.tokens.clone();
+                let mut v = state.stream();
                 v.extend_from_slice(ids);
                 v
             }
         };
-        if full.is_empty() || full.len() == state.tokens.len() && !is_chat {
+        if full.is_empty() || !is_chat && full.len() == state.stream().len() {
             return Err(EngineError::InvalidArgument("the input is empty".into()));
         }
         if full.len() > self.context_length {
@@ -174,6 +191,7 @@ impl Scheduler {
         let common = state.tokens.iter().zip(&full).take_while(|(a, b)| a == b).count().min(full.len() - 1);
         state.cache.truncate(common);
         state.tokens.truncate(common);
+        state.pending = None;
 
         // 3. Commit chat messages to the history now that the request is accepted.
         if let Input::Chat(msgs) = &req.input {
@@ -251,8 +269,11 @@ impl Scheduler {
     fn finish(&mut self, seq: Sequence, reason: FinishReason) {
         let id = seq.session;
         let is_chat = seq.is_chat;
+        let last = seq.last_token;
         let (done, events) = seq.finish(&self.tokenizer, reason);
-        if let Some(s) = self.sessions.get(&id) {
+        if let Some(s) = self.sessions.get_mut(&id) {
+            // The last sampled token is never evaluated by this request.
+            s.pending = last;
             if is_chat {
                 s.shared.history.lock().unwrap().push(ChatMessage { role: "assistant".into(), content: done.text.clone() });
             }
@@ -263,8 +284,7 @@ impl Scheduler {
 
     fn fail(&mut self, seq: Sequence, e: EngineError) {
         if let Some(s) = self.sessions.get_mut(&seq.session) {
-            s.cache.clear();
-            s.tokens.clear();
+            s.clear();
             s.shared.busy.store(false, Ordering::Release);
         }
         let _ = seq.events.send(Event::Error(e));

@@ -1,0 +1,380 @@
+// `npm run bench [-- --quick] [-- --threads N] [-- --repeat N] [-- --wait-idle S]`: CPU speed of
+// expert-runtime against node-llama-cpp (llama.cpp) on the same files, same thread count, same run.
+//
+// Models: SmolLM2-135M-Instruct Q4_1 GGUF, and (unless --quick) the Qwen3-0.6B-shaped random
+// model of scripts/make_bench_model.py as f32 safetensors, f16 safetensors and Q8_0 GGUF.
+// node-llama-cpp cannot read safetensors, so the safetensors rows are compared against
+// node-llama-cpp on the Q8_0 GGUF of the same weights (marked in the table).
+//
+// Each (engine, model) measurement runs in a fresh child process (this file with --child), so
+// the resident-memory delta is clean: RSS after importing the engine vs after loading the model.
+// Per measurement: load (wall ms until ready to generate), a warm-up request on a different
+// 64-token prompt, then one request on a fixed 512-token prompt (seeded random ids) that
+// generates 65 greedy tokens: prefill tok/s = 512 / time to the first token, decode tok/s =
+// 64 / time from the first to the 65th token (both timed in JS, identically for both engines).
+// node-llama-cpp keeps going past EOS (yieldEogToken); ours stops at EOS, which is reported.
+//
+// Both engines spin-wait in their thread pools, so any other load on the machine slows them
+// badly (10x and more on a 2-core box): each measurement first waits for an idle second
+// (--wait-idle), records how many cores the process kept busy per phase ("busy cores"; well
+// under --threads means it was starved), and --repeat N keeps the best of N interleaved runs.
+//
+// Results: a table on stdout, JSON under <cacheDir>/bench-results/cpu-<date>.json.
+import { spawnSync } from 'node:child_process'
+import { createReadStream, existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
+import os from 'node:os'
+import { dirname, join, resolve } from 'node:path'
+import { pipeline } from 'node:stream/promises'
+import { Writable } from 'node:stream'
+import { fileURLToPath } from 'node:url'
+
+const here = dirname(fileURLToPath(import.meta.url))
+const root = resolve(here, '..')
+const require = createRequire(import.meta.url)
+const llamaVersion = () => JSON.parse(readFileSync(join(root, 'node_modules', 'node-llama-cpp', 'package.json'), 'utf8')).version
+
+const PROMPT_LEN = 512
+const WARMUP_LEN = 64
+const DECODE = 64
+const CONTEXT = 2048
+const BATCH = 512
+const TOKEN_RANGE = [1000, 30000] // ordinary (non-special) ids in both vocabularies
+
+function parseArgs(argv) {
+  const a = { quick: false, threads: os.availableParallelism(), repeat: 1, child: null, out: null, waitIdle: 120 }
+  for (let i = 0; i < argv.length; i++) {
+    const k = argv[i]
+    if (k === '--quick') a.quick = true
+    else if (k === '--threads') a.threads = Number(argv[++i])
+    else if (k === '--repeat') a.repeat = Number(argv[++i])
+    else if (k === '--out') a.out = argv[++i]
+    else if (k === '--wait-idle') a.waitIdle = Number(argv[++i])
+    else if (k === '--child') a.child = argv[++i]
+    else if (k === '--help' || k === '-h') {
+      console.log('usage: node benches/cpu.mjs [--quick] [--threads N] [--repeat N] [--wait-idle SECONDS] [--out file.json]')
+      console.log('  --repeat N       run every measurement N times (interleaved) and keep the best of each figure')
+      console.log('  --wait-idle S    before each measurement, wait up to S seconds (default 120, 0 = off) for a >= 90% idle second')
+      process.exit(0)
+    } else throw new Error(`unknown argument ${k}`)
+  }
+  if (!(Number.isInteger(a.threads) && a.threads > 0)) throw new Error('--threads must be a positive integer')
+  if (!(Number.isInteger(a.repeat) && a.repeat > 0)) throw new Error('--repeat must be a positive integer')
+  if (!(Number.isFinite(a.waitIdle) && a.waitIdle >= 0)) throw new Error('--wait-idle must be a number of seconds >= 0')
+  return a
+}
+
+/** Deterministic token ids (mulberry32). */
+function tokens(seed, n) {
+  let s = seed >>> 0
+  const out = []
+  for (let i = 0; i < n; i++) {
+    s = (s + 0x6d2b79f5) >>> 0
+    let t = s
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    const r = ((t ^ (t >>> 14)) >>> 0) / 4294967296
+    out.push(TOKEN_RANGE[0] + Math.floor(r * (TOKEN_RANGE[1] - TOKEN_RANGE[0])))
+  }
+  return out
+}
+
+const MB = 1024 * 1024
+const rss = () => process.memoryUsage().rss
+const peakRss = () => process.resourceUsage().maxRSS * 1024
+
+// ------------------------------------------------------------------------------------------
+// child: one engine, one model
+// ------------------------------------------------------------------------------------------
+
+async function childOurs(spec) {
+  const { Runtime } = require(join(root, 'dist', 'index.js'))
+  const rss0 = rss()
+  const t0 = performance.now()
+  const rt = await Runtime.load(spec.path, { threads: spec.threads, dtype: spec.dtype, contextLength: CONTEXT })
+  const loadMs = performance.now() - t0
+  const rssLoad = rss()
+
+  const warm = rt.createSession()
+  await warm.complete({ tokens: tokens(2, WARMUP_LEN) }, { maxTokens: 4, temperature: 0 })
+  warm.dispose()
+
+  const s = rt.createSession()
+  const prompt = tokens(1, PROMPT_LEN)
+  const times = []
+  const cpu = []
+  const ids = []
+  const cpu1 = process.cpuUsage()
+  const t1 = performance.now()
+  const stream = s.generate({ tokens: prompt }, { maxTokens: DECODE + 1, temperature: 0 })
+  for await (const c of stream) {
+    times.push(performance.now())
+    cpu.push(process.cpuUsage())
+    ids.push(c.tokenId)
+  }
+  const r = stream.result
+  const out = {
+    loadMs,
+    rssBaseMB: rss0 / MB,
+    rssLoadMB: (rssLoad - rss0) / MB,
+    rssAfterRunMB: (rss() - rss0) / MB,
+    peakRssMB: (peakRss() - rss0) / MB,
+    ...rates(t1, times, cpu1, cpu),
+    tokens: ids,
+    eosAt: r.finishReason === 'stop' ? ids.length - 1 : null,
+    engine: { timings: r.timings, usage: r.usage, finishReason: r.finishReason, info: rt.info },
+  }
+  s.dispose()
+  await rt.dispose()
+  return out
+}
+
+async function childLlama(spec) {
+  const { getLlama } = await import('node-llama-cpp')
+  const llama = await getLlama({ gpu: false, build: 'never', logLevel: 'error', maxThreads: 0 })
+  const rss0 = rss()
+  const t0 = performance.now()
+  const model = await llama.loadModel({ modelPath: spec.path })
+  const modelMs = performance.now() - t0
+  const ctx = await model.createContext({ contextSize: CONTEXT, batchSize: BATCH, threads: { ideal: spec.threads, min: spec.threads } })
+  const seq = ctx.getSequence()
+  const loadMs = performance.now() - t0
+  const rssLoad = rss()
+
+  let n = 0
+  for await (const _ of seq.evaluate(tokens(2, WARMUP_LEN), { temperature: 0, yieldEogToken: true })) {
+    if (++n >= 4) break
+  }
+  await seq.clearHistory()
+
+  const prompt = tokens(1, PROMPT_LEN)
+  const times = []
+  const cpu = []
+  const ids = []
+  const cpu1 = process.cpuUsage()
+  const t1 = performance.now()
+  for await (const tok of seq.evaluate(prompt, { temperature: 0, yieldEogToken: true })) {
+    times.push(performance.now())
+    cpu.push(process.cpuUsage())
+    ids.push(tok)
+    if (ids.length >= DECODE + 1) break
+  }
+  const eos = ids.findIndex((t) => model.isEogToken(t))
+  const out = {
+    loadMs,
+    modelLoadMs: modelMs,
+    rssBaseMB: rss0 / MB,
+    rssLoadMB: (rssLoad - rss0) / MB,
+    rssAfterRunMB: (rss() - rss0) / MB,
+    peakRssMB: (peakRss() - rss0) / MB,
+    ...rates(t1, times, cpu1, cpu),
+    tokens: ids,
+    eosAt: eos >= 0 ? eos : null,
+    engine: {
+      threads: ctx.currentThreads,
+      idealThreads: ctx.idealThreads,
+      flashAttention: ctx.flashAttention,
+      contextSize: ctx.contextSize,
+      batchSize: ctx.batchSize,
+      llamaCpp: llama.llamaCppRelease,
+      systemInfo: llama.systemInfo,
+    },
+  }
+  await ctx.dispose()
+  await model.dispose()
+  await llama.dispose()
+  return out
+}
+
+// Busy cores = process CPU time / wall time over a phase: well under the thread count means
+// the process was starved (other work on the machine), which skews that phase's rate.
+function rates(t1, times, cpu1, cpu) {
+  const first = times[0]
+  const last = times[times.length - 1]
+  const decoded = times.length - 1
+  const busy = (a, b, ms) => ((b.user - a.user + b.system - a.system) / 1000) / ms
+  return {
+    ttftMs: first - t1,
+    prefillTps: PROMPT_LEN / ((first - t1) / 1000),
+    decodeTps: decoded > 0 ? decoded / ((last - first) / 1000) : null,
+    decoded,
+    prefillBusyCores: busy(cpu1, cpu[0], first - t1),
+    decodeBusyCores: decoded > 0 ? busy(cpu[0], cpu[cpu.length - 1], last - first) : null,
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// parent
+// ------------------------------------------------------------------------------------------
+
+function cpuTimes() {
+  const f = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number)
+  return { idle: f[3] + (f[4] || 0), total: f.reduce((a, b) => a + b, 0) }
+}
+
+/** Waits (up to `maxS`) for a second in which the machine is at least 90% idle; returns that fraction. */
+async function waitIdle(maxS) {
+  if (process.platform !== 'linux' || maxS <= 0) return null
+  const t0 = Date.now()
+  let idle = 0
+  for (;;) {
+    const a = cpuTimes()
+    await new Promise((r) => setTimeout(r, 1000))
+    const b = cpuTimes()
+    idle = (b.idle - a.idle) / Math.max(1, b.total - a.total)
+    if (idle >= 0.9 || Date.now() - t0 > maxS * 1000) return idle
+  }
+}
+
+function runChild(spec) {
+  const r = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--child', JSON.stringify(spec)], {
+    encoding: 'utf8',
+    maxBuffer: 64 * MB,
+    timeout: 30 * 60 * 1000,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  })
+  const line = (r.stdout || '').split('\n').find((l) => l.startsWith('BENCH_RESULT '))
+  if (r.status !== 0 || !line) {
+    throw new Error(`child ${spec.engine} ${spec.path} failed (status ${r.status}, signal ${r.signal}):\n${r.stderr}\n${r.stdout}`)
+  }
+  return JSON.parse(line.slice('BENCH_RESULT '.length))
+}
+
+/** Reads every file once so both engines load from a warm page cache. */
+async function warmPageCache(path) {
+  const files = statSync(path).isDirectory() ? readdirSync(path).map((f) => join(path, f)) : [path]
+  for (const f of files) {
+    await pipeline(createReadStream(f, { highWaterMark: 8 * MB }), new Writable({ write: (_c, _e, cb) => cb() }))
+  }
+}
+
+/** Best of the repeats: fastest load/prefill/decode, smallest memory (each field on its own). */
+function best(runs) {
+  const pick = (k, f) => {
+    const v = runs.map((r) => r[k]).filter((x) => typeof x === 'number')
+    return v.length ? f(...v) : null
+  }
+  return {
+    ...runs[0],
+    loadMs: pick('loadMs', Math.min),
+    rssLoadMB: pick('rssLoadMB', Math.min),
+    rssAfterRunMB: pick('rssAfterRunMB', Math.min),
+    peakRssMB: pick('peakRssMB', Math.min),
+    prefillTps: pick('prefillTps', Math.max),
+    decodeTps: pick('decodeTps', Math.max),
+    ttftMs: pick('ttftMs', Math.min),
+    runs,
+  }
+}
+
+function gitRev() {
+  const r = spawnSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' })
+  const d = spawnSync('git', ['status', '--porcelain', '--', 'src', 'lib', 'Cargo.toml', 'Cargo.lock'], { cwd: root, encoding: 'utf8' })
+  return r.status === 0 ? r.stdout.trim() + (d.stdout.trim() ? '+dirty' : '') : null
+}
+
+const fmt = (x, d = 1) => (x == null || !Number.isFinite(x) ? '—' : x.toFixed(d))
+const ratio = (a, b) => (a == null || b == null || !b ? null : a / b)
+
+function printTable(rows) {
+  const head = ['model / format', 'vs llama.cpp on', 'load ms ours', 'llama', 'RSS MB ours', 'llama',
+    'prefill t/s ours', 'llama', 'ratio', 'decode t/s ours', 'llama', 'ratio']
+  const lines = rows.map((r) => [
+    r.label, r.llamaLabel, fmt(r.ours.loadMs, 0), fmt(r.llama.loadMs, 0), fmt(r.ours.rssLoadMB, 0), fmt(r.llama.rssLoadMB, 0),
+    fmt(r.ours.prefillTps), fmt(r.llama.prefillTps), fmt(r.prefillRatio, 2),
+    fmt(r.ours.decodeTps), fmt(r.llama.decodeTps), fmt(r.decodeRatio, 2),
+  ])
+  const w = head.map((h, i) => Math.max(h.length, ...lines.map((l) => l[i].length)))
+  const row = (cells) => cells.map((c, i) => (i < 2 ? c.padEnd(w[i]) : c.padStart(w[i]))).join('  ')
+  console.log(row(head))
+  console.log(w.map((n) => '-'.repeat(n)).join('  '))
+  for (const l of lines) console.log(row(l))
+}
+
+async function parent(args) {
+  if (!existsSync(join(root, 'dist', 'index.js'))) throw new Error('dist/index.js is missing: run `npm run build` first')
+  const { ensureSmolLM2, cacheDir } = await import(join(root, 'scripts', 'assets.mjs'))
+  const cases = [] // { key, label, ours: spec, llamaKey, llamaLabel }
+  const llamaSpecs = {} // key -> spec
+  const smol = ensureSmolLM2()
+  llamaSpecs.smol = { engine: 'llama', path: smol }
+  cases.push({ key: 'smollm2-q4_1', label: 'SmolLM2-135M Q4_1 GGUF', ours: { engine: 'ours', path: smol }, llamaKey: 'smol', llamaLabel: 'same GGUF' })
+  if (!args.quick) {
+    const { ensureQwen3Bench } = await import(join(root, 'scripts', 'bench-model.mjs'))
+    const q = ensureQwen3Bench()
+    llamaSpecs.q8 = { engine: 'llama', path: q.q8_0 }
+    cases.push({ key: 'qwen3-q8_0', label: 'Qwen3-0.6B-rand Q8_0 GGUF', ours: { engine: 'ours', path: q.q8_0 }, llamaKey: 'q8', llamaLabel: 'same GGUF' })
+    cases.push({ key: 'qwen3-f32', label: 'Qwen3-0.6B-rand f32 safetensors', ours: { engine: 'ours', path: q.f32, dtype: 'f32' }, llamaKey: 'q8', llamaLabel: 'Q8_0 GGUF (same weights)' })
+    cases.push({ key: 'qwen3-f16', label: 'Qwen3-0.6B-rand f16 safetensors (dtype f16)', ours: { engine: 'ours', path: q.f16, dtype: 'f16' }, llamaKey: 'q8', llamaLabel: 'Q8_0 GGUF (same weights)' })
+  }
+  for (const p of new Set([...cases.map((c) => c.ours.path), ...Object.values(llamaSpecs).map((s) => s.path)])) await warmPageCache(p)
+
+  const load0 = os.loadavg()
+  if (load0[0] > 0.5) console.error(`warning: load average ${load0.map((x) => x.toFixed(2)).join(' ')}; other work skews CPU timings`)
+  const ours = Object.fromEntries(cases.map((c) => [c.key, []]))
+  const llama = Object.fromEntries(Object.keys(llamaSpecs).map((k) => [k, []]))
+  // Interleave the engines (ours, then llama.cpp on the same file) so drift hits both.
+  for (let rep = 0; rep < args.repeat; rep++) {
+    const done = new Set()
+    for (const c of cases) {
+      let idle = await waitIdle(args.waitIdle)
+      console.error(`[${rep + 1}/${args.repeat}] ours   ${c.label}${idle == null ? '' : ` (machine ${(idle * 100).toFixed(0)}% idle before)`}`)
+      ours[c.key].push({ ...runChild({ ...c.ours, threads: args.threads }), idleBefore: idle })
+      if (!done.has(c.llamaKey)) {
+        idle = await waitIdle(args.waitIdle)
+        console.error(`[${rep + 1}/${args.repeat}] llama  ${llamaSpecs[c.llamaKey].path}${idle == null ? '' : ` (machine ${(idle * 100).toFixed(0)}% idle before)`}`)
+        llama[c.llamaKey].push({ ...runChild({ ...llamaSpecs[c.llamaKey], threads: args.threads }), idleBefore: idle })
+        done.add(c.llamaKey)
+      }
+    }
+  }
+  const load1 = os.loadavg()
+
+  const rows = cases.map((c) => {
+    const o = best(ours[c.key])
+    const l = best(llama[c.llamaKey])
+    const sameTokens = c.llamaLabel === 'same GGUF' ? o.tokens.findIndex((t, i) => t !== l.tokens[i]) : undefined
+    const notes = []
+    if (o.eosAt != null) notes.push(`ours hit EOS after ${o.eosAt} decode tokens (decode rate over ${o.decoded})`)
+    if (l.eosAt != null) notes.push(`llama.cpp produced EOS at step ${l.eosAt} (kept generating)`)
+    const bd = (runs) => runs.reduce((a, b) => ((b.decodeTps ?? 0) > (a.decodeTps ?? 0) ? b : a))
+    const busy = (r) => `${fmt(r.prefillBusyCores, 2)}/${fmt(r.decodeBusyCores, 2)}`
+    notes.push(`busy cores prefill/decode: ours ${busy(bd(o.runs))}, llama.cpp ${busy(bd(l.runs))} (of ${args.threads})`)
+    if (sameTokens !== undefined) notes.push(sameTokens === -1 ? `greedy tokens identical (${o.tokens.length})` : `greedy tokens diverge at step ${sameTokens}`)
+    return {
+      key: c.key, label: c.label, llamaLabel: c.llamaLabel, ours: o, llama: l,
+      loadSpeedup: ratio(l.loadMs, o.loadMs), prefillRatio: ratio(o.prefillTps, l.prefillTps), decodeRatio: ratio(o.decodeTps, l.decodeTps),
+      notes,
+    }
+  })
+
+  console.log(`\nexpert-runtime ${gitRev() ?? ''} vs node-llama-cpp ${llamaVersion()}` +
+    ` (llama.cpp ${rows[0].llama.engine.llamaCpp?.release ?? '?'}), ${args.threads} threads, ${os.cpus()[0]?.model} x${os.availableParallelism()}` +
+    `, best of ${args.repeat}; prompt ${PROMPT_LEN} tokens, decode ${DECODE} greedy tokens, context ${CONTEXT}`)
+  console.log('ratio = ours / llama.cpp (>1: we are faster); RSS = resident memory added by loading (fresh process)\n')
+  printTable(rows)
+  for (const r of rows) for (const n of r.notes) console.log(`  ${r.label}: ${n}`)
+  console.log(`  load average: start ${load0.map((x) => x.toFixed(2)).join(' ')}, end ${load1.map((x) => x.toFixed(2)).join(' ')}`)
+
+  const date = new Date().toISOString().replace(/[:]/g, '-').replace(/\..*/, '')
+  const outFile = args.out ?? join(cacheDir, 'bench-results', `cpu-${date}.json`)
+  mkdirSync(dirname(outFile), { recursive: true })
+  writeFileSync(outFile, JSON.stringify({
+    date: new Date().toISOString(), git: gitRev(), threads: args.threads, repeat: args.repeat,
+    machine: { cpu: os.cpus()[0]?.model, cores: os.availableParallelism(), memGB: os.totalmem() / 2 ** 30, loadavgStart: load0, loadavgEnd: load1 },
+    nodeLlamaCpp: llamaVersion(),
+    setup: { promptLen: PROMPT_LEN, warmupLen: WARMUP_LEN, decode: DECODE, context: CONTEXT, llamaBatch: BATCH, tokenRange: TOKEN_RANGE },
+    rows,
+  }, null, 2) + '\n')
+  console.log(`\nJSON: ${outFile}`)
+}
+
+const args = parseArgs(process.argv.slice(2))
+if (args.child) {
+  const spec = JSON.parse(args.child)
+  const res = spec.engine === 'ours' ? await childOurs(spec) : await childLlama(spec)
+  process.stdout.write('BENCH_RESULT ' + JSON.stringify(res) + '\n')
+  process.exit(0)
+} else {
+  await parent(args)
+}

@@ -32,7 +32,10 @@ function mtime(p) {
 export function ensureInstalled() {
   if (existsSync(join(root, 'node_modules', '@napi-rs', 'cli'))) return
   console.error('installing npm dependencies ...')
-  run(npm, [existsSync(join(root, 'package-lock.json')) ? 'ci' : 'install', '--no-audit', '--no-fund'])
+  // `npm install`, not `npm ci`: it follows package-lock.json just the same, but npm 11 leaves
+  // other platforms' optional packages (node-llama-cpp's, @napi-rs/cli's) out of the lock
+  // and `npm ci` then refuses it as out of sync.
+  run(npm, ['install', '--no-audit', '--no-fund'])
 }
 
 const NATIVE = 'expert-runtime.linux-x64-gnu.node'

@@ -1,10 +1,14 @@
 // `npm test`: Rust unit and parity tests, then the build, then the Node suites.
+import { execFileSync } from 'node:child_process'
 import { ensureSmolLM2 } from './assets.mjs'
 import { ensureBuilt, ensureInstalled, run } from './setup.mjs'
 
 ensureInstalled()
 // Rust tests build the engine without the napi layer (its symbols exist only inside Node).
-run('cargo', ['test', '--release', '--no-default-features'])
+// `napi build` passes an explicit --target; passing the same one here lets both builds share
+// the compiled dependencies (candle, tokenizers) instead of building them twice.
+const host = /^host: (\S+)$/m.exec(execFileSync('rustc', ['-vV'], { encoding: 'utf8' }))[1]
+run('cargo', ['test', '--release', '--no-default-features', '--target', host])
 ensureBuilt()
 process.env.EXPERT_RUNTIME_SMOLLM2 ||= ensureSmolLM2()
 run(process.execPath, ['--test', '--test-concurrency=1', '__test__/'])

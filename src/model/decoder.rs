@@ -214,6 +214,13 @@ impl Attention {
         let (k, v) = cache.append(layer, &k, &v)?;
         let total = k.dim(1)?;
 
+        // 5–6 fused for a single query on CPU/f32 (the decode step); see `kv::attention`.
+        if seq == 1 && mask.is_none() {
+            if let Some(out) = crate::kv::attention::decode_attention(&q, &k, &v)? {
+                return self.o_proj.forward(&out);
+            }
+        }
+
         // 5. Scores. Query heads sharing a KV head are stacked so K is never copied per head:
         //    q [kv_heads, rep * seq, head_dim] · kᵀ → [kv_heads, rep * seq, total].
         let q = q.reshape((nkv, rep * seq, hd))?;

@@ -246,7 +246,15 @@ impl WeightSource for GgufSource<'_> {
         let weight = match q.dtype() {
             _ if self.dequantize => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
-            _ if self.device.is_cpu() => Weight::Quantized(QMatMul::from_qtensor(super::repack::for_cpu(q, &self.device)?)?),
+            _ if self.device.is_cpu() => {
+                let q = super::repack::for_cpu(q, &self.device)?;
+                if q.dtype() == GgmlDType::Q8_0 {
+                    // Our decode kernel's layout; the QTensor is dropped (weights stored once).
+                    Weight::Q8Packed(super::q8::PackedQ8_0::from_qtensor(&q)?)
+                } else {
+                    Weight::Quantized(QMatMul::from_qtensor(q)?)
+                }
+            }
             _ => Weight::Quantized(QMatMul::from_qtensor(q)?),
         };
         let bias = if bias {

@@ -4,6 +4,7 @@ pub mod config;
 pub mod decoder;
 pub mod linear;
 pub mod loader;
+pub mod q8;
 pub mod repack;
 
 pub use config::{Arch, ModelConfig};

@@ -15,6 +15,29 @@ use crate::error::Result;
 /// over at prefill sizes, and the dequantized copy lives only for the call.
 const DENSE_PREFILL_ROWS: usize = 32;
 
+/// A dense single-row product (decode) over at least this many weights is split by output
+/// rows across the thread pool: candle's GEMV runs on one thread, and decode of a dense model
+/// is bound by how fast the weights stream from memory.
+const PARALLEL_GEMV_ELEMS: usize = 1 << 20;
+
+/// `x [1, in] · wᵀ` with `w [out, in]` split into one contiguous row range per thread; each
+/// output element is the same dot product as in the unsplit GEMV.
+fn parallel_gemv(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    use rayon::prelude::*;
+    let out = w.dim(0)?;
+    let parts = rayon::current_num_threads().clamp(1, 16);
+    let chunk = out.div_ceil(parts);
+    let pieces = (0..out.div_ceil(chunk))
+        .into_par_iter()
+        .map(|i| {
+            let start = i * chunk;
+            let len = chunk.min(out - start);
+            Ok(x.matmul(&w.narrow(0, start, len)?.t()?)?)
+        })
+        .collect::<Result<Vec<Tensor>>>()?;
+    Ok(Tensor::cat(&pieces, 1)?)
+}
+
 pub enum Weight {
     /// `[out, in]` in the model dtype.
     Dense(Tensor),
@@ -34,6 +57,9 @@ impl Linear {
     /// `x`: `[rows, in]` → `[rows, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
+            Weight::Dense(w) if x.dim(0)? == 1 && x.device().is_cpu() && w.elem_count() >= PARALLEL_GEMV_ELEMS => {
+                parallel_gemv(x, w)?
+            }
             Weight::Dense(w) => x.matmul(&w.t()?)?,
             Weight::Quantized(QMatMul::QTensor(q)) if x.dim(0)? >= DENSE_PREFILL_ROWS && x.device().is_cpu() => {
                 let w = q.dequantize(x.device())?.to_dtype(x.dtype())?;
@@ -97,5 +123,34 @@ impl Linear {
 
     pub fn is_quantized(&self) -> bool {
         matches!(self.weight, Weight::Quantized(QMatMul::QTensor(_)) | Weight::Q8Packed(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn parallel_gemv_equals_the_plain_product() {
+        let dev = Device::Cpu;
+        // 2051 rows: not a multiple of the thread count; over the threshold so `forward` splits.
+        let w = Tensor::randn(0f32, 1.0, (2051, 600), &dev).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (1, 600), &dev).unwrap();
+        assert!(w.elem_count() >= PARALLEL_GEMV_ELEMS);
+        let want: Vec<f32> = x.matmul(&w.t().unwrap()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let lin = Linear { weight: Weight::Dense(w.clone()), bias: None, out_features: 2051, in_features: 600 };
+        for got in [parallel_gemv(&x, &w).unwrap(), lin.forward(&x).unwrap()] {
+            assert_eq!(got.dims(), &[1, 2051]);
+            let got: Vec<f32> = got.flatten_all().unwrap().to_vec1().unwrap();
+            let d = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(d < 1e-4, "max |Δ| {d}");
+        }
+        // f16 weights take the same path.
+        let (w16, x16) = (w.to_dtype(DType::F16).unwrap(), x.to_dtype(DType::F16).unwrap());
+        let a = parallel_gemv(&x16, &w16).unwrap().to_dtype(DType::F32).unwrap();
+        let b = x16.matmul(&w16.t().unwrap()).unwrap().to_dtype(DType::F32).unwrap();
+        let d = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(d < 0.5, "f16 max |Δ| {d}");
     }
 }

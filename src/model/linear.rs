@@ -4,7 +4,7 @@
 //! own contribution on top of `forward` later and never touch `w`.
 
 use candle_core::quantized::QMatMul;
-use candle_core::{DType, Module, Tensor};
+use candle_core::{Module, Tensor};
 
 use super::q8::PackedQ8_0;
 
@@ -65,25 +65,7 @@ impl Linear {
                 let w = q.dequantize(x.device())?.to_dtype(x.dtype())?;
                 x.matmul(&w.t()?)?
             }
-            Weight::Q8Packed(p) if x.dim(0)? >= DENSE_PREFILL_ROWS => {
-                let w = Tensor::from_vec(p.dequantize(), (p.rows(), p.cols()), x.device())?.to_dtype(x.dtype())?;
-                x.matmul(&w.t()?)?
-            }
-            Weight::Q8Packed(p) => {
-                let dt = x.dtype();
-                let rows = x.dim(0)?;
-                let xf = x.to_dtype(DType::F32)?.contiguous()?;
-                let mut out = vec![0f32; rows * p.rows()];
-                {
-                    let (storage, layout) = xf.storage_and_layout();
-                    let candle_core::Storage::Cpu(cpu) = &*storage else {
-                        return Err(crate::error::EngineError::InvalidModel("Q8Packed weight needs a CPU tensor".into()));
-                    };
-                    let xs = &cpu.as_slice::<f32>()?[layout.start_offset()..][..rows * p.cols()];
-                    p.matmul(xs, rows, &mut out);
-                }
-                Tensor::from_vec(out, (rows, p.rows()), x.device())?.to_dtype(dt)?
-            }
+            Weight::Q8Packed(p) => p.forward(x, DENSE_PREFILL_ROWS)?,
             Weight::Quantized(q) => {
                 // Quantized kernels take f32 activations; the result is cast back.
                 let dt = x.dtype();
@@ -101,28 +83,8 @@ impl Linear {
         Ok(match &self.weight {
             Weight::Dense(w) => w.index_select(ids, 0)?,
             Weight::Quantized(q) => q.embedding(ids)?,
-            Weight::Q8Packed(p) => {
-                let ids_v: Vec<u32> = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1()?;
-                let k = p.cols();
-                let mut out = vec![0f32; ids_v.len() * k];
-                for (&id, row) in ids_v.iter().zip(out.chunks_exact_mut(k)) {
-                    if id as usize >= p.rows() {
-                        return Err(crate::error::EngineError::InvalidArgument(format!(
-                            "token id {id} out of range for an embedding of {} rows",
-                            p.rows()
-                        )));
-                    }
-                    p.dequantize_row(id as usize, row);
-                }
-                let mut dims = ids.dims().to_vec();
-                dims.push(k);
-                Tensor::from_vec(out, dims, ids.device())?
-            }
+            Weight::Q8Packed(p) => p.embedding(ids)?,
         })
-    }
-
-    pub fn is_quantized(&self) -> bool {
-        matches!(self.weight, Weight::Quantized(QMatMul::QTensor(_)) | Weight::Q8Packed(_))
     }
 }
 

@@ -23,6 +23,7 @@
 use std::cell::RefCell;
 
 use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
@@ -71,6 +72,46 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
 }
 
 impl PackedQ8_0 {
+    /// `x [rows, k]` (any float dtype, CPU) → `[rows, n]` in `x`'s dtype: the packed kernel for
+    /// few rows, a dense GEMM over the dequantized weight from `dense_from_rows` rows on.
+    pub fn forward(&self, x: &Tensor, dense_from_rows: usize) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        if rows >= dense_from_rows {
+            let w = Tensor::from_vec(self.dequantize(), (self.rows(), self.cols()), x.device())?.to_dtype(x.dtype())?;
+            return Ok(x.matmul(&w.t()?)?);
+        }
+        let xf = x.to_dtype(DType::F32)?.contiguous()?;
+        let mut out = vec![0f32; rows * self.rows()];
+        {
+            let (storage, layout) = xf.storage_and_layout();
+            let candle_core::Storage::Cpu(cpu) = &*storage else {
+                return Err(EngineError::InvalidModel("a packed Q8_0 weight needs a CPU tensor".into()));
+            };
+            let xs = &cpu.as_slice::<f32>()?[layout.start_offset()..][..rows * self.cols()];
+            self.matmul(xs, rows, &mut out);
+        }
+        Ok(Tensor::from_vec(out, (rows, self.rows()), x.device())?.to_dtype(x.dtype())?)
+    }
+
+    /// Rows `ids` of the weight, dequantized: `[ids.., k]` in f32.
+    pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
+        let ids_v: Vec<u32> = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1()?;
+        let k = self.cols();
+        let mut out = vec![0f32; ids_v.len() * k];
+        for (&id, row) in ids_v.iter().zip(out.chunks_exact_mut(k)) {
+            if id as usize >= self.rows() {
+                return Err(EngineError::InvalidArgument(format!(
+                    "token id {id} out of range for an embedding of {} rows",
+                    self.rows()
+                )));
+            }
+            self.dequantize_row(id as usize, row);
+        }
+        let mut dims = ids.dims().to_vec();
+        dims.push(k);
+        Ok(Tensor::from_vec(out, dims, ids.device())?)
+    }
+
     /// Repacks a 2-D Q8_0 `QTensor` of shape `[n, k]`.
     pub fn from_qtensor(q: &QTensor) -> Result<Self> {
         if q.dtype() != GgmlDType::Q8_0 {

@@ -19,6 +19,12 @@ pub enum EngineError {
     Disposed(String),
     #[error("no CUDA device: {0}")]
     NoCudaDevice(String),
+    #[error("expert not found: {0}")]
+    ExpertNotFound(String),
+    #[error("unsupported adapter: {0}")]
+    UnsupportedAdapter(String),
+    #[error("invalid adapter: {0}")]
+    InvalidAdapter(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -35,8 +41,16 @@ impl EngineError {
             Self::SessionBusy(_) => "SESSION_BUSY",
             Self::Disposed(_) => "DISPOSED",
             Self::NoCudaDevice(_) => "NO_CUDA_DEVICE",
+            Self::ExpertNotFound(_) => "EXPERT_NOT_FOUND",
+            Self::UnsupportedAdapter(_) => "UNSUPPORTED_ADAPTER",
+            Self::InvalidAdapter(_) => "INVALID_ADAPTER",
             Self::Internal(_) => "INTERNAL",
         }
+    }
+
+    /// Wraps an error raised while reading an adapter's files.
+    pub fn invalid_adapter(ctx: impl std::fmt::Display, e: impl std::fmt::Display) -> Self {
+        Self::InvalidAdapter(format!("{ctx}: {}", without_backtrace(&e.to_string())))
     }
 
     /// Wraps a candle error raised while reading weights: the file is at fault, not us.

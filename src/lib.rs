@@ -1,6 +1,7 @@
 //! expert-runtime: an LLM inference engine with run-time PEFT experts.
 pub mod engine;
 pub mod error;
+pub mod experts;
 pub mod model;
 pub mod sampling;
 pub mod tokenizer;

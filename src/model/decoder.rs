@@ -13,6 +13,7 @@ use super::config::ModelConfig;
 use super::linear::Linear;
 use super::loader::WeightSource;
 use crate::error::Result;
+use crate::experts::{ExpertSet, Proj, Slot};
 use crate::kv::KvCache;
 
 struct RmsNorm {
@@ -137,17 +138,43 @@ impl Decoder {
         self.cos.dim(0).unwrap_or(0)
     }
 
+    /// The linear module at `slot` (adapters are validated and built against it).
+    pub fn linear(&self, slot: Slot) -> &Linear {
+        let l = &self.layers[slot.layer];
+        match slot.proj {
+            Proj::Q => &l.self_attn.q_proj,
+            Proj::K => &l.self_attn.k_proj,
+            Proj::V => &l.self_attn.v_proj,
+            Proj::O => &l.self_attn.o_proj,
+            Proj::Gate => &l.mlp.gate_proj,
+            Proj::Up => &l.mlp.up_proj,
+            Proj::Down => &l.mlp.down_proj,
+        }
+    }
+
     /// Runs `tokens` at positions `cache.len()..`, appending their keys and values to `cache`.
     /// Returns f32 logits (see [`Logits`]).
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Tensor> {
-        let seq = tokens.len();
+        self.forward_with(tokens, cache, which, &ExpertSet::none())
+    }
+
+    /// [`Self::forward`] under a set of experts. At position 0 the set's prompt-tuning
+    /// embeddings are evaluated first (they occupy the cache's first positions); logits are
+    /// returned for `tokens` only.
+    pub fn forward_with(&self, tokens: &[u32], cache: &mut KvCache, which: Logits, experts: &ExpertSet) -> Result<Tensor> {
         let pos = cache.len();
-        assert!(seq > 0 && pos + seq <= self.max_positions(), "positions checked by the caller");
+        let prefix = if pos == 0 { experts.virtual_embeddings()? } else { None };
+        let n_virtual = prefix.as_ref().map_or(0, |p| p.dim(0).unwrap_or(0));
+        let seq = n_virtual + tokens.len();
+        assert!(!tokens.is_empty() && pos + seq <= self.max_positions(), "positions checked by the caller");
         cache.reserve(seq)?;
 
-        // 1. Token embeddings: [seq, hidden].
-        let ids = Tensor::from_slice(tokens, seq, &self.device)?;
+        // 1. Token embeddings: [seq, hidden], after the virtual tokens of prompt tuning.
+        let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
         let mut x = self.embed_tokens.embedding(&ids)?.to_dtype(self.dtype)?;
+        if let Some(p) = prefix {
+            x = Tensor::cat(&[&p, &x], 0)?;
+        }
 
         // 2. Shared per-pass inputs: RoPE rows for these positions and, when several queries
         //    attend at once, the causal mask over [seq, pos + seq].
@@ -158,17 +185,17 @@ impl Decoder {
         // 3. Transformer blocks: pre-norm attention and MLP, each with a residual.
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_layernorm.forward(&x)?;
-            let h = layer.self_attn.forward(&h, i, cache, &cos, &sin, mask.as_ref(), self.cfg.rope_interleaved)?;
+            let h = layer.self_attn.forward(&h, i, cache, &cos, &sin, mask.as_ref(), self.cfg.rope_interleaved, experts)?;
             x = (x + h)?;
             let h = layer.post_attention_layernorm.forward(&x)?;
-            x = (x + layer.mlp.forward(&h)?)?;
+            x = (x + layer.mlp.forward(&h, i, experts)?)?;
         }
         cache.commit(seq);
 
         // 4. Final norm and output projection (last position only when generating).
         let x = match which {
             Logits::Last => x.narrow(0, seq - 1, 1)?,
-            Logits::All => x,
+            Logits::All => x.narrow(0, n_virtual, tokens.len())?,
         };
         let x = self.norm.forward(&x)?;
         let logits = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).forward(&x)?.to_dtype(DType::F32)?;
@@ -190,15 +217,17 @@ impl Attention {
         sin: &Tensor,
         mask: Option<&Tensor>,
         interleaved: bool,
+        experts: &ExpertSet,
     ) -> Result<Tensor> {
         let seq = x.dim(0)?;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let rep = nh / nkv;
+        let proj = |lin: &Linear, x: &Tensor, p: Proj| experts.linear(lin, x, Slot::new(layer, p));
 
-        // 1. Project to per-head queries, keys and values: [seq, heads, head_dim].
-        let q = self.q_proj.forward(x)?.reshape((seq, nh, hd))?;
-        let k = self.k_proj.forward(x)?.reshape((seq, nkv, hd))?;
-        let v = self.v_proj.forward(x)?.reshape((seq, nkv, hd))?;
+        // 1. Project to per-head queries, keys and values (adapters applied): [seq, heads, head_dim].
+        let q = proj(&self.q_proj, x, Proj::Q)?.reshape((seq, nh, hd))?;
+        let k = proj(&self.k_proj, x, Proj::K)?.reshape((seq, nkv, hd))?;
+        let v = proj(&self.v_proj, x, Proj::V)?.reshape((seq, nkv, hd))?;
 
         // 2. Qwen3: per-head RMSNorm of q and k.
         let q = match &self.q_norm { Some(n) => n.forward(&q)?, None => q };
@@ -217,7 +246,7 @@ impl Attention {
         // 5–6 fused for a single query on CPU/f32 (the decode step); see `kv::attention`.
         if seq == 1 && mask.is_none() {
             if let Some(out) = crate::kv::attention::decode_attention(&q, &k, &v)? {
-                return self.o_proj.forward(&out);
+                return proj(&self.o_proj, &out, Proj::O);
             }
         }
 
@@ -235,14 +264,15 @@ impl Attention {
         let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
         let out = probs.matmul(&v)?; // [kv_heads, rep * seq, head_dim]
         let out = out.reshape((nh, seq, hd))?.transpose(0, 1)?.reshape((seq, nh * hd))?;
-        self.o_proj.forward(&out)
+        proj(&self.o_proj, &out, Proj::O)
     }
 }
 
 impl Mlp {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
-        self.down_proj.forward(&(gate * self.up_proj.forward(x)?)?)
+    fn forward(&self, x: &Tensor, layer: usize, experts: &ExpertSet) -> Result<Tensor> {
+        let proj = |lin: &Linear, x: &Tensor, p: Proj| experts.linear(lin, x, Slot::new(layer, p));
+        let gate = candle_nn::ops::silu(&proj(&self.gate_proj, x, Proj::Gate)?)?;
+        proj(&self.down_proj, &(gate * proj(&self.up_proj, x, Proj::Up)?)?, Proj::Down)
     }
 }
 

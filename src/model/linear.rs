@@ -56,7 +56,16 @@ pub struct Linear {
 impl Linear {
     /// `x`: `[rows, in]` → `[rows, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = match &self.weight {
+        let y = self.forward_no_bias(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+
+    /// `x Wᵀ` without the bias.
+    pub fn forward_no_bias(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(match &self.weight {
             Weight::Dense(w) if x.dim(0)? == 1 && x.device().is_cpu() && w.elem_count() >= PARALLEL_GEMV_ELEMS => {
                 parallel_gemv(x, w)?
             }
@@ -71,10 +80,18 @@ impl Linear {
                 let dt = x.dtype();
                 q.forward(&x.to_dtype(candle_core::DType::F32)?)?.to_dtype(dt)?
             }
-        };
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
+        })
+    }
+
+    /// The weight `[out, in]` in f32, dequantized when stored quantized (adapters that depend
+    /// on the base weight, such as DoRA's norms, read it once at load).
+    pub fn dequantized_f32(&self) -> Result<Tensor> {
+        let f32 = candle_core::DType::F32;
+        Ok(match &self.weight {
+            Weight::Dense(w) => w.to_dtype(f32)?,
+            Weight::Quantized(QMatMul::QTensor(q)) => q.dequantize(&q.device())?.to_dtype(f32)?,
+            Weight::Quantized(QMatMul::Tensor(w) | QMatMul::TensorF16(w)) => w.to_dtype(f32)?,
+            Weight::Q8Packed(p) => Tensor::from_vec(p.dequantize(), (p.rows(), p.cols()), &candle_core::Device::Cpu)?,
         })
     }
 

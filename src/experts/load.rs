@@ -1,0 +1,348 @@
+//! Building an [`Expert`] from a PEFT directory against a loaded base model: every targeted
+//! module must exist with tensors whose shapes fit it; nothing else may be in the file. The
+//! weights are made resident on the model's device in its dtype.
+//!
+//! GGUF Llama bases store q/k rows permuted for interleaved RoPE; adapters are trained in HF
+//! layout, so their output rows on those modules are permuted the same way at load.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::dora::Dora;
+use super::ia3::Ia3;
+use super::lokr::Lokr;
+use super::lora::LowRank;
+use super::manifest::{family, Manifest};
+use super::peft::{parse_key, read_safetensors, AdapterConfig, PeftType, RawTensor};
+use super::{Expert, ExpertKind, ModuleAdapter, Proj, Slot};
+use crate::error::{EngineError, Result};
+use crate::model::Decoder;
+
+#[derive(Clone, Debug)]
+pub struct ExpertLoadOptions {
+    /// Overrides the manifest's name (default: manifest `name`, else the directory name).
+    pub name: Option<String>,
+    /// Multiplies the adapter's effect: the LoRA/DoRA/LoKr scaling, or IA³ vectors as
+    /// `1 + scale · (l − 1)`. Not applicable to prompt tuning.
+    pub scale: f64,
+}
+
+impl Default for ExpertLoadOptions {
+    fn default() -> Self {
+        Self { name: None, scale: 1.0 }
+    }
+}
+
+/// The tensors of one module, by parameter name (`lora_A.weight`, …).
+type ModuleTensors = HashMap<String, RawTensor>;
+
+/// Reads, validates and makes resident the adapter at `dir`.
+pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u64) -> Result<Expert> {
+    if !dir.exists() {
+        return Err(EngineError::ExpertNotFound(format!("no adapter at {}", dir.display())));
+    }
+    if !opts.scale.is_finite() {
+        return Err(EngineError::InvalidArgument(format!("scale must be a finite number, got {}", opts.scale)));
+    }
+    let cfg_path = dir.join("adapter_config.json");
+    let text = std::fs::read_to_string(&cfg_path)
+        .map_err(|e| EngineError::InvalidAdapter(format!("{}: {e}", cfg_path.display())))?;
+    let cfg = AdapterConfig::parse(&text)?;
+
+    // 1. The manifest and the base model it names.
+    let manifest = match std::fs::read_to_string(dir.join("manifest.json")) {
+        Ok(t) => Some(Manifest::parse(&t)?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(EngineError::invalid_adapter("manifest.json", e)),
+    };
+    if let Some(m) = &manifest {
+        m.check_base(&model.cfg)?;
+    }
+    if let Some(class) = &cfg.base_model_class {
+        if family(class).is_some_and(|f| f != model.cfg.arch) {
+            return Err(EngineError::InvalidAdapter(format!(
+                "the adapter was trained on a {class}, but this runtime runs a {} model",
+                model.cfg.arch.name()
+            )));
+        }
+    }
+    let name = opts
+        .name
+        .clone()
+        .or_else(|| manifest.as_ref().and_then(|m| m.name.clone()))
+        .or_else(|| dir.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())))
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| EngineError::InvalidArgument("the expert needs a name".into()))?;
+
+    // 2. The weights.
+    let weights = dir.join("adapter_model.safetensors");
+    if !weights.is_file() {
+        let hint = if dir.join("adapter_model.bin").is_file() { " (adapter_model.bin is a pickle; save with safe_serialization=True)" } else { "" };
+        return Err(EngineError::InvalidAdapter(format!("{} is missing{hint}", weights.display())));
+    }
+    let mut tensors = read_safetensors(&weights)?;
+    let (dtype, device) = (model.dtype, model.device.clone());
+
+    if cfg.peft_type == PeftType::PromptTuning {
+        if opts.scale != 1.0 {
+            return Err(EngineError::InvalidArgument("scale does not apply to a prompt-tuning expert".into()));
+        }
+        let prompt = super::prompt::load(&cfg, &mut tensors, model.cfg.hidden_size, dtype, &device)?;
+        let bytes = prompt.elem_count() * dtype.size_in_bytes();
+        return Ok(Expert {
+            id,
+            name,
+            kind: ExpertKind::Prompt,
+            rank: None,
+            target_modules: Vec::new(),
+            bytes,
+            manifest,
+            modules: Vec::new(),
+            prompt: Some(prompt),
+        });
+    }
+
+    // 3. Group the tensors by module; anything else is not an adapter we can apply.
+    let mut by_slot: HashMap<Slot, ModuleTensors> = HashMap::new();
+    for (key, t) in tensors {
+        let Some((slot, param)) = parse_key(&key) else {
+            let unsupported = ["embed_tokens", "lm_head", "modules_to_save", "lora_embedding", "norm"];
+            if unsupported.iter().any(|u| key.contains(u)) {
+                return Err(EngineError::UnsupportedAdapter(format!("tensor {key}: only the linear projections of decoder layers can be adapted")));
+            }
+            return Err(EngineError::InvalidAdapter(format!("unexpected tensor {key}")));
+        };
+        if slot.layer >= model.cfg.num_layers {
+            return Err(EngineError::InvalidAdapter(format!(
+                "tensor {key} is for layer {} but the model has {} layers",
+                slot.layer, model.cfg.num_layers
+            )));
+        }
+        if !cfg.targets(slot) {
+            return Err(EngineError::InvalidAdapter(format!("tensor {key} is for a module the adapter config does not target")));
+        }
+        by_slot.entry(slot).or_default().insert(param.to_string(), t);
+    }
+
+    // 4. Every module the config targets, built and checked.
+    let targeted: Vec<Slot> = (0..model.cfg.num_layers)
+        .flat_map(|l| Proj::ALL.into_iter().map(move |p| Slot::new(l, p)))
+        .filter(|s| cfg.targets(*s))
+        .collect();
+    if targeted.is_empty() {
+        let foreign = cfg.target_modules.as_ref().map(|t| t.foreign_names()).unwrap_or_default();
+        if !foreign.is_empty() {
+            return Err(EngineError::UnsupportedAdapter(format!(
+                "target_modules {foreign:?}: only q/k/v/o/gate/up/down_proj of decoder layers can be adapted"
+            )));
+        }
+        return Err(EngineError::InvalidAdapter(
+            "target_modules selects none of this model's linear modules (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)".into(),
+        ));
+    }
+    let kind = match cfg.peft_type {
+        PeftType::Lora if cfg.use_dora => ExpertKind::Dora,
+        PeftType::Lora => ExpertKind::Lora,
+        PeftType::Ia3 => ExpertKind::Ia3,
+        PeftType::Lokr => ExpertKind::Lokr,
+        PeftType::PromptTuning => unreachable!("handled above"),
+    };
+    let mut modules: Vec<Option<ModuleAdapter>> = (0..model.cfg.num_layers * Proj::ALL.len()).map(|_| None).collect();
+    let mut names = BTreeSet::new();
+    let (mut bytes, mut max_rank) = (0usize, 0usize);
+    let build = ModuleBuilder { cfg: &cfg, model, dtype, device: &device, scale: opts.scale };
+    for slot in targeted {
+        let ts = by_slot.remove(&slot).unwrap_or_default();
+        let (adapter, rank) = build.module(slot, ts)?;
+        bytes += match &adapter {
+            ModuleAdapter::Lora(l) => l.bytes(),
+            ModuleAdapter::Dora(d) => d.bytes(),
+            ModuleAdapter::Ia3(a) => a.bytes(),
+            ModuleAdapter::Lokr(k) => k.bytes(),
+        };
+        max_rank = max_rank.max(rank);
+        names.insert(slot.proj.name().to_string());
+        modules[slot.index()] = Some(adapter);
+    }
+    Ok(Expert {
+        id,
+        name,
+        kind,
+        rank: (kind != ExpertKind::Ia3).then_some(max_rank),
+        target_modules: names.into_iter().collect(),
+        bytes,
+        manifest,
+        modules,
+        prompt: None,
+    })
+}
+
+struct ModuleBuilder<'a> {
+    cfg: &'a AdapterConfig,
+    model: &'a Decoder,
+    dtype: DType,
+    device: &'a Device,
+    scale: f64,
+}
+
+impl ModuleBuilder<'_> {
+    /// The adapter of one module and its rank (0 for IA³).
+    fn module(&self, slot: Slot, mut ts: ModuleTensors) -> Result<(ModuleAdapter, usize)> {
+        let lin = self.model.linear(slot);
+        let (out, inp) = (lin.out_features, lin.in_features);
+        let key = |p: &str| format!("base_model.model.{}.{p}", slot.path());
+        let mut take = |p: &str, shape: Option<&[usize]>| -> Result<RawTensor> {
+            let t = ts.remove(p).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", key(p))))?;
+            if let Some(s) = shape {
+                if t.shape != s {
+                    return Err(EngineError::InvalidAdapter(format!("tensor {} has shape {:?}, expected {s:?}", key(p), t.shape)));
+                }
+            }
+            Ok(t)
+        };
+        let perm = self.out_permutation(slot)?;
+        let (adapter, rank) = match self.cfg.peft_type {
+            PeftType::Lora => {
+                let (r, alpha) = self.cfg.rank_alpha(slot);
+                let a = take("lora_A.weight", Some(&[r, inp]))?;
+                let b = take("lora_B.weight", Some(&[out, r]))?;
+                let s = if self.cfg.use_rslora { alpha / (r as f64).sqrt() } else { alpha / r as f64 } * self.scale;
+                let a = a.to_tensor(self.dtype, self.device)?;
+                let b = permute_rows(b.to_tensor(self.dtype, self.device)?, perm.as_ref())?;
+                let lr = LowRank::new(a, &b, s)?;
+                if self.cfg.use_dora {
+                    let m = ts
+                        .remove("lora_magnitude_vector")
+                        .or_else(|| ts.remove("lora_magnitude_vector.weight"))
+                        .ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", key("lora_magnitude_vector"))))?;
+                    if m.shape != [out] {
+                        return Err(EngineError::InvalidAdapter(format!(
+                            "tensor {} has shape {:?}, expected [{out}]",
+                            key("lora_magnitude_vector"),
+                            m.shape
+                        )));
+                    }
+                    let m = permute_rows(m.to_tensor(DType::F32, self.device)?, perm.as_ref())?;
+                    (ModuleAdapter::Dora(Dora::new(lr, &m, &lin.dequantized_f32()?)?), r)
+                } else {
+                    (ModuleAdapter::Lora(lr), r)
+                }
+            }
+            PeftType::Ia3 => {
+                let ff = self.cfg.is_feedforward(slot);
+                let v = if ff { take("ia3_l", Some(&[1, inp]))? } else { take("ia3_l", Some(&[out, 1]))? };
+                let n = v.data.len();
+                let mut v = v.to_tensor(DType::F32, self.device)?.reshape(n)?;
+                if self.scale != 1.0 {
+                    v = (((v - 1.0)? * self.scale)? + 1.0)?;
+                }
+                let v = if ff { v } else { permute_rows(v, perm.as_ref())? };
+                (ModuleAdapter::Ia3(Ia3 { scale: v.to_dtype(self.dtype)?, on_input: ff }), 0)
+            }
+            PeftType::Lokr => {
+                let (r, alpha) = self.cfg.rank_alpha(slot);
+                let w1 = self.factor(&mut ts, "lokr_w1", &key)?;
+                let w2 = self.factor(&mut ts, "lokr_w2", &key)?;
+                if ts.contains_key("lokr_t2") {
+                    return Err(EngineError::UnsupportedAdapter(format!("{}: LoKr Tucker factors (convolutions only)", key("lokr_t2"))));
+                }
+                let ((p, q), (m, n)) = (w1.dims2()?, w2.dims2()?);
+                if p * m != out || q * n != inp {
+                    return Err(EngineError::InvalidAdapter(format!(
+                        "{}: w1 {:?} ⊗ w2 {:?} is [{}, {}], but the module is [{out}, {inp}]",
+                        key("lokr_w1"),
+                        [p, q],
+                        [m, n],
+                        p * m,
+                        q * n
+                    )));
+                }
+                let out_perm = perm.map(|p| Tensor::from_vec(p, out, self.device)).transpose()?;
+                (ModuleAdapter::Lokr(Lokr { w1, w2, scale: alpha / r as f64 * self.scale, out_perm }), r)
+            }
+            PeftType::PromptTuning => unreachable!("no modules"),
+        };
+        if let Some(extra) = ts.keys().next() {
+            return Err(EngineError::InvalidAdapter(format!("unexpected tensor {}", key(extra))));
+        }
+        Ok((adapter, rank))
+    }
+
+    /// A LoKr factor, full (`{name}`) or as `{name}_a @ {name}_b`.
+    fn factor(&self, ts: &mut ModuleTensors, name: &str, key: &dyn Fn(&str) -> String) -> Result<Tensor> {
+        if let Some(w) = ts.remove(name) {
+            if w.shape.len() != 2 {
+                return Err(EngineError::InvalidAdapter(format!("tensor {} must be 2-D, has shape {:?}", key(name), w.shape)));
+            }
+            return Ok(w.to_tensor(self.dtype, self.device)?);
+        }
+        let (an, bn) = (format!("{name}_a"), format!("{name}_b"));
+        let a = ts.remove(&an).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {} (or {})", key(name), key(&an))))?;
+        let b = ts.remove(&bn).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", key(&bn))))?;
+        if a.shape.len() != 2 || b.shape.len() != 2 || a.shape[1] != b.shape[0] || a.shape[1] == 0 {
+            return Err(EngineError::InvalidAdapter(format!(
+                "tensors {} {:?} and {} {:?} do not multiply",
+                key(&an),
+                a.shape,
+                key(&bn),
+                b.shape
+            )));
+        }
+        let a = a.to_tensor(DType::F32, self.device)?;
+        let b = b.to_tensor(DType::F32, self.device)?;
+        Ok(a.matmul(&b)?.to_dtype(self.dtype)?)
+    }
+
+    /// For q/k of a base whose rows are permuted for interleaved RoPE: `perm[g]` is the HF row
+    /// that row `g` of the base holds.
+    fn out_permutation(&self, slot: Slot) -> Result<Option<Vec<u32>>> {
+        let cfg = &self.model.cfg;
+        let heads = match slot.proj {
+            Proj::Q => cfg.num_heads,
+            Proj::K => cfg.num_kv_heads,
+            _ => return Ok(None),
+        };
+        if !cfg.rope_interleaved {
+            return Ok(None);
+        }
+        Ok(Some(interleave_permutation(heads, cfg.head_dim)))
+    }
+}
+
+/// llama.cpp's Q/K row permutation: row `h·hd + 2i + j` holds HF row `h·hd + j·hd/2 + i`.
+pub fn interleave_permutation(heads: usize, head_dim: usize) -> Vec<u32> {
+    let half = head_dim / 2;
+    let mut p = Vec::with_capacity(heads * head_dim);
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                p.push((h * head_dim + j * half + i) as u32);
+            }
+        }
+    }
+    p
+}
+
+fn permute_rows(t: Tensor, perm: Option<&Vec<u32>>) -> Result<Tensor> {
+    Ok(match perm {
+        Some(p) => {
+            let idx = Tensor::from_slice(p, p.len(), t.device())?;
+            t.index_select(&idx, 0)?
+        }
+        None => t,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interleave_permutation_matches_llama_cpp() {
+        // 1 head of 4: HF rows [0, 1 | 2, 3] (halves) become [0, 2, 1, 3] (pairs).
+        assert_eq!(interleave_permutation(1, 4), vec![0, 2, 1, 3]);
+        assert_eq!(interleave_permutation(2, 4), vec![0, 2, 1, 3, 4, 6, 5, 7]);
+    }
+}

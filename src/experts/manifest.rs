@@ -1,0 +1,206 @@
+//! `manifest.json` beside an adapter: its name, description, version, application order,
+//! routing hints (for the router) and the base model it was trained for.
+//!
+//! `base_model` may be an object (`{ "architecture": "qwen3", "hidden_size": 1024,
+//! "num_layers": 28, "vocab_size": … }`, every field present must match) or a model name such as
+//! `Qwen/Qwen3-0.6B`, from which the family and the parameter count are read where the name
+//! states them; a family or size that contradicts the loaded base rejects the adapter.
+
+use serde_json::Value;
+
+use crate::error::{EngineError, Result};
+use crate::model::config::{Arch, ModelConfig};
+
+#[derive(Clone, Debug, Default)]
+pub struct Routing {
+    pub keywords: Vec<String>,
+    pub exclude_keywords: Vec<String>,
+    pub priority: f64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Manifest {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub version: Option<String>,
+    pub load_order: i64,
+    pub routing: Routing,
+    pub base_model: Option<Value>,
+    /// The whole file, for JS (`expert.manifest`).
+    pub raw: Value,
+}
+
+fn strings(v: Option<&Value>, field: &str) -> Result<Vec<String>> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(String::from))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| EngineError::InvalidAdapter(format!("manifest.json: {field} must list strings"))),
+        Some(_) => Err(EngineError::InvalidAdapter(format!("manifest.json: {field} must be a list of strings"))),
+    }
+}
+
+impl Manifest {
+    pub fn parse(text: &str) -> Result<Self> {
+        let raw: Value = serde_json::from_str(text).map_err(|e| EngineError::invalid_adapter("manifest.json", e))?;
+        if !raw.is_object() {
+            return Err(EngineError::InvalidAdapter("manifest.json must hold a JSON object".into()));
+        }
+        let string = |k: &str| -> Result<Option<String>> {
+            match raw.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(EngineError::InvalidAdapter(format!("manifest.json: {k} must be a string"))),
+            }
+        };
+        let load_order = match raw.get("load_order") {
+            None | Some(Value::Null) => 0,
+            Some(v) => v
+                .as_i64()
+                .ok_or_else(|| EngineError::InvalidAdapter("manifest.json: load_order must be an integer".into()))?,
+        };
+        let r = raw.get("routing");
+        let routing = Routing {
+            keywords: strings(r.and_then(|r| r.get("keywords")), "routing.keywords")?,
+            exclude_keywords: strings(r.and_then(|r| r.get("exclude_keywords")), "routing.exclude_keywords")?,
+            priority: r.and_then(|r| r.get("priority")).and_then(Value::as_f64).unwrap_or(0.0),
+        };
+        Ok(Self {
+            name: string("name")?,
+            description: string("description")?,
+            version: string("version")?,
+            load_order,
+            routing,
+            base_model: raw.get("base_model").filter(|v| !v.is_null()).cloned(),
+            raw,
+        })
+    }
+
+    /// Fails with `INVALID_ADAPTER` when `base_model` names another model than `cfg`.
+    pub fn check_base(&self, cfg: &ModelConfig) -> Result<()> {
+        match &self.base_model {
+            None => Ok(()),
+            Some(Value::String(name)) => check_base_name(name, cfg),
+            Some(Value::Object(o)) => {
+                let ours = describe(cfg);
+                if let Some(a) = o.get("architecture").and_then(Value::as_str) {
+                    if family(a) != Some(cfg.arch) {
+                        return Err(mismatch(&format!("architecture {a}"), &ours));
+                    }
+                }
+                for (k, have) in [
+                    ("hidden_size", cfg.hidden_size),
+                    ("num_layers", cfg.num_layers),
+                    ("num_hidden_layers", cfg.num_layers),
+                    ("vocab_size", cfg.vocab_size),
+                    ("intermediate_size", cfg.intermediate_size),
+                ] {
+                    if let Some(want) = o.get(k).and_then(Value::as_u64) {
+                        if want as usize != have {
+                            return Err(mismatch(&format!("{k} {want}"), &ours));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Some(_) => Err(EngineError::InvalidAdapter("manifest.json: base_model must be a string or an object".into())),
+        }
+    }
+}
+
+fn describe(cfg: &ModelConfig) -> String {
+    format!(
+        "{} with {} layers, hidden size {} (~{})",
+        cfg.arch.name(),
+        cfg.num_layers,
+        cfg.hidden_size,
+        human_params(parameter_count(cfg) as f64)
+    )
+}
+
+fn mismatch(what: &str, ours: &str) -> EngineError {
+    EngineError::InvalidAdapter(format!("the adapter was made for a base model with {what}, but this runtime runs {ours}"))
+}
+
+/// `qwen3` / `Qwen3ForCausalLM` / `Qwen/Qwen3-0.6B` → the family, where one is named.
+pub fn family(name: &str) -> Option<Arch> {
+    let n = name.to_ascii_lowercase();
+    if n.contains("qwen3") {
+        Some(Arch::Qwen3)
+    } else if n.contains("qwen2") {
+        Some(Arch::Qwen2)
+    } else if n.contains("llama") || n.contains("smollm") {
+        Some(Arch::Llama)
+    } else {
+        None
+    }
+}
+
+/// The parameter count a name states (`…-135M…`, `…-0.6B…`).
+fn stated_size(name: &str) -> Option<f64> {
+    let re = regex::Regex::new(r"(?i)(?:^|[-_/ ])(\d+(?:\.\d+)?)([mb])(?:$|[-_/ .])").expect("valid regex");
+    let c = re.captures(name)?;
+    let x: f64 = c[1].parse().ok()?;
+    Some(if c[2].eq_ignore_ascii_case("b") { x * 1e9 } else { x * 1e6 })
+}
+
+fn check_base_name(name: &str, cfg: &ModelConfig) -> Result<()> {
+    if let Some(f) = family(name) {
+        if f != cfg.arch {
+            return Err(mismatch(&format!("architecture {} ({name})", f.name()), &describe(cfg)));
+        }
+    }
+    if let Some(size) = stated_size(name) {
+        let have = parameter_count(cfg) as f64;
+        // Names round sizes (Qwen3-0.6B has 0.596 B parameters); a factor of 1.5 either way
+        // separates every neighbouring size of a family.
+        if !(have / 1.5..=have * 1.5).contains(&size) {
+            return Err(mismatch(&format!("{} parameters ({name})", human_params(size)), &describe(cfg)));
+        }
+    }
+    Ok(())
+}
+
+fn human_params(n: f64) -> String {
+    if n >= 1e9 {
+        format!("{:.2}B params", n / 1e9)
+    } else if n >= 1e6 {
+        format!("{:.0}M params", n / 1e6)
+    } else {
+        format!("{:.0}K params", n / 1e3)
+    }
+}
+
+/// Weights of the decoder (embeddings counted once when tied).
+pub fn parameter_count(cfg: &ModelConfig) -> usize {
+    let (h, i, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
+    let attn = h * cfg.num_heads * hd * 2 + h * cfg.num_kv_heads * hd * 2;
+    let mlp = 3 * h * i;
+    let embed = cfg.vocab_size * h * if cfg.tie_word_embeddings { 1 } else { 2 };
+    embed + cfg.num_layers * (attn + mlp + 2 * h) + h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_families_from_names() {
+        assert_eq!(stated_size("Qwen/Qwen3-0.6B"), Some(0.6e9));
+        assert_eq!(stated_size("HuggingFaceTB/SmolLM2-135M-Instruct"), Some(135e6));
+        assert_eq!(stated_size("my-model"), None);
+        assert_eq!(family("Qwen/Qwen2.5-Coder-0.5B"), Some(Arch::Qwen2));
+        assert_eq!(family("HuggingFaceTB/SmolLM2-135M-Instruct"), Some(Arch::Llama));
+        assert_eq!(family("Qwen3ForCausalLM"), Some(Arch::Qwen3));
+    }
+
+    #[test]
+    fn manifest_fields() {
+        let m = Manifest::parse(r#"{"name":"sql","load_order":2,"routing":{"keywords":["sql"],"priority":3}}"#).unwrap();
+        assert_eq!((m.name.as_deref(), m.load_order, m.routing.priority), (Some("sql"), 2, 3.0));
+        assert_eq!(Manifest::parse(r#"{"load_order":"x"}"#).unwrap_err().code(), "INVALID_ADAPTER");
+        assert_eq!(Manifest::parse("[1]").unwrap_err().code(), "INVALID_ADAPTER");
+    }
+}

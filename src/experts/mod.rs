@@ -1,0 +1,284 @@
+//! Experts: PEFT adapters applied at run time, never merged into the base weights.
+//!
+//! An [`Expert`] holds, for every linear module it targets (`layer × projection`, a [`Slot`]),
+//! one [`ModuleAdapter`], plus virtual-token embeddings for prompt tuning. A request runs
+//! under an [`ExpertSet`] (the experts it pinned when it started, in application order) and
+//! the decoder routes each projection through [`ExpertSet::linear`]:
+//!
+//! ```text
+//! x_in  = x ⊙ Π ia3_in            (IA³ on feed-forward modules scales the layer input)
+//! y     = (W x_in + b) ⊙ Π ia3_out (IA³ elsewhere scales the layer output, bias included)
+//!       + Σ dora  ((m / ‖W + sBA‖ − 1) ⊙ W x_in + (m / ‖W + sBA‖) ⊙ s B A x)
+//!       + Σ lora  s B A x          (rsLoRA: s = α / √r, else α / r)
+//!       + Σ lokr  s (w1 ⊗ w2) x    (applied as w1 · X · w2ᵀ, the Kronecker product never built)
+//! ```
+//!
+//! Additive deltas commute, and so do the IA³ products; order only matters for prompt tuning,
+//! whose virtual tokens are prepended in the set's order (manifest `load_order`, then the
+//! order the request listed). Each formula reduces to PEFT's for a single adapter.
+//!
+//! Module map: `peft` (adapter_config.json + safetensors, target selection), `manifest`,
+//! `lora`/`dora`/`ia3`/`lokr`/`prompt` (one file per kind), `load` (building an expert against
+//! a base model), `registry` (names → resident experts).
+
+pub mod dora;
+pub mod ia3;
+pub mod load;
+pub mod lokr;
+pub mod lora;
+pub mod manifest;
+pub mod peft;
+pub mod prompt;
+pub mod registry;
+
+use std::sync::Arc;
+
+use candle_core::Tensor;
+
+use crate::error::Result;
+use crate::model::linear::Linear;
+
+pub use load::{load_expert, ExpertLoadOptions};
+pub use manifest::Manifest;
+pub use registry::Registry;
+
+/// The seven linear projections of a decoder layer, in a fixed order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Proj {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Proj {
+    pub const ALL: [Proj; 7] = [Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down];
+
+    /// The HF module name, e.g. `q_proj`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proj::Q => "q_proj",
+            Proj::K => "k_proj",
+            Proj::V => "v_proj",
+            Proj::O => "o_proj",
+            Proj::Gate => "gate_proj",
+            Proj::Up => "up_proj",
+            Proj::Down => "down_proj",
+        }
+    }
+
+    /// `self_attn` or `mlp`.
+    pub fn block(self) -> &'static str {
+        match self {
+            Proj::Q | Proj::K | Proj::V | Proj::O => "self_attn",
+            _ => "mlp",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Proj> {
+        Proj::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One linear module of the model: `(layer, projection)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Slot {
+    pub layer: usize,
+    pub proj: Proj,
+}
+
+impl Slot {
+    pub fn new(layer: usize, proj: Proj) -> Self {
+        Self { layer, proj }
+    }
+
+    /// Dense index into an expert's module table.
+    pub fn index(self) -> usize {
+        self.layer * Proj::ALL.len() + self.proj.index()
+    }
+
+    /// `model.layers.{i}.self_attn.q_proj`: the HF module path.
+    pub fn path(self) -> String {
+        format!("model.layers.{}.{}.{}", self.layer, self.proj.block(), self.proj.name())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertKind {
+    Lora,
+    Dora,
+    Ia3,
+    Lokr,
+    Prompt,
+}
+
+impl ExpertKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Lora => "lora",
+            Self::Dora => "dora",
+            Self::Ia3 => "ia3",
+            Self::Lokr => "lokr",
+            Self::Prompt => "prompt",
+        }
+    }
+}
+
+/// What one expert does to one linear module.
+pub enum ModuleAdapter {
+    Lora(lora::LowRank),
+    Dora(dora::Dora),
+    Ia3(ia3::Ia3),
+    Lokr(lokr::Lokr),
+}
+
+/// A resident adapter. Immutable once loaded; shared by the registry and every request that
+/// pinned it, so `unload` frees its memory when the last running request ends.
+pub struct Expert {
+    /// Unique per load: a session's cache records the ids it was computed under, so a name
+    /// reloaded with other weights never reuses stale keys/values.
+    pub id: u64,
+    pub name: String,
+    pub kind: ExpertKind,
+    /// LoRA/DoRA/LoKr rank (the largest, when `rank_pattern` varies it).
+    pub rank: Option<usize>,
+    /// Module names it targets (`q_proj`, …), sorted and deduplicated.
+    pub target_modules: Vec<String>,
+    /// Device memory held by its tensors.
+    pub bytes: usize,
+    pub manifest: Option<Manifest>,
+    /// Indexed by [`Slot::index`].
+    modules: Vec<Option<ModuleAdapter>>,
+    /// Prompt tuning: `[num_virtual_tokens, hidden]` in the model dtype.
+    prompt: Option<Tensor>,
+}
+
+impl Expert {
+    pub fn load_order(&self) -> i64 {
+        self.manifest.as_ref().map_or(0, |m| m.load_order)
+    }
+
+    fn module(&self, slot: Slot) -> Option<&ModuleAdapter> {
+        self.modules.get(slot.index()).and_then(|m| m.as_ref())
+    }
+
+    pub fn num_virtual_tokens(&self) -> usize {
+        self.prompt.as_ref().map_or(0, |p| p.dim(0).unwrap_or(0))
+    }
+}
+
+/// The experts one request runs under, in application order. Cheap to clone; holding one pins
+/// its experts in memory.
+#[derive(Clone, Default)]
+pub struct ExpertSet {
+    experts: Arc<Vec<Arc<Expert>>>,
+}
+
+impl ExpertSet {
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Orders `experts` by manifest `load_order`, then by their order in the list (stable).
+    pub fn new(mut experts: Vec<Arc<Expert>>) -> Self {
+        experts.sort_by_key(|e| e.load_order());
+        Self { experts: Arc::new(experts) }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.experts.is_empty()
+    }
+
+    pub fn experts(&self) -> &[Arc<Expert>] {
+        &self.experts
+    }
+
+    /// The load ids, in order: what a KV cache computed under this set is keyed by.
+    pub fn key(&self) -> Vec<u64> {
+        self.experts.iter().map(|e| e.id).collect()
+    }
+
+    /// Virtual tokens prepended at position 0 (prompt tuning), summed over the set.
+    pub fn num_virtual_tokens(&self) -> usize {
+        self.experts.iter().map(|e| e.num_virtual_tokens()).sum()
+    }
+
+    /// The prompt-tuning embeddings of the set, concatenated in order: `[n, hidden]`.
+    pub fn virtual_embeddings(&self) -> Result<Option<Tensor>> {
+        let parts: Vec<&Tensor> = self.experts.iter().filter_map(|e| e.prompt.as_ref()).collect();
+        Ok(match parts.len() {
+            0 => None,
+            1 => Some(parts[0].clone()),
+            _ => Some(Tensor::cat(&parts, 0)?),
+        })
+    }
+
+    /// `lin(x)` with every active adapter of `slot` applied (see the module docs).
+    pub fn linear(&self, lin: &Linear, x: &Tensor, slot: Slot) -> Result<Tensor> {
+        if self.experts.is_empty() {
+            return lin.forward(x);
+        }
+        let mut scale_in: Option<Tensor> = None;
+        let mut scale_out: Option<Tensor> = None;
+        let mut doras = Vec::new();
+        let mut low_ranks = Vec::new();
+        let mut lokrs = Vec::new();
+        for e in self.experts.iter() {
+            match e.module(slot) {
+                None => {}
+                Some(ModuleAdapter::Ia3(a)) => {
+                    let s = if a.on_input { &mut scale_in } else { &mut scale_out };
+                    *s = Some(match s.take() {
+                        None => a.scale.clone(),
+                        Some(prev) => (prev * &a.scale)?,
+                    });
+                }
+                Some(ModuleAdapter::Dora(d)) => doras.push(d),
+                Some(ModuleAdapter::Lora(l)) => low_ranks.push(l),
+                Some(ModuleAdapter::Lokr(k)) => lokrs.push(k),
+            }
+        }
+        if scale_in.is_none() && scale_out.is_none() && doras.is_empty() && low_ranks.is_empty() && lokrs.is_empty() {
+            return lin.forward(x);
+        }
+
+        // 1. The base layer, its input and output rescaled by IA³.
+        let x_in = match &scale_in {
+            Some(s) => x.broadcast_mul(s)?,
+            None => x.clone(),
+        };
+        let mut y = if doras.is_empty() {
+            lin.forward(&x_in)?
+        } else {
+            // DoRA rescales the bias-free base output; the bias is added back after.
+            let base = lin.forward_no_bias(&x_in)?;
+            let mut y = base.clone();
+            for d in &doras {
+                y = (y + d.delta(x, &base)?)?;
+            }
+            match &lin.bias {
+                Some(b) => y.broadcast_add(b)?,
+                None => y,
+            }
+        };
+        if let Some(s) = &scale_out {
+            y = y.broadcast_mul(s)?;
+        }
+
+        // 2. Additive deltas on the original input.
+        if !low_ranks.is_empty() {
+            y = lora::add_deltas(y, x, &low_ranks)?;
+        }
+        for k in &lokrs {
+            y = (y + k.delta(x)?)?;
+        }
+        Ok(y)
+    }
+}

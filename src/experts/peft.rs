@@ -1,0 +1,312 @@
+//! PEFT's on-disk format: `adapter_config.json` and `adapter_model.safetensors` as
+//! `save_pretrained` writes them, and PEFT's rules for which modules an adapter targets
+//! (`target_modules` as a list or a regex, `exclude_modules`, `layers_to_transform`,
+//! `rank_pattern` / `alpha_pattern`, IA³ `feedforward_modules`).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use serde_json::Value;
+
+use super::{Proj, Slot};
+use crate::error::{EngineError, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeftType {
+    Lora,
+    Ia3,
+    Lokr,
+    PromptTuning,
+}
+
+/// PEFT's module selectors: a list of names (a module matches its full path or a dotted
+/// suffix of it), a regex string (full match of the path), or `all-linear`.
+#[derive(Clone, Debug)]
+pub enum Modules {
+    List(Vec<String>),
+    Regex(regex::Regex),
+    AllLinear,
+}
+
+impl Modules {
+    fn parse(v: &Value, field: &str) -> Result<Option<Self>> {
+        Ok(match v {
+            Value::Null => None,
+            Value::String(s) if s == "all-linear" => Some(Self::AllLinear),
+            Value::String(s) => Some(Self::Regex(regex::Regex::new(&format!("^(?:{s})$")).map_err(|e| {
+                EngineError::InvalidAdapter(format!("adapter_config.json: {field} is not a valid regex: {e}"))
+            })?)),
+            Value::Array(items) => Some(Self::List(
+                items
+                    .iter()
+                    .map(|i| i.as_str().map(String::from))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| EngineError::InvalidAdapter(format!("adapter_config.json: {field} must list strings")))?,
+            )),
+            _ => return Err(EngineError::InvalidAdapter(format!("adapter_config.json: {field} must be a list or a string"))),
+        })
+    }
+
+    /// Whether the module at `path` (`model.layers.0.self_attn.q_proj`) is selected.
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            Self::AllLinear => true,
+            Self::Regex(r) => r.is_match(path),
+            Self::List(names) => names.iter().any(|n| path == n || path.ends_with(&format!(".{n}"))),
+        }
+    }
+
+    /// Names in a list that can never match one of our linear modules (`embed_tokens`,
+    /// `lm_head`, …).
+    pub fn foreign_names(&self) -> Vec<String> {
+        match self {
+            Self::List(names) => names
+                .iter()
+                .filter(|n| {
+                    let last = n.rsplit('.').next().unwrap_or(n);
+                    Proj::from_name(last).is_none()
+                })
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The fields of `adapter_config.json` the runtime acts on.
+#[derive(Debug)]
+pub struct AdapterConfig {
+    pub peft_type: PeftType,
+    pub r: usize,
+    pub alpha: f64,
+    pub use_rslora: bool,
+    pub use_dora: bool,
+    pub rank_pattern: Vec<(regex::Regex, String, usize)>,
+    pub alpha_pattern: Vec<(regex::Regex, String, f64)>,
+    pub target_modules: Option<Modules>,
+    pub exclude_modules: Option<Modules>,
+    pub layers_to_transform: Option<Vec<usize>>,
+    pub feedforward_modules: Option<Modules>,
+    pub num_virtual_tokens: usize,
+    pub num_transformer_submodules: usize,
+    /// `base_model_class` from PEFT's `auto_mapping`, e.g. `Qwen3ForCausalLM`.
+    pub base_model_class: Option<String>,
+}
+
+/// PEFT's `get_pattern_key`: a pattern applies to a module whose path ends with it after a dot.
+fn pattern_regex(key: &str) -> Result<regex::Regex> {
+    regex::Regex::new(&format!(r"^(?:.*\.)?(?:{key})$"))
+        .map_err(|e| EngineError::InvalidAdapter(format!("adapter_config.json: pattern '{key}' is not a valid regex: {e}")))
+}
+
+impl AdapterConfig {
+    pub fn parse(text: &str) -> Result<Self> {
+        let v: Value = serde_json::from_str(text).map_err(|e| EngineError::invalid_adapter("adapter_config.json", e))?;
+        let peft_type = match v.get("peft_type").and_then(Value::as_str) {
+            Some("LORA") => PeftType::Lora,
+            Some("IA3") => PeftType::Ia3,
+            Some("LOKR") => PeftType::Lokr,
+            Some("PROMPT_TUNING") => PeftType::PromptTuning,
+            Some(other) => {
+                return Err(EngineError::UnsupportedAdapter(format!(
+                    "peft_type {other} (supported: LORA (incl. rsLoRA and DoRA), IA3, LOKR, PROMPT_TUNING)"
+                )))
+            }
+            None => return Err(EngineError::InvalidAdapter("adapter_config.json has no peft_type".into())),
+        };
+        let num = |k: &str| v.get(k).and_then(Value::as_f64);
+        let flag = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
+        let r_raw = num("r").unwrap_or(8.0);
+        if peft_type == PeftType::Lora || peft_type == PeftType::Lokr {
+            if r_raw < 1.0 || r_raw.fract() != 0.0 {
+                return Err(EngineError::InvalidAdapter(format!("adapter_config.json: r must be a positive integer, got {r_raw}")));
+            }
+        }
+        let alpha = num(if peft_type == PeftType::Lokr { "alpha" } else { "lora_alpha" }).unwrap_or(8.0);
+
+        // Features whose tensors or semantics the runtime does not implement.
+        let non_empty = |k: &str| v.get(k).is_some_and(|x| !x.is_null() && x != &Value::Array(vec![]) && x != &Value::Bool(false));
+        if non_empty("modules_to_save") {
+            return Err(EngineError::UnsupportedAdapter("modules_to_save (fully trained copies of base modules)".into()));
+        }
+        if peft_type == PeftType::Lora {
+            if v.get("bias").and_then(Value::as_str).is_some_and(|b| b != "none") {
+                return Err(EngineError::UnsupportedAdapter("LoRA with trained biases (bias != \"none\")".into()));
+            }
+            for k in ["lora_bias", "layer_replication", "trainable_token_indices"] {
+                if non_empty(k) {
+                    return Err(EngineError::UnsupportedAdapter(format!("LoRA option {k}")));
+                }
+            }
+        }
+        if peft_type == PeftType::Lokr && flag("use_effective_conv2d") {
+            // Only meaningful for convolutions; harmless for linear layers.
+        }
+
+        let patterns = |k: &str| -> Result<Vec<(regex::Regex, String, f64)>> {
+            let Some(obj) = v.get(k).and_then(Value::as_object) else { return Ok(Vec::new()) };
+            obj.iter()
+                .map(|(key, val)| {
+                    let x = val
+                        .as_f64()
+                        .ok_or_else(|| EngineError::InvalidAdapter(format!("adapter_config.json: {k}.{key} must be a number")))?;
+                    Ok((pattern_regex(key)?, key.clone(), x))
+                })
+                .collect()
+        };
+        let rank_pattern = patterns("rank_pattern")?
+            .into_iter()
+            .map(|(re, k, x)| {
+                if x < 1.0 || x.fract() != 0.0 {
+                    return Err(EngineError::InvalidAdapter(format!("adapter_config.json: rank_pattern.{k} must be a positive integer")));
+                }
+                Ok((re, k, x as usize))
+            })
+            .collect::<Result<_>>()?;
+        let layers_to_transform = match v.get("layers_to_transform") {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) => Some(vec![n.as_u64().unwrap_or(u64::MAX) as usize]),
+            Some(Value::Array(a)) => Some(
+                a.iter()
+                    .map(|x| x.as_u64().map(|n| n as usize))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| EngineError::InvalidAdapter("adapter_config.json: layers_to_transform must list integers".into()))?,
+            ),
+            Some(_) => return Err(EngineError::InvalidAdapter("adapter_config.json: layers_to_transform must be an integer or a list".into())),
+        };
+        Ok(Self {
+            peft_type,
+            r: r_raw as usize,
+            alpha,
+            use_rslora: flag("use_rslora"),
+            use_dora: flag("use_dora"),
+            rank_pattern,
+            alpha_pattern: patterns("alpha_pattern")?,
+            target_modules: Modules::parse(v.get("target_modules").unwrap_or(&Value::Null), "target_modules")?,
+            exclude_modules: Modules::parse(v.get("exclude_modules").unwrap_or(&Value::Null), "exclude_modules")?,
+            layers_to_transform,
+            feedforward_modules: Modules::parse(v.get("feedforward_modules").unwrap_or(&Value::Null), "feedforward_modules")?,
+            num_virtual_tokens: num("num_virtual_tokens").unwrap_or(0.0) as usize,
+            num_transformer_submodules: num("num_transformer_submodules").unwrap_or(1.0) as usize,
+            base_model_class: v.pointer("/auto_mapping/base_model_class").and_then(Value::as_str).map(String::from),
+        })
+    }
+
+    /// Whether PEFT would wrap the module at `slot`.
+    pub fn targets(&self, slot: Slot) -> bool {
+        let path = slot.path();
+        let Some(t) = &self.target_modules else { return false };
+        if !t.matches(&path) {
+            return false;
+        }
+        if self.exclude_modules.as_ref().is_some_and(|e| e.matches(&path)) {
+            return false;
+        }
+        self.layers_to_transform.as_ref().is_none_or(|ls| ls.contains(&slot.layer))
+    }
+
+    /// `(r, alpha)` for a module, after `rank_pattern` / `alpha_pattern` (first match wins).
+    pub fn rank_alpha(&self, slot: Slot) -> (usize, f64) {
+        let path = slot.path();
+        let r = self.rank_pattern.iter().find(|(re, _, _)| re.is_match(&path)).map_or(self.r, |p| p.2);
+        let alpha = self.alpha_pattern.iter().find(|(re, _, _)| re.is_match(&path)).map_or(self.alpha, |p| p.2);
+        (r, alpha)
+    }
+
+    /// IA³: whether the module scales its input (feed-forward) rather than its output.
+    pub fn is_feedforward(&self, slot: Slot) -> bool {
+        self.feedforward_modules.as_ref().is_some_and(|f| f.matches(&slot.path()))
+    }
+}
+
+/// A tensor read from the adapter file, widened to f32 on the host.
+pub struct RawTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl RawTensor {
+    pub fn to_tensor(self, dtype: DType, device: &Device) -> Result<Tensor> {
+        Ok(Tensor::from_vec(self.data, self.shape, device)?.to_dtype(dtype)?)
+    }
+}
+
+/// Every tensor of a safetensors file, keyed by name.
+pub fn read_safetensors(path: &Path) -> Result<HashMap<String, RawTensor>> {
+    let file = std::fs::File::open(path).map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
+    // SAFETY: mapped read-only for the duration of this call; `safetensors` validates the header
+    // and every tensor's byte range against the file length before any access.
+    let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
+    let st = safetensors::SafeTensors::deserialize(&mmap).map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
+    let mut out = HashMap::new();
+    for (name, view) in st.tensors() {
+        let bytes = view.data();
+        let data: Vec<f32> = match view.dtype() {
+            safetensors::Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            safetensors::Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            safetensors::Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            safetensors::Dtype::F64 => bytes
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().expect("8-byte chunk")) as f32)
+                .collect(),
+            other => return Err(EngineError::InvalidAdapter(format!("tensor {name} has dtype {other:?}; expected a float type"))),
+        };
+        if let Some(bad) = data.iter().position(|x| !x.is_finite()) {
+            return Err(EngineError::InvalidAdapter(format!("tensor {name} holds a non-finite value at element {bad}")));
+        }
+        out.insert(name, RawTensor { shape: view.shape().to_vec(), data });
+    }
+    Ok(out)
+}
+
+/// Splits `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight` into its module
+/// and the parameter name (`lora_A.weight`). `None` for anything that is not a parameter of a
+/// decoder-layer projection.
+pub fn parse_key(key: &str) -> Option<(Slot, &str)> {
+    let rest = key.strip_prefix("base_model.model.").unwrap_or(key);
+    let rest = rest.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (block, rest) = rest.split_once('.')?;
+    let (proj, param) = rest.split_once('.')?;
+    let proj = Proj::from_name(proj)?;
+    if proj.block() != block {
+        return None;
+    }
+    Some((Slot::new(layer, proj), param))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_targets_follow_peft() {
+        let (slot, p) = parse_key("base_model.model.model.layers.12.mlp.down_proj.lora_B.weight").unwrap();
+        assert_eq!((slot.layer, slot.proj, p), (12, Proj::Down, "lora_B.weight"));
+        assert!(parse_key("base_model.model.model.layers.1.mlp.q_proj.lora_A.weight").is_none());
+        assert!(parse_key("base_model.model.lm_head.lora_A.weight").is_none());
+
+        let cfg = AdapterConfig::parse(
+            r#"{"peft_type":"LORA","r":8,"lora_alpha":16,"target_modules":".*\\.(q_proj|up_proj)",
+                "layers_to_transform":[0,2],"rank_pattern":{"up_proj":4},"alpha_pattern":{"model.layers.2.self_attn.q_proj":2}}"#,
+        )
+        .unwrap();
+        assert!(cfg.targets(Slot::new(0, Proj::Q)) && cfg.targets(Slot::new(2, Proj::Up)));
+        assert!(!cfg.targets(Slot::new(1, Proj::Q)) && !cfg.targets(Slot::new(0, Proj::K)));
+        assert_eq!(cfg.rank_alpha(Slot::new(0, Proj::Up)), (4, 16.0));
+        assert_eq!(cfg.rank_alpha(Slot::new(2, Proj::Q)), (8, 2.0));
+        assert_eq!(cfg.rank_alpha(Slot::new(0, Proj::Q)), (8, 16.0));
+
+        let list = AdapterConfig::parse(r#"{"peft_type":"IA3","target_modules":["k_proj","mlp.down_proj"],"feedforward_modules":["down_proj"]}"#).unwrap();
+        assert!(list.targets(Slot::new(1, Proj::K)) && list.targets(Slot::new(1, Proj::Down)) && !list.targets(Slot::new(1, Proj::V)));
+        assert!(list.is_feedforward(Slot::new(0, Proj::Down)) && !list.is_feedforward(Slot::new(0, Proj::K)));
+
+        let e = AdapterConfig::parse(r#"{"peft_type":"LOHA","r":4}"#).unwrap_err();
+        assert_eq!(e.code(), "UNSUPPORTED_ADAPTER");
+        assert!(e.to_string().contains("LOHA"));
+        assert_eq!(AdapterConfig::parse(r#"{"peft_type":"LORA","r":0}"#).unwrap_err().code(), "INVALID_ADAPTER");
+        assert_eq!(AdapterConfig::parse("{not json").unwrap_err().code(), "INVALID_ADAPTER");
+    }
+}

@@ -1,0 +1,78 @@
+//! The runtime's resident experts by name. Shared between the binding (load, unload, list,
+//! resolving a request's names) and the engine thread; requests hold `Arc`s, so an unloaded
+//! expert lives on exactly as long as a running request pins it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::{Expert, ExpertSet};
+use crate::error::{EngineError, Result};
+
+#[derive(Default)]
+pub struct Registry {
+    by_name: Mutex<HashMap<String, Arc<Expert>>>,
+    next_id: AtomicU64,
+}
+
+impl Registry {
+    /// A fresh load id.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Makes `expert` available under its name; a name can be loaded once at a time.
+    pub fn insert(&self, expert: Arc<Expert>) -> Result<()> {
+        let mut m = self.by_name.lock().unwrap();
+        if m.contains_key(&expert.name) {
+            return Err(EngineError::InvalidArgument(format!(
+                "an expert named '{}' is already loaded; unload it first or pass another name",
+                expert.name
+            )));
+        }
+        m.insert(expert.name.clone(), expert);
+        Ok(())
+    }
+
+    /// Removes the expert with this name and load id; `false` when it is not (or no longer)
+    /// loaded.
+    pub fn remove(&self, name: &str, id: u64) -> bool {
+        let mut m = self.by_name.lock().unwrap();
+        if m.get(name).is_some_and(|e| e.id == id) {
+            m.remove(name);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Expert>> {
+        self.by_name.lock().unwrap().get(name).cloned()
+    }
+
+    /// Every loaded expert, in load order.
+    pub fn list(&self) -> Vec<Arc<Expert>> {
+        let mut v: Vec<Arc<Expert>> = self.by_name.lock().unwrap().values().cloned().collect();
+        v.sort_by_key(|e| e.id);
+        v
+    }
+
+    /// The set a request runs under: `EXPERT_NOT_FOUND` for a name not loaded,
+    /// `INVALID_ARGUMENT` for a name listed twice.
+    pub fn resolve(&self, names: &[String]) -> Result<ExpertSet> {
+        let m = self.by_name.lock().unwrap();
+        let mut experts = Vec::with_capacity(names.len());
+        for (i, n) in names.iter().enumerate() {
+            if names[..i].contains(n) {
+                return Err(EngineError::InvalidArgument(format!("expert '{n}' is listed twice")));
+            }
+            let e = m.get(n).ok_or_else(|| {
+                let mut loaded: Vec<&str> = m.keys().map(String::as_str).collect();
+                loaded.sort_unstable();
+                EngineError::ExpertNotFound(format!("no expert named '{n}' is loaded (loaded: {loaded:?})"))
+            })?;
+            experts.push(e.clone());
+        }
+        Ok(ExpertSet::new(experts))
+    }
+}

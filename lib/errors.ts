@@ -8,6 +8,9 @@ export type ErrorCode =
   | 'SESSION_BUSY'
   | 'DISPOSED'
   | 'NO_CUDA_DEVICE'
+  | 'EXPERT_NOT_FOUND'
+  | 'UNSUPPORTED_ADAPTER'
+  | 'INVALID_ADAPTER'
   | 'INTERNAL'
 
 /** Every error this package throws or rejects with. */

@@ -1,5 +1,6 @@
 export { Runtime } from './runtime'
 export { Session, GenerationStream } from './session'
+export { Expert } from './expert'
 export { ExpertRuntimeError } from './errors'
 export type { ErrorCode } from './errors'
 export type * from './types'

@@ -1,8 +1,9 @@
 import * as native from './native'
 import type * as N from '../native'
 import { disposedError, invalidArgument, toError } from './errors'
-import { Session } from './session'
-import type { LoadOptions, RuntimeInfo } from './types'
+import { Expert } from './expert'
+import { Session, checkNames } from './session'
+import type { LoadExpertOptions, LoadOptions, RuntimeInfo, SessionOptions } from './types'
 
 /** A loaded base model. Everything heavy runs on its own engine thread. */
 export class Runtime {
@@ -64,14 +65,62 @@ export class Runtime {
     }
   }
 
-  createSession(options: { system?: string } = {}): Session {
+  /** A new conversation. `experts` sets its default experts (each must be loaded). */
+  createSession(options: SessionOptions = {}): Session {
     this.#check()
     if (options.system !== undefined && typeof options.system !== 'string') throw invalidArgument('system must be a string')
+    if (options.experts !== undefined) checkNames(options.experts)
     try {
-      return new Session(this.#native.createSession(options.system))
+      return new Session(this.#native.createSession(options.system, options.experts))
     } catch (e) {
       throw toError(e)
     }
+  }
+
+  /**
+   * Loads a PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`, as
+   * `save_pretrained` writes it, plus an optional `manifest.json`): LoRA, rsLoRA, DoRA, IA³,
+   * LoKr or prompt tuning. It is validated against this base model and made resident, off the
+   * JS thread and without pausing running requests. Errors: `EXPERT_NOT_FOUND` (no such
+   * path), `INVALID_ADAPTER` (bad or mismatched files), `UNSUPPORTED_ADAPTER` (another PEFT
+   * type or feature), `INVALID_ARGUMENT` (a name already loaded).
+   */
+  async loadExpert(path: string, options: LoadExpertOptions = {}): Promise<Expert> {
+    this.#check()
+    if (typeof path !== 'string' || path.length === 0) throw invalidArgument('path must be a non-empty string')
+    if (options.name !== undefined && (typeof options.name !== 'string' || options.name.length === 0)) {
+      throw invalidArgument('name must be a non-empty string')
+    }
+    if (options.scale !== undefined && !(typeof options.scale === 'number' && Number.isFinite(options.scale))) {
+      throw invalidArgument('scale must be a finite number')
+    }
+    try {
+      const n = await this.#native.loadExpert(path, { name: options.name, scale: options.scale })
+      return this.#wrap(n)
+    } catch (e) {
+      throw toError(e)
+    }
+  }
+
+  #experts = new Map<number, Expert>()
+
+  /** One `Expert` object per load. */
+  #wrap(n: N.NativeExpert): Expert {
+    let e = this.#experts.get(n.id)
+    if (!e) {
+      e = new Expert(n)
+      this.#experts.set(n.id, e)
+    }
+    return e
+  }
+
+  /** The loaded experts, in load order. */
+  get experts(): Expert[] {
+    this.#check()
+    const list = this.#native.experts().map((n) => this.#wrap(n))
+    const live = new Set(list.map((e) => e.id))
+    for (const id of this.#experts.keys()) if (!live.has(id)) this.#experts.delete(id)
+    return list
   }
 
   /** Cancels running requests and frees the model. Later calls fail with `DISPOSED`. */

@@ -37,6 +37,7 @@ function toNativeOptions(o: GenerateOptions): N.NativeGenerateOptions {
   if (o.stop !== undefined && !(Array.isArray(o.stop) && o.stop.every((s) => typeof s === 'string'))) {
     throw invalidArgument('stop must be an array of strings')
   }
+  if (o.experts !== undefined) checkNames(o.experts)
   return {
     maxTokens: o.maxTokens,
     temperature: o.temperature,
@@ -50,7 +51,13 @@ function toNativeOptions(o: GenerateOptions): N.NativeGenerateOptions {
     stop: o.stop,
     topLogprobs: o.topLogprobs,
     enableThinking: o.enableThinking,
+    experts: o.experts,
   }
+}
+
+/** @internal */
+export function checkNames(names: unknown): asserts names is string[] {
+  if (!(Array.isArray(names) && names.every((n) => typeof n === 'string'))) throw invalidArgument('experts must be an array of expert names')
 }
 
 /**
@@ -177,6 +184,27 @@ export class Session {
   get history(): ChatMessage[] {
     this.#check()
     return this.#native.history
+  }
+
+  /** The session's default experts (names). */
+  get experts(): string[] {
+    this.#check()
+    return this.#native.experts
+  }
+
+  /**
+   * Replaces the session's default experts. Fails with `SESSION_BUSY` while the session is
+   * generating and `EXPERT_NOT_FOUND` for a name not loaded. The next turn re-evaluates the
+   * conversation under the new set (its `usage.cachedTokens` is 0).
+   */
+  setExperts(names: string[]): void {
+    this.#check()
+    checkNames(names)
+    try {
+      this.#native.setExperts(names)
+    } catch (e) {
+      throw toError(e)
+    }
   }
 
   /** Forgets the conversation (keeps the system prompt) and its cache. */

@@ -58,6 +58,11 @@ export interface GenerateOptions {
   signal?: AbortSignal
   /** Passed to the chat template (Qwen3 thinking mode). */
   enableThinking?: boolean
+  /**
+   * Experts (by name) for this request, overriding the session's set; `[]` runs the base
+   * model. The request keeps this set until it ends, whatever is unloaded meanwhile.
+   */
+  experts?: string[]
 }
 
 export interface TokenChunk {
@@ -77,4 +82,35 @@ export interface CompletionResult {
   finishReason: FinishReason
   usage: { promptTokens: number; completionTokens: number; cachedTokens: number }
   timings: { ttftMs: number; tokensPerSecond: number; prefillTokensPerSecond: number }
+}
+
+export type ExpertKind = 'lora' | 'dora' | 'ia3' | 'lokr' | 'prompt'
+
+export interface LoadExpertOptions {
+  /** The name requests use; default: manifest `name`, else the directory name. */
+  name?: string
+  /**
+   * Multiplies the adapter's effect (LoRA/DoRA/LoKr scaling; IA³ as `1 + scale·(l − 1)`).
+   * Default 1. Not applicable to prompt tuning.
+   */
+  scale?: number
+}
+
+/** `manifest.json` beside an adapter (all fields optional; extra fields are kept). */
+export interface ExpertManifest {
+  name?: string
+  description?: string
+  version?: string
+  /** Experts apply in ascending `load_order`, then in the order a request lists them. */
+  load_order?: number
+  routing?: { keywords?: string[]; exclude_keywords?: string[]; priority?: number }
+  /** A model name (`Qwen/Qwen3-0.6B`) or `{ architecture, hidden_size, num_layers, vocab_size }`. */
+  base_model?: string | { architecture?: string; hidden_size?: number; num_layers?: number; vocab_size?: number }
+  [key: string]: unknown
+}
+
+export interface SessionOptions {
+  system?: string
+  /** The session's default experts, by name. */
+  experts?: string[]
 }

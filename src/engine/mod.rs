@@ -17,6 +17,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 pub use request::{Completion, Event, FinishReason, GenerateOptions, Input, SessionShared, TokenChunk};
 
+use crate::experts::{Expert, ExpertLoadOptions, Registry};
 use crate::error::{EngineError, Result};
 use crate::model::config::token_id_list;
 use crate::model::loader::{self, GgufSource, SafetensorsSource, WeightSource};
@@ -65,6 +66,10 @@ pub struct Engine {
     pub info: ModelInfo,
     pub tokenizer: Arc<Tokenizer>,
     next_session: AtomicU64,
+    /// Read-only weights, shared with the engine thread: expert loading validates and builds
+    /// adapters against them on its own thread.
+    model: Arc<Decoder>,
+    pub experts: Arc<Registry>,
 }
 
 /// A session's handle: its id and the state shared with the engine.
@@ -269,12 +274,15 @@ impl Engine {
                     eos_token_ids: eos.clone(),
                 };
                 let tokenizer = Arc::new(tokenizer);
+                let model = Arc::new(model);
                 let (tx, rx) = channel();
                 let engine = Arc::new(Engine {
                     tx: Mutex::new(Some(tx)),
                     info,
                     tokenizer: tokenizer.clone(),
                     next_session: AtomicU64::new(1),
+                    model: model.clone(),
+                    experts: Arc::new(Registry::default()),
                 });
                 if ready_tx.send(Ok(engine)).is_err() {
                     return;
@@ -303,10 +311,17 @@ impl Engine {
         tx.send(cmd).map_err(|_| EngineError::Disposed("the engine has stopped".into()))
     }
 
-    pub fn create_session(&self, system: Option<String>) -> Result<SessionHandle> {
+    /// A session; `experts` is its default expert set (names must be loaded).
+    pub fn create_session(&self, system: Option<String>, experts: Vec<String>) -> Result<SessionHandle> {
+        self.experts.resolve(&experts)?;
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let history = system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect();
-        let shared = Arc::new(SessionShared { busy: AtomicBool::new(false), history: Mutex::new(history), system });
+        let shared = Arc::new(SessionShared {
+            busy: AtomicBool::new(false),
+            history: Mutex::new(history),
+            system,
+            experts: Mutex::new(experts),
+        });
         self.send(Command::CreateSession { id, shared: shared.clone() })?;
         Ok(SessionHandle { id, shared })
     }
@@ -316,14 +331,73 @@ impl Engine {
         if session.shared.busy.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
             return Err(EngineError::SessionBusy("this session is already generating; await it or cancel it first".into()));
         }
+        // The request pins its experts now: a later unload or hot-swap does not affect it.
+        let names = options.experts.clone().unwrap_or_else(|| session.shared.experts.lock().unwrap().clone());
+        let experts = match self.experts.resolve(&names) {
+            Ok(set) => set,
+            Err(e) => {
+                session.shared.busy.store(false, Ordering::Release);
+                return Err(e);
+            }
+        };
         let (events_tx, events) = unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
-        let req = GenerateRequest { session: session.id, input, options, events: events_tx, cancel: cancel.clone() };
+        let req = GenerateRequest { session: session.id, input, options, experts, events: events_tx, cancel: cancel.clone() };
         if let Err(e) = self.send(Command::Generate(Box::new(req))) {
             session.shared.busy.store(false, Ordering::Release);
             return Err(e);
         }
         Ok(Generation { events, cancel })
+    }
+
+    /// Replaces the session's default expert set. Refused with `SESSION_BUSY` while the session
+    /// generates (a running request keeps the set it started with); the next request
+    /// re-evaluates the session's history under the new set.
+    pub fn set_session_experts(&self, session: &SessionHandle, names: Vec<String>) -> Result<()> {
+        if session.shared.busy.load(Ordering::Acquire) {
+            return Err(EngineError::SessionBusy("cannot change the experts of a session while it is generating".into()));
+        }
+        self.experts.resolve(&names)?;
+        *session.shared.experts.lock().unwrap() = names;
+        Ok(())
+    }
+
+    /// Reads and validates a PEFT adapter on a thread of its own (the engine thread keeps
+    /// generating), then makes it available by name. Resolves with the resident expert.
+    pub fn load_expert(&self, path: &Path, opts: ExpertLoadOptions) -> tokio::sync::oneshot::Receiver<Result<Arc<Expert>>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.is_disposed() {
+            let _ = tx.send(Err(EngineError::Disposed("the runtime was disposed".into())));
+            return rx;
+        }
+        let (model, registry, path) = (self.model.clone(), self.experts.clone(), path.to_path_buf());
+        let spawned = std::thread::Builder::new().name("expert-runtime-adapter".into()).spawn(move || {
+            let r = catch_panic(|| {
+                let e = Arc::new(crate::experts::load_expert(&path, &opts, &model, registry.next_id())?);
+                registry.insert(e.clone())?;
+                Ok(e)
+            });
+            let _ = tx.send(r);
+        });
+        if let Err(e) = spawned {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let _ = tx.send(Err(EngineError::Internal(format!("cannot start the adapter loader: {e}"))));
+            return rx;
+        }
+        rx
+    }
+
+    /// Blocking [`Self::load_expert`], for Rust callers and tests.
+    pub fn load_expert_blocking(&self, path: &Path, opts: ExpertLoadOptions) -> Result<Arc<Expert>> {
+        self.load_expert(path, opts)
+            .blocking_recv()
+            .map_err(|_| EngineError::Internal("the adapter loader exited".into()))?
+    }
+
+    /// Removes an expert from the registry; its memory is freed when no running request pins
+    /// it any more. `false` when it was not loaded (already unloaded).
+    pub fn unload_expert(&self, name: &str, id: u64) -> bool {
+        self.experts.remove(name, id)
     }
 
     /// Clears the session's history (back to its system prompt) and cache.

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::EngineError;
+use crate::experts::ExpertSet;
 use crate::tokenizer::ChatMessage;
 
 /// What a request evaluates. Chat input goes through the model's chat template and into the
@@ -33,6 +34,8 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     pub top_logprobs: Option<usize>,
     pub enable_thinking: Option<bool>,
+    /// Experts for this request by name; `None` uses the session's default set.
+    pub experts: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug)]
@@ -100,12 +103,16 @@ pub struct SessionShared {
     pub busy: AtomicBool,
     pub history: Mutex<Vec<ChatMessage>>,
     pub system: Option<String>,
+    /// The session's default expert names (a request may override them).
+    pub experts: Mutex<Vec<String>>,
 }
 
 pub struct GenerateRequest {
     pub session: u64,
     pub input: Input,
     pub options: GenerateOptions,
+    /// The experts this request pinned when it was queued.
+    pub experts: ExpertSet,
     pub events: UnboundedSender<Event>,
     pub cancel: Arc<AtomicBool>,
 }

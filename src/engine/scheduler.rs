@@ -30,6 +30,10 @@ struct SessionState {
     /// The last token sampled by the previous request: part of the session's token stream
     /// but not evaluated yet (a raw continuation starts with it).
     pending: Option<u32>,
+    /// Load ids of the experts `cache` was computed under; another set invalidates it.
+    set_key: Vec<u64>,
+    /// Prompt-tuning virtual tokens at the start of `cache` (when it is not empty).
+    n_virtual: usize,
 }
 
 impl SessionState {
@@ -45,10 +49,19 @@ impl SessionState {
         self.tokens.clear();
         self.pending = None;
     }
+
+    /// Cached positions before the session's tokens (virtual tokens, once evaluated).
+    fn virtual_cached(&self) -> usize {
+        if self.cache.is_empty() {
+            0
+        } else {
+            self.n_virtual
+        }
+    }
 }
 
 pub struct Scheduler {
-    pub model: Decoder,
+    pub model: Arc<Decoder>,
     pub tokenizer: Arc<Tokenizer>,
     pub defaults: GenerationDefaults,
     pub eos: Vec<u32>,
@@ -58,7 +71,7 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(model: Decoder, tokenizer: Arc<Tokenizer>, defaults: GenerationDefaults, eos: Vec<u32>, context_length: usize) -> Self {
+    pub fn new(model: Arc<Decoder>, tokenizer: Arc<Tokenizer>, defaults: GenerationDefaults, eos: Vec<u32>, context_length: usize) -> Self {
         Self { model, tokenizer, defaults, eos, context_length, sessions: HashMap::new(), active: VecDeque::new() }
     }
 
@@ -111,7 +124,10 @@ impl Scheduler {
         match cmd {
             Command::CreateSession { id, shared } => {
                 let cache = self.model.new_cache(self.context_length);
-                self.sessions.insert(id, SessionState { shared, cache, tokens: Vec::new(), pending: None });
+                self.sessions.insert(
+                    id,
+                    SessionState { shared, cache, tokens: Vec::new(), pending: None, set_key: Vec::new(), n_virtual: 0 },
+                );
             }
             Command::ResetSession { id } => {
                 if let Some(s) = self.sessions.get_mut(&id) {
@@ -178,32 +194,45 @@ impl Scheduler {
         if full.is_empty() || !is_chat && full.len() == state.stream().len() {
             return Err(EngineError::InvalidArgument("the input is empty".into()));
         }
-        if full.len() > self.context_length {
+        let n_virtual = req.experts.num_virtual_tokens();
+        if n_virtual + full.len() > self.context_length {
+            let extra = if n_virtual > 0 { format!(" (plus {n_virtual} virtual tokens of prompt tuning)") } else { String::new() };
             return Err(EngineError::ContextOverflow(format!(
-                "the prompt has {} tokens but the context length is {}",
+                "the prompt has {} tokens{extra} but the context length is {}",
                 full.len(),
                 self.context_length
             )));
         }
 
-        // 2. Reuse the longest common prefix with what the cache holds; at least the last
-        //    token is evaluated again so there are logits to sample from.
+        // 2. A cache computed under another expert set is stale: every position's keys and
+        //    values depend on the adapters. The whole stream is re-evaluated.
+        let key = req.experts.key();
+        if state.set_key != key {
+            state.cache.clear();
+            state.tokens.clear();
+            state.set_key = key;
+        }
+        state.n_virtual = n_virtual;
+
+        // 3. Reuse the longest common prefix with what the cache holds; at least the last
+        //    token is evaluated again so there are logits to sample from. Virtual tokens stay.
         let common = state.tokens.iter().zip(&full).take_while(|(a, b)| a == b).count().min(full.len() - 1);
-        state.cache.truncate(common);
+        let keep = if state.cache.is_empty() { 0 } else { n_virtual + common };
+        state.cache.truncate(keep);
         state.tokens.truncate(common);
         state.pending = None;
 
-        // 3. Commit chat messages to the history now that the request is accepted.
+        // 4. Commit chat messages to the history now that the request is accepted.
         if let Input::Chat(msgs) = &req.input {
             state.shared.history.lock().unwrap().extend(msgs.iter().cloned());
         }
 
-        let room = self.context_length - full.len();
+        let room = self.context_length - n_virtual - full.len();
         let max_tokens = req.options.max_tokens.unwrap_or(room.max(1));
         let usage = Usage { prompt_tokens: full.len(), completion_tokens: 0, cached_tokens: common };
         let vocab = self.model.cfg.vocab_size;
         let want_top = req.options.top_logprobs.is_some_and(|n| n > 0);
-        let seq = Sequence::new(
+        let mut seq = Sequence::new(
             req.session,
             full[common..].to_vec(),
             Sampler::new(params, vocab),
@@ -217,6 +246,7 @@ impl Scheduler {
             is_chat,
             started,
         );
+        seq.experts = req.experts;
         self.active.push_back(seq);
         Ok(())
     }
@@ -255,14 +285,14 @@ impl Scheduler {
         } else {
             vec![seq.last_token.expect("a decode step follows a sampled token")]
         };
-        let logits = self.model.forward(&input, &mut state.cache, Logits::Last)?;
+        let logits = self.model.forward_with(&input, &mut state.cache, Logits::Last, &seq.experts)?;
         state.tokens.extend_from_slice(&input);
         if seq.last_token.is_none() {
             seq.mark_prefill_done();
         }
         let logits: Vec<f32> = logits.to_vec1()?;
         let sampled = seq.sampler.sample(&logits, &state.tokens);
-        let room_left = state.tokens.len() < self.context_length;
+        let room_left = state.virtual_cached() + state.tokens.len() < self.context_length;
         Ok(seq.on_token(&self.tokenizer, sampled, room_left))
     }
 

@@ -9,6 +9,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::request::{Completion, Event, FinishReason, TokenChunk, Timings, Usage};
+use crate::experts::ExpertSet;
 use crate::sampling::{Sampled, Sampler};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
@@ -68,6 +69,8 @@ pub struct Sequence {
     pub events: UnboundedSender<Event>,
     pub cancel: Arc<AtomicBool>,
     pub is_chat: bool,
+    /// The experts pinned for the whole request.
+    pub experts: ExpertSet,
     detok: IncrementalDecoder,
     stop: StopMatcher,
     want_top: bool,
@@ -106,6 +109,7 @@ impl Sequence {
             events,
             cancel,
             is_chat,
+            experts: ExpertSet::none(),
             detok: IncrementalDecoder::new(),
             stop: StopMatcher::new(stops),
             want_top,

@@ -8,9 +8,11 @@ use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 
 use super::error::{disposed, to_napi};
+use super::expert::NativeExpert;
 use super::session::NativeSession;
-use super::types::{LoadProgress, NativeLoadOptions, RuntimeInfo};
+use super::types::{LoadProgress, NativeExpertOptions, NativeLoadOptions, RuntimeInfo};
 use crate::engine::{Engine, LoadOptions};
+use crate::experts::ExpertLoadOptions;
 use crate::error::EngineError;
 
 type ProgressFn = ThreadsafeFunction<LoadProgress, (), LoadProgress, Status, false>;
@@ -92,10 +94,32 @@ impl NativeRuntime {
     }
 
     #[napi]
-    pub fn create_session(&self, system: Option<String>) -> Result<NativeSession> {
+    pub fn create_session(&self, system: Option<String>, experts: Option<Vec<String>>) -> Result<NativeSession> {
         let e = self.engine()?;
-        let handle = e.create_session(system).map_err(to_napi)?;
+        let handle = e.create_session(system, experts.unwrap_or_default()).map_err(to_napi)?;
         Ok(NativeSession::new(e, handle))
+    }
+
+    /// Reads, validates and makes resident a PEFT adapter directory, off the JS thread and
+    /// without pausing generation.
+    #[napi]
+    pub async fn load_expert(&self, path: String, options: Option<NativeExpertOptions>) -> Result<NativeExpert> {
+        let e = self.engine()?;
+        let o = options.unwrap_or(NativeExpertOptions { name: None, scale: None });
+        let opts = ExpertLoadOptions { name: o.name, scale: o.scale.unwrap_or(1.0) };
+        let rx = e.load_expert(Path::new(&path), opts);
+        let expert = rx
+            .await
+            .map_err(|_| to_napi(EngineError::Internal("the adapter loader exited".into())))?
+            .map_err(to_napi)?;
+        Ok(NativeExpert::new(e, &expert))
+    }
+
+    /// The loaded experts, in load order.
+    #[napi]
+    pub fn experts(&self) -> Result<Vec<NativeExpert>> {
+        let e = self.engine()?;
+        Ok(e.experts.list().iter().map(|x| NativeExpert::new(e.clone(), x)).collect())
     }
 
     /// Cancels running requests and stops the engine thread; later calls fail with `DISPOSED`.

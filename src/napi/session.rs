@@ -57,6 +57,20 @@ impl NativeSession {
         self.handle.shared.busy.load(Ordering::Acquire)
     }
 
+    /// The session's default expert names.
+    #[napi(getter)]
+    pub fn experts(&self) -> Vec<String> {
+        self.handle.shared.experts.lock().unwrap().clone()
+    }
+
+    /// Replaces the default expert set; `SESSION_BUSY` while generating, `EXPERT_NOT_FOUND`
+    /// for a name not loaded.
+    #[napi]
+    pub fn set_experts(&self, names: Vec<String>) -> Result<()> {
+        self.check()?;
+        self.engine.set_session_experts(&self.handle, names).map_err(to_napi)
+    }
+
     #[napi]
     pub fn reset(&self) -> Result<()> {
         self.check()?;

@@ -15,6 +15,12 @@ pub struct NativeLoadOptions {
 }
 
 #[napi(object)]
+pub struct NativeExpertOptions {
+    pub name: Option<String>,
+    pub scale: Option<f64>,
+}
+
+#[napi(object)]
 pub struct LoadProgress {
     pub loaded_bytes: f64,
     pub total_bytes: f64,
@@ -62,6 +68,7 @@ pub struct NativeGenerateOptions {
     pub stop: Option<Vec<String>>,
     pub top_logprobs: Option<u32>,
     pub enable_thinking: Option<bool>,
+    pub experts: Option<Vec<String>>,
 }
 
 #[napi(object)]
@@ -185,6 +192,7 @@ impl NativeGenerateOptions {
             stop: self.stop.unwrap_or_default(),
             top_logprobs: self.top_logprobs.map(|n| n as usize),
             enable_thinking: self.enable_thinking,
+            experts: self.experts,
         })
     }
 }

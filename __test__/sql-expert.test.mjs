@@ -65,7 +65,7 @@ describe('SQL expert on SmolLM2-135M-Instruct', { skip }, () => {
 
   it('answers like PEFT on the held-out questions', async () => {
     // PEFT ran on the dequantized f32 base; ours runs on 8-bit weights and activations, so an
-    // answer may differ in a detail (a column list); most are identical.
+    // answer could differ in a detail; when this test was written all five were identical.
     let same = 0
     for (const { question, lora } of EVAL.held_out) {
       const s = rt.createSession({ system: EVAL.system, experts: ['sql'] })
@@ -73,6 +73,6 @@ describe('SQL expert on SmolLM2-135M-Instruct', { skip }, () => {
       s.dispose()
       if (r.text.trim() === lora.trim()) same++
     }
-    assert.ok(same >= EVAL.held_out.length - 2, `${same} of ${EVAL.held_out.length} answers equal PEFT's`)
+    assert.ok(same >= EVAL.held_out.length - 1, `${same} of ${EVAL.held_out.length} answers equal PEFT's`)
   })
 })

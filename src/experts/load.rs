@@ -104,7 +104,23 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
         });
     }
 
-    // 3. Group the tensors by module; anything else is not an adapter we can apply.
+    // 3. The modules the config targets.
+    let targeted: Vec<Slot> = (0..model.cfg.num_layers)
+        .flat_map(|l| Proj::ALL.into_iter().map(move |p| Slot::new(l, p)))
+        .filter(|s| cfg.targets(*s))
+        .collect();
+    if targeted.is_empty() {
+        let foreign = cfg.target_modules.as_ref().map(|t| t.unadaptable_names()).unwrap_or_default();
+        if !foreign.is_empty() {
+            return Err(EngineError::UnsupportedAdapter(format!(
+                "target_modules {foreign:?}: only the q/k/v/o/gate/up/down projections of decoder layers can be adapted"
+            )));
+        }
+        return Err(EngineError::InvalidAdapter(
+            "target_modules selects none of this model's linear modules (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)".into(),
+        ));
+    }
+    // 4. Group the tensors by module; anything else is not an adapter we can apply.
     let mut by_slot: HashMap<Slot, ModuleTensors> = HashMap::new();
     for (key, t) in tensors {
         let Some((slot, param)) = parse_key(&key) else {
@@ -126,22 +142,7 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
         by_slot.entry(slot).or_default().insert(param.to_string(), t);
     }
 
-    // 4. Every module the config targets, built and checked.
-    let targeted: Vec<Slot> = (0..model.cfg.num_layers)
-        .flat_map(|l| Proj::ALL.into_iter().map(move |p| Slot::new(l, p)))
-        .filter(|s| cfg.targets(*s))
-        .collect();
-    if targeted.is_empty() {
-        let foreign = cfg.target_modules.as_ref().map(|t| t.foreign_names()).unwrap_or_default();
-        if !foreign.is_empty() {
-            return Err(EngineError::UnsupportedAdapter(format!(
-                "target_modules {foreign:?}: only q/k/v/o/gate/up/down_proj of decoder layers can be adapted"
-            )));
-        }
-        return Err(EngineError::InvalidAdapter(
-            "target_modules selects none of this model's linear modules (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)".into(),
-        ));
-    }
+    // 5. Build and check every targeted module.
     let kind = match cfg.peft_type {
         PeftType::Lora if cfg.use_dora => ExpertKind::Dora,
         PeftType::Lora => ExpertKind::Lora,

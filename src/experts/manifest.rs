@@ -157,7 +157,7 @@ fn check_base_name(name: &str, cfg: &ModelConfig) -> Result<()> {
         // Names round sizes (Qwen3-0.6B has 0.596 B parameters); a factor of 1.5 either way
         // separates every neighbouring size of a family.
         if !(have / 1.5..=have * 1.5).contains(&size) {
-            return Err(mismatch(&format!("{} parameters ({name})", human_params(size)), &describe(cfg)));
+            return Err(mismatch(&format!("{} ({name})", human_params(size)), &describe(cfg)));
         }
     }
     Ok(())

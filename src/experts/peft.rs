@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
 use super::{Proj, Slot};
+
 use crate::error::{EngineError, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,16 +58,13 @@ impl Modules {
         }
     }
 
-    /// Names in a list that can never match one of our linear modules (`embed_tokens`,
-    /// `lm_head`, …).
-    pub fn foreign_names(&self) -> Vec<String> {
+    /// Names in a list that are modules of these models but not adaptable here
+    /// (`embed_tokens`, `lm_head`).
+    pub fn unadaptable_names(&self) -> Vec<String> {
         match self {
             Self::List(names) => names
                 .iter()
-                .filter(|n| {
-                    let last = n.rsplit('.').next().unwrap_or(n);
-                    Proj::from_name(last).is_none()
-                })
+                .filter(|n| matches!(n.rsplit('.').next().unwrap_or(n), "embed_tokens" | "lm_head"))
                 .cloned()
                 .collect(),
             _ => Vec::new(),

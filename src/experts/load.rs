@@ -211,8 +211,13 @@ impl ModuleBuilder<'_> {
                 let b = take("lora_B.weight", Some(&[out, r]))?;
                 let s = if self.cfg.use_rslora { alpha / (r as f64).sqrt() } else { alpha / r as f64 } * self.scale;
                 let a = a.to_tensor(self.dtype, self.device)?;
-                let b = permute_rows(b.to_tensor(self.dtype, self.device)?, perm.as_ref())?;
-                let lr = LowRank::new(a, &b, s)?;
+                // Bᵀ [r, out]; permuting B's rows is permuting Bᵀ's columns.
+                let bt = b.transposed().to_tensor(self.dtype, self.device)?;
+                let bt = match &perm {
+                    Some(p) => bt.index_select(&Tensor::from_slice(p, p.len(), self.device)?, 1)?,
+                    None => bt,
+                };
+                let lr = LowRank::from_transposed(a, bt, s);
                 if self.cfg.use_dora {
                     let m = ts
                         .remove("lora_magnitude_vector")

@@ -9,8 +9,12 @@ use candle_core::{DType, Tensor};
 
 use crate::error::{EngineError, Result};
 
-/// Up to this many rows, the fused CPU kernel; from here on (prefill), matmuls.
-const KERNEL_MAX_ROWS: usize = 4;
+/// Up to this many rows, the fused CPU kernel; from here on (prefill), matmuls. Below ~16
+/// rows candle's per-op overhead (four ops per adapter and module) costs more than the
+/// kernel's arithmetic, whose `Bᵀ` re-reads per row stay in cache.
+const KERNEL_MAX_ROWS: usize = 16;
+/// `A x` is split across the thread pool from this many multiply-adds on.
+const PARALLEL_AX_MACS: usize = 1 << 14;
 /// Outputs per parallel chunk of the kernel's AXPY phase.
 const KERNEL_CHUNK: usize = 512;
 
@@ -27,6 +31,11 @@ impl LowRank {
     /// `a [r, in]`, `b [out, r]` as PEFT stores them.
     pub fn new(a: Tensor, b: &Tensor, scale: f64) -> Result<Self> {
         Ok(Self { a: a.contiguous()?, bt: b.t()?.contiguous()?, scale })
+    }
+
+    /// From `a [r, in]` and an already transposed `bt [r, out]`.
+    pub fn from_transposed(a: Tensor, bt: Tensor, scale: f64) -> Self {
+        Self { a, bt, scale }
     }
 
     pub fn rank(&self) -> usize {
@@ -83,11 +92,14 @@ fn fused_cpu(x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor> {
                 with_slice(&l.bt, |bt| {
                     // 1. t = s · A x for every row: [rows, r].
                     let mut t = vec![0f32; rows * r];
-                    for (row, tr) in t.chunks_exact_mut(r).enumerate() {
-                        let xr = &xs[row * inp..(row + 1) * inp];
-                        for (j, tj) in tr.iter_mut().enumerate() {
-                            *tj = dot(&a[j * inp..(j + 1) * inp], xr) * l.scale as f32;
-                        }
+                    let ax = |(i, tj): (usize, &mut f32)| {
+                        let (row, j) = (i / r, i % r);
+                        *tj = dot(&a[j * inp..(j + 1) * inp], &xs[row * inp..(row + 1) * inp]) * l.scale as f32;
+                    };
+                    if rows * r * inp >= PARALLEL_AX_MACS {
+                        t.par_iter_mut().enumerate().for_each(ax);
+                    } else {
+                        t.iter_mut().enumerate().for_each(ax);
                     }
                     // 2. y[row] += Σ_j t[row, j] · Bᵀ[j], split by output chunks.
                     for (row, yr) in y.chunks_exact_mut(out).enumerate() {

@@ -230,32 +230,66 @@ impl RawTensor {
     }
 }
 
-/// Every tensor of a safetensors file, keyed by name.
+impl RawTensor {
+    /// The transpose of a 2-D tensor (`[a, b]` → `[b, a]`).
+    pub fn transposed(&self) -> RawTensor {
+        let (a, b) = (self.shape[0], self.shape[1]);
+        let mut data = vec![0f32; a * b];
+        for (i, row) in self.data.chunks_exact(b.max(1)).enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                data[j * a + i] = v;
+            }
+        }
+        RawTensor { shape: vec![b, a], data }
+    }
+}
+
+/// Widens one tensor's little-endian bytes to f32 (a plain copy for F32).
+fn widen(name: &str, dtype: safetensors::Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
+    Ok(match dtype {
+        safetensors::Dtype::F32 => {
+            let mut v = vec![0f32; bytes.len() / 4];
+            #[cfg(target_endian = "little")]
+            // SAFETY: `v` owns exactly `bytes.len()` bytes (len / 4 f32s, len a multiple of 4
+            // as validated by safetensors); any bit pattern is a valid f32.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, v.len() * 4)
+            };
+            #[cfg(not(target_endian = "little"))]
+            for (o, b) in v.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+            v
+        }
+        safetensors::Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        safetensors::Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        safetensors::Dtype::F64 => bytes
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().expect("8-byte chunk")) as f32)
+            .collect(),
+        other => return Err(EngineError::InvalidAdapter(format!("tensor {name} has dtype {other:?}; expected a float type"))),
+    })
+}
+
+/// Every tensor of a safetensors file, keyed by name, widened to f32 in parallel.
 pub fn read_safetensors(path: &Path) -> Result<HashMap<String, RawTensor>> {
+    use rayon::prelude::*;
     let file = std::fs::File::open(path).map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
     // SAFETY: mapped read-only for the duration of this call; `safetensors` validates the header
     // and every tensor's byte range against the file length before any access.
     let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
     let st = safetensors::SafeTensors::deserialize(&mmap).map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
-    let mut out = HashMap::new();
-    for (name, view) in st.tensors() {
-        let bytes = view.data();
-        let data: Vec<f32> = match view.dtype() {
-            safetensors::Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            safetensors::Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            safetensors::Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            safetensors::Dtype::F64 => bytes
-                .chunks_exact(8)
-                .map(|b| f64::from_le_bytes(b.try_into().expect("8-byte chunk")) as f32)
-                .collect(),
-            other => return Err(EngineError::InvalidAdapter(format!("tensor {name} has dtype {other:?}; expected a float type"))),
-        };
-        if let Some(bad) = data.iter().position(|x| !x.is_finite()) {
-            return Err(EngineError::InvalidAdapter(format!("tensor {name} holds a non-finite value at element {bad}")));
-        }
-        out.insert(name, RawTensor { shape: view.shape().to_vec(), data });
-    }
-    Ok(out)
+    st.tensors()
+        .into_par_iter()
+        .map(|(name, view)| {
+            let data = widen(&name, view.dtype(), view.data())?;
+            if !data.iter().all(|x| x.is_finite()) {
+                let bad = data.iter().position(|x| !x.is_finite()).unwrap_or(0);
+                return Err(EngineError::InvalidAdapter(format!("tensor {name} holds a non-finite value at element {bad}")));
+            }
+            Ok((name, RawTensor { shape: view.shape().to_vec(), data }))
+        })
+        .collect()
 }
 
 /// Splits `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight` into its module

@@ -20,14 +20,12 @@
 // under --threads means it was starved), and --repeat N keeps the best of N interleaved runs.
 //
 // Results: a table on stdout, JSON under <cacheDir>/bench-results/cpu-<date>.json.
-import { spawnSync } from 'node:child_process'
-import { createReadStream, existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import os from 'node:os'
 import { dirname, join, resolve } from 'node:path'
-import { pipeline } from 'node:stream/promises'
-import { Writable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
+import { gitRev, runChild, waitIdle, warmPageCache } from './common.mjs'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = resolve(here, '..')
@@ -207,46 +205,7 @@ function rates(t1, times, cpu1, cpu) {
 // parent
 // ------------------------------------------------------------------------------------------
 
-function cpuTimes() {
-  const f = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number)
-  return { idle: f[3] + (f[4] || 0), total: f.reduce((a, b) => a + b, 0) }
-}
-
-/** Waits (up to `maxS`) for a second in which the machine is at least 90% idle; returns that fraction. */
-async function waitIdle(maxS) {
-  if (process.platform !== 'linux' || maxS <= 0) return null
-  const t0 = Date.now()
-  let idle = 0
-  for (;;) {
-    const a = cpuTimes()
-    await new Promise((r) => setTimeout(r, 1000))
-    const b = cpuTimes()
-    idle = (b.idle - a.idle) / Math.max(1, b.total - a.total)
-    if (idle >= 0.9 || Date.now() - t0 > maxS * 1000) return idle
-  }
-}
-
-function runChild(spec) {
-  const r = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--child', JSON.stringify(spec)], {
-    encoding: 'utf8',
-    maxBuffer: 64 * MB,
-    timeout: 30 * 60 * 1000,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  const line = (r.stdout || '').split('\n').find((l) => l.startsWith('BENCH_RESULT '))
-  if (r.status !== 0 || !line) {
-    throw new Error(`child ${spec.engine} ${spec.path} failed (status ${r.status}, signal ${r.signal}):\n${r.stderr}\n${r.stdout}`)
-  }
-  return JSON.parse(line.slice('BENCH_RESULT '.length))
-}
-
-/** Reads every file once so both engines load from a warm page cache. */
-async function warmPageCache(path) {
-  const files = statSync(path).isDirectory() ? readdirSync(path).map((f) => join(path, f)) : [path]
-  for (const f of files) {
-    await pipeline(createReadStream(f, { highWaterMark: 8 * MB }), new Writable({ write: (_c, _e, cb) => cb() }))
-  }
-}
+const spawnChild = (spec) => runChild(fileURLToPath(import.meta.url), spec, `${spec.engine} ${spec.path}`)
 
 /** Best of the repeats: fastest load/prefill/decode, smallest memory (each field on its own). */
 function best(runs) {
@@ -265,12 +224,6 @@ function best(runs) {
     ttftMs: pick('ttftMs', Math.min),
     runs,
   }
-}
-
-function gitRev() {
-  const r = spawnSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' })
-  const d = spawnSync('git', ['status', '--porcelain', '--', 'src', 'lib', 'Cargo.toml', 'Cargo.lock'], { cwd: root, encoding: 'utf8' })
-  return r.status === 0 ? r.stdout.trim() + (d.stdout.trim() ? '+dirty' : '') : null
 }
 
 const fmt = (x, d = 1) => (x == null || !Number.isFinite(x) ? '—' : x.toFixed(d))
@@ -319,11 +272,11 @@ async function parent(args) {
     for (const c of cases) {
       let idle = await waitIdle(args.waitIdle)
       console.error(`[${rep + 1}/${args.repeat}] ours   ${c.label}${idle == null ? '' : ` (machine ${(idle * 100).toFixed(0)}% idle before)`}`)
-      ours[c.key].push({ ...runChild({ ...c.ours, threads: args.threads }), idleBefore: idle })
+      ours[c.key].push({ ...spawnChild({ ...c.ours, threads: args.threads }), idleBefore: idle })
       if (!done.has(c.llamaKey)) {
         idle = await waitIdle(args.waitIdle)
         console.error(`[${rep + 1}/${args.repeat}] llama  ${llamaSpecs[c.llamaKey].path}${idle == null ? '' : ` (machine ${(idle * 100).toFixed(0)}% idle before)`}`)
-        llama[c.llamaKey].push({ ...runChild({ ...llamaSpecs[c.llamaKey], threads: args.threads }), idleBefore: idle })
+        llama[c.llamaKey].push({ ...spawnChild({ ...llamaSpecs[c.llamaKey], threads: args.threads }), idleBefore: idle })
         done.add(c.llamaKey)
       }
     }

@@ -33,14 +33,12 @@
 // are recorded for decode, and --repeat N keeps the best of N runs of each figure.
 //
 // Results: a table on stdout, JSON under <cacheDir>/bench-results/experts-<date>.json.
-import { spawnSync } from 'node:child_process'
-import { closeSync, createReadStream, existsSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs'
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import os from 'node:os'
 import { dirname, join, resolve } from 'node:path'
-import { pipeline } from 'node:stream/promises'
-import { Writable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
+import { gitRev, runChild, waitIdle, warmPageCache } from './common.mjs'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = resolve(here, '..')
@@ -326,46 +324,7 @@ const overheadPct = (t0, tk, k) => (t0 && tk ? ((tk / t0 - 1) / k) * 100 : null)
 // parent
 // ------------------------------------------------------------------------------------------
 
-function cpuTimes() {
-  const f = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number)
-  return { idle: f[3] + (f[4] || 0), total: f.reduce((a, b) => a + b, 0) }
-}
-
-/** Waits (up to `maxS`) for a second in which the machine is at least 90% idle; returns that fraction. */
-async function waitIdle(maxS) {
-  if (process.platform !== 'linux' || maxS <= 0) return null
-  const t0 = Date.now()
-  let idle = 0
-  for (;;) {
-    const a = cpuTimes()
-    await new Promise((r) => setTimeout(r, 1000))
-    const b = cpuTimes()
-    idle = (b.idle - a.idle) / Math.max(1, b.total - a.total)
-    if (idle >= 0.9 || Date.now() - t0 > maxS * 1000) return idle
-  }
-}
-
-function runChild(spec) {
-  const r = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--child', JSON.stringify(spec)], {
-    encoding: 'utf8',
-    maxBuffer: 64 * MB,
-    timeout: 30 * 60 * 1000,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  const line = (r.stdout || '').split('\n').find((l) => l.startsWith('BENCH_RESULT '))
-  if (r.status !== 0 || !line) {
-    throw new Error(`child ${spec.path} failed (status ${r.status}, signal ${r.signal}):\n${r.stderr}\n${r.stdout}`)
-  }
-  return JSON.parse(line.slice('BENCH_RESULT '.length))
-}
-
-/** Reads every file once so loads come from a warm page cache. */
-async function warmPageCache(path) {
-  const files = statSync(path).isDirectory() ? readdirSync(path).map((f) => join(path, f)).filter((f) => statSync(f).isFile()) : [path]
-  for (const f of files) {
-    await pipeline(createReadStream(f, { highWaterMark: 8 * MB }), new Writable({ write: (_c, _e, cb) => cb() }))
-  }
-}
+const spawnChild = (spec) => runChild(fileURLToPath(import.meta.url), spec, spec.path)
 
 /** Best of the repeats, each figure on its own (fastest time, highest rate); overheads recomputed. */
 function best(runs) {
@@ -399,12 +358,6 @@ function best(runs) {
   for (const k of [0, 1]) b.prefill[k] = runs.map((r) => r.prefill[k]).reduce((a, c) => (c.prefillTps > a.prefillTps ? c : a))
   b.prefill.overheadPct = overheadPct(b.prefill[0].ttftMs, b.prefill[1].ttftMs, 1)
   return b
-}
-
-function gitRev() {
-  const r = spawnSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' })
-  const d = spawnSync('git', ['status', '--porcelain', '--', 'src', 'lib', 'Cargo.toml', 'Cargo.lock'], { cwd: root, encoding: 'utf8' })
-  return r.status === 0 ? r.stdout.trim() + (d.stdout.trim() ? '+dirty' : '') : null
 }
 
 const fmt = (x, d = 1) => (x == null || !Number.isFinite(x) ? '—' : x.toFixed(d))
@@ -459,7 +412,7 @@ async function parent(args) {
       const idle = await waitIdle(args.waitIdle)
       console.error(`[${rep + 1}/${args.repeat}] ${c.label}${idle == null ? '' : ` (machine ${(idle * 100).toFixed(0)}% idle before)`}`)
       const spec = { path: c.path, dtype: c.dtype, threads: args.threads, quick: args.quick, adapters }
-      runs[c.key].push({ ...runChild(spec), idleBefore: idle })
+      runs[c.key].push({ ...spawnChild(spec), idleBefore: idle })
     }
   }
   const load1 = os.loadavg()

@@ -212,12 +212,8 @@ impl ModuleBuilder<'_> {
                 let s = if self.cfg.use_rslora { alpha / (r as f64).sqrt() } else { alpha / r as f64 } * self.scale;
                 let a = a.to_tensor(self.dtype, self.device)?;
                 // Bᵀ [r, out]; permuting B's rows is permuting Bᵀ's columns.
-                let bt = b.transposed().to_tensor(self.dtype, self.device)?;
-                let bt = match &perm {
-                    Some(p) => bt.index_select(&Tensor::from_slice(p, p.len(), self.device)?, 1)?,
-                    None => bt,
-                };
-                let lr = LowRank::from_transposed(a, bt, s);
+                let bt = permute(b.transposed().to_tensor(self.dtype, self.device)?, perm.as_ref(), 1)?;
+                let lr = LowRank::new(a, bt, s);
                 if self.cfg.use_dora {
                     let m = ts
                         .remove("lora_magnitude_vector")
@@ -230,7 +226,7 @@ impl ModuleBuilder<'_> {
                             m.shape
                         )));
                     }
-                    let m = permute_rows(m.to_tensor(DType::F32, self.device)?, perm.as_ref())?;
+                    let m = permute(m.to_tensor(DType::F32, self.device)?, perm.as_ref(), 0)?;
                     (ModuleAdapter::Dora(Dora::new(lr, &m, &lin.dequantized_f32()?)?), r)
                 } else {
                     (ModuleAdapter::Lora(lr), r)
@@ -244,7 +240,7 @@ impl ModuleBuilder<'_> {
                 if self.scale != 1.0 {
                     v = (((v - 1.0)? * self.scale)? + 1.0)?;
                 }
-                let v = if ff { v } else { permute_rows(v, perm.as_ref())? };
+                let v = if ff { v } else { permute(v, perm.as_ref(), 0)? };
                 (ModuleAdapter::Ia3(Ia3 { scale: v.to_dtype(self.dtype)?, on_input: ff }), 0)
             }
             PeftType::Lokr => {
@@ -265,8 +261,7 @@ impl ModuleBuilder<'_> {
                         q * n
                     )));
                 }
-                let out_perm = perm.map(|p| Tensor::from_vec(p, out, self.device)).transpose()?;
-                (ModuleAdapter::Lokr(Lokr { w1, w2, scale: alpha / r as f64 * self.scale, out_perm }), r)
+                (ModuleAdapter::Lokr(Lokr { w1, w2, scale: alpha / r as f64 * self.scale, out_perm: perm }), r)
             }
             PeftType::PromptTuning => unreachable!("no modules"),
         };
@@ -282,7 +277,7 @@ impl ModuleBuilder<'_> {
             if w.shape.len() != 2 {
                 return Err(EngineError::InvalidAdapter(format!("tensor {} must be 2-D, has shape {:?}", key(name), w.shape)));
             }
-            return Ok(w.to_tensor(self.dtype, self.device)?);
+            return w.to_tensor(self.dtype, self.device);
         }
         let (an, bn) = (format!("{name}_a"), format!("{name}_b"));
         let a = ts.remove(&an).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {} (or {})", key(name), key(&an))))?;
@@ -301,9 +296,9 @@ impl ModuleBuilder<'_> {
         Ok(a.matmul(&b)?.to_dtype(self.dtype)?)
     }
 
-    /// For q/k of a base whose rows are permuted for interleaved RoPE: `perm[g]` is the HF row
-    /// that row `g` of the base holds.
-    fn out_permutation(&self, slot: Slot) -> Result<Option<Vec<u32>>> {
+    /// For q/k of a base whose rows are permuted for interleaved RoPE, the index tensor whose
+    /// element `g` is the HF row that row `g` of the base holds.
+    fn out_permutation(&self, slot: Slot) -> Result<Option<Tensor>> {
         let cfg = &self.model.cfg;
         let heads = match slot.proj {
             Proj::Q => cfg.num_heads,
@@ -313,7 +308,8 @@ impl ModuleBuilder<'_> {
         if !cfg.rope_interleaved {
             return Ok(None);
         }
-        Ok(Some(interleave_permutation(heads, cfg.head_dim)))
+        let p = interleave_permutation(heads, cfg.head_dim);
+        Ok(Some(Tensor::from_vec(p, heads * cfg.head_dim, self.device)?))
     }
 }
 
@@ -331,12 +327,10 @@ pub fn interleave_permutation(heads: usize, head_dim: usize) -> Vec<u32> {
     p
 }
 
-fn permute_rows(t: Tensor, perm: Option<&Vec<u32>>) -> Result<Tensor> {
+/// `t` reordered along `dim` by the index tensor `perm`, or `t` itself.
+fn permute(t: Tensor, perm: Option<&Tensor>, dim: usize) -> Result<Tensor> {
     Ok(match perm {
-        Some(p) => {
-            let idx = Tensor::from_slice(p, p.len(), t.device())?;
-            t.index_select(&idx, 0)?
-        }
+        Some(p) => t.index_select(p, dim)?,
         None => t,
     })
 }

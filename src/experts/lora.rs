@@ -28,13 +28,8 @@ pub struct LowRank {
 }
 
 impl LowRank {
-    /// `a [r, in]`, `b [out, r]` as PEFT stores them.
-    pub fn new(a: Tensor, b: &Tensor, scale: f64) -> Result<Self> {
-        Ok(Self { a: a.contiguous()?, bt: b.t()?.contiguous()?, scale })
-    }
-
-    /// From `a [r, in]` and an already transposed `bt [r, out]`.
-    pub fn from_transposed(a: Tensor, bt: Tensor, scale: f64) -> Self {
+    /// From PEFT's `A [r, in]` and the transpose of its `B [out, r]`, both contiguous.
+    pub fn new(a: Tensor, bt: Tensor, scale: f64) -> Self {
         Self { a, bt, scale }
     }
 
@@ -182,7 +177,7 @@ mod tests {
         let lr = |r: usize, seed: f64| {
             let a = (Tensor::randn(0f32, 1.0, (r, 300), &dev).unwrap() * seed).unwrap();
             let b = Tensor::randn(0f32, 1.0, (1100, r), &dev).unwrap();
-            LowRank::new(a, &b, 0.5 * seed).unwrap()
+            LowRank::new(a, b.t().unwrap().contiguous().unwrap(), 0.5 * seed)
         };
         let (l1, l2) = (lr(4, 1.0), lr(16, 0.3));
         for rows in [1, 3, 9] {

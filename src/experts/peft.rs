@@ -116,10 +116,8 @@ impl AdapterConfig {
         let num = |k: &str| v.get(k).and_then(Value::as_f64);
         let flag = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
         let r_raw = num("r").unwrap_or(8.0);
-        if peft_type == PeftType::Lora || peft_type == PeftType::Lokr {
-            if r_raw < 1.0 || r_raw.fract() != 0.0 {
-                return Err(EngineError::InvalidAdapter(format!("adapter_config.json: r must be a positive integer, got {r_raw}")));
-            }
+        if matches!(peft_type, PeftType::Lora | PeftType::Lokr) && (r_raw < 1.0 || r_raw.fract() != 0.0) {
+            return Err(EngineError::InvalidAdapter(format!("adapter_config.json: r must be a positive integer, got {r_raw}")));
         }
         let alpha = num(if peft_type == PeftType::Lokr { "alpha" } else { "lora_alpha" }).unwrap_or(8.0);
 
@@ -138,10 +136,6 @@ impl AdapterConfig {
                 }
             }
         }
-        if peft_type == PeftType::Lokr && flag("use_effective_conv2d") {
-            // Only meaningful for convolutions; harmless for linear layers.
-        }
-
         let patterns = |k: &str| -> Result<Vec<(regex::Regex, String, f64)>> {
             let Some(obj) = v.get(k).and_then(Value::as_object) else { return Ok(Vec::new()) };
             obj.iter()

@@ -203,7 +203,8 @@ describe('selecting experts', () => {
   })
 
   it('changing the set re-evaluates the conversation under the new set; keeping it reuses the cache', async () => {
-    const s = rt.createSession({ system: 'Be brief.', experts: ['lora'] })
+    // A system prompt no other test uses: nothing in the shared prefix cache matches it.
+    const s = rt.createSession({ system: 'Be brief, set test.', experts: ['lora'] })
     const r1 = await s.complete('Tell me about robots.', { ...GREEDY, maxTokens: 6 })
     assert.equal(r1.usage.cachedTokens, 0)
     const r2 = await s.complete('And then?', { ...GREEDY, maxTokens: 6 })
@@ -218,9 +219,15 @@ describe('selecting experts', () => {
     const want = await fresh.complete([...history, { role: 'user', content: 'More.' }], { ...GREEDY, maxTokens: 6 })
     assert.deepEqual(r3.tokens, want.tokens)
     assert.equal(r3.usage.promptTokens, want.usage.promptTokens)
-    // A request-level set other than the cached one invalidates too, and so does going back.
+    // A request-level set other than the cached one invalidates too, and so does going back:
+    // only blocks computed under 'lora' (turns 1–2, still in the prefix cache) can be reused,
+    // never the third turn, which only ever ran under the other set.
     const r4 = await s.complete('Again.', { ...GREEDY, maxTokens: 4, experts: ['lora'] })
-    assert.equal(r4.usage.cachedTokens, 0)
+    assert.ok(r4.usage.cachedTokens <= r2.usage.promptTokens + r2.usage.completionTokens - 1, `cachedTokens ${r4.usage.cachedTokens}`)
+    const cold = rt.createSession({ experts: ['lora'] })
+    const want4 = await cold.complete(s.history.slice(0, -1), { ...GREEDY, maxTokens: 4 })
+    assert.deepEqual(r4.tokens, want4.tokens)
+    cold.dispose()
     const r5 = await s.complete('Once more.', { ...GREEDY, maxTokens: 4, experts: ['lora'] })
     assert.ok(r5.usage.cachedTokens > 0)
     s.dispose()

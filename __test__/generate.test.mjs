@@ -213,7 +213,8 @@ describe('generation (qwen3-tiny)', () => {
     const s = rt.createSession({ system })
     const opts = { ...GREEDY, maxTokens: 8 }
     const first = await s.complete('Hello robot', opts)
-    assert.equal(first.usage.cachedTokens, 0)
+    // Only the chat template's opening can come from other sessions' blocks.
+    assert.ok(first.usage.cachedTokens < first.usage.promptTokens)
     const second = await s.complete('Read the signs', opts)
     assert.ok(second.usage.cachedTokens > 0, `cachedTokens ${second.usage.cachedTokens}`)
     assert.ok(second.usage.cachedTokens >= first.usage.promptTokens, 'at least the first prompt is reused')
@@ -227,9 +228,10 @@ describe('generation (qwen3-tiny)', () => {
       { role: 'assistant', content: second.text },
     ])
 
+    // A new session given the same history: its prompt is found in the shared prefix cache.
     const fresh = rt.createSession()
     const again = await fresh.complete(s.history.slice(0, 4), opts)
-    assert.equal(again.usage.cachedTokens, 0)
+    assert.ok(again.usage.cachedTokens > 0 && again.usage.cachedTokens < again.usage.promptTokens)
     assert.equal(again.usage.promptTokens, second.usage.promptTokens)
     assert.deepEqual(again.tokens, second.tokens)
     assert.equal(again.text, second.text)
@@ -242,7 +244,8 @@ describe('generation (qwen3-tiny)', () => {
     s.reset()
     assert.deepEqual(s.history, [{ role: 'system', content: 'Be brief.' }])
     const after = await s.complete('Hello robot', opts)
-    assert.equal(after.usage.cachedTokens, 0)
+    // The session's own cache is gone; what it reuses comes from the shared prefix cache.
+    assert.ok(after.usage.cachedTokens < after.usage.promptTokens)
     assert.deepEqual(after.tokens, before.tokens)
     const plain = rt.createSession()
     await plain.complete('x', opts)

@@ -1,7 +1,7 @@
-// Helpers shared by the benchmarks (cpu.mjs, experts.mjs): each measurement runs in a fresh
+// Helpers shared by the benchmarks (cpu.mjs, experts.mjs, batch.mjs): each measurement runs in a fresh
 // child process, after waiting for an idle machine, on files already in the page cache.
 import { spawnSync } from 'node:child_process'
-import { createReadStream, readdirSync, readFileSync, statSync } from 'node:fs'
+import { closeSync, createReadStream, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs'
 import { dirname, join, resolve } from 'node:path'
 import { Writable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
@@ -60,4 +60,94 @@ export function gitRev() {
   const r = spawnSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' })
   const d = spawnSync('git', ['status', '--porcelain', '--', 'src', 'lib', 'Cargo.toml', 'Cargo.lock'], { cwd: root, encoding: 'utf8' })
   return r.status === 0 ? r.stdout.trim() + (d.stdout.trim() ? '+dirty' : '') : null
+}
+
+// ------------------------------------------------------------------------------------------
+// Random PEFT LoRA adapters (used by batch.mjs; experts.mjs keeps its own copy)
+// ------------------------------------------------------------------------------------------
+
+/** mulberry32: a seeded generator of uniform numbers in [0, 1). */
+export function mulberry32(seed) {
+  let s = seed >>> 0
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0
+    let t = s
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+/** [in, out] of each LoRA target module, from an HF config.json-like object. */
+export function loraModuleShapes(cfg) {
+  const h = cfg.hidden_size
+  const hd = cfg.head_dim ?? h / cfg.num_attention_heads
+  const q = cfg.num_attention_heads * hd
+  const kv = (cfg.num_key_value_heads ?? cfg.num_attention_heads) * hd
+  const ff = cfg.intermediate_size
+  return {
+    q_proj: [h, q], k_proj: [h, kv], v_proj: [h, kv], o_proj: [q, h],
+    gate_proj: [h, ff], up_proj: [h, ff], down_proj: [ff, h],
+  }
+}
+
+/** Minimal safetensors writer: F32 tensors, in the given order. `tensors`: [name, shape, fill(Float32Array)]. */
+export function writeSafetensorsF32(file, tensors) {
+  const header = { __metadata__: { format: 'pt' } }
+  let off = 0
+  for (const [name, shape] of tensors) {
+    const n = shape.reduce((a, b) => a * b, 1) * 4
+    header[name] = { dtype: 'F32', shape, data_offsets: [off, off + n] }
+    off += n
+  }
+  let json = JSON.stringify(header)
+  json += ' '.repeat((8 - (Buffer.byteLength(json) % 8)) % 8)
+  const len = Buffer.alloc(8)
+  len.writeBigUInt64LE(BigInt(Buffer.byteLength(json)))
+  const fd = openSync(file, 'w')
+  try {
+    writeSync(fd, len)
+    writeSync(fd, Buffer.from(json))
+    for (const [, shape, fill] of tensors) {
+      const a = new Float32Array(shape.reduce((x, y) => x * y, 1))
+      fill(a)
+      writeSync(fd, new Uint8Array(a.buffer))
+    }
+  } finally {
+    closeSync(fd)
+  }
+}
+
+const LORA_MLP = new Set(['gate_proj', 'up_proj', 'down_proj'])
+
+/**
+ * Writes a random PEFT LoRA directory (adapter_config.json + adapter_model.safetensors, F32,
+ * A and B ~ U(-init, init) from `seed`) for a llama/qwen-style model described by `cfg`
+ * (hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size,
+ * num_hidden_layers). Written to a temporary directory, then renamed into place.
+ */
+export function writeLoraDir(dir, cfg, { rank = 8, alpha = 16, seed = 1, init = 0.01, modules = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] } = {}) {
+  const shapes = loraModuleShapes(cfg)
+  const tmp = `${dir}.tmp-${process.pid}`
+  rmSync(tmp, { recursive: true, force: true })
+  mkdirSync(tmp, { recursive: true })
+  writeFileSync(join(tmp, 'adapter_config.json'), JSON.stringify({
+    peft_type: 'LORA', r: rank, lora_alpha: alpha, target_modules: modules, task_type: 'CAUSAL_LM',
+    bias: 'none', use_rslora: false, use_dora: false, lora_dropout: 0.0, fan_in_fan_out: false,
+  }, null, 2) + '\n')
+  const r = mulberry32(seed)
+  const fill = (a) => { for (let j = 0; j < a.length; j++) a[j] = (r() * 2 - 1) * init }
+  const tensors = []
+  for (let l = 0; l < cfg.num_hidden_layers; l++) {
+    for (const m of modules) {
+      const [inF, outF] = shapes[m]
+      const p = `base_model.model.model.layers.${l}.${LORA_MLP.has(m) ? 'mlp' : 'self_attn'}.${m}`
+      tensors.push([`${p}.lora_A.weight`, [rank, inF], fill])
+      tensors.push([`${p}.lora_B.weight`, [outF, rank], fill])
+    }
+  }
+  writeSafetensorsF32(join(tmp, 'adapter_model.safetensors'), tensors)
+  rmSync(dir, { recursive: true, force: true })
+  mkdirSync(dirname(dir), { recursive: true })
+  renameSync(tmp, dir)
 }

@@ -11,6 +11,7 @@ export type ErrorCode =
   | 'EXPERT_NOT_FOUND'
   | 'UNSUPPORTED_ADAPTER'
   | 'INVALID_ADAPTER'
+  | 'KV_CACHE_EXHAUSTED'
   | 'INTERNAL'
 
 /** Every error this package throws or rejects with. */

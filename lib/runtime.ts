@@ -3,7 +3,7 @@ import type * as N from '../native'
 import { disposedError, invalidArgument, toError } from './errors'
 import { Expert } from './expert'
 import { Session, checkNames } from './session'
-import type { LoadExpertOptions, LoadOptions, RuntimeInfo, SessionOptions } from './types'
+import type { LoadExpertOptions, LoadOptions, RuntimeInfo, RuntimeStats, SessionOptions } from './types'
 
 /** A loaded base model. Everything heavy runs on its own engine thread. */
 export class Runtime {
@@ -25,10 +25,25 @@ export class Runtime {
       if (v !== undefined && !(Number.isInteger(v) && v > 0)) throw invalidArgument(`${k} must be a positive integer`)
     }
     if (onProgress !== undefined && typeof onProgress !== 'function') throw invalidArgument('onProgress must be a function')
+    const kv = rest.kvCache
+    if (kv !== undefined) {
+      if (kv === null || typeof kv !== 'object') throw invalidArgument('kvCache must be an object')
+      for (const k of ['blockSize', 'maxTokens'] as const) {
+        const v = kv[k]
+        if (v !== undefined && !(Number.isSafeInteger(v) && v > 0)) throw invalidArgument(`kvCache.${k} must be a positive integer`)
+      }
+      if (kv.prefixCache !== undefined && typeof kv.prefixCache !== 'boolean') throw invalidArgument('kvCache.prefixCache must be a boolean')
+    }
     try {
       const n = await native.loadRuntime(
         path,
-        { device: rest.device, dtype: rest.dtype, contextLength: rest.contextLength, threads: rest.threads },
+        {
+          device: rest.device,
+          dtype: rest.dtype,
+          contextLength: rest.contextLength,
+          threads: rest.threads,
+          kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, prefixCache: kv.prefixCache } : undefined,
+        },
         onProgress ? (p: N.LoadProgress) => onProgress({ loadedBytes: p.loadedBytes, totalBytes: p.totalBytes }) : undefined,
       )
       return new Runtime(n)
@@ -121,6 +136,16 @@ export class Runtime {
     const live = new Set(list.map((e) => e.id))
     for (const id of this.#experts.keys()) if (!live.has(id)) this.#experts.delete(id)
     return list
+  }
+
+  /** KV pool and scheduler counters, as of the engine's last step (synchronous, cheap). */
+  stats(): RuntimeStats {
+    this.#check()
+    try {
+      return { ...this.#native.stats() }
+    } catch (e) {
+      throw toError(e)
+    }
   }
 
   /** Cancels running requests and frees the model. Later calls fail with `DISPOSED`. */

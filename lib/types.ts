@@ -17,6 +17,59 @@ export interface LoadOptions {
   threads?: number
   /** Called as weights are read. */
   onProgress?: (p: { loadedBytes: number; totalBytes: number }) => void
+  /** Bounds of the KV cache shared by every session (see `KvCacheOptions`). */
+  kvCache?: KvCacheOptions
+}
+
+/**
+ * The KV cache is one pool of fixed-size blocks shared by all sessions. A session keeps its
+ * blocks between turns; when the pool is full, idle sessions lose theirs (least recently used
+ * first) and re-read their history on their next turn. A request is started only once it holds
+ * every block it can need (`prompt + maxTokens`, capped by the context and the pool), so
+ * giving `maxTokens` lets more requests run at once.
+ */
+export interface KvCacheOptions {
+  /** Positions per block. Default 16. */
+  blockSize?: number
+  /**
+   * Positions the pool holds over all sessions (rounded down to whole blocks). Default: a
+   * quarter of the machine's memory on CPU (4 GiB on CUDA) divided by the KV bytes per token,
+   * at most 64 full contexts. On CPU, memory is committed only as blocks are first used.
+   */
+  maxTokens?: number
+  /**
+   * Share full blocks between sessions whose prompts start alike (same tokens, same experts).
+   * Default true. With quantized weights, a prompt whose prefix comes from the cache can differ
+   * in the last digits from the same prompt evaluated cold (the quantized kernels depend on
+   * how many rows run together), which may flip a near-tie token; dense weights are unaffected.
+   */
+  prefixCache?: boolean
+}
+
+/** `Runtime.stats()`: the KV pool and the scheduler, as of the engine's last step. */
+export interface RuntimeStats {
+  /** Blocks in the pool. */
+  kvBlocksTotal: number
+  /** Blocks held by sessions or running requests. */
+  kvBlocksUsed: number
+  /** Unreferenced blocks that still hold a reusable prefix (recycled first when needed). */
+  kvBlocksCached: number
+  /** Positions per block. */
+  kvBlockSize: number
+  /** Bytes of the used blocks. */
+  kvBytes: number
+  /** K and V bytes of one position over all layers. */
+  kvBytesPerToken: number
+  /** Open sessions. */
+  sessions: number
+  /** Requests running or queued for KV blocks. */
+  activeRequests: number
+  /** Requests waiting for KV blocks. */
+  queuedRequests: number
+  /** Prompt positions taken from the prefix cache instead of being evaluated, since load. */
+  prefixCacheHitTokens: number
+  /** Blocks taken from idle sessions to make room, since load. */
+  evictedBlocks: number
 }
 
 export interface RuntimeInfo {

@@ -25,6 +25,8 @@ pub enum EngineError {
     UnsupportedAdapter(String),
     #[error("invalid adapter: {0}")]
     InvalidAdapter(String),
+    #[error("KV cache exhausted: {0}")]
+    KvCacheExhausted(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -44,6 +46,7 @@ impl EngineError {
             Self::ExpertNotFound(_) => "EXPERT_NOT_FOUND",
             Self::UnsupportedAdapter(_) => "UNSUPPORTED_ADAPTER",
             Self::InvalidAdapter(_) => "INVALID_ADAPTER",
+            Self::KvCacheExhausted(_) => "KV_CACHE_EXHAUSTED",
             Self::Internal(_) => "INTERNAL",
         }
     }

@@ -44,7 +44,7 @@ fn log_softmax(logits: &[f32]) -> Vec<f32> {
 /// the prefill and the single-row adapter paths run). Returns the tokens and each step's
 /// log-softmax.
 fn greedy(model: &Decoder, set: &ExpertSet, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut cache = model.new_cache(64);
+    let mut cache = model.new_cache(64).unwrap();
     let (mut toks, mut lps) = (Vec::new(), Vec::new());
     let mut input = prompt.to_vec();
     for _ in 0..n {
@@ -149,7 +149,7 @@ fn experts_on_a_quantized_base_match_the_dequantized_base() {
         let (set_d, set_q) = (experts(&deq, &names), experts(&q8, &names));
         let (toks, lp_d) = greedy(&deq, &set_d, &prompt, 12);
         // Teacher-force the quantized model on the dequantized run's tokens.
-        let mut cache = q8.new_cache(64);
+        let mut cache = q8.new_cache(64).unwrap();
         let mut input = prompt.clone();
         let mut worst = 0f32;
         for (i, want) in lp_d.iter().enumerate() {

@@ -6,6 +6,7 @@
 pub mod request;
 pub mod scheduler;
 pub mod sequence;
+pub mod stats;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,7 +25,8 @@ use crate::model::loader::{self, GgufSource, SafetensorsSource, WeightSource};
 use crate::model::{Decoder, ModelConfig};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 use request::{Command, GenerateRequest};
-use scheduler::Scheduler;
+use scheduler::{Scheduler, SchedulerConfig, DEFAULT_STEP_TOKENS};
+pub use stats::{EngineStats, StatsSnapshot};
 
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
@@ -36,6 +38,54 @@ pub struct LoadOptions {
     pub threads: Option<usize>,
     /// Dequantize GGUF weights at load (exact f32 matmuls instead of quantized kernels).
     pub dequantize: bool,
+    pub kv_cache: KvCacheOptions,
+}
+
+/// Bounds of the shared KV pool.
+#[derive(Clone, Debug, Default)]
+pub struct KvCacheOptions {
+    /// Positions per block (default 16).
+    pub block_size: Option<usize>,
+    /// Positions the pool holds over all sessions (default: see [`default_kv_tokens`]).
+    pub max_tokens: Option<usize>,
+    /// Share full blocks between sequences with the same prefix (default true).
+    pub prefix_cache: Option<bool>,
+}
+
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// The default pool size in positions: a quarter of the machine's memory on CPU (4 GiB of
+/// KV on CUDA), at most 64 full contexts, at least one block. On CPU the memory is committed
+/// only as blocks are first written.
+pub fn default_kv_tokens(device: &Device, bytes_per_token: usize, context_length: usize) -> usize {
+    let budget = if device.is_cpu() { total_memory().unwrap_or(8 << 30) / 4 } else { 4 << 30 };
+    (budget / bytes_per_token.max(1)).min(64 * context_length)
+}
+
+fn total_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// `(blocks, block size)` of the pool for `model`.
+fn kv_pool_shape(opts: &KvCacheOptions, model: &Decoder, context_length: usize) -> Result<(usize, usize)> {
+    let bs = opts.block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
+    if bs == 0 || bs > 1024 {
+        return Err(EngineError::InvalidArgument(format!("kvCache.blockSize must be between 1 and 1024 (got {bs})")));
+    }
+    let bpt = crate::kv::store::bytes_per_token(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, model.dtype);
+    let tokens = match opts.max_tokens {
+        Some(n) if n < bs => {
+            return Err(EngineError::InvalidArgument(format!(
+                "kvCache.maxTokens must be at least one block ({bs} positions; got {n})"
+            )))
+        }
+        Some(n) => n,
+        None => default_kv_tokens(&model.device, bpt, context_length).max(bs),
+    };
+    Ok((tokens / bs, bs))
 }
 
 /// Sampling defaults from `generation_config.json`.
@@ -70,6 +120,7 @@ pub struct Engine {
     /// adapters against them on its own thread.
     model: Arc<Decoder>,
     pub experts: Arc<Registry>,
+    stats: Arc<EngineStats>,
 }
 
 /// A session's handle: its id and the state shared with the engine.
@@ -275,6 +326,24 @@ impl Engine {
                 };
                 let tokenizer = Arc::new(tokenizer);
                 let model = Arc::new(model);
+                let stats = Arc::new(EngineStats::default());
+                let scheduler = kv_pool_shape(&opts.kv_cache, &model, context_length).and_then(|(num_blocks, block_size)| {
+                    let cfg = SchedulerConfig {
+                        context_length,
+                        num_blocks,
+                        block_size,
+                        step_tokens: DEFAULT_STEP_TOKENS,
+                        prefix_cache: opts.kv_cache.prefix_cache.unwrap_or(true),
+                    };
+                    Scheduler::new(model.clone(), tokenizer.clone(), defaults, eos.clone(), cfg, stats.clone())
+                });
+                let scheduler = match scheduler {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
                 let (tx, rx) = channel();
                 let engine = Arc::new(Engine {
                     tx: Mutex::new(Some(tx)),
@@ -283,11 +352,12 @@ impl Engine {
                     next_session: AtomicU64::new(1),
                     model: model.clone(),
                     experts: Arc::new(Registry::default()),
+                    stats,
                 });
                 if ready_tx.send(Ok(engine)).is_err() {
                     return;
                 }
-                Scheduler::new(model, tokenizer, defaults, eos, context_length).run(rx);
+                scheduler.run(rx);
             });
         });
         if let Err(e) = spawned {
@@ -434,6 +504,11 @@ impl Engine {
             }
         }
         done_rx
+    }
+
+    /// KV pool and scheduler counters, as of the engine's last step.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
     }
 
     pub fn is_disposed(&self) -> bool {

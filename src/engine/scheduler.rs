@@ -1,9 +1,28 @@
-//! The engine loop. It owns the model and every session's cache, takes commands from the
-//! channel between steps, and advances every active request by one step per round (prefill
-//! for a new request, one token for the others), so sessions make progress together.
+//! The engine loop: continuous batching over a paged, prefix-shared KV pool.
 //!
-//! A panic inside a step fails that request with `INTERNAL`, resets its session's cache
-//! (whose state is then unknown) and leaves the engine running.
+//! Every round the loop (1) takes the commands that arrived, (2) drops cancelled requests,
+//! (3) admits queued requests in arrival order while the pool has room, and (4) runs **one
+//! forward pass for every running request**: each decoding request contributes one row and
+//! each prefilling one a chunk of its prompt, within a per-step token budget, so a long prompt
+//! never stalls the others and a new session's first token arrives while the rest decode.
+//! Rows are ordered by expert set: each set is one segment whose adapters apply to its rows
+//! only.
+//!
+//! Memory: a session keeps its blocks between turns (its next turn reuses them). A request is
+//! admitted only once it holds every block it can need (`prompt + maxTokens`, capped by the
+//! context and the pool), so a running request never waits for memory and never loses its
+//! blocks. To find room the pool recycles unreferenced cached blocks first, then evicts idle
+//! sessions, least recently used first; an evicted session re-prefills on its next turn (from
+//! the prefix cache where blocks survive). A prompt larger than the whole pool fails with
+//! `KV_CACHE_EXHAUSTED`.
+//!
+//! Prefix sharing: every full block is registered under (previous block, expert set, tokens).
+//! On admission the new prompt is matched block by block against the index, then the longest
+//! partial match within the next block is copied (copy-on-write); whichever reuses more — the
+//! session's own cache or the index — wins.
+//!
+//! A panic or error inside a step fails the requests of that batch with its error, releases
+//! their sessions' blocks (their state is then unknown) and leaves the engine running.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -14,65 +33,125 @@ use std::time::Instant;
 
 use super::request::{Command, Event, FinishReason, GenerateRequest, Input, SessionShared, Usage};
 use super::sequence::Sequence;
+use super::stats::EngineStats;
 use super::GenerationDefaults;
 use crate::error::{EngineError, Result};
-use crate::kv::KvCache;
-use crate::model::decoder::Logits;
+use crate::kv::block_table::blocks_for;
+use crate::kv::prefix::{BlockKey, ROOT};
+use crate::kv::{BlockPool, BlockTable, KvStore};
+use crate::model::decoder::{Logits, SeqChunk};
 use crate::model::Decoder;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
+/// Rows one forward pass evaluates at most (decode rows first, then prompt chunks). Large
+/// enough for efficient prefill matmuls, small enough that decoding sessions keep a steady
+/// pace while a long prompt is read.
+pub const DEFAULT_STEP_TOKENS: usize = 256;
+
+/// The token id standing for virtual (prompt-tuning) position `i` in block keys.
+fn virtual_key(i: usize) -> u32 {
+    u32::MAX - i as u32
+}
+
 struct SessionState {
     shared: Arc<SessionShared>,
-    cache: KvCache,
-    /// Tokens whose keys/values are in `cache` (same length).
+    /// The session's token stream without the pending token: what is cached or being
+    /// evaluated. Cached positions are a prefix of `virtual tokens ++ tokens`.
     tokens: Vec<u32>,
-    /// The last token sampled by the previous request: part of the session's token stream
-    /// but not evaluated yet (a raw continuation starts with it).
+    /// The last token sampled by the previous request: part of the stream but not evaluated
+    /// yet (a raw continuation starts with it).
     pending: Option<u32>,
-    /// Load ids of the experts `cache` was computed under; another set invalidates it.
+    kv: BlockTable,
+    /// Load ids of the experts `kv` was computed under.
     set_key: Vec<u64>,
-    /// Prompt-tuning virtual tokens at the start of `cache` (when it is not empty).
+    /// Prompt-tuning virtual tokens at the start of `kv`.
     n_virtual: usize,
+    /// Tick of the last request start or end (LRU eviction).
+    last_used: u64,
+    /// A request of this session holds blocks and runs.
+    running: bool,
 }
 
 impl SessionState {
-    /// The session's token stream so far: what is cached plus the pending token.
     fn stream(&self) -> Vec<u32> {
         let mut v = self.tokens.clone();
         v.extend(self.pending);
         v
     }
 
-    fn clear(&mut self) {
-        self.cache.clear();
-        self.tokens.clear();
-        self.pending = None;
+    /// Positions a finished prompt occupies: virtual tokens plus the stream.
+    fn target(&self) -> usize {
+        self.n_virtual + self.tokens.len()
     }
 
-    /// Cached positions before the session's tokens (virtual tokens, once evaluated).
-    fn virtual_cached(&self) -> usize {
-        if self.cache.is_empty() {
-            0
+    fn key_at(&self, p: usize) -> u32 {
+        if p < self.n_virtual {
+            virtual_key(p)
         } else {
-            self.n_virtual
+            self.tokens[p - self.n_virtual]
         }
     }
 }
 
-pub struct Scheduler {
-    pub model: Arc<Decoder>,
-    pub tokenizer: Arc<Tokenizer>,
-    pub defaults: GenerationDefaults,
-    pub eos: Vec<u32>,
+pub struct SchedulerConfig {
     pub context_length: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub step_tokens: usize,
+    /// Look up and register shared prefix blocks.
+    pub prefix_cache: bool,
+}
+
+pub struct Scheduler {
+    model: Arc<Decoder>,
+    tokenizer: Arc<Tokenizer>,
+    defaults: GenerationDefaults,
+    eos: Vec<u32>,
+    context_length: usize,
+    step_tokens: usize,
+    prefix_cache: bool,
+    store: KvStore,
+    pool: BlockPool,
     sessions: HashMap<u64, SessionState>,
-    active: VecDeque<Sequence>,
+    /// Accepted, waiting for blocks (arrival order).
+    waiting: VecDeque<Sequence>,
+    /// Admitted (admission order).
+    running: Vec<Sequence>,
+    tick: u64,
+    stats: Arc<EngineStats>,
 }
 
 impl Scheduler {
-    pub fn new(model: Arc<Decoder>, tokenizer: Arc<Tokenizer>, defaults: GenerationDefaults, eos: Vec<u32>, context_length: usize) -> Self {
-        Self { model, tokenizer, defaults, eos, context_length, sessions: HashMap::new(), active: VecDeque::new() }
+    pub fn new(
+        model: Arc<Decoder>,
+        tokenizer: Arc<Tokenizer>,
+        defaults: GenerationDefaults,
+        eos: Vec<u32>,
+        cfg: SchedulerConfig,
+        stats: Arc<EngineStats>,
+    ) -> Result<Self> {
+        let store = model.new_store(cfg.num_blocks, cfg.block_size)?;
+        let pool = BlockPool::new(cfg.num_blocks, cfg.block_size);
+        stats.kv_blocks_total.store(cfg.num_blocks as u64, Ordering::Relaxed);
+        stats.kv_block_size.store(cfg.block_size as u64, Ordering::Relaxed);
+        stats.kv_bytes_per_token.store(store.bytes_per_token() as u64, Ordering::Relaxed);
+        Ok(Self {
+            model,
+            tokenizer,
+            defaults,
+            eos,
+            context_length: cfg.context_length,
+            step_tokens: cfg.step_tokens.max(1),
+            prefix_cache: cfg.prefix_cache,
+            store,
+            pool,
+            sessions: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            tick: 0,
+            stats,
+        })
     }
 
     /// Runs until `Shutdown` or until every sender is gone.
@@ -80,7 +159,9 @@ impl Scheduler {
         loop {
             // 1. Commands: block while idle, otherwise drain what arrived since the last round.
             loop {
-                let cmd = if self.active.is_empty() {
+                let idle = self.running.is_empty() && self.waiting.is_empty();
+                let cmd = if idle {
+                    self.publish();
                     match rx.recv() {
                         Ok(c) => c,
                         Err(_) => return,
@@ -99,49 +180,57 @@ impl Scheduler {
                 }
                 self.handle(cmd);
             }
-            // 2. One step for every active request, in arrival order.
-            for _ in 0..self.active.len() {
-                let Some(mut seq) = self.active.pop_front() else { break };
-                let outcome = catch_unwind(AssertUnwindSafe(|| self.step(&mut seq)));
-                match outcome {
-                    Ok(Ok(None)) => self.active.push_back(seq),
-                    Ok(Ok(Some(reason))) => self.finish(seq, reason),
-                    Ok(Err(e)) => self.fail(seq, e),
-                    Err(panic) => {
-                        let msg = panic
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_else(|| "panic".into());
-                        self.fail(seq, EngineError::Internal(format!("engine step panicked: {msg}")));
-                    }
-                }
+            // 2–4. Cancellations, admissions, one batched step.
+            self.reap_cancelled();
+            self.admit_waiting();
+            if !self.running.is_empty() {
+                self.step_guarded();
             }
+            self.publish();
         }
+    }
+
+    fn publish(&self) {
+        let s = &self.stats;
+        s.kv_blocks_used.store(self.pool.used() as u64, Ordering::Relaxed);
+        s.kv_blocks_cached.store(self.pool.cached() as u64, Ordering::Relaxed);
+        s.sessions.store(self.sessions.len() as u64, Ordering::Relaxed);
+        s.running_requests.store(self.running.len() as u64, Ordering::Relaxed);
+        s.queued_requests.store(self.waiting.len() as u64, Ordering::Relaxed);
     }
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::CreateSession { id, shared } => {
-                let cache = self.model.new_cache(self.context_length);
-                self.sessions.insert(
-                    id,
-                    SessionState { shared, cache, tokens: Vec::new(), pending: None, set_key: Vec::new(), n_virtual: 0 },
-                );
+                let s = SessionState {
+                    shared,
+                    tokens: Vec::new(),
+                    pending: None,
+                    kv: BlockTable::default(),
+                    set_key: Vec::new(),
+                    n_virtual: 0,
+                    last_used: self.tick,
+                    running: false,
+                };
+                self.sessions.insert(id, s);
             }
             Command::ResetSession { id } => {
                 if let Some(s) = self.sessions.get_mut(&id) {
-                    s.clear();
+                    s.kv.clear(&mut self.pool);
+                    s.tokens.clear();
+                    s.pending = None;
                 }
             }
             Command::DropSession { id } => {
-                self.active.iter().filter(|q| q.session == id).for_each(|q| q.cancel.store(true, Ordering::Relaxed));
-                self.sessions.remove(&id);
+                self.running.iter().chain(&self.waiting).filter(|q| q.session == id).for_each(|q| q.cancel.store(true, Ordering::Relaxed));
+                if let Some(mut s) = self.sessions.remove(&id) {
+                    s.kv.clear(&mut self.pool);
+                }
             }
             Command::Generate(req) => {
                 let events = req.events.clone();
                 let session = req.session;
-                if let Err(e) = self.start(*req) {
+                if let Err(e) = self.accept(*req) {
                     if let Some(s) = self.sessions.get(&session) {
                         s.shared.busy.store(false, Ordering::Release);
                     }
@@ -152,16 +241,12 @@ impl Scheduler {
         }
     }
 
-    /// Validates a request, renders and tokenizes its prompt, reuses the longest cached
-    /// prefix and queues it.
-    fn start(&mut self, req: GenerateRequest) -> Result<()> {
+    /// Validates a request, renders and tokenizes its prompt and queues it.
+    fn accept(&mut self, req: GenerateRequest) -> Result<()> {
         let started = Instant::now();
         let params = self.sampling_params(&req)?;
         let tok = self.tokenizer.clone();
-        let state = self
-            .sessions
-            .get_mut(&req.session)
-            .ok_or_else(|| EngineError::Disposed("session was disposed".into()))?;
+        let state = self.sessions.get(&req.session).ok_or_else(|| EngineError::Disposed("session was disposed".into()))?;
 
         // 1. The full token sequence this turn runs on.
         let is_chat = matches!(req.input, Input::Chat(_));
@@ -195,46 +280,35 @@ impl Scheduler {
             return Err(EngineError::InvalidArgument("the input is empty".into()));
         }
         let n_virtual = req.experts.num_virtual_tokens();
+        let extra = if n_virtual > 0 { format!(" (plus {n_virtual} virtual tokens of prompt tuning)") } else { String::new() };
         if n_virtual + full.len() > self.context_length {
-            let extra = if n_virtual > 0 { format!(" (plus {n_virtual} virtual tokens of prompt tuning)") } else { String::new() };
             return Err(EngineError::ContextOverflow(format!(
                 "the prompt has {} tokens{extra} but the context length is {}",
                 full.len(),
                 self.context_length
             )));
         }
-
-        // 2. A cache computed under another expert set is stale: every position's keys and
-        //    values depend on the adapters. The whole stream is re-evaluated.
-        let key = req.experts.key();
-        if state.set_key != key {
-            state.cache.clear();
-            state.tokens.clear();
-            state.set_key = key;
+        let pool_positions = self.pool.total() * self.pool.block_size();
+        if n_virtual + full.len() > pool_positions {
+            return Err(EngineError::KvCacheExhausted(format!(
+                "the prompt has {} tokens{extra} but the KV cache holds {pool_positions} in all (kvCache.maxTokens)",
+                full.len()
+            )));
         }
-        state.n_virtual = n_virtual;
 
-        // 3. Reuse the longest common prefix with what the cache holds; at least the last
-        //    token is evaluated again so there are logits to sample from. Virtual tokens stay.
-        let common = state.tokens.iter().zip(&full).take_while(|(a, b)| a == b).count().min(full.len() - 1);
-        let keep = if state.cache.is_empty() { 0 } else { n_virtual + common };
-        state.cache.truncate(keep);
-        state.tokens.truncate(common);
-        state.pending = None;
-
-        // 4. Commit chat messages to the history now that the request is accepted.
+        // 2. Commit chat messages to the history now that the request is accepted.
         if let Input::Chat(msgs) = &req.input {
             state.shared.history.lock().unwrap().extend(msgs.iter().cloned());
         }
 
         let room = self.context_length - n_virtual - full.len();
         let max_tokens = req.options.max_tokens.unwrap_or(room.max(1));
-        let usage = Usage { prompt_tokens: full.len(), completion_tokens: 0, cached_tokens: common };
+        let usage = Usage { prompt_tokens: full.len(), completion_tokens: 0, cached_tokens: 0 };
         let vocab = self.model.cfg.vocab_size;
         let want_top = req.options.top_logprobs.is_some_and(|n| n > 0);
         let mut seq = Sequence::new(
             req.session,
-            full[common..].to_vec(),
+            full,
             Sampler::new(params, vocab),
             max_tokens,
             self.eos.clone(),
@@ -247,7 +321,8 @@ impl Scheduler {
             started,
         );
         seq.experts = req.experts;
-        self.active.push_back(seq);
+        seq.n_virtual = n_virtual;
+        self.waiting.push_back(seq);
         Ok(())
     }
 
@@ -273,37 +348,293 @@ impl Scheduler {
         Ok(p)
     }
 
-    /// One step: evaluate the pending prompt (first step) or the last sampled token, then
-    /// sample the next token.
-    fn step(&mut self, seq: &mut Sequence) -> Result<Option<FinishReason>> {
-        if seq.is_cancelled() {
-            return Ok(Some(FinishReason::Cancelled));
+    /// Ends requests that were cancelled, whose stream was dropped or whose session is gone.
+    fn reap_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if self.waiting[i].is_cancelled() || !self.sessions.contains_key(&self.waiting[i].session) {
+                let seq = self.waiting.remove(i).expect("index in range");
+                self.finish(seq, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
         }
-        let state = self.sessions.get_mut(&seq.session).ok_or_else(|| EngineError::Disposed("session was disposed".into()))?;
-        let input: Vec<u32> = if !seq.pending_prompt.is_empty() {
-            std::mem::take(&mut seq.pending_prompt)
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].is_cancelled() || !self.sessions.contains_key(&self.running[i].session) {
+                let seq = self.running.remove(i);
+                self.finish(seq, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Admits queued requests in arrival order while their blocks can be found.
+    fn admit_waiting(&mut self) {
+        while let Some(mut seq) = self.waiting.pop_front() {
+            match catch_unwind(AssertUnwindSafe(|| self.admit(&mut seq))) {
+                Ok(Ok(true)) => self.running.push(seq),
+                Ok(Ok(false)) => {
+                    if self.running.is_empty() {
+                        // Nothing will free blocks: cannot happen when accounting is right.
+                        self.fail(seq, EngineError::KvCacheExhausted("no KV blocks could be found for this request".into()));
+                        continue;
+                    }
+                    self.waiting.push_front(seq);
+                    return;
+                }
+                Ok(Err(e)) => self.fail(seq, e),
+                Err(p) => self.fail(seq, EngineError::Internal(format!("admission panicked: {}", panic_message(&p)))),
+            }
+        }
+    }
+
+    /// Gives `seq` its blocks: reuses the session's own cache or the prefix index (whichever
+    /// covers more of the prompt), then reserves every block the request can need. `Ok(false)`
+    /// when the pool has no room yet (nothing changed that matters: the session keeps a valid
+    /// prefix of its cache).
+    fn admit(&mut self, seq: &mut Sequence) -> Result<bool> {
+        let bs = self.pool.block_size();
+        let id = seq.session;
+        let set_key = seq.experts.key();
+        let n_v = seq.n_virtual;
+        let prompt = &seq.prompt;
+        let total = n_v + prompt.len();
+        let key = |p: usize| if p < n_v { virtual_key(p) } else { prompt[p - n_v] };
+        let cap = self.context_length.min(self.pool.total() * bs);
+        let need_blocks = blocks_for((total + seq.max_tokens - 1).min(cap), bs);
+        // At least the last prompt token is evaluated, so there are logits to sample from.
+        let reusable = total - 1;
+
+        // 1. What the session's own cache and the prefix index each cover.
+        let st = self.sessions.get(&id).ok_or_else(|| EngineError::Disposed("session was disposed".into()))?;
+        let own = if st.set_key == set_key && st.n_virtual == n_v {
+            (0..st.kv.len.min(reusable)).take_while(|&p| st.key_at(p) == key(p)).count()
         } else {
-            vec![seq.last_token.expect("a decode step follows a sampled token")]
+            0
         };
-        let logits = self.model.forward_with(&input, &mut state.cache, Logits::Last, &seq.experts)?;
-        state.tokens.extend_from_slice(&input);
-        if seq.last_token.is_none() {
-            seq.mark_prefill_done();
+        let mut matched = Vec::new();
+        let mut parent = ROOT;
+        while self.prefix_cache && (matched.len() + 1) * bs <= reusable {
+            let i = matched.len();
+            let k = BlockKey { parent, experts: set_key.clone(), tokens: (i * bs..(i + 1) * bs).map(key).collect() };
+            let Some(b) = self.pool.lookup(&k) else { break };
+            parent = self.pool.cid(b).expect("registered");
+            matched.push(b);
         }
-        let logits: Vec<f32> = logits.to_vec1()?;
-        let sampled = seq.sampler.sample(&logits, &state.tokens);
-        let room_left = state.virtual_cached() + state.tokens.len() < self.context_length;
-        Ok(seq.on_token(&self.tokenizer, sampled, room_left))
+        let m = matched.len() * bs;
+        let partial = if self.prefix_cache && m < reusable {
+            let next: Vec<u32> = (m..(m + bs).min(reusable)).map(key).collect();
+            self.pool.longest_partial(parent, &set_key, &next)
+        } else {
+            None
+        };
+        let shared = m + partial.map_or(0, |(_, n)| n);
+
+        // 2. Take the better one and make room for the rest.
+        let st = self.sessions.get_mut(&id).expect("checked above");
+        if own >= shared {
+            let keep = blocks_for(own, bs);
+            st.kv.truncate_blocks(keep, &mut self.pool);
+            let cow = own % bs != 0 && self.pool.refs(st.kv.blocks[keep - 1]) > 1;
+            let new = need_blocks - keep + cow as usize;
+            if !self.make_room(new, id) {
+                return Ok(false);
+            }
+            let st = self.sessions.get_mut(&id).expect("not evicted");
+            let ok = st.kv.truncate_for_write(own, &mut self.pool, &self.store)?;
+            assert!(ok && st.kv.reserve_blocks(need_blocks, &mut self.pool), "room was made");
+        } else {
+            // Pin the matches before anything is evicted, then drop the session's own blocks.
+            matched.iter().for_each(|&b| self.pool.retain(b));
+            if let Some((src, _)) = partial {
+                self.pool.retain(src);
+            }
+            st.kv.clear(&mut self.pool);
+            if !self.make_room(need_blocks - matched.len(), id) {
+                matched.iter().for_each(|&b| self.pool.release(b));
+                if let Some((src, _)) = partial {
+                    self.pool.release(src);
+                }
+                return Ok(false);
+            }
+            let st = self.sessions.get_mut(&id).expect("not evicted");
+            st.kv.blocks = matched;
+            if let Some((src, n)) = partial {
+                // Copy-on-write: the shared part of a block another sequence owns.
+                let b = self.pool.alloc().expect("room was made");
+                self.store.copy_block(src, b, n)?;
+                self.pool.release(src);
+                st.kv.blocks.push(b);
+            }
+            st.kv.len = shared;
+            assert!(st.kv.reserve_blocks(need_blocks, &mut self.pool), "room was made");
+            self.stats.prefix_cache_hit_tokens.fetch_add(shared as u64, Ordering::Relaxed);
+        }
+
+        // 3. The session now runs this turn.
+        self.tick += 1;
+        let st = self.sessions.get_mut(&id).expect("not evicted");
+        st.tokens = std::mem::take(&mut seq.prompt);
+        st.pending = None;
+        st.set_key = set_key;
+        st.n_virtual = n_v;
+        st.running = true;
+        st.last_used = self.tick;
+        seq.usage.cached_tokens = st.kv.len.saturating_sub(n_v);
+        seq.limit = self.context_length.min(st.kv.capacity(bs));
+        seq.admitted = true;
+        Ok(true)
+    }
+
+    /// Frees blocks until `n` can be allocated: cached blocks are recycled by the pool itself;
+    /// beyond them, idle sessions other than `except` lose their blocks, least recently used
+    /// first. False when even that is not enough.
+    fn make_room(&mut self, n: usize, except: u64) -> bool {
+        while self.pool.available() < n {
+            let victim = self
+                .sessions
+                .iter()
+                .filter(|(&id, s)| id != except && !s.running && !s.kv.is_empty())
+                .min_by_key(|(&id, s)| (s.last_used, id))
+                .map(|(&id, _)| id);
+            let Some(v) = victim else { return false };
+            let s = self.sessions.get_mut(&v).expect("just found");
+            let held = s.kv.blocks.len() as u64;
+            s.kv.clear(&mut self.pool);
+            self.stats.evicted_blocks.fetch_add(held, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// One batched step; a failure fails the requests of the batch.
+    fn step_guarded(&mut self) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.step()));
+        let err = match outcome {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(p) => EngineError::Internal(format!("engine step panicked: {}", panic_message(&p))),
+        };
+        for seq in std::mem::take(&mut self.running) {
+            self.fail(seq, err.clone());
+        }
+    }
+
+    /// One forward pass over every running request, then sampling where a prompt or a decode
+    /// row completed.
+    fn step(&mut self) -> Result<()> {
+        let bs = self.pool.block_size();
+
+        // 1. Plan: a row for each decoding request, then prompt chunks within the budget.
+        for seq in &self.running {
+            let st = self.sessions.get_mut(&seq.session).expect("reaped");
+            if st.kv.len == st.target() {
+                st.tokens.push(seq.last_token.expect("a decode step follows a sampled token"));
+            }
+        }
+        let decoding = self.running.iter().filter(|s| self.sessions[&s.session].kv.len + 1 == self.sessions[&s.session].target()).count();
+        let mut budget = self.step_tokens.saturating_sub(decoding).max(bs);
+        // (index into `running`, first position, rows)
+        let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(self.running.len());
+        for (i, seq) in self.running.iter().enumerate() {
+            let st = &self.sessions[&seq.session];
+            let left = st.target() - st.kv.len;
+            let n = if left == 1 { 1 } else { left.min(budget) };
+            if n == 0 {
+                continue;
+            }
+            if left > 1 {
+                budget -= n;
+            }
+            plan.push((i, st.kv.len, n));
+        }
+        // Rows of one expert set together: each set is one adapter segment.
+        plan.sort_by_cached_key(|&(i, _, _)| self.running[i].experts.key());
+
+        // 2. The batched forward pass.
+        let logits = {
+            let chunks: Vec<SeqChunk> = plan
+                .iter()
+                .map(|&(i, pos, n)| {
+                    let seq = &self.running[i];
+                    let st = &self.sessions[&seq.session];
+                    let nv = st.n_virtual;
+                    let virtual_rows = pos.min(nv)..(pos + n).min(nv);
+                    let t0 = pos.max(nv) - nv;
+                    let t1 = pos + n - nv;
+                    SeqChunk {
+                        tokens: &st.tokens[t0..t1],
+                        virtual_rows,
+                        pos,
+                        blocks: &st.kv.blocks,
+                        logits: if pos + n == st.target() { Logits::Last } else { Logits::None },
+                        experts: &seq.experts,
+                    }
+                })
+                .collect();
+            self.model.forward_batch(&chunks, &self.store)?
+        };
+        let rows: Vec<Vec<f32>> = match logits {
+            Some(l) => l.to_vec2()?,
+            None => Vec::new(),
+        };
+
+        // 3. Advance the tables, register filled blocks, sample where logits came back.
+        let mut next_row = 0;
+        let mut done = Vec::new();
+        for &(i, pos, n) in &plan {
+            let seq = &mut self.running[i];
+            let st = self.sessions.get_mut(&seq.session).expect("reaped");
+            st.kv.len = pos + n;
+            for b in pos / bs..(pos + n) / bs {
+                let block = st.kv.blocks[b];
+                if !self.prefix_cache || self.pool.is_registered(block) {
+                    continue;
+                }
+                let parent = if b == 0 { Some(ROOT) } else { self.pool.cid(st.kv.blocks[b - 1]) };
+                if let Some(parent) = parent {
+                    let tokens = (b * bs..(b + 1) * bs).map(|p| st.key_at(p)).collect();
+                    self.pool.register(block, BlockKey { parent, experts: st.set_key.clone(), tokens });
+                }
+            }
+            if pos + n < st.target() {
+                continue;
+            }
+            let row = &rows[next_row];
+            next_row += 1;
+            if seq.last_token.is_none() {
+                seq.mark_prefill_done();
+            }
+            let sampled = seq.sampler.sample(row, &st.tokens);
+            let room_left = st.kv.len < seq.limit;
+            if let Some(reason) = seq.on_token(&self.tokenizer, sampled, room_left) {
+                done.push((i, reason));
+            }
+        }
+        done.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, reason) in done {
+            let seq = self.running.remove(i);
+            self.finish(seq, reason);
+        }
+        Ok(())
     }
 
     fn finish(&mut self, seq: Sequence, reason: FinishReason) {
         let id = seq.session;
         let is_chat = seq.is_chat;
         let last = seq.last_token;
+        let admitted = seq.admitted;
         let (done, events) = seq.finish(&self.tokenizer, reason);
+        self.tick += 1;
         if let Some(s) = self.sessions.get_mut(&id) {
-            // The last sampled token is never evaluated by this request.
-            s.pending = last;
+            if admitted {
+                // The last sampled token is never evaluated by this request.
+                s.pending = last;
+                s.running = false;
+                s.kv.shrink_to_len(&mut self.pool);
+            }
+            s.last_used = self.tick;
             if is_chat {
                 s.shared.history.lock().unwrap().push(ChatMessage { role: "assistant".into(), content: done.text.clone() });
             }
@@ -314,15 +645,22 @@ impl Scheduler {
 
     fn fail(&mut self, seq: Sequence, e: EngineError) {
         if let Some(s) = self.sessions.get_mut(&seq.session) {
-            s.clear();
+            s.kv.clear(&mut self.pool);
+            s.tokens.clear();
+            s.pending = None;
+            s.running = false;
             s.shared.busy.store(false, Ordering::Release);
         }
         let _ = seq.events.send(Event::Error(e));
     }
 
     fn cancel_all(&mut self) {
-        while let Some(seq) = self.active.pop_front() {
+        for seq in self.running.drain(..).chain(self.waiting.drain(..)) {
             let _ = seq.events.send(Event::Error(EngineError::Disposed("the runtime was disposed".into())));
         }
     }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "panic".into())
 }

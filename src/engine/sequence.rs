@@ -59,8 +59,16 @@ impl StopMatcher {
 
 pub struct Sequence {
     pub session: u64,
-    /// Prompt tokens still to evaluate (the uncached suffix), consumed by the first step.
-    pub pending_prompt: Vec<u32>,
+    /// The full token stream this turn runs on (the session's stream plus the new input);
+    /// moved into the session when the request is admitted.
+    pub prompt: Vec<u32>,
+    /// Prompt-tuning virtual tokens before `prompt`.
+    pub n_virtual: usize,
+    /// Positions the request may fill: the context length, or less when its reserved blocks
+    /// end sooner (a pool smaller than the context).
+    pub limit: usize,
+    /// Whether the request holds its blocks and runs (otherwise it waits for room).
+    pub admitted: bool,
     /// The last sampled token, fed to the model in the next decode step.
     pub last_token: Option<u32>,
     pub sampler: Sampler,
@@ -77,7 +85,7 @@ pub struct Sequence {
     stopped_by_string: bool,
     text: String,
     tokens: Vec<u32>,
-    usage: Usage,
+    pub usage: Usage,
     started: Instant,
     prefill_done: Option<Instant>,
     first_token: Option<Instant>,
@@ -87,7 +95,7 @@ impl Sequence {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         session: u64,
-        pending_prompt: Vec<u32>,
+        prompt: Vec<u32>,
         sampler: Sampler,
         max_tokens: usize,
         eos: Vec<u32>,
@@ -101,7 +109,10 @@ impl Sequence {
     ) -> Self {
         Self {
             session,
-            pending_prompt,
+            prompt,
+            n_virtual: 0,
+            limit: 0,
+            admitted: false,
             last_token: None,
             sampler,
             max_tokens,

@@ -220,11 +220,25 @@ impl ExpertSet {
         })
     }
 
+    /// Whether any expert of the set adapts `slot`.
+    pub fn touches(&self, slot: Slot) -> bool {
+        self.experts.iter().any(|e| e.module(slot).is_some())
+    }
+
     /// `lin(x)` with every active adapter of `slot` applied (see the module docs).
     pub fn linear(&self, lin: &Linear, x: &Tensor, slot: Slot) -> Result<Tensor> {
-        if self.experts.is_empty() {
-            return lin.forward(x);
-        }
+        self.apply(lin, x, slot, None)
+    }
+
+    /// [`Self::linear`], reusing `base = x Wᵀ` (bias-free) when the caller already computed
+    /// it for these rows. IA³ on the input changes the base product, so it is recomputed then.
+    fn apply(&self, lin: &Linear, x: &Tensor, slot: Slot, base: Option<Tensor>) -> Result<Tensor> {
+        let with_bias = |y: Tensor| -> Result<Tensor> {
+            Ok(match &lin.bias {
+                Some(b) => y.broadcast_add(b)?,
+                None => y,
+            })
+        };
         let mut scale_in: Option<Tensor> = None;
         let mut scale_out: Option<Tensor> = None;
         let mut doras = Vec::new();
@@ -245,28 +259,26 @@ impl ExpertSet {
                 Some(ModuleAdapter::Lokr(k)) => lokrs.push(k),
             }
         }
-        if scale_in.is_none() && scale_out.is_none() && doras.is_empty() && low_ranks.is_empty() && lokrs.is_empty() {
-            return lin.forward(x);
-        }
+        let base = if scale_in.is_some() { None } else { base };
 
         // 1. The base layer, its input and output rescaled by IA³.
         let x_in = match &scale_in {
             Some(s) => x.broadcast_mul(s)?,
             None => x.clone(),
         };
+        let base = match base {
+            Some(b) => b,
+            None => lin.forward_no_bias(&x_in)?,
+        };
         let mut y = if doras.is_empty() {
-            lin.forward(&x_in)?
+            with_bias(base)?
         } else {
             // DoRA rescales the bias-free base output; the bias is added back after.
-            let base = lin.forward_no_bias(&x_in)?;
             let mut y = base.clone();
             for d in &doras {
                 y = (y + d.delta(x, &base)?)?;
             }
-            match &lin.bias {
-                Some(b) => y.broadcast_add(b)?,
-                None => y,
-            }
+            with_bias(y)?
         };
         if let Some(s) = &scale_out {
             y = y.broadcast_mul(s)?;
@@ -281,4 +293,52 @@ impl ExpertSet {
         }
         Ok(y)
     }
+}
+
+/// Consecutive batch rows that run under one expert set.
+#[derive(Clone, Copy)]
+pub struct Segment<'a> {
+    pub start: usize,
+    pub len: usize,
+    pub experts: &'a ExpertSet,
+}
+
+/// `lin(x)` for a batch whose rows use different expert sets (`segments` cover the rows in
+/// order). The base product runs once over every row; each segment's adapters then apply to
+/// that segment's rows only, never to the whole batch (S-LoRA / Punica style). Segments whose
+/// set leaves `slot` alone take the base output as it is.
+pub fn linear_segments(lin: &Linear, x: &Tensor, slot: Slot, segments: &[Segment]) -> Result<Tensor> {
+    if let [only] = segments {
+        return only.experts.linear(lin, x, slot);
+    }
+    if !segments.iter().any(|s| s.experts.touches(slot)) {
+        return lin.forward(x);
+    }
+    let base = lin.forward_no_bias(x)?;
+    let mut pieces = Vec::with_capacity(segments.len());
+    let mut plain: Option<(usize, usize)> = None; // a run of untouched rows, emitted lazily
+    let flush = |plain: &mut Option<(usize, usize)>, pieces: &mut Vec<Tensor>| -> Result<()> {
+        if let Some((start, len)) = plain.take() {
+            let b = base.narrow(0, start, len)?;
+            pieces.push(match &lin.bias {
+                Some(bias) => b.broadcast_add(bias)?,
+                None => b,
+            });
+        }
+        Ok(())
+    };
+    for s in segments {
+        if !s.experts.touches(slot) {
+            plain = Some(match plain {
+                Some((start, len)) => (start, len + s.len),
+                None => (s.start, s.len),
+            });
+            continue;
+        }
+        flush(&mut plain, &mut pieces)?;
+        let xs = x.narrow(0, s.start, s.len)?;
+        pieces.push(s.experts.apply(lin, &xs, slot, Some(base.narrow(0, s.start, s.len)?))?);
+    }
+    flush(&mut plain, &mut pieces)?;
+    Ok(Tensor::cat(&pieces, 0)?)
 }

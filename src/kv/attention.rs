@@ -1,59 +1,71 @@
-//! Fused single-query ("decode step") attention over the KV cache.
-//!
-//! During generation each forward pass carries one new token, so attention is a handful of
-//! matrix–vector products. candle's generic path (`matmul` → `softmax` → `matmul`) pays for a
-//! GEMM dispatch, a strided copy of the cache view and two intermediate tensors per layer; here
-//! the scores, softmax and weighted sum of values are fused and read K and V straight out of
-//! the cache buffers.
+//! Attention over the paged KV pool: every query row of a batch attends to the keys and values
+//! of its own sequence, read through that sequence's block table.
 //!
 //! Design:
-//! - **This is the one seam where the attention kernel is backend-specific.** The decoder calls
-//!   [`decode_attention`] with the query and the cache views returned by
-//!   [`KvCache::append`](super::KvCache::append); when it returns `None` the decoder falls back
-//!   to the generic candle ops. A CUDA paged-attention kernel (block tables into a shared KV
-//!   pool) is meant to replace the CPU path *here*, behind the same signature, without the
-//!   decoder changing.
-//! - Applies when the device is CPU, all of q/K/V are f32, and there is one query (`seq == 1`,
-//!   no mask needed: the query sees every cached position). Anything else returns `None`.
-//! - Grouped-query attention: query head `h` reads KV head `h / (num_heads / num_kv_heads)`.
-//!   The work is split per KV head so the query heads of a group share every K/V row load.
-//! - Numerics match the generic path: scores `q·k · 1/sqrt(head_dim)` in f32, softmax with
-//!   max-subtraction in f32, then `Σ p·v` in f32.
-//! - KV heads run in parallel (rayon, on the current pool) when the cache is large enough to
-//!   repay the fork/join; small caches run inline. The only allocation per layer is the output
-//!   tensor; scores live in a thread-local scratch buffer that only ever grows.
-//! - An AVX2+FMA path is chosen at run time (`is_x86_feature_detected!`); a portable scalar
-//!   path covers everything else.
+//! - **[`paged_attention`] is the one seam where attention is backend-specific.** The decoder
+//!   hands it the batch's queries, one [`SeqSpan`] per sequence (its rows, first position and
+//!   block table) and the pool; it returns the attention output for every row. On CPU with f32
+//!   caches a fused kernel runs; anything else takes the generic path (gather the sequence's
+//!   rows from the pool, then candle's matmul → softmax → matmul). A CUDA paged-attention
+//!   kernel replaces the generic path here, behind the same signature.
+//! - Causality comes from positions: the query at position `p` sees positions `0..=p` of its
+//!   sequence. Decode rows and chunks of prompts mix freely in one call.
+//! - The fused kernel works per (query row, KV head): the `num_heads / num_kv_heads` query
+//!   heads of a group share every K/V row load. Scores `q·k / sqrt(head_dim)`, softmax with
+//!   max-subtraction and `Σ p·v` are all f32. Items run in parallel (rayon, current pool) when
+//!   the batch is large enough to repay the fork/join. Scores live in a thread-local scratch
+//!   buffer that only grows; the output tensor is the only allocation.
+//! - The kernel is plain Rust with eight independent accumulators, compiled twice: once with
+//!   AVX2+FMA enabled (chosen at run time) and once portable. Both sum in the same order.
 
 use std::cell::RefCell;
 
-use candle_core::{CpuStorage, DType, Storage, Tensor};
+use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use rayon::prelude::*;
 
+use super::block_pool::BlockId;
+use super::store::KvStore;
 use crate::error::Result;
 
-/// Below this many K elements per layer (`kv_heads · len · head_dim`), run inline: the
-/// fork/join costs more than the work (a few µs).
-const PAR_MIN_ELEMS: usize = 1 << 15;
+/// Below this many multiply-adds in a call, run inline.
+const PAR_MIN_MACS: usize = 1 << 16;
 
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Attention for one query position. `q` is `[num_heads, 1, head_dim]`; `k` and `v` are the
-/// cache views `[num_kv_heads, len, head_dim]` (rows contiguous, heads at any stride). Returns
-/// `[1, num_heads * head_dim]` (heads concatenated, ready for `o_proj`), or `None` when this
-/// kernel does not apply and the caller must use the generic path.
-pub fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Option<Tensor>> {
-    if !q.device().is_cpu() || q.dtype() != DType::F32 || k.dtype() != DType::F32 || v.dtype() != DType::F32 {
+/// One sequence's rows in a batch.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqSpan<'a> {
+    /// First batch row.
+    pub row: usize,
+    /// Rows (queries) of this sequence.
+    pub len: usize,
+    /// Position of the first row.
+    pub pos: usize,
+    /// Block table covering positions `0 .. pos + len`.
+    pub blocks: &'a [BlockId],
+}
+
+/// `q`: `[rows, num_heads · head_dim]`, the keys/values of every row already written to
+/// `store`. Returns `[rows, num_heads · head_dim]`.
+pub fn paged_attention(q: &Tensor, spans: &[SeqSpan], store: &KvStore, layer: usize, num_heads: usize) -> Result<Tensor> {
+    if let Some(out) = cpu_f32(q, spans, store, layer, num_heads)? {
+        return Ok(out);
+    }
+    generic(q, spans, store, layer, num_heads)
+}
+
+/// The fused CPU kernel, or `None` when it does not apply (device or dtype).
+fn cpu_f32(q: &Tensor, spans: &[SeqSpan], store: &KvStore, layer: usize, nh: usize) -> Result<Option<Tensor>> {
+    let (k, v) = store.layer(layer);
+    if !q.device().is_cpu() || q.dtype() != DType::F32 || store.dtype != DType::F32 {
         return Ok(None);
     }
-    let (Ok((nh, one, hd)), Ok((nkv, len, khd)), Ok(vdims)) = (q.dims3(), k.dims3(), v.dims3()) else {
-        return Ok(None);
-    };
-    if one != 1 || khd != hd || vdims != (nkv, len, hd) || nkv == 0 || nh % nkv != 0 || hd == 0 || len == 0 {
-        return Ok(None);
-    }
+    let q = q.contiguous()?;
+    let rows = q.dim(0)?;
+    let (nkv, hd, bs) = (store.kv_heads, store.head_dim, store.block_size);
+    let rep = nh / nkv;
     let (qs, ql) = q.storage_and_layout();
     let (ks, kl) = k.storage_and_layout();
     let (vs, vl) = v.storage_and_layout();
@@ -62,41 +74,120 @@ pub fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Option<Ten
     else {
         return Ok(None);
     };
-    let Some((q0, q1)) = ql.contiguous_offsets() else { return Ok(None) };
-    let (Some(kv_k), Some(kv_v)) = (KvHeads::new(kd, kl, nkv, len, hd), KvHeads::new(vd, vl, nkv, len, hd)) else {
+    let (Some((q0, q1)), Some((k0, k1)), Some((v0, v1))) = (ql.contiguous_offsets(), kl.contiguous_offsets(), vl.contiguous_offsets())
+    else {
         return Ok(None);
     };
-    let mut out = vec![0f32; nh * hd];
-    attend(&qd[q0..q1], &kv_k, &kv_v, nkv, nh / nkv, len, hd, &mut out, Simd::detect());
-    drop((qs, ks, vs));
-    Ok(Some(Tensor::from_vec(out, (1, nh * hd), q.device())?))
-}
+    let (qd, kd, vd) = (&qd[q0..q1], &kd[k0..k1], &vd[v0..v1]);
 
-/// One layer's K (or V) in the cache: head `g`'s rows are `data[g * head_stride..][..len * hd]`.
-struct KvHeads<'a> {
-    data: &'a [f32],
-    head_stride: usize,
-    len: usize,
-}
-
-impl<'a> KvHeads<'a> {
-    /// Accepts `[heads, len, hd]` layouts with contiguous rows (row stride `hd`, element
-    /// stride 1) and any head stride, checking that every row lies inside `data`.
-    fn new(data: &'a [f32], l: &candle_core::Layout, heads: usize, len: usize, hd: usize) -> Option<Self> {
-        let st = l.stride();
-        if st.len() != 3 || (st[2] != 1 && hd > 1) || (st[1] != hd && len > 1) {
-            return None;
+    // Row → (span, query position).
+    let mut row_span = vec![(0usize, 0usize); rows];
+    let mut macs = 0usize;
+    for (i, s) in spans.iter().enumerate() {
+        for r in 0..s.len {
+            row_span[s.row + r] = (i, s.pos + r);
+            macs += (s.pos + r + 1) * nh * hd;
         }
-        let start = l.start_offset();
-        let end = start + (heads - 1) * st[0] + len * hd;
-        if end > data.len() {
-            return None;
-        }
-        Some(Self { data: &data[start..end], head_stride: st[0], len })
+        let last = s.pos + s.len;
+        assert!(
+            last <= s.blocks.len() * bs && (last == 0 || s.blocks[..last.div_ceil(bs)].iter().all(|&b| (b as usize) < store.num_blocks)),
+            "block table shorter than the positions attended"
+        );
     }
+    let simd = Simd::detect();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let stride = nkv * hd;
+    let mut out = vec![0f32; rows * nh * hd];
+    let item = |i: usize, o: &mut [f32]| {
+        let (row, g) = (i / nkv, i % nkv);
+        let (si, p) = row_span[row];
+        let qrow = &qd[row * nh * hd + g * rep * hd..][..rep * hd];
+        let view = KvView { k: kd, v: vd, blocks: spans[si].blocks, bs, stride, offset: g * hd, hd };
+        SCORES.with(|sc| {
+            let mut sc = sc.borrow_mut();
+            let len = p + 1;
+            if sc.len() < rep * len {
+                sc.resize(rep * len, 0.0);
+            }
+            attend(qrow, &view, len, rep, scale, &mut sc[..rep * len], o, simd);
+        });
+    };
+    if macs >= PAR_MIN_MACS && rows * nkv > 1 {
+        out.par_chunks_mut(rep * hd).enumerate().for_each(|(i, o)| item(i, o));
+    } else {
+        out.chunks_mut(rep * hd).enumerate().for_each(|(i, o)| item(i, o));
+    }
+    drop((qs, ks, vs));
+    Ok(Some(Tensor::from_vec(out, (rows, nh * hd), &Device::Cpu)?))
+}
 
-    fn head(&self, g: usize, hd: usize) -> &'a [f32] {
-        &self.data[g * self.head_stride..][..self.len * hd]
+/// The generic path: per sequence, gather its K/V rows from the pool and attend with candle
+/// ops (any device, any dtype).
+fn generic(q: &Tensor, spans: &[SeqSpan], store: &KvStore, layer: usize, nh: usize) -> Result<Tensor> {
+    let (kp, vp) = store.layer(layer);
+    let (nkv, hd, bs) = (store.kv_heads, store.head_dim, store.block_size);
+    let rep = nh / nkv;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut outs = Vec::with_capacity(spans.len());
+    for s in spans {
+        let total = s.pos + s.len;
+        let slots: Vec<u32> = (0..total).map(|p| super::store::slot_of(s.blocks, bs, p) as u32).collect();
+        let idx = Tensor::from_vec(slots, total, q.device())?;
+        // [kv_heads, total, head_dim]
+        let k = kp.index_select(&idx, 0)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+        let v = vp.index_select(&idx, 0)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+        // Query heads sharing a KV head are stacked: [kv_heads, rep · len, head_dim].
+        let qs = q.narrow(0, s.row, s.len)?.reshape((s.len, nh, hd))?.transpose(0, 1)?.contiguous()?;
+        let qs = qs.reshape((nkv, rep * s.len, hd))?;
+        let scores = (qs.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
+        let scores = if s.len > 1 {
+            let m = causal_mask(s.len, s.pos, q.device())?;
+            scores.reshape((nkv, rep, s.len, total))?.broadcast_add(&m)?.reshape((nkv, rep * s.len, total))?
+        } else {
+            scores
+        };
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+        let o = probs.matmul(&v)?.reshape((nh, s.len, hd))?.transpose(0, 1)?.reshape((s.len, nh * hd))?;
+        outs.push(o);
+    }
+    Ok(if outs.len() == 1 { outs.pop().unwrap() } else { Tensor::cat(&outs, 0)? })
+}
+
+/// `[seq, pos + seq]`: 0 where query `i` (at position `pos + i`) may see key `j`, else -inf.
+pub fn causal_mask(seq: usize, pos: usize, device: &Device) -> Result<Tensor> {
+    let total = pos + seq;
+    let m: Vec<f32> = (0..seq)
+        .flat_map(|i| (0..total).map(move |j| if j <= pos + i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Ok(Tensor::from_vec(m, (seq, total), device)?)
+}
+
+/// One KV head of one sequence: position `j`'s key is
+/// `k[slot(j) · stride + offset ..][..hd]`.
+struct KvView<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    blocks: &'a [BlockId],
+    bs: usize,
+    stride: usize,
+    offset: usize,
+    hd: usize,
+}
+
+impl KvView<'_> {
+    /// Calls `f(j, start)` for positions `0..len` with the element offset of their rows.
+    #[inline(always)]
+    fn for_rows(&self, len: usize, mut f: impl FnMut(usize, usize)) {
+        for (bi, &b) in self.blocks.iter().enumerate() {
+            let first = bi * self.bs;
+            if first >= len {
+                break;
+            }
+            let base = b as usize * self.bs;
+            for o in 0..self.bs.min(len - first) {
+                f(first + o, (base + o) * self.stride + self.offset);
+            }
+        }
     }
 }
 
@@ -117,220 +208,168 @@ impl Simd {
     }
 }
 
-/// `q`: `[nkv * rep, hd]`; `out`: same shape. Splits per KV head, in parallel when large.
+/// One query row and KV head: `q`, `out` `[rep, hd]`; `sc` `[rep, len]` scratch.
 #[allow(clippy::too_many_arguments)]
-fn attend(q: &[f32], k: &KvHeads, v: &KvHeads, nkv: usize, rep: usize, len: usize, hd: usize, out: &mut [f32], simd: Simd) {
-    let scale = 1.0 / (hd as f32).sqrt();
-    let group = |g: usize, o: &mut [f32]| {
-        SCORES.with(|s| {
-            let mut s = s.borrow_mut();
-            if s.len() < rep * len {
-                s.resize(rep * len, 0.0);
-            }
-            let q = &q[g * rep * hd..(g + 1) * rep * hd];
-            attend_group(q, k.head(g, hd), v.head(g, hd), len, hd, rep, scale, &mut s[..rep * len], o, simd);
-        })
-    };
-    if nkv > 1 && nkv * len * hd >= PAR_MIN_ELEMS {
-        out.par_chunks_mut(rep * hd).enumerate().for_each(|(g, o)| group(g, o));
-    } else {
-        out.chunks_mut(rep * hd).enumerate().for_each(|(g, o)| group(g, o));
-    }
-}
-
-/// One KV head and its `rep` query heads. `q`, `out`: `[rep, hd]`; `k`, `v`: `[len, hd]`;
-/// `sc`: `[rep, len]` scratch.
-#[allow(clippy::too_many_arguments)]
-fn attend_group(q: &[f32], k: &[f32], v: &[f32], len: usize, hd: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32], simd: Simd) {
-    assert!(q.len() == rep * hd && out.len() == rep * hd && k.len() == len * hd && v.len() == len * hd && sc.len() == rep * len);
+fn attend(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32], simd: Simd) {
     match simd {
+        // SAFETY: `Avx2Fma` is only constructed after detecting both features.
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Avx2Fma` is only constructed after detecting avx2 and fma; the lengths the
-        // kernel relies on were asserted above.
-        Simd::Avx2Fma => unsafe { avx2::scores(q, k, len, hd, rep, scale, sc) },
-        Simd::Scalar => scalar_scores(q, k, len, hd, rep, scale, sc),
-    }
-    for s in sc.chunks_mut(len) {
-        softmax_in_place(s);
-    }
-    match simd {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Simd::Avx2Fma => unsafe { avx2::weighted_sum(sc, v, len, hd, rep, out) },
-        Simd::Scalar => scalar_weighted_sum(sc, v, len, hd, rep, out),
-    }
-}
-
-fn softmax_in_place(s: &mut [f32]) {
-    let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for x in s.iter_mut() {
-        *x = (*x - m).exp();
-        sum += *x;
-    }
-    let inv = 1.0 / sum;
-    s.iter_mut().for_each(|x| *x *= inv);
-}
-
-fn scalar_scores(q: &[f32], k: &[f32], len: usize, hd: usize, rep: usize, scale: f32, sc: &mut [f32]) {
-    for (j, kr) in k.chunks_exact(hd).enumerate() {
-        for (r, qr) in q.chunks_exact(hd).take(rep).enumerate() {
-            sc[r * len + j] = qr.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale;
-        }
-    }
-}
-
-fn scalar_weighted_sum(sc: &[f32], v: &[f32], len: usize, hd: usize, rep: usize, out: &mut [f32]) {
-    out.fill(0.0);
-    for (j, vr) in v.chunks_exact(hd).enumerate() {
-        for (r, o) in out.chunks_exact_mut(hd).enumerate().take(rep) {
-            let p = sc[r * len + j];
-            o.iter_mut().zip(vr).for_each(|(o, x)| *o += p * x);
-        }
+        Simd::Avx2Fma => unsafe { attend_avx2(q, kv, len, rep, scale, sc, out) },
+        Simd::Scalar => attend_body(q, kv, len, rep, scale, sc, out),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    //! The only unsafe code here: 8-wide loads/stores through raw pointers. Every pointer
-    //! stays inside a slice whose length the caller asserted (`[rep, hd]` / `[len, hd]`), and
-    //! each 8-wide access at column `c` satisfies `c + 8 <= hd`; columns past the last
-    //! multiple of 8 are handled with scalar code.
-    use std::arch::x86_64::*;
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32]) {
+    attend_body(q, kv, len, rep, scale, sc, out)
+}
 
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-        let a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
-        _mm_cvtss_f32(a)
+#[inline(always)]
+fn attend_body(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32]) {
+    let hd = kv.hd;
+    // 1. Scores.
+    kv.for_rows(len, |j, at| {
+        let kr = &kv.k[at..at + hd];
+        for r in 0..rep {
+            sc[r * len + j] = dot(&q[r * hd..(r + 1) * hd], kr) * scale;
+        }
+    });
+    // 2. Softmax per query head.
+    for s in sc.chunks_mut(len) {
+        let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for x in s.iter_mut() {
+            *x = (*x - m).exp();
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        s.iter_mut().for_each(|x| *x *= inv);
     }
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot(a: *const f32, b: *const f32, hd: usize) -> f32 {
-        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut c = 0;
-        while c + 16 <= hd {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(c)), _mm256_loadu_ps(b.add(c)), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(c + 8)), _mm256_loadu_ps(b.add(c + 8)), a1);
-            c += 16;
-        }
-        if c + 8 <= hd {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(c)), _mm256_loadu_ps(b.add(c)), a0);
-            c += 8;
-        }
-        let mut s = hsum(_mm256_add_ps(a0, a1));
-        while c < hd {
-            s += *a.add(c) * *b.add(c);
-            c += 1;
-        }
-        s
-    }
-
-    /// `sc[r * len + j] = q[r] · k[j] * scale`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores(q: &[f32], k: &[f32], len: usize, hd: usize, rep: usize, scale: f32, sc: &mut [f32]) {
-        for j in 0..len {
-            let kr = k.as_ptr().add(j * hd);
-            for r in 0..rep {
-                sc[r * len + j] = dot(q.as_ptr().add(r * hd), kr, hd) * scale;
+    // 3. Weighted sum of values.
+    out.fill(0.0);
+    kv.for_rows(len, |j, at| {
+        let vr = &kv.v[at..at + hd];
+        for r in 0..rep {
+            let p = sc[r * len + j];
+            for (o, x) in out[r * hd..(r + 1) * hd].iter_mut().zip(vr) {
+                *o += p * x;
             }
         }
-    }
+    });
+}
 
-    /// `out[r] = Σ_j sc[r * len + j] · v[j]`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn weighted_sum(sc: &[f32], v: &[f32], len: usize, hd: usize, rep: usize, out: &mut [f32]) {
-        out.fill(0.0);
-        for j in 0..len {
-            let vr = v.as_ptr().add(j * hd);
-            for r in 0..rep {
-                let p = sc[r * len + j];
-                let w = _mm256_set1_ps(p);
-                let o = out.as_mut_ptr().add(r * hd);
-                let mut c = 0;
-                while c + 8 <= hd {
-                    _mm256_storeu_ps(o.add(c), _mm256_fmadd_ps(w, _mm256_loadu_ps(vr.add(c)), _mm256_loadu_ps(o.add(c))));
-                    c += 8;
-                }
-                while c < hd {
-                    *o.add(c) += p * *vr.add(c);
-                    c += 1;
-                }
-            }
+/// Eight independent accumulators so the loop vectorises.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
         }
     }
+    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
-
-    /// The generic path the decoder uses otherwise: matmul → softmax → matmul.
-    fn reference(q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
-        let (nh, _, hd) = q.dims3().unwrap();
-        let nkv = k.dim(0).unwrap();
-        let q = q.reshape((nkv, nh / nkv, hd)).unwrap();
-        let scores = (q.matmul(&k.t().unwrap()).unwrap() * (1.0 / (hd as f64).sqrt())).unwrap();
-        let probs = candle_nn::ops::softmax_last_dim(&scores).unwrap();
-        probs.matmul(v).unwrap().reshape((1, nh * hd)).unwrap()
-    }
+    use crate::kv::store::{slot_runs, SlotRun};
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
     }
 
-    #[test]
-    fn matches_generic_path() {
-        let dev = Device::Cpu;
-        let mut paths = vec![Simd::Scalar];
-        if Simd::detect() != Simd::Scalar {
-            paths.push(Simd::detect());
-        }
-        for (nh, nkv) in [(8, 2), (8, 1), (4, 4)] {
-            for hd in [16, 64, 128] {
-                for len in [1, 17, 300] {
-                    // Cache-shaped buffers with spare capacity, viewed like `KvCache::append` does.
-                    let cap = len + 7;
-                    let q = Tensor::randn(0f32, 1.0, (nh, 1, hd), &dev).unwrap();
-                    let kb = (Tensor::randn(0f32, 1.0, (nkv, cap, hd), &dev).unwrap() * 2.0).unwrap();
-                    let vb = Tensor::randn(0f32, 1.0, (nkv, cap, hd), &dev).unwrap();
-                    let (k, v) = (kb.narrow(1, 0, len).unwrap(), vb.narrow(1, 0, len).unwrap());
-                    let want = reference(&q, &k, &v);
-                    let got = decode_attention(&q, &k, &v).unwrap().expect("kernel applies");
-                    assert_eq!(got.dims(), &[1, nh * hd]);
-                    let d = max_diff(&got, &want);
-                    assert!(d < 1e-5, "nh={nh} nkv={nkv} hd={hd} len={len}: max |Δ| = {d}");
-                    // Each SIMD path explicitly, too.
-                    let qv = q.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                    let (kd, vd) = (kb.flatten_all().unwrap().to_vec1::<f32>().unwrap(), vb.flatten_all().unwrap().to_vec1::<f32>().unwrap());
-                    let kh = KvHeads { data: &kd, head_stride: cap * hd, len };
-                    let vh = KvHeads { data: &vd, head_stride: cap * hd, len };
-                    for &simd in &paths {
-                        let mut out = vec![0f32; nh * hd];
-                        attend(&qv, &kh, &vh, nkv, nh / nkv, len, hd, &mut out, simd);
-                        let got = Tensor::from_vec(out, (1, nh * hd), &dev).unwrap();
-                        let d = max_diff(&got, &want);
-                        assert!(d < 1e-5, "{simd:?} nh={nh} nkv={nkv} hd={hd} len={len}: max |Δ| = {d}");
-                    }
-                }
+    /// Plain attention over contiguous K/V for one sequence: `[len, nh * hd]`.
+    fn reference(q: &Tensor, k: &Tensor, v: &Tensor, pos: usize, nh: usize, nkv: usize, hd: usize) -> Tensor {
+        let n = q.dim(0).unwrap();
+        let total = k.dim(0).unwrap();
+        let rep = nh / nkv;
+        let mut rows = Vec::new();
+        for i in 0..n {
+            let mut heads = Vec::new();
+            for h in 0..nh {
+                let g = h / rep;
+                let qh = q.narrow(0, i, 1).unwrap().narrow(1, h * hd, hd).unwrap();
+                let see = pos + i + 1;
+                let kh = k.narrow(0, 0, see).unwrap().narrow(1, g * hd, hd).unwrap();
+                let vh = v.narrow(0, 0, see).unwrap().narrow(1, g * hd, hd).unwrap();
+                let s = (qh.matmul(&kh.t().unwrap()).unwrap() * (1.0 / (hd as f64).sqrt())).unwrap();
+                let p = candle_nn::ops::softmax_last_dim(&s).unwrap();
+                heads.push(p.matmul(&vh).unwrap());
             }
+            rows.push(Tensor::cat(&heads, 1).unwrap());
+        }
+        let _ = total;
+        Tensor::cat(&rows, 0).unwrap()
+    }
+
+    #[test]
+    fn paged_kernel_and_generic_path_match_plain_attention() {
+        let dev = Device::Cpu;
+        for (nh, nkv, hd, bs) in [(8, 2, 16, 4), (4, 4, 64, 16), (8, 1, 128, 16)] {
+            let store = KvStore::new(1, 12, bs, nkv, hd, DType::F32, &dev).unwrap();
+            // Two sequences with scattered, non-contiguous blocks: a 5-row prompt chunk at
+            // position 3 and a decode row at position 20.
+            let tables: [Vec<BlockId>; 2] = [vec![7, 2], vec![0, 9, 4, 11, 1, 3]];
+            let (pos, lens) = ([3usize, 20], [5usize, 1]);
+            let mut kv_full = Vec::new();
+            let mut runs = Vec::new();
+            for (s, t) in tables.iter().enumerate() {
+                let total = pos[s] + lens[s];
+                let k = Tensor::randn(0f32, 1.0, (total, nkv * hd), &dev).unwrap();
+                let v = Tensor::randn(0f32, 1.0, (total, nkv * hd), &dev).unwrap();
+                let mut r = Vec::new();
+                slot_runs(t, bs, 0, 0, total, &mut r);
+                store.write(0, &r, &k, &v).unwrap();
+                kv_full.push((k, v));
+                runs.push(r);
+            }
+            let q = Tensor::randn(0f32, 1.0, (6, nh * hd), &dev).unwrap();
+            let spans = [
+                SeqSpan { row: 0, len: 5, pos: 3, blocks: &tables[0] },
+                SeqSpan { row: 5, len: 1, pos: 20, blocks: &tables[1] },
+            ];
+            let want = Tensor::cat(
+                &[
+                    reference(&q.narrow(0, 0, 5).unwrap(), &kv_full[0].0, &kv_full[0].1, 3, nh, nkv, hd),
+                    reference(&q.narrow(0, 5, 1).unwrap(), &kv_full[1].0, &kv_full[1].1, 20, nh, nkv, hd),
+                ],
+                0,
+            )
+            .unwrap();
+            let fused = cpu_f32(&q, &spans, &store, 0, nh).unwrap().expect("kernel applies");
+            let gen = generic(&q, &spans, &store, 0, nh).unwrap();
+            assert!(max_diff(&fused, &want) < 1e-5, "fused nh={nh} nkv={nkv} hd={hd}: {}", max_diff(&fused, &want));
+            assert!(max_diff(&gen, &want) < 1e-5, "generic nh={nh} nkv={nkv} hd={hd}: {}", max_diff(&gen, &want));
+            // The portable path sums in the same order as the SIMD one.
+            let (k, v) = store.layer(0);
+            let (kd, vd): (Vec<f32>, Vec<f32>) =
+                (k.flatten_all().unwrap().to_vec1().unwrap(), v.flatten_all().unwrap().to_vec1().unwrap());
+            let qv: Vec<f32> = q.narrow(0, 5, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let view = KvView { k: &kd, v: &vd, blocks: &tables[1], bs, stride: nkv * hd, offset: 0, hd };
+            let rep = nh / nkv;
+            let (mut a, mut b) = (vec![0f32; rep * hd], vec![0f32; rep * hd]);
+            let mut sc = vec![0f32; rep * 21];
+            attend(&qv[..rep * hd], &view, 21, rep, 0.25, &mut sc, &mut a, Simd::Scalar);
+            attend(&qv[..rep * hd], &view, 21, rep, 0.25, &mut sc, &mut b, Simd::detect());
+            assert_eq!(a, b);
+            let _: &Vec<SlotRun> = &runs[0];
         }
     }
 
     #[test]
-    fn declines_other_cases() {
+    fn other_dtypes_take_the_generic_path() {
         let dev = Device::Cpu;
-        let q = Tensor::zeros((4, 2, 16), DType::F32, &dev).unwrap(); // two queries
-        let k = Tensor::zeros((2, 5, 16), DType::F32, &dev).unwrap();
-        assert!(decode_attention(&q, &k, &k).unwrap().is_none());
-        let q = Tensor::zeros((4, 1, 16), DType::F16, &dev).unwrap();
-        let k16 = k.to_dtype(DType::F16).unwrap();
-        assert!(decode_attention(&q, &k16, &k16).unwrap().is_none());
-        // Rows not contiguous (a transposed view).
-        let q = Tensor::zeros((4, 1, 16), DType::F32, &dev).unwrap();
-        let kt = Tensor::zeros((2, 16, 5), DType::F32, &dev).unwrap().transpose(1, 2).unwrap();
-        assert!(decode_attention(&q, &kt, &kt).unwrap().is_none());
+        let store = KvStore::new(1, 2, 4, 1, 8, DType::F16, &dev).unwrap();
+        let q = Tensor::zeros((1, 16), DType::F16, &dev).unwrap();
+        let blocks = [1u32];
+        let spans = [SeqSpan { row: 0, len: 1, pos: 0, blocks: &blocks }];
+        assert!(cpu_f32(&q, &spans, &store, 0, 2).unwrap().is_none());
+        let out = paged_attention(&q, &spans, &store, 0, 2).unwrap();
+        assert_eq!(out.dims(), &[1, 16]);
     }
 }

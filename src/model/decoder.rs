@@ -2,7 +2,7 @@
 //!
 //! Structs are named after the HF tensors they hold (`q_proj`, `k_norm`, `input_layernorm`),
 //! so a tensor name greps to its code. The KV cache is passed in by the caller: the model holds
-//! weights only, which lets each session own its cache (and later, a paged pool share one).
+//! weights only; batched passes take each sequence's block table into a shared pool.
 //!
 //! Numerics follow HF transformers: RMSNorm and softmax accumulate in f32; logits are returned
 //! in f32.
@@ -13,8 +13,12 @@ use super::config::ModelConfig;
 use super::linear::Linear;
 use super::loader::WeightSource;
 use crate::error::Result;
-use crate::experts::{ExpertSet, Proj, Slot};
-use crate::kv::KvCache;
+use std::ops::Range;
+
+use crate::experts::{linear_segments, ExpertSet, Proj, Segment, Slot};
+use crate::kv::attention::{paged_attention, SeqSpan};
+use crate::kv::store::{slot_runs, SlotRun};
+use crate::kv::{BlockId, KvCache, KvStore};
 
 struct RmsNorm {
     weight: Tensor,
@@ -60,6 +64,8 @@ struct DecoderLayer {
 /// Which positions' logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
+    /// None (a prompt chunk that does not reach the end of the prompt).
+    None,
     /// `[vocab]` for the last position only (generation: skips the lm_head for the rest).
     Last,
     /// `[seq, vocab]` for every position.
@@ -129,9 +135,14 @@ impl Decoder {
         Ok(Self { cfg, embed_tokens, layers, norm, lm_head, cos, sin, dtype, device: device.clone() })
     }
 
-    /// A new, empty cache shaped for this model.
-    pub fn new_cache(&self, max_len: usize) -> KvCache {
+    /// A new, empty single-sequence cache shaped for this model.
+    pub fn new_cache(&self, max_len: usize) -> Result<KvCache> {
         KvCache::new(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, max_len, self.dtype, &self.device)
+    }
+
+    /// An empty pool of `num_blocks` blocks of `block_size` positions, shaped for this model.
+    pub fn new_store(&self, num_blocks: usize, block_size: usize) -> Result<KvStore> {
+        KvStore::new(self.cfg.num_layers, num_blocks, block_size, self.cfg.num_kv_heads, self.cfg.head_dim, self.dtype, &self.device)
     }
 
     pub fn max_positions(&self) -> usize {
@@ -163,114 +174,174 @@ impl Decoder {
     /// returned for `tokens` only.
     pub fn forward_with(&self, tokens: &[u32], cache: &mut KvCache, which: Logits, experts: &ExpertSet) -> Result<Tensor> {
         let pos = cache.len();
-        let prefix = if pos == 0 { experts.virtual_embeddings()? } else { None };
-        let n_virtual = prefix.as_ref().map_or(0, |p| p.dim(0).unwrap_or(0));
-        let seq = n_virtual + tokens.len();
-        assert!(!tokens.is_empty() && pos + seq <= self.max_positions(), "positions checked by the caller");
-        cache.reserve(seq)?;
-
-        // 1. Token embeddings: [seq, hidden], after the virtual tokens of prompt tuning.
-        let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
-        let mut x = self.embed_tokens.embedding(&ids)?.to_dtype(self.dtype)?;
-        if let Some(p) = prefix {
-            x = Tensor::cat(&[&p, &x], 0)?;
-        }
-
-        // 2. Shared per-pass inputs: RoPE rows for these positions and, when several queries
-        //    attend at once, the causal mask over [seq, pos + seq].
-        let cos = self.cos.narrow(0, pos, seq)?;
-        let sin = self.sin.narrow(0, pos, seq)?;
-        let mask = (seq > 1).then(|| causal_mask(seq, pos, &self.device)).transpose()?;
-
-        // 3. Transformer blocks: pre-norm attention and MLP, each with a residual.
-        for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_layernorm.forward(&x)?;
-            let h = layer.self_attn.forward(&h, i, cache, &cos, &sin, mask.as_ref(), self.cfg.rope_interleaved, experts)?;
-            x = (x + h)?;
-            let h = layer.post_attention_layernorm.forward(&x)?;
-            x = (x + layer.mlp.forward(&h, i, experts)?)?;
-        }
-        cache.commit(seq);
-
-        // 4. Final norm and output projection (last position only when generating).
-        let x = match which {
-            Logits::Last => x.narrow(0, seq - 1, 1)?,
-            Logits::All => x.narrow(0, n_virtual, tokens.len())?,
-        };
-        let x = self.norm.forward(&x)?;
-        let logits = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).forward(&x)?.to_dtype(DType::F32)?;
+        let virtual_rows = if pos == 0 { 0..experts.num_virtual_tokens() } else { 0..0 };
+        let rows = virtual_rows.len() + tokens.len();
+        assert!(!tokens.is_empty() && pos + rows <= cache.max_len().min(self.max_positions()), "positions checked by the caller");
+        let chunk = SeqChunk { tokens, virtual_rows, pos, blocks: &cache.blocks, logits: which, experts };
+        let logits = self.forward_batch(&[chunk], &cache.store)?;
+        cache.advance(rows);
+        let logits = logits.expect("logits were requested");
         Ok(match which {
             Logits::Last => logits.squeeze(0)?,
-            Logits::All => logits,
+            _ => logits,
         })
+    }
+
+    /// One forward pass over a batch of sequence chunks (decode rows and prompt chunks mixed).
+    /// Each chunk's keys and values are written to `store` through its block table, which must
+    /// already list blocks for positions `..pos + rows`. Chunks whose expert sets are equal
+    /// should be adjacent: each run of equal sets is one adapter segment.
+    ///
+    /// Returns f32 logits for the rows the chunks asked for, in chunk order (`None` when no
+    /// chunk asked).
+    pub fn forward_batch(&self, chunks: &[SeqChunk], store: &KvStore) -> Result<Option<Tensor>> {
+        // 0. Row layout: each chunk is `virtual_rows` then `tokens`, at consecutive positions.
+        let mut spans = Vec::with_capacity(chunks.len());
+        let mut runs = Vec::with_capacity(chunks.len());
+        let mut positions = Vec::new();
+        let mut row = 0;
+        for c in chunks {
+            let n = c.rows();
+            assert!(n > 0 && c.pos + n <= self.max_positions(), "positions checked by the caller");
+            assert!(c.pos + n <= c.blocks.len() * store.block_size, "block table too short");
+            spans.push(SeqSpan { row, len: n, pos: c.pos, blocks: c.blocks });
+            slot_runs(c.blocks, store.block_size, row, c.pos, n, &mut runs);
+            positions.extend((c.pos..c.pos + n).map(|p| p as u32));
+            row += n;
+        }
+        let rows = row;
+        let mut segments: Vec<Segment> = Vec::new();
+        for (c, s) in chunks.iter().zip(&spans) {
+            match segments.last_mut() {
+                Some(last) if last.experts.key() == c.experts.key() => last.len += s.len,
+                _ => segments.push(Segment { start: s.row, len: s.len, experts: c.experts }),
+            }
+        }
+
+        // 1. Embeddings: [rows, hidden]; prompt-tuning virtual tokens take their rows first.
+        let all_tokens: Vec<u32> = chunks.iter().flat_map(|c| c.tokens.iter().copied()).collect();
+        let mut x = if chunks.iter().all(|c| c.virtual_rows.is_empty()) {
+            self.embed(&all_tokens)?
+        } else {
+            let mut parts = Vec::new();
+            for c in chunks {
+                if !c.virtual_rows.is_empty() {
+                    let v = c.experts.virtual_embeddings()?.expect("virtual rows come from prompt tuning");
+                    parts.push(v.narrow(0, c.virtual_rows.start, c.virtual_rows.len())?);
+                }
+                if !c.tokens.is_empty() {
+                    parts.push(self.embed(c.tokens)?);
+                }
+            }
+            Tensor::cat(&parts, 0)?
+        };
+
+        // 2. RoPE rows for every row's position.
+        let pos_ids = Tensor::from_vec(positions, rows, &self.device)?;
+        let cos = self.cos.index_select(&pos_ids, 0)?;
+        let sin = self.sin.index_select(&pos_ids, 0)?;
+
+        // 3. Transformer blocks: pre-norm attention and MLP, each with a residual.
+        let pass = Pass { spans: &spans, runs: &runs, segments: &segments, cos: &cos, sin: &sin, store };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_layernorm.forward(&x)?;
+            let h = layer.self_attn.forward(&h, i, &pass, self.cfg.rope_interleaved)?;
+            x = (x + h)?;
+            let h = layer.post_attention_layernorm.forward(&x)?;
+            x = (x + layer.mlp.forward(&h, i, &segments)?)?;
+        }
+
+        // 4. Final norm and output projection, only for the rows whose logits are wanted.
+        let mut want = Vec::new();
+        for (c, s) in chunks.iter().zip(&spans) {
+            match c.logits {
+                Logits::None => {}
+                Logits::Last => want.push((s.row + s.len - 1) as u32),
+                Logits::All => want.extend((s.row + c.virtual_rows.len()..s.row + s.len).map(|r| r as u32)),
+            }
+        }
+        if want.is_empty() {
+            return Ok(None);
+        }
+        let n = want.len();
+        let x = if n == rows { x } else { x.index_select(&Tensor::from_vec(want, n, &self.device)?, 0)? };
+        let x = self.norm.forward(&x)?;
+        let logits = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).forward(&x)?.to_dtype(DType::F32)?;
+        Ok(Some(logits))
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
+        Ok(self.embed_tokens.embedding(&ids)?.to_dtype(self.dtype)?)
     }
 }
 
-impl Attention {
-    #[allow(clippy::too_many_arguments)]
-    fn forward(
-        &self,
-        x: &Tensor,
-        layer: usize,
-        cache: &mut KvCache,
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: Option<&Tensor>,
-        interleaved: bool,
-        experts: &ExpertSet,
-    ) -> Result<Tensor> {
-        let seq = x.dim(0)?;
-        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let rep = nh / nkv;
-        let proj = |lin: &Linear, x: &Tensor, p: Proj| experts.linear(lin, x, Slot::new(layer, p));
+/// One sequence's part of a batched forward pass.
+pub struct SeqChunk<'a> {
+    /// Real tokens of this chunk (after its virtual rows).
+    pub tokens: &'a [u32],
+    /// Prompt-tuning virtual tokens evaluated first (indices into the set's embeddings).
+    pub virtual_rows: Range<usize>,
+    /// Position of the chunk's first row.
+    pub pos: usize,
+    /// The sequence's block table.
+    pub blocks: &'a [BlockId],
+    pub logits: Logits,
+    pub experts: &'a ExpertSet,
+}
 
-        // 1. Project to per-head queries, keys and values (adapters applied): [seq, heads, head_dim].
-        let q = proj(&self.q_proj, x, Proj::Q)?.reshape((seq, nh, hd))?;
-        let k = proj(&self.k_proj, x, Proj::K)?.reshape((seq, nkv, hd))?;
-        let v = proj(&self.v_proj, x, Proj::V)?.reshape((seq, nkv, hd))?;
+impl SeqChunk<'_> {
+    pub fn rows(&self) -> usize {
+        self.virtual_rows.len() + self.tokens.len()
+    }
+}
+
+/// What every layer of one batched pass shares.
+struct Pass<'a> {
+    spans: &'a [SeqSpan<'a>],
+    runs: &'a [SlotRun],
+    segments: &'a [Segment<'a>],
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    store: &'a KvStore,
+}
+
+impl Attention {
+    fn forward(&self, x: &Tensor, layer: usize, pass: &Pass, interleaved: bool) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let proj = |lin: &Linear, x: &Tensor, p: Proj| linear_segments(lin, x, Slot::new(layer, p), pass.segments);
+
+        // 1. Project to per-head queries, keys and values (adapters applied): [rows, heads, head_dim].
+        let q = proj(&self.q_proj, x, Proj::Q)?.reshape((rows, nh, hd))?;
+        let k = proj(&self.k_proj, x, Proj::K)?.reshape((rows, nkv, hd))?;
+        let v = proj(&self.v_proj, x, Proj::V)?;
 
         // 2. Qwen3: per-head RMSNorm of q and k.
         let q = match &self.q_norm { Some(n) => n.forward(&q)?, None => q };
         let k = match &self.k_norm { Some(n) => n.forward(&k)?, None => k };
 
-        // 3. Heads first ([1, heads, seq, head_dim]) and rotate by position.
+        // 3. Rotate by each row's position (heads first for the RoPE kernel), rows first again.
         let rope = if interleaved { candle_nn::rotary_emb::rope_i } else { candle_nn::rotary_emb::rope };
-        let q = rope(&q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, cos, sin)?.squeeze(0)?;
-        let k = rope(&k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, cos, sin)?.squeeze(0)?;
-        let v = v.transpose(0, 1)?;
-
-        // 4. Append to the cache; attend over all cached positions: [kv_heads, total, head_dim].
-        let (k, v) = cache.append(layer, &k, &v)?;
-        let total = k.dim(1)?;
-
-        // 5–6 fused for a single query on CPU/f32 (the decode step); see `kv::attention`.
-        if seq == 1 && mask.is_none() {
-            if let Some(out) = crate::kv::attention::decode_attention(&q, &k, &v)? {
-                return proj(&self.o_proj, &out, Proj::O);
-            }
-        }
-
-        // 5. Scores. Query heads sharing a KV head are stacked so K is never copied per head:
-        //    q [kv_heads, rep * seq, head_dim] · kᵀ → [kv_heads, rep * seq, total].
-        let q = q.reshape((nkv, rep * seq, hd))?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
-        let scores = match mask {
-            Some(m) => scores.reshape((nkv, rep, seq, total))?.broadcast_add(m)?.reshape((nkv, rep * seq, total))?,
-            None => scores,
+        let rot = |t: &Tensor| -> Result<Tensor> {
+            let t = rope(&t.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, pass.cos, pass.sin)?;
+            Ok(t.squeeze(0)?.transpose(0, 1)?.contiguous()?)
         };
+        let q = rot(&q)?.reshape((rows, nh * hd))?;
+        let k = rot(&k)?.reshape((rows, nkv * hd))?;
 
-        // 6. Softmax in f32, weighted sum of values, heads back to features.
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
-        let out = probs.matmul(&v)?; // [kv_heads, rep * seq, head_dim]
-        let out = out.reshape((nh, seq, hd))?.transpose(0, 1)?.reshape((seq, nh * hd))?;
+        // 4. Write this pass's keys and values into the pool through the block tables.
+        pass.store.write(layer, pass.runs, &k, &v.contiguous()?)?;
+
+        // 5. Attend through the block tables (the backend seam), then the output projection.
+        let out = paged_attention(&q, pass.spans, pass.store, layer, nh)?;
         proj(&self.o_proj, &out, Proj::O)
     }
 }
 
 impl Mlp {
-    fn forward(&self, x: &Tensor, layer: usize, experts: &ExpertSet) -> Result<Tensor> {
-        let proj = |lin: &Linear, x: &Tensor, p: Proj| experts.linear(lin, x, Slot::new(layer, p));
+    fn forward(&self, x: &Tensor, layer: usize, segments: &[Segment]) -> Result<Tensor> {
+        let proj = |lin: &Linear, x: &Tensor, p: Proj| linear_segments(lin, x, Slot::new(layer, p), segments);
         let gate = candle_nn::ops::silu(&proj(&self.gate_proj, x, Proj::Gate)?)?;
         proj(&self.down_proj, &(gate * proj(&self.up_proj, x, Proj::Up)?)?, Proj::Down)
     }
@@ -293,13 +364,4 @@ fn rope_tables(theta: f64, head_dim: usize, max_positions: usize, dtype: DType, 
     let cos = Tensor::from_vec(cos, (max_positions, half), device)?.to_dtype(dtype)?;
     let sin = Tensor::from_vec(sin, (max_positions, half), device)?.to_dtype(dtype)?;
     Ok((cos, sin))
-}
-
-/// `[seq, pos + seq]`: 0 where query `i` (at position `pos + i`) may see key `j`, else -inf.
-fn causal_mask(seq: usize, pos: usize, device: &Device) -> Result<Tensor> {
-    let total = pos + seq;
-    let m: Vec<f32> = (0..seq)
-        .flat_map(|i| (0..total).map(move |j| if j <= pos + i { 0.0 } else { f32::NEG_INFINITY }))
-        .collect();
-    Ok(Tensor::from_vec(m, (seq, total), device)?)
 }

@@ -10,8 +10,8 @@ use napi_derive::napi;
 use super::error::{disposed, to_napi};
 use super::expert::NativeExpert;
 use super::session::NativeSession;
-use super::types::{LoadProgress, NativeExpertOptions, NativeLoadOptions, RuntimeInfo};
-use crate::engine::{Engine, LoadOptions};
+use super::types::{LoadProgress, NativeExpertOptions, NativeLoadOptions, RuntimeInfo, RuntimeStats};
+use crate::engine::{Engine, KvCacheOptions, LoadOptions};
 use crate::experts::ExpertLoadOptions;
 use crate::error::EngineError;
 
@@ -32,7 +32,7 @@ impl NativeRuntime {
 /// queued to the JS thread without blocking the loader.
 #[napi]
 pub async fn load_runtime(path: String, options: Option<NativeLoadOptions>, on_progress: Option<ProgressFn>) -> Result<NativeRuntime> {
-    let o = options.unwrap_or(NativeLoadOptions { device: None, dtype: None, context_length: None, threads: None });
+    let o = options.unwrap_or(NativeLoadOptions { device: None, dtype: None, context_length: None, threads: None, kv_cache: None });
     if o.threads == Some(0) {
         return Err(to_napi(EngineError::InvalidArgument("threads must be at least 1".into())));
     }
@@ -42,6 +42,11 @@ pub async fn load_runtime(path: String, options: Option<NativeLoadOptions>, on_p
         context_length: o.context_length.map(|n| n as usize),
         threads: o.threads.map(|n| n as usize),
         dequantize: false,
+        kv_cache: KvCacheOptions {
+            block_size: o.kv_cache.as_ref().and_then(|k| k.block_size).map(|n| n as usize),
+            max_tokens: o.kv_cache.as_ref().and_then(|k| k.max_tokens).map(|n| n as usize),
+            prefix_cache: o.kv_cache.as_ref().and_then(|k| k.prefix_cache),
+        },
     };
     let progress: Box<dyn Fn(u64, u64) + Send> = match on_progress {
         Some(f) => Box::new(move |loaded, total| {
@@ -130,6 +135,12 @@ impl NativeRuntime {
             let _ = e.shutdown().await;
         }
         Ok(())
+    }
+
+    /// KV pool and scheduler counters (read without waiting for the engine).
+    #[napi]
+    pub fn stats(&self) -> Result<RuntimeStats> {
+        Ok(self.engine()?.stats().into())
     }
 
     #[napi(getter)]

@@ -12,6 +12,47 @@ pub struct NativeLoadOptions {
     pub dtype: Option<String>,
     pub context_length: Option<u32>,
     pub threads: Option<u32>,
+    pub kv_cache: Option<NativeKvCacheOptions>,
+}
+
+#[napi(object)]
+pub struct NativeKvCacheOptions {
+    pub block_size: Option<u32>,
+    pub max_tokens: Option<f64>,
+    pub prefix_cache: Option<bool>,
+}
+
+#[napi(object)]
+pub struct RuntimeStats {
+    pub kv_blocks_total: f64,
+    pub kv_blocks_used: f64,
+    pub kv_blocks_cached: f64,
+    pub kv_block_size: f64,
+    pub kv_bytes: f64,
+    pub kv_bytes_per_token: f64,
+    pub sessions: f64,
+    pub active_requests: f64,
+    pub queued_requests: f64,
+    pub prefix_cache_hit_tokens: f64,
+    pub evicted_blocks: f64,
+}
+
+impl From<engine::StatsSnapshot> for RuntimeStats {
+    fn from(s: engine::StatsSnapshot) -> Self {
+        Self {
+            kv_blocks_total: s.kv_blocks_total as f64,
+            kv_blocks_used: s.kv_blocks_used as f64,
+            kv_blocks_cached: s.kv_blocks_cached as f64,
+            kv_block_size: s.kv_block_size as f64,
+            kv_bytes: s.kv_bytes as f64,
+            kv_bytes_per_token: s.kv_bytes_per_token as f64,
+            sessions: s.sessions as f64,
+            active_requests: s.active_requests as f64,
+            queued_requests: s.queued_requests as f64,
+            prefix_cache_hit_tokens: s.prefix_cache_hit_tokens as f64,
+            evicted_blocks: s.evicted_blocks as f64,
+        }
+    }
 }
 
 #[napi(object)]

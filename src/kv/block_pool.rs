@@ -1,0 +1,284 @@
+//! The KV block pool's bookkeeping: which physical blocks are in use, by how many tables,
+//! and which free blocks still hold reusable prefix content.
+//!
+//! A block is in exactly one of three states:
+//! - **held**: reference count ≥ 1 (one per block table that lists it);
+//! - **cached**: count 0 but registered in the [`PrefixIndex`]; its keys/values are still valid
+//!   and a prefix lookup can revive it. Cached blocks are recycled least recently freed first;
+//! - **free**: count 0, unregistered.
+//!
+//! [`BlockPool::alloc`] takes a free block first and only then recycles the oldest cached one,
+//! so reusable prefixes survive as long as the pool has room. The tensors themselves live in
+//! [`KvStore`](super::store::KvStore); this type never touches them.
+
+use std::collections::BTreeMap;
+
+use super::prefix::{BlockKey, KeyHasher, PrefixIndex};
+
+pub type BlockId = u32;
+
+pub struct BlockPool {
+    block_size: usize,
+    refs: Vec<u32>,
+    free: Vec<BlockId>,
+    /// Cached blocks by the tick at which they were freed (oldest first).
+    cached: BTreeMap<u64, BlockId>,
+    cached_at: Vec<u64>,
+    tick: u64,
+    index: PrefixIndex,
+}
+
+impl BlockPool {
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        Self::with_index(num_blocks, block_size, PrefixIndex::new(num_blocks))
+    }
+
+    /// A pool whose prefix index uses `hasher` (tests force collisions with it).
+    pub fn with_hasher(num_blocks: usize, block_size: usize, hasher: KeyHasher) -> Self {
+        Self::with_index(num_blocks, block_size, PrefixIndex::with_hasher(num_blocks, hasher))
+    }
+
+    fn with_index(num_blocks: usize, block_size: usize, index: PrefixIndex) -> Self {
+        assert!(num_blocks > 0 && block_size > 0 && num_blocks <= u32::MAX as usize);
+        Self {
+            block_size,
+            refs: vec![0; num_blocks],
+            // Popped from the back: block 0 is handed out first.
+            free: (0..num_blocks as BlockId).rev().collect(),
+            cached: BTreeMap::new(),
+            cached_at: vec![0; num_blocks],
+            tick: 0,
+            index,
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn total(&self) -> usize {
+        self.refs.len()
+    }
+
+    /// Blocks held by at least one table.
+    pub fn used(&self) -> usize {
+        self.total() - self.available()
+    }
+
+    /// Blocks [`alloc`](Self::alloc) can hand out: free plus cached.
+    pub fn available(&self) -> usize {
+        self.free.len() + self.cached.len()
+    }
+
+    /// Cached (reusable, unreferenced) blocks.
+    pub fn cached(&self) -> usize {
+        self.cached.len()
+    }
+
+    pub fn refs(&self, b: BlockId) -> u32 {
+        self.refs[b as usize]
+    }
+
+    /// A block with reference count 1, or `None` when the pool is exhausted. Recycling a
+    /// cached block unregisters it.
+    pub fn alloc(&mut self) -> Option<BlockId> {
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let (_, b) = self.cached.pop_first()?;
+                self.index.remove(b);
+                b
+            }
+        };
+        self.refs[b as usize] = 1;
+        Some(b)
+    }
+
+    /// One more table lists `b` (a prefix hit). Revives a cached block.
+    pub fn retain(&mut self, b: BlockId) {
+        if self.refs[b as usize] == 0 {
+            let removed = self.cached.remove(&self.cached_at[b as usize]);
+            debug_assert_eq!(removed, Some(b), "retained block {b} is neither held nor cached");
+        }
+        self.refs[b as usize] += 1;
+    }
+
+    /// A table drops `b`. At zero it becomes cached (registered) or free.
+    pub fn release(&mut self, b: BlockId) {
+        let r = &mut self.refs[b as usize];
+        assert!(*r > 0, "block {b} released more often than retained");
+        *r -= 1;
+        if *r == 0 {
+            if self.index.is_registered(b) {
+                self.tick += 1;
+                self.cached_at[b as usize] = self.tick;
+                self.cached.insert(self.tick, b);
+            } else {
+                self.free.push(b);
+            }
+        }
+    }
+
+    /// Registers a full, held block under `key`; returns its content id.
+    pub fn register(&mut self, b: BlockId, key: BlockKey) -> u64 {
+        debug_assert!(self.refs(b) > 0);
+        self.index.insert(b, key)
+    }
+
+    /// Forgets a held block's key before its contents change.
+    pub fn unregister(&mut self, b: BlockId) {
+        debug_assert!(self.refs(b) > 0);
+        self.index.remove(b);
+    }
+
+    pub fn is_registered(&self, b: BlockId) -> bool {
+        self.index.is_registered(b)
+    }
+
+    pub fn cid(&self, b: BlockId) -> Option<u64> {
+        self.index.cid(b)
+    }
+
+    pub fn lookup(&self, key: &BlockKey) -> Option<BlockId> {
+        self.index.lookup(key)
+    }
+
+    pub fn longest_partial(&self, parent: u64, experts: &[u64], tokens: &[u32]) -> Option<(BlockId, usize)> {
+        self.index.longest_partial(parent, experts, tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::prefix::ROOT;
+
+    fn key(parent: u64, tokens: &[u32]) -> BlockKey {
+        BlockKey { parent, experts: vec![], tokens: tokens.to_vec() }
+    }
+
+    #[test]
+    fn alloc_until_exhausted_then_free() {
+        let mut p = BlockPool::new(3, 4);
+        let bs: Vec<_> = (0..3).map(|_| p.alloc().unwrap()).collect();
+        assert_eq!(bs, vec![0, 1, 2]);
+        assert_eq!((p.used(), p.available()), (3, 0));
+        assert!(p.alloc().is_none());
+        p.release(1);
+        assert_eq!((p.used(), p.available()), (2, 1));
+        assert_eq!(p.alloc(), Some(1));
+    }
+
+    #[test]
+    fn refcounts_keep_shared_blocks_held() {
+        let mut p = BlockPool::new(2, 4);
+        let b = p.alloc().unwrap();
+        p.retain(b);
+        assert_eq!(p.refs(b), 2);
+        p.release(b);
+        assert_eq!((p.refs(b), p.used()), (1, 1));
+        p.release(b);
+        assert_eq!((p.refs(b), p.used()), (0, 0));
+    }
+
+    #[test]
+    #[should_panic(expected = "released more often")]
+    fn double_release_panics() {
+        let mut p = BlockPool::new(1, 4);
+        let b = p.alloc().unwrap();
+        p.release(b);
+        p.release(b);
+    }
+
+    #[test]
+    fn registered_blocks_are_cached_when_released_and_revived_by_lookup() {
+        let mut p = BlockPool::new(2, 2);
+        let a = p.alloc().unwrap();
+        let cid = p.register(a, key(ROOT, &[1, 2]));
+        let b = p.alloc().unwrap();
+        p.register(b, key(cid, &[3, 4]));
+        p.release(a);
+        p.release(b);
+        assert_eq!((p.used(), p.cached(), p.available()), (0, 2, 2));
+        // The chain is found again and revived.
+        let hit = p.lookup(&key(ROOT, &[1, 2])).unwrap();
+        assert_eq!(hit, a);
+        p.retain(hit);
+        assert_eq!(p.lookup(&key(p.cid(hit).unwrap(), &[3, 4])), Some(b));
+        assert_eq!((p.used(), p.cached()), (1, 1));
+        // Under pressure the cached block is recycled and forgotten.
+        let c = p.alloc().unwrap();
+        assert_eq!(c, b);
+        assert!(!p.is_registered(c));
+        assert_eq!(p.lookup(&key(cid, &[3, 4])), None);
+    }
+
+    #[test]
+    fn free_blocks_go_before_cached_ones_and_oldest_cached_first() {
+        let mut p = BlockPool::new(3, 1);
+        let (a, b, c) = (p.alloc().unwrap(), p.alloc().unwrap(), p.alloc().unwrap());
+        p.register(a, key(ROOT, &[1]));
+        p.register(b, key(ROOT, &[2]));
+        p.release(b); // cached first
+        p.release(a); // cached second
+        p.release(c); // free
+        assert_eq!(p.alloc(), Some(c));
+        assert_eq!(p.alloc(), Some(b));
+        assert!(p.lookup(&key(ROOT, &[1])).is_some());
+        assert_eq!(p.alloc(), Some(a));
+        assert!(p.lookup(&key(ROOT, &[1])).is_none());
+    }
+
+    #[test]
+    fn hash_collisions_are_resolved_by_comparing_contents() {
+        let mut p = BlockPool::with_hasher(4, 2, |_| 42);
+        let a = p.alloc().unwrap();
+        let b = p.alloc().unwrap();
+        let c = p.alloc().unwrap();
+        p.register(a, key(ROOT, &[1, 2]));
+        p.register(b, key(ROOT, &[1, 3]));
+        p.register(c, BlockKey { parent: ROOT, experts: vec![7], tokens: vec![1, 2] });
+        assert_eq!(p.lookup(&key(ROOT, &[1, 2])), Some(a));
+        assert_eq!(p.lookup(&key(ROOT, &[1, 3])), Some(b));
+        assert_eq!(p.lookup(&BlockKey { parent: ROOT, experts: vec![7], tokens: vec![1, 2] }), Some(c));
+        assert_eq!(p.lookup(&key(ROOT, &[2, 1])), None);
+        assert_eq!(p.lookup(&key(5, &[1, 2])), None);
+        p.unregister(a);
+        assert_eq!(p.lookup(&key(ROOT, &[1, 2])), None);
+        assert_eq!(p.lookup(&key(ROOT, &[1, 3])), Some(b));
+    }
+
+    #[test]
+    fn recycled_parent_makes_old_children_unreachable() {
+        let mut p = BlockPool::new(3, 1);
+        let a = p.alloc().unwrap();
+        let cid_a = p.register(a, key(ROOT, &[1]));
+        let b = p.alloc().unwrap();
+        p.register(b, key(cid_a, &[2]));
+        p.release(a);
+        // `a` is recycled for other content and registered again: it gets a new content id,
+        // so the old child keyed on `cid_a` is not found from it.
+        let _ = p.alloc().unwrap(); // the last free block
+        let a2 = p.alloc().unwrap();
+        assert_eq!(a2, a);
+        let cid_a2 = p.register(a2, key(ROOT, &[9]));
+        assert_ne!(cid_a, cid_a2);
+        assert_eq!(p.lookup(&key(cid_a2, &[2])), None);
+    }
+
+    #[test]
+    fn partial_match_picks_the_longest_shared_prefix_within_the_expert_set() {
+        let mut p = BlockPool::new(4, 4);
+        let a = p.alloc().unwrap();
+        let b = p.alloc().unwrap();
+        let c = p.alloc().unwrap();
+        p.register(a, key(ROOT, &[1, 2, 3, 4]));
+        p.register(b, key(ROOT, &[1, 2, 9, 9]));
+        p.register(c, BlockKey { parent: ROOT, experts: vec![3], tokens: vec![1, 2, 3, 4] });
+        assert_eq!(p.longest_partial(ROOT, &[], &[1, 2, 3, 7]), Some((a, 3)));
+        assert_eq!(p.longest_partial(ROOT, &[], &[1, 2, 9]), Some((b, 3)));
+        assert_eq!(p.longest_partial(ROOT, &[3], &[1, 2, 3]), Some((c, 3)));
+        assert_eq!(p.longest_partial(ROOT, &[], &[5]), None);
+        assert_eq!(p.longest_partial(ROOT, &[4], &[1]), None);
+    }
+}

@@ -1,0 +1,128 @@
+//! Prefix index: full KV blocks addressed by their content.
+//!
+//! A block's key is `(parent content id, expert-set key, the block's token ids)`. The parent is
+//! the *content id* of the block before it in the sequence (0 for the first block), so a key
+//! names the whole prefix up to and including the block without storing it. Content ids are
+//! handed out once and never reused: when a block is recycled, keys that named it as a parent
+//! can no longer be reached, because a lookup walks from the first block and only ever asks for
+//! children of a block it just found.
+//!
+//! The map is keyed by a 64-bit hash of the key; every hit is confirmed by comparing the stored
+//! key, so two keys that hash alike (tests inject a constant hasher) never share a block.
+//! The expert set is part of the key: blocks computed under different adapters never mix.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use super::block_pool::BlockId;
+
+/// The content id standing for "no block before": the start of a sequence.
+pub const ROOT: u64 = 0;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BlockKey {
+    pub parent: u64,
+    pub experts: Vec<u64>,
+    pub tokens: Vec<u32>,
+}
+
+pub type KeyHasher = fn(&BlockKey) -> u64;
+
+fn sip_hash(k: &BlockKey) -> u64 {
+    let mut h = DefaultHasher::new();
+    k.hash(&mut h);
+    h.finish()
+}
+
+struct Entry {
+    hash: u64,
+    key: BlockKey,
+    cid: u64,
+}
+
+pub struct PrefixIndex {
+    hasher: KeyHasher,
+    by_hash: HashMap<u64, Vec<BlockId>>,
+    /// Indexed by block id.
+    entries: Vec<Option<Entry>>,
+    /// Registered blocks by their parent's content id (for partial matches).
+    children: HashMap<u64, Vec<BlockId>>,
+    next_cid: u64,
+}
+
+impl PrefixIndex {
+    pub fn new(num_blocks: usize) -> Self {
+        Self::with_hasher(num_blocks, sip_hash)
+    }
+
+    pub fn with_hasher(num_blocks: usize, hasher: KeyHasher) -> Self {
+        Self {
+            hasher,
+            by_hash: HashMap::new(),
+            entries: (0..num_blocks).map(|_| None).collect(),
+            children: HashMap::new(),
+            next_cid: ROOT + 1,
+        }
+    }
+
+    pub fn is_registered(&self, b: BlockId) -> bool {
+        self.entries[b as usize].is_some()
+    }
+
+    /// The content id of a registered block.
+    pub fn cid(&self, b: BlockId) -> Option<u64> {
+        self.entries[b as usize].as_ref().map(|e| e.cid)
+    }
+
+    /// Registers `b` under `key` and returns its new content id. `b` must not be registered.
+    /// A second block with an equal key is allowed (both stay valid); lookups return either.
+    pub fn insert(&mut self, b: BlockId, key: BlockKey) -> u64 {
+        debug_assert!(!self.is_registered(b), "block {b} registered twice");
+        let hash = (self.hasher)(&key);
+        let cid = self.next_cid;
+        self.next_cid += 1;
+        self.by_hash.entry(hash).or_default().push(b);
+        self.children.entry(key.parent).or_default().push(b);
+        self.entries[b as usize] = Some(Entry { hash, key, cid });
+        cid
+    }
+
+    /// Forgets `b` (its contents are about to change). No-op when it is not registered.
+    pub fn remove(&mut self, b: BlockId) {
+        let Some(e) = self.entries[b as usize].take() else { return };
+        remove_from(&mut self.by_hash, e.hash, b);
+        remove_from(&mut self.children, e.key.parent, b);
+    }
+
+    /// A registered block whose key equals `key` (contents compared, not just hashes).
+    pub fn lookup(&self, key: &BlockKey) -> Option<BlockId> {
+        let candidates = self.by_hash.get(&(self.hasher)(key))?;
+        candidates.iter().copied().find(|&b| self.entries[b as usize].as_ref().is_some_and(|e| e.key == *key))
+    }
+
+    /// Among registered children of `parent` under `experts`, the one sharing the longest
+    /// token prefix with `tokens` (at least one token): `(block, shared tokens)`.
+    pub fn longest_partial(&self, parent: u64, experts: &[u64], tokens: &[u32]) -> Option<(BlockId, usize)> {
+        let kids = self.children.get(&parent)?;
+        kids.iter()
+            .filter_map(|&b| {
+                let e = self.entries[b as usize].as_ref()?;
+                if e.key.experts != experts {
+                    return None;
+                }
+                let n = e.key.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+                (n > 0).then_some((b, n))
+            })
+            .max_by_key(|&(b, n)| (n, std::cmp::Reverse(b)))
+    }
+}
+
+fn remove_from(map: &mut HashMap<u64, Vec<BlockId>>, key: u64, b: BlockId) {
+    if let Some(v) = map.get_mut(&key) {
+        v.retain(|&x| x != b);
+        if v.is_empty() {
+            map.remove(&key);
+        }
+    }
+}

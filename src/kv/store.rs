@@ -1,0 +1,140 @@
+//! The KV pool's memory: per layer, one K and one V tensor of `num_blocks · block_size` token
+//! slots, each slot a row of `kv_heads · head_dim` values. Block `b` owns slots
+//! `b · block_size ..`. A position's slot comes from its sequence's block table.
+//!
+//! Rows are written in place (`slice_set`, one call per run of consecutive slots), so one code
+//! path serves every device. On CPU the buffers are zero-initialised with `calloc`-backed
+//! vectors: memory is committed by the OS only as blocks are first written, so a large bound
+//! costs nothing until it is used.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::block_pool::BlockId;
+use crate::error::Result;
+
+pub struct KvStore {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub dtype: DType,
+}
+
+/// A run of consecutive rows of a batch written to consecutive slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotRun {
+    pub row: usize,
+    pub slot: usize,
+    pub len: usize,
+}
+
+impl KvStore {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let shape = (num_blocks * block_size, kv_heads * head_dim);
+        let mut k = Vec::with_capacity(num_layers);
+        let mut v = Vec::with_capacity(num_layers);
+        for _ in 0..num_layers {
+            k.push(Tensor::zeros(shape, dtype, device)?);
+            v.push(Tensor::zeros(shape, dtype, device)?);
+        }
+        Ok(Self { k, v, num_blocks, block_size, kv_heads, head_dim, dtype })
+    }
+
+    /// Bytes of K and V for one token over all layers.
+    pub fn bytes_per_token(&self) -> usize {
+        bytes_per_token(self.k.len(), self.kv_heads, self.head_dim, self.dtype)
+    }
+
+    pub fn bytes_per_block(&self) -> usize {
+        self.bytes_per_token() * self.block_size
+    }
+
+    /// `[slots, kv_heads · head_dim]` K and V of `layer`.
+    pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        (&self.k[layer], &self.v[layer])
+    }
+
+    /// Writes rows of `k`, `v` (`[rows, kv_heads · head_dim]`, contiguous) into `layer`.
+    pub fn write(&self, layer: usize, runs: &[SlotRun], k: &Tensor, v: &Tensor) -> Result<()> {
+        for r in runs {
+            self.k[layer].slice_set(&k.narrow(0, r.row, r.len)?, 0, r.slot)?;
+            self.v[layer].slice_set(&v.narrow(0, r.row, r.len)?, 0, r.slot)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the first `n` positions of block `src` into block `dst`, every layer
+    /// (copy-on-write of a shared, partly used block).
+    pub fn copy_block(&self, src: BlockId, dst: BlockId, n: usize) -> Result<()> {
+        let (s, d) = (src as usize * self.block_size, dst as usize * self.block_size);
+        for t in self.k.iter().chain(&self.v) {
+            t.slice_set(&t.narrow(0, s, n)?.copy()?, 0, d)?;
+        }
+        Ok(())
+    }
+}
+
+pub fn bytes_per_token(num_layers: usize, kv_heads: usize, head_dim: usize, dtype: DType) -> usize {
+    num_layers * 2 * kv_heads * head_dim * dtype.size_in_bytes()
+}
+
+/// Slot of position `pos` in a sequence with block table `blocks`.
+#[inline]
+pub fn slot_of(blocks: &[BlockId], block_size: usize, pos: usize) -> usize {
+    blocks[pos / block_size] as usize * block_size + pos % block_size
+}
+
+/// The runs that write positions `pos .. pos + n` of a sequence whose rows start at batch
+/// row `row`.
+pub fn slot_runs(blocks: &[BlockId], block_size: usize, row: usize, pos: usize, n: usize, out: &mut Vec<SlotRun>) {
+    let mut done = 0;
+    while done < n {
+        let p = pos + done;
+        let len = (block_size - p % block_size).min(n - done);
+        out.push(SlotRun { row: row + done, slot: slot_of(blocks, block_size, p), len });
+        done += len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_split_at_block_boundaries() {
+        let mut out = Vec::new();
+        slot_runs(&[5, 2, 9], 4, 10, 3, 6, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                SlotRun { row: 10, slot: 23, len: 1 },
+                SlotRun { row: 11, slot: 8, len: 4 },
+                SlotRun { row: 15, slot: 36, len: 1 },
+            ]
+        );
+    }
+
+    #[test]
+    fn write_and_copy_block() {
+        let s = KvStore::new(2, 3, 2, 1, 2, DType::F32, &Device::Cpu).unwrap();
+        let k = Tensor::new(&[[1f32, 2.], [3., 4.]], &Device::Cpu).unwrap();
+        let v = (&k * 10.).unwrap();
+        s.write(1, &[SlotRun { row: 0, slot: 2, len: 2 }], &k, &v).unwrap();
+        s.copy_block(1, 2, 1).unwrap();
+        let got: Vec<Vec<f32>> = s.layer(1).0.to_vec2().unwrap();
+        assert_eq!(got, vec![vec![0., 0.], vec![0., 0.], vec![1., 2.], vec![3., 4.], vec![1., 2.], vec![0., 0.]]);
+        let got: Vec<Vec<f32>> = s.layer(1).1.narrow(0, 4, 1).unwrap().to_vec2().unwrap();
+        assert_eq!(got, vec![vec![10., 20.]]);
+    }
+}

@@ -8,7 +8,8 @@ ensureInstalled()
 // `napi build` passes an explicit --target; passing the same one here lets both builds share
 // the compiled dependencies (candle, tokenizers) instead of building them twice.
 const host = /^host: (\S+)$/m.exec(execFileSync('rustc', ['-vV'], { encoding: 'utf8' }))[1]
+// The SmolLM2 GGUF is needed by a Rust parity test as well as by the Node suites.
+process.env.EXPERT_RUNTIME_SMOLLM2 ||= ensureSmolLM2()
 run('cargo', ['test', '--release', '--no-default-features', '--target', host])
 ensureBuilt()
-process.env.EXPERT_RUNTIME_SMOLLM2 ||= ensureSmolLM2()
 run(process.execPath, ['--test', '--test-concurrency=1', '__test__/'])

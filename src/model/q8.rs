@@ -207,11 +207,48 @@ impl PackedQ8_0 {
     }
 
     /// `gemv` for each of `rows` activation rows (`x`: `[rows, k]`, `out`: `[rows, n]`).
+    /// Rows are quantized once, then every group of 4 weight rows is read once for all of them
+    /// (it stays in cache while the activation rows stream past), so a batch of decode rows
+    /// costs about one pass over the weights. Each output is the same integer block dot as in
+    /// [`Self::gemv`]: a row's result does not depend on the rows batched with it.
     pub fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32]) {
         assert_eq!(x.len(), rows * self.k);
         assert_eq!(out.len(), rows * self.n);
-        for (xr, or) in x.chunks_exact(self.k).zip(out.chunks_exact_mut(self.n)) {
-            self.gemv(xr, or);
+        if rows == 1 {
+            return self.gemv(x, out);
+        }
+        let nb = self.k / QK;
+        let mut xq = vec![0i8; rows * self.k];
+        let mut xd = vec![0f32; rows * nb];
+        xq.par_chunks_mut(self.k).zip(xd.par_chunks_mut(nb)).zip(x.par_chunks(self.k)).for_each(|((q, d), xr)| quantize_row(xr, q, d));
+        let groups = self.n.div_ceil(4);
+        let avx2 = use_avx2();
+        // `t[g][row][0..4]`: the group's four outputs for each row, transposed into `out` after.
+        let mut t = vec![0f32; groups * rows * 4];
+        let threads = rayon::current_num_threads().max(1);
+        let chunk_groups = groups.div_ceil(threads * 4).max(1);
+        t.par_chunks_mut(chunk_groups * rows * 4).enumerate().for_each(|(c, tc)| {
+            for (i, tg) in tc.chunks_mut(rows * 4).enumerate() {
+                let gd = self.group(c * chunk_groups + i);
+                for (r, acc) in tg.chunks_exact_mut(4).enumerate() {
+                    let acc: &mut [f32; 4] = acc.try_into().expect("chunks of 4");
+                    let (q, d) = (&xq[r * self.k..(r + 1) * self.k], &xd[r * nb..(r + 1) * nb]);
+                    #[cfg(target_arch = "x86_64")]
+                    if avx2 {
+                        // SAFETY: as in `gemv_quantized`.
+                        unsafe { avx2::group4(gd, nb, q, d, acc) };
+                        continue;
+                    }
+                    let _ = avx2;
+                    group4_scalar(gd, nb, q, d, acc);
+                }
+            }
+        });
+        for (r, o) in out.chunks_exact_mut(self.n).enumerate() {
+            for (g, og) in o.chunks_mut(4).enumerate() {
+                let src = &t[(g * rows + r) * 4..][..og.len()];
+                og.copy_from_slice(src);
+            }
         }
     }
 
@@ -347,6 +384,12 @@ mod tests {
         let xv: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
         let mut y = vec![0f32; rows * n];
         packed.matmul(&xv, rows, &mut y);
+        // A batched row equals the same row alone, bit for bit.
+        for r in 0..rows {
+            let mut alone = vec![0f32; n];
+            packed.gemv(&xv[r * k..(r + 1) * k], &mut alone);
+            assert_eq!(alone[..], y[r * n..(r + 1) * n], "[{n}x{k}] row {r} of {rows}");
+        }
         let mut scalar = vec![0f32; n];
         let mut xq = vec![0i8; k];
         let mut xd = vec![0f32; k / QK];
@@ -384,6 +427,7 @@ mod tests {
             check(n, k, 1);
         }
         check(67, 1024, 3);
+        check(130, 3072, 40);
     }
 
     #[test]

@@ -63,7 +63,7 @@ export function gitRev() {
 }
 
 // ------------------------------------------------------------------------------------------
-// Random PEFT LoRA adapters (used by batch.mjs; experts.mjs keeps its own copy)
+// Random PEFT LoRA adapters (experts.mjs, batch.mjs)
 // ------------------------------------------------------------------------------------------
 
 /** mulberry32: a seeded generator of uniform numbers in [0, 1). */

@@ -33,12 +33,12 @@
 // are recorded for decode, and --repeat N keeps the best of N runs of each figure.
 //
 // Results: a table on stdout, JSON under <cacheDir>/bench-results/experts-<date>.json.
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs'
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import os from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { gitRev, runChild, waitIdle, warmPageCache } from './common.mjs'
+import { gitRev, mulberry32, runChild, waitIdle, warmPageCache, writeLoraDir } from './common.mjs'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = resolve(here, '..')
@@ -49,7 +49,6 @@ const RANK = 16
 const ALPHA = 32
 const INIT = 0.01 // A, B ~ U(-INIT, INIT)
 const MODULES = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj']
-const MLP = new Set(['gate_proj', 'up_proj', 'down_proj'])
 const ATTACH_PROMPT = 16
 const DECODE_PROMPT = 64
 const PREFILL_PROMPT = 512
@@ -82,21 +81,9 @@ function parseArgs(argv) {
   return a
 }
 
-/** mulberry32: uniform [0, 1). */
-function rng(seed) {
-  let s = seed >>> 0
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0
-    let t = s
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
-
 /** Deterministic token ids. */
 function tokens(seed, n) {
-  const r = rng(seed)
+  const r = mulberry32(seed)
   return Array.from({ length: n }, () => TOKEN_RANGE[0] + Math.floor(r() * (TOKEN_RANGE[1] - TOKEN_RANGE[0])))
 }
 
@@ -112,77 +99,15 @@ const median = (xs) => {
 // adapters
 // ------------------------------------------------------------------------------------------
 
-/** [in, out] of each target module, from an HF config.json. */
-function moduleShapes(cfg) {
-  const h = cfg.hidden_size
-  const hd = cfg.head_dim ?? h / cfg.num_attention_heads
-  const q = cfg.num_attention_heads * hd
-  const kv = (cfg.num_key_value_heads ?? cfg.num_attention_heads) * hd
-  const ff = cfg.intermediate_size
-  return {
-    q_proj: [h, q], k_proj: [h, kv], v_proj: [h, kv], o_proj: [q, h],
-    gate_proj: [h, ff], up_proj: [h, ff], down_proj: [ff, h],
-  }
-}
-
-/** Minimal safetensors writer: F32 tensors, in the given order. `tensors`: [name, shape, fill(Float32Array)]. */
-function writeSafetensors(file, tensors) {
-  const header = { __metadata__: { format: 'pt' } }
-  let off = 0
-  for (const [name, shape] of tensors) {
-    const n = shape.reduce((a, b) => a * b, 1) * 4
-    header[name] = { dtype: 'F32', shape, data_offsets: [off, off + n] }
-    off += n
-  }
-  let json = JSON.stringify(header)
-  json += ' '.repeat((8 - (Buffer.byteLength(json) % 8)) % 8)
-  const len = Buffer.alloc(8)
-  len.writeBigUInt64LE(BigInt(Buffer.byteLength(json)))
-  const fd = openSync(file, 'w')
-  try {
-    writeSync(fd, len)
-    writeSync(fd, Buffer.from(json))
-    for (const [, shape, fill] of tensors) {
-      const a = new Float32Array(shape.reduce((x, y) => x * y, 1))
-      fill(a)
-      writeSync(fd, new Uint8Array(a.buffer))
-    }
-  } finally {
-    closeSync(fd)
-  }
-}
-
 /** Writes the six PEFT adapter directories once; returns their paths. */
 function ensureAdapters(cacheDir, configPath) {
   const cfg = JSON.parse(readFileSync(configPath, 'utf8'))
-  const shapes = moduleShapes(cfg)
-  const base = join(cacheDir, 'bench-experts')
   const dirs = []
   for (let i = 0; i < N_ADAPTERS; i++) {
-    const dir = join(base, `lora-r${RANK}-${i}`)
+    const dir = join(cacheDir, 'bench-experts', `lora-r${RANK}-${i}`)
     dirs.push(dir)
     if (existsSync(join(dir, 'adapter_config.json')) && existsSync(join(dir, 'adapter_model.safetensors'))) continue
-    const tmp = `${dir}.tmp-${process.pid}`
-    rmSync(tmp, { recursive: true, force: true })
-    mkdirSync(tmp, { recursive: true })
-    writeFileSync(join(tmp, 'adapter_config.json'), JSON.stringify({
-      peft_type: 'LORA', r: RANK, lora_alpha: ALPHA, target_modules: MODULES, task_type: 'CAUSAL_LM',
-      bias: 'none', use_rslora: false, use_dora: false, lora_dropout: 0.0, fan_in_fan_out: false,
-    }, null, 2) + '\n')
-    const r = rng(0xada0 + i)
-    const fill = (a) => { for (let j = 0; j < a.length; j++) a[j] = (r() * 2 - 1) * INIT }
-    const tensors = []
-    for (let l = 0; l < cfg.num_hidden_layers; l++) {
-      for (const m of MODULES) {
-        const [inF, outF] = shapes[m]
-        const p = `base_model.model.model.layers.${l}.${MLP.has(m) ? 'mlp' : 'self_attn'}.${m}`
-        tensors.push([`${p}.lora_A.weight`, [RANK, inF], fill])
-        tensors.push([`${p}.lora_B.weight`, [outF, RANK], fill])
-      }
-    }
-    writeSafetensors(join(tmp, 'adapter_model.safetensors'), tensors)
-    rmSync(dir, { recursive: true, force: true })
-    renameSync(tmp, dir)
+    writeLoraDir(dir, cfg, { rank: RANK, alpha: ALPHA, seed: 0xada0 + i, init: INIT, modules: MODULES })
     console.error(`wrote ${dir}`)
   }
   return dirs

@@ -4,6 +4,7 @@ pub mod error;
 pub mod experts;
 pub mod model;
 pub mod sampling;
+pub mod simd;
 pub mod tokenizer;
 pub mod kv;
 #[cfg(feature = "node")]

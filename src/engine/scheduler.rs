@@ -640,6 +640,8 @@ impl Scheduler {
             }
             s.shared.busy.store(false, Ordering::Release);
         }
+        // Counters first: a caller that sees the end reads stats without this request.
+        self.publish();
         let _ = events.send(Event::Done(done));
     }
 
@@ -651,6 +653,7 @@ impl Scheduler {
             s.running = false;
             s.shared.busy.store(false, Ordering::Release);
         }
+        self.publish();
         let _ = seq.events.send(Event::Error(e));
     }
 

@@ -114,38 +114,16 @@ fn fused_cpu(x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor> {
     Ok(Tensor::from_vec(y, (rows, out), x.device())?)
 }
 
-/// Eight independent accumulators so the loop vectorises.
-#[inline(always)]
-fn dot_body(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
-}
-
-#[inline(always)]
-fn axpy_body(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += alpha * xi;
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    dot_body(a, b)
+    crate::simd::dot(a, b)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn axpy_avx2(alpha: f32, x: &[f32], y: &mut [f32]) {
-    axpy_body(alpha, x, y)
+    crate::simd::axpy(alpha, x, y)
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -154,7 +132,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: the CPU supports the features the function was compiled for.
         return unsafe { dot_avx2(a, b) };
     }
-    dot_body(a, b)
+    crate::simd::dot(a, b)
 }
 
 fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
@@ -163,7 +141,7 @@ fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
         // SAFETY: as above.
         return unsafe { axpy_avx2(alpha, x, y) };
     }
-    axpy_body(alpha, x, y)
+    crate::simd::axpy(alpha, x, y)
 }
 
 #[cfg(test)]

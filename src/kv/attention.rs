@@ -232,7 +232,7 @@ fn attend_body(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &
     kv.for_rows(len, |j, at| {
         let kr = &kv.k[at..at + hd];
         for r in 0..rep {
-            sc[r * len + j] = dot(&q[r * hd..(r + 1) * hd], kr) * scale;
+            sc[r * len + j] = crate::simd::dot(&q[r * hd..(r + 1) * hd], kr) * scale;
         }
     });
     // 2. Softmax per query head.
@@ -251,27 +251,9 @@ fn attend_body(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &
     kv.for_rows(len, |j, at| {
         let vr = &kv.v[at..at + hd];
         for r in 0..rep {
-            let p = sc[r * len + j];
-            for (o, x) in out[r * hd..(r + 1) * hd].iter_mut().zip(vr) {
-                *o += p * x;
-            }
+            crate::simd::axpy(sc[r * len + j], vr, &mut out[r * hd..(r + 1) * hd]);
         }
     });
-}
-
-/// Eight independent accumulators so the loop vectorises.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]

@@ -79,7 +79,11 @@ impl KvStore {
     pub fn copy_block(&self, src: BlockId, dst: BlockId, n: usize) -> Result<()> {
         let (s, d) = (src as usize * self.block_size, dst as usize * self.block_size);
         for t in self.k.iter().chain(&self.v) {
-            t.slice_set(&t.narrow(0, s, n)?.copy()?, 0, d)?;
+            // Through a small buffer: `slice_set` needs distinct storages, and `Tensor::copy`
+            // of a view would clone the whole pool.
+            let tmp = Tensor::zeros((n, t.dim(1)?), t.dtype(), t.device())?;
+            tmp.slice_set(&t.narrow(0, s, n)?, 0, 0)?;
+            t.slice_set(&tmp, 0, d)?;
         }
         Ok(())
     }

@@ -527,13 +527,14 @@ impl Scheduler {
         let bs = self.pool.block_size();
 
         // 1. Plan: a row for each decoding request, then prompt chunks within the budget.
+        let mut decoding = 0;
         for seq in &self.running {
             let st = self.sessions.get_mut(&seq.session).expect("reaped");
             if st.kv.len == st.target() {
                 st.tokens.push(seq.last_token.expect("a decode step follows a sampled token"));
             }
+            decoding += (st.target() - st.kv.len == 1) as usize;
         }
-        let decoding = self.running.iter().filter(|s| self.sessions[&s.session].kv.len + 1 == self.sessions[&s.session].target()).count();
         let mut budget = self.step_tokens.saturating_sub(decoding).max(bs);
         // (index into `running`, first position, rows)
         let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(self.running.len());

@@ -3,8 +3,8 @@
 //!
 //! Design:
 //! - **[`paged_attention`] is the one seam where attention is backend-specific.** The decoder
-//!   hands it the batch's queries, one [`SeqSpan`] per sequence (its rows, first position and
-//!   block table) and the pool; it returns the attention output for every row. On CPU with f32
+//!   hands it the batch's queries, an [`AttentionPlan`] built once per pass from one [`SeqSpan`]
+//!   per sequence (its rows, first position and block table) and the pool; it returns the attention output for every row. On CPU with f32
 //!   caches a fused kernel runs; anything else takes the generic path (gather the sequence's
 //!   rows from the pool, then candle's matmul → softmax → matmul). A CUDA paged-attention
 //!   kernel replaces the generic path here, behind the same signature.
@@ -18,7 +18,7 @@
 //! - The kernel is plain Rust with eight independent accumulators, compiled twice: once with
 //!   AVX2+FMA enabled (chosen at run time) and once portable. Both sum in the same order.
 
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use rayon::prelude::*;
@@ -47,17 +47,69 @@ pub struct SeqSpan<'a> {
     pub blocks: &'a [BlockId],
 }
 
+/// What every layer's attention shares within one forward pass, worked out once per pass:
+/// which sequence and position each row belongs to, and (for the generic path, on first use)
+/// each sequence's slot indices as a tensor on the pool's device.
+pub struct AttentionPlan<'a> {
+    spans: &'a [SeqSpan<'a>],
+    /// Row → (span, query position).
+    row_span: Vec<(usize, usize)>,
+    /// Σ over rows of the positions each row attends to.
+    attended: usize,
+    slots: OnceCell<Vec<Tensor>>,
+}
+
+impl<'a> AttentionPlan<'a> {
+    /// Checks once that every block table covers the positions its rows attend.
+    pub fn new(spans: &'a [SeqSpan<'a>], store: &KvStore) -> Self {
+        let rows = spans.iter().map(|s| s.row + s.len).max().unwrap_or(0);
+        let mut row_span = vec![(0usize, 0usize); rows];
+        let mut attended = 0usize;
+        for (i, s) in spans.iter().enumerate() {
+            for r in 0..s.len {
+                row_span[s.row + r] = (i, s.pos + r);
+                attended += s.pos + r + 1;
+            }
+            let last = s.pos + s.len;
+            let bs = store.block_size;
+            assert!(
+                last <= s.blocks.len() * bs && s.blocks[..last.div_ceil(bs)].iter().all(|&b| (b as usize) < store.num_blocks),
+                "block table shorter than the positions attended"
+            );
+        }
+        Self { spans, row_span, attended, slots: OnceCell::new() }
+    }
+
+    /// Per span, the pool slot of every position `0 .. pos + len`, on `device`.
+    fn slots(&self, store: &KvStore, device: &Device) -> Result<&[Tensor]> {
+        if self.slots.get().is_none() {
+            let bs = store.block_size;
+            let idx = self
+                .spans
+                .iter()
+                .map(|s| {
+                    let total = s.pos + s.len;
+                    let slots: Vec<u32> = (0..total).map(|p| super::store::slot_of(s.blocks, bs, p) as u32).collect();
+                    Ok(Tensor::from_vec(slots, total, device)?)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let _ = self.slots.set(idx);
+        }
+        Ok(self.slots.get().expect("just set"))
+    }
+}
+
 /// `q`: `[rows, num_heads · head_dim]`, the keys/values of every row already written to
 /// `store`. Returns `[rows, num_heads · head_dim]`.
-pub fn paged_attention(q: &Tensor, spans: &[SeqSpan], store: &KvStore, layer: usize, num_heads: usize) -> Result<Tensor> {
-    if let Some(out) = cpu_f32(q, spans, store, layer, num_heads)? {
+pub fn paged_attention(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, num_heads: usize) -> Result<Tensor> {
+    if let Some(out) = cpu_f32(q, plan, store, layer, num_heads)? {
         return Ok(out);
     }
-    generic(q, spans, store, layer, num_heads)
+    generic(q, plan, store, layer, num_heads)
 }
 
 /// The fused CPU kernel, or `None` when it does not apply (device or dtype).
-fn cpu_f32(q: &Tensor, spans: &[SeqSpan], store: &KvStore, layer: usize, nh: usize) -> Result<Option<Tensor>> {
+fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize) -> Result<Option<Tensor>> {
     let (k, v) = store.layer(layer);
     if !q.device().is_cpu() || q.dtype() != DType::F32 || store.dtype != DType::F32 {
         return Ok(None);
@@ -79,21 +131,8 @@ fn cpu_f32(q: &Tensor, spans: &[SeqSpan], store: &KvStore, layer: usize, nh: usi
         return Ok(None);
     };
     let (qd, kd, vd) = (&qd[q0..q1], &kd[k0..k1], &vd[v0..v1]);
-
-    // Row → (span, query position).
-    let mut row_span = vec![(0usize, 0usize); rows];
-    let mut macs = 0usize;
-    for (i, s) in spans.iter().enumerate() {
-        for r in 0..s.len {
-            row_span[s.row + r] = (i, s.pos + r);
-            macs += (s.pos + r + 1) * nh * hd;
-        }
-        let last = s.pos + s.len;
-        assert!(
-            last <= s.blocks.len() * bs && (last == 0 || s.blocks[..last.div_ceil(bs)].iter().all(|&b| (b as usize) < store.num_blocks)),
-            "block table shorter than the positions attended"
-        );
-    }
+    let (row_span, spans) = (&plan.row_span, plan.spans);
+    let macs = plan.attended * nh * hd;
     let simd = Simd::detect();
     let scale = 1.0 / (hd as f32).sqrt();
     let stride = nkv * hd;
@@ -123,19 +162,17 @@ fn cpu_f32(q: &Tensor, spans: &[SeqSpan], store: &KvStore, layer: usize, nh: usi
 
 /// The generic path: per sequence, gather its K/V rows from the pool and attend with candle
 /// ops (any device, any dtype).
-fn generic(q: &Tensor, spans: &[SeqSpan], store: &KvStore, layer: usize, nh: usize) -> Result<Tensor> {
+fn generic(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize) -> Result<Tensor> {
     let (kp, vp) = store.layer(layer);
-    let (nkv, hd, bs) = (store.kv_heads, store.head_dim, store.block_size);
+    let (nkv, hd) = (store.kv_heads, store.head_dim);
     let rep = nh / nkv;
     let scale = 1.0 / (hd as f64).sqrt();
-    let mut outs = Vec::with_capacity(spans.len());
-    for s in spans {
+    let mut outs = Vec::with_capacity(plan.spans.len());
+    for (s, idx) in plan.spans.iter().zip(plan.slots(store, q.device())?) {
         let total = s.pos + s.len;
-        let slots: Vec<u32> = (0..total).map(|p| super::store::slot_of(s.blocks, bs, p) as u32).collect();
-        let idx = Tensor::from_vec(slots, total, q.device())?;
         // [kv_heads, total, head_dim]
-        let k = kp.index_select(&idx, 0)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
-        let v = vp.index_select(&idx, 0)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+        let k = kp.index_select(idx, 0)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+        let v = vp.index_select(idx, 0)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
         // Query heads sharing a KV head are stacked: [kv_heads, rep · len, head_dim].
         let qs = q.narrow(0, s.row, s.len)?.reshape((s.len, nh, hd))?.transpose(0, 1)?.contiguous()?;
         let qs = qs.reshape((nkv, rep * s.len, hd))?;
@@ -323,8 +360,9 @@ mod tests {
                 0,
             )
             .unwrap();
-            let fused = cpu_f32(&q, &spans, &store, 0, nh).unwrap().expect("kernel applies");
-            let gen = generic(&q, &spans, &store, 0, nh).unwrap();
+            let plan = AttentionPlan::new(&spans, &store);
+            let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("kernel applies");
+            let gen = generic(&q, &plan, &store, 0, nh).unwrap();
             assert!(max_diff(&fused, &want) < 1e-5, "fused nh={nh} nkv={nkv} hd={hd}: {}", max_diff(&fused, &want));
             assert!(max_diff(&gen, &want) < 1e-5, "generic nh={nh} nkv={nkv} hd={hd}: {}", max_diff(&gen, &want));
             // The portable path sums in the same order as the SIMD one.
@@ -350,8 +388,9 @@ mod tests {
         let q = Tensor::zeros((1, 16), DType::F16, &dev).unwrap();
         let blocks = [1u32];
         let spans = [SeqSpan { row: 0, len: 1, pos: 0, blocks: &blocks }];
-        assert!(cpu_f32(&q, &spans, &store, 0, 2).unwrap().is_none());
-        let out = paged_attention(&q, &spans, &store, 0, 2).unwrap();
+        let plan = AttentionPlan::new(&spans, &store);
+        assert!(cpu_f32(&q, &plan, &store, 0, 2).unwrap().is_none());
+        let out = paged_attention(&q, &plan, &store, 0, 2).unwrap();
         assert_eq!(out.dims(), &[1, 16]);
     }
 }

@@ -16,7 +16,7 @@ use crate::error::Result;
 use std::ops::Range;
 
 use crate::experts::{linear_segments, ExpertSet, Proj, Segment, Slot};
-use crate::kv::attention::{paged_attention, SeqSpan};
+use crate::kv::attention::{paged_attention, AttentionPlan, SeqSpan};
 use crate::kv::store::{slot_runs, SlotRun};
 use crate::kv::{BlockId, KvCache, KvStore};
 
@@ -203,13 +203,16 @@ impl Decoder {
         for c in chunks {
             let n = c.rows();
             assert!(n > 0 && c.pos + n <= self.max_positions(), "positions checked by the caller");
-            assert!(c.pos + n <= c.blocks.len() * store.block_size, "block table too short");
             spans.push(SeqSpan { row, len: n, pos: c.pos, blocks: c.blocks });
-            slot_runs(c.blocks, store.block_size, row, c.pos, n, &mut runs);
             positions.extend((c.pos..c.pos + n).map(|p| p as u32));
             row += n;
         }
         let rows = row;
+        // Checks every block table against its positions, once for all layers.
+        let attention = AttentionPlan::new(&spans, store);
+        for s in &spans {
+            slot_runs(s.blocks, store.block_size, s.row, s.pos, s.len, &mut runs);
+        }
         let mut segments: Vec<Segment> = Vec::new();
         for (c, s) in chunks.iter().zip(&spans) {
             match segments.last_mut() {
@@ -219,8 +222,8 @@ impl Decoder {
         }
 
         // 1. Embeddings: [rows, hidden]; prompt-tuning virtual tokens take their rows first.
-        let all_tokens: Vec<u32> = chunks.iter().flat_map(|c| c.tokens.iter().copied()).collect();
         let mut x = if chunks.iter().all(|c| c.virtual_rows.is_empty()) {
+            let all_tokens: Vec<u32> = chunks.iter().flat_map(|c| c.tokens.iter().copied()).collect();
             self.embed(&all_tokens)?
         } else {
             let mut parts = Vec::new();
@@ -242,7 +245,7 @@ impl Decoder {
         let sin = self.sin.index_select(&pos_ids, 0)?;
 
         // 3. Transformer blocks: pre-norm attention and MLP, each with a residual.
-        let pass = Pass { spans: &spans, runs: &runs, segments: &segments, cos: &cos, sin: &sin, store };
+        let pass = Pass { attention: &attention, runs: &runs, segments: &segments, cos: &cos, sin: &sin, store };
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_layernorm.forward(&x)?;
             let h = layer.self_attn.forward(&h, i, &pass, self.cfg.rope_interleaved)?;
@@ -298,7 +301,7 @@ impl SeqChunk<'_> {
 
 /// What every layer of one batched pass shares.
 struct Pass<'a> {
-    spans: &'a [SeqSpan<'a>],
+    attention: &'a AttentionPlan<'a>,
     runs: &'a [SlotRun],
     segments: &'a [Segment<'a>],
     cos: &'a Tensor,
@@ -334,7 +337,7 @@ impl Attention {
         pass.store.write(layer, pass.runs, &k, &v.contiguous()?)?;
 
         // 5. Attend through the block tables (the backend seam), then the output projection.
-        let out = paged_attention(&q, pass.spans, pass.store, layer, nh)?;
+        let out = paged_attention(&q, pass.attention, pass.store, layer, nh)?;
         proj(&self.o_proj, &out, Proj::O)
     }
 }

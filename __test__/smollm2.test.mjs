@@ -6,7 +6,7 @@ import { createRequire } from 'node:module'
 import { readFileSync } from 'node:fs'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { ensureSmolLM2 } from '../scripts/assets.mjs'
+import { smolLM2OrSkip } from '../scripts/assets.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
@@ -15,13 +15,7 @@ const THREADS = 2
 const FIXTURES = path.join(path.dirname(fileURLToPath(import.meta.url)), 'fixtures')
 const GREEDY = { temperature: 0 }
 
-let modelPath
-let skip = false
-try {
-  modelPath = ensureSmolLM2({ quiet: true })
-} catch (e) {
-  skip = `SmolLM2 GGUF unavailable: ${e?.message ?? e}`
-}
+const { modelPath, skip } = smolLM2OrSkip()
 
 async function collect(stream) {
   const chunks = []

@@ -9,7 +9,7 @@ import { createRequire } from 'node:module'
 import { readFileSync } from 'node:fs'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { ensureSmolLM2 } from '../scripts/assets.mjs'
+import { smolLM2OrSkip } from '../scripts/assets.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
@@ -20,13 +20,7 @@ const EVAL = JSON.parse(readFileSync(path.join(EXPERT, 'eval.json'), 'utf8'))
 const GREEDY = { temperature: 0, maxTokens: 48 }
 const SQL = /^\s*SELECT\b[^;]*\bFROM\s+(users|orders|products)\b[^;]*;\s*$/i
 
-let modelPath
-let skip = false
-try {
-  modelPath = ensureSmolLM2({ quiet: true })
-} catch (e) {
-  skip = `SmolLM2 GGUF unavailable: ${e?.message ?? e}`
-}
+const { modelPath, skip } = smolLM2OrSkip()
 
 describe('SQL expert on SmolLM2-135M-Instruct', { skip }, () => {
   let rt

@@ -49,7 +49,7 @@ import { createRequire } from 'node:module'
 import os from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { gitRev, mulberry32, runChild, waitIdle, warmPageCache, writeLoraDir } from './common.mjs'
+import { gitRev, parseBenchArgs, randomTokens, runChild, waitIdle, warmPageCache, writeLoraDir } from './common.mjs'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = resolve(here, '..')
@@ -100,48 +100,34 @@ const RULES = [
 ]
 
 function parseArgs(argv) {
-  const a = {
-    quick: false, threads: os.availableParallelism(), repeat: 1, child: null, out: null, waitIdle: 120,
-    models: ['smollm2', 'qwen3'], modelPath: null, tag: null, config: null, ns: null, m: null, noPeer: false,
-  }
-  for (let i = 0; i < argv.length; i++) {
-    const k = argv[i]
-    if (k === '--quick') a.quick = true
-    else if (k === '--threads') a.threads = Number(argv[++i])
-    else if (k === '--repeat') a.repeat = Number(argv[++i])
-    else if (k === '--out') a.out = argv[++i]
-    else if (k === '--wait-idle') a.waitIdle = Number(argv[++i])
-    else if (k === '--child') a.child = argv[++i]
-    else if (k === '--models') a.models = argv[++i].split(',').map((s) => s.trim()).filter(Boolean)
-    // hidden, for smoke tests: another GGUF (+ its config.json dir), other N list / M, no peer
-    else if (k === '--model-path') a.modelPath = argv[++i]
-    else if (k === '--tag') a.tag = argv[++i]
-    else if (k === '--config') a.config = argv[++i]
-    else if (k === '--ns') a.ns = argv[++i].split(',').map(Number)
-    else if (k === '--m') a.m = Number(argv[++i])
-    else if (k === '--no-peer') a.noPeer = true
-    else if (k === '--help' || k === '-h') {
-      console.log('usage: node benches/batch.mjs [--quick] [--threads N] [--repeat N] [--wait-idle SECONDS] [--models smollm2,qwen3] [--out file.json]')
-      console.log(`  --quick          ${16} tokens per session instead of 32 (N = 1, 4, 16, 64 still); peer N = 64 only for SmolLM2`)
-      console.log('  --repeat N       run every child N times (fresh process each) and keep the best of each figure')
-      console.log('  --wait-idle S    before each child, wait up to S seconds (default 120, 0 = off) for a >= 90% idle second')
-      console.log('  --models LIST    comma-separated subset of smollm2,qwen3')
-      process.exit(0)
-    } else throw new Error(`unknown argument ${k}`)
-  }
-  if (!(Number.isInteger(a.threads) && a.threads > 0)) throw new Error('--threads must be a positive integer')
-  if (!(Number.isInteger(a.repeat) && a.repeat > 0)) throw new Error('--repeat must be a positive integer')
-  if (!(Number.isFinite(a.waitIdle) && a.waitIdle >= 0)) throw new Error('--wait-idle must be a number of seconds >= 0')
+  const a = parseBenchArgs(argv, {
+    usage: 'node benches/batch.mjs [--quick] [--threads N] [--repeat N] [--wait-idle SECONDS] [--models smollm2,qwen3] [--out file.json]',
+    help: [
+      `  --quick          ${16} tokens per session instead of 32 (N = 1, 4, 16, 64 still); peer N = 64 only for SmolLM2`,
+      '  --repeat N       run every child N times (fresh process each) and keep the best of each figure',
+      '  --wait-idle S    before each child, wait up to S seconds (default 120, 0 = off) for a >= 90% idle second',
+      '  --models LIST    comma-separated subset of smollm2,qwen3',
+    ],
+    defaults: { models: ['smollm2', 'qwen3'], modelPath: null, tag: null, config: null, ns: null, m: null, noPeer: false },
+    extra: (k, next, a) => {
+      if (k === '--models') a.models = next().split(',').map((s) => s.trim()).filter(Boolean)
+      // hidden, for smoke tests: another GGUF (+ its config.json dir), other N list / M, no peer
+      else if (k === '--model-path') a.modelPath = next()
+      else if (k === '--tag') a.tag = next()
+      else if (k === '--config') a.config = next()
+      else if (k === '--ns') a.ns = next().split(',').map(Number)
+      else if (k === '--m') a.m = Number(next())
+      else if (k === '--no-peer') a.noPeer = true
+      else return false
+      return true
+    },
+  })
   for (const m of a.models) if (!['smollm2', 'qwen3'].includes(m)) throw new Error(`unknown model ${m} (smollm2, qwen3)`)
   if (a.ns && !a.ns.every((n) => Number.isInteger(n) && n > 0 && n <= N_MAX)) throw new Error(`--ns: integers in 1..${N_MAX}`)
   return a
 }
 
-/** Deterministic token ids in [range[0], range[1]). */
-function tokens(seed, n, range) {
-  const r = mulberry32(seed)
-  return Array.from({ length: n }, () => range[0] + Math.floor(r() * (range[1] - range[0])))
-}
+const tokens = randomTokens
 
 /** The prompt of session i in the N-session run: the same for both engines. */
 const batchPrompt = (spec, n, i) => tokens(0xba7c000 + n * 1000 + i, PROMPT, spec.tokenRange)

@@ -2,6 +2,7 @@
 // child process, after waiting for an idle machine, on files already in the page cache.
 import { spawnSync } from 'node:child_process'
 import { closeSync, createReadStream, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs'
+import os from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { Writable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
@@ -60,6 +61,40 @@ export function gitRev() {
   const r = spawnSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' })
   const d = spawnSync('git', ['status', '--porcelain', '--', 'src', 'lib', 'Cargo.toml', 'Cargo.lock'], { cwd: root, encoding: 'utf8' })
   return r.status === 0 ? r.stdout.trim() + (d.stdout.trim() ? '+dirty' : '') : null
+}
+
+/**
+ * Parses the options every benchmark takes (--quick, --threads, --repeat, --out, --wait-idle,
+ * --child, --help) and checks them. `extra(k, next, a)` handles a benchmark's own options and
+ * returns true when it consumed `k` (`next()` reads its value); `defaults` seeds them.
+ */
+export function parseBenchArgs(argv, { usage, help = [], defaults = {}, extra = () => false }) {
+  const a = { quick: false, threads: os.availableParallelism(), repeat: 1, child: null, out: null, waitIdle: 120, ...defaults }
+  for (let i = 0; i < argv.length; i++) {
+    const k = argv[i]
+    const next = () => argv[++i]
+    if (k === '--quick') a.quick = true
+    else if (k === '--threads') a.threads = Number(next())
+    else if (k === '--repeat') a.repeat = Number(next())
+    else if (k === '--out') a.out = next()
+    else if (k === '--wait-idle') a.waitIdle = Number(next())
+    else if (k === '--child') a.child = next()
+    else if (k === '--help' || k === '-h') {
+      console.log(`usage: ${usage}`)
+      for (const line of help) console.log(line)
+      process.exit(0)
+    } else if (!extra(k, next, a)) throw new Error(`unknown argument ${k}`)
+  }
+  if (!(Number.isInteger(a.threads) && a.threads > 0)) throw new Error('--threads must be a positive integer')
+  if (!(Number.isInteger(a.repeat) && a.repeat > 0)) throw new Error('--repeat must be a positive integer')
+  if (!(Number.isFinite(a.waitIdle) && a.waitIdle >= 0)) throw new Error('--wait-idle must be a number of seconds >= 0')
+  return a
+}
+
+/** `n` deterministic token ids in `[range[0], range[1])` from `seed` (mulberry32). */
+export function randomTokens(seed, n, range) {
+  const r = mulberry32(seed)
+  return Array.from({ length: n }, () => range[0] + Math.floor(r() * (range[1] - range[0])))
 }
 
 // ------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import { createRequire } from 'node:module'
 import os from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { gitRev, runChild, waitIdle, warmPageCache } from './common.mjs'
+import { gitRev, parseBenchArgs, randomTokens, runChild, waitIdle, warmPageCache } from './common.mjs'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = resolve(here, '..')
@@ -40,42 +40,17 @@ const BATCH = 512
 const TOKEN_RANGE = [1000, 30000] // ordinary (non-special) ids in both vocabularies
 
 function parseArgs(argv) {
-  const a = { quick: false, threads: os.availableParallelism(), repeat: 1, child: null, out: null, waitIdle: 120 }
-  for (let i = 0; i < argv.length; i++) {
-    const k = argv[i]
-    if (k === '--quick') a.quick = true
-    else if (k === '--threads') a.threads = Number(argv[++i])
-    else if (k === '--repeat') a.repeat = Number(argv[++i])
-    else if (k === '--out') a.out = argv[++i]
-    else if (k === '--wait-idle') a.waitIdle = Number(argv[++i])
-    else if (k === '--child') a.child = argv[++i]
-    else if (k === '--help' || k === '-h') {
-      console.log('usage: node benches/cpu.mjs [--quick] [--threads N] [--repeat N] [--wait-idle SECONDS] [--out file.json]')
-      console.log('  --repeat N       run every measurement N times (interleaved) and keep the best of each figure')
-      console.log('  --wait-idle S    before each measurement, wait up to S seconds (default 120, 0 = off) for a >= 90% idle second')
-      process.exit(0)
-    } else throw new Error(`unknown argument ${k}`)
-  }
-  if (!(Number.isInteger(a.threads) && a.threads > 0)) throw new Error('--threads must be a positive integer')
-  if (!(Number.isInteger(a.repeat) && a.repeat > 0)) throw new Error('--repeat must be a positive integer')
-  if (!(Number.isFinite(a.waitIdle) && a.waitIdle >= 0)) throw new Error('--wait-idle must be a number of seconds >= 0')
-  return a
+  return parseBenchArgs(argv, {
+    usage: 'node benches/cpu.mjs [--quick] [--threads N] [--repeat N] [--wait-idle SECONDS] [--out file.json]',
+    help: [
+      '  --repeat N       run every measurement N times (interleaved) and keep the best of each figure',
+      '  --wait-idle S    before each measurement, wait up to S seconds (default 120, 0 = off) for a >= 90% idle second',
+    ],
+  })
 }
 
-/** Deterministic token ids (mulberry32). */
-function tokens(seed, n) {
-  let s = seed >>> 0
-  const out = []
-  for (let i = 0; i < n; i++) {
-    s = (s + 0x6d2b79f5) >>> 0
-    let t = s
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    const r = ((t ^ (t >>> 14)) >>> 0) / 4294967296
-    out.push(TOKEN_RANGE[0] + Math.floor(r * (TOKEN_RANGE[1] - TOKEN_RANGE[0])))
-  }
-  return out
-}
+/** Deterministic token ids. */
+const tokens = (seed, n) => randomTokens(seed, n, TOKEN_RANGE)
 
 const MB = 1024 * 1024
 const rss = () => process.memoryUsage().rss

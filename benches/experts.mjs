@@ -38,7 +38,7 @@ import { createRequire } from 'node:module'
 import os from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { gitRev, mulberry32, runChild, waitIdle, warmPageCache, writeLoraDir } from './common.mjs'
+import { gitRev, parseBenchArgs, randomTokens, runChild, waitIdle, warmPageCache, writeLoraDir } from './common.mjs'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = resolve(here, '..')
@@ -58,34 +58,18 @@ const TOKEN_RANGE = [1000, 30000]
 const TARGETS = { attachMs: 10, attachGoalMs: 1, detachMs: 5, sixMs: 60, overheadPct: 10 }
 
 function parseArgs(argv) {
-  const a = { quick: false, threads: os.availableParallelism(), repeat: 1, child: null, out: null, waitIdle: 120 }
-  for (let i = 0; i < argv.length; i++) {
-    const k = argv[i]
-    if (k === '--quick') a.quick = true
-    else if (k === '--threads') a.threads = Number(argv[++i])
-    else if (k === '--repeat') a.repeat = Number(argv[++i])
-    else if (k === '--out') a.out = argv[++i]
-    else if (k === '--wait-idle') a.waitIdle = Number(argv[++i])
-    else if (k === '--child') a.child = argv[++i]
-    else if (k === '--help' || k === '-h') {
-      console.log('usage: node benches/experts.mjs [--quick] [--threads N] [--repeat N] [--wait-idle SECONDS] [--out file.json]')
-      console.log('  --quick          Q8_0 base only, 32 decode tokens')
-      console.log('  --repeat N       run every base model N times (fresh process each) and keep the best of each figure')
-      console.log('  --wait-idle S    before each run, wait up to S seconds (default 120, 0 = off) for a >= 90% idle second')
-      process.exit(0)
-    } else throw new Error(`unknown argument ${k}`)
-  }
-  if (!(Number.isInteger(a.threads) && a.threads > 0)) throw new Error('--threads must be a positive integer')
-  if (!(Number.isInteger(a.repeat) && a.repeat > 0)) throw new Error('--repeat must be a positive integer')
-  if (!(Number.isFinite(a.waitIdle) && a.waitIdle >= 0)) throw new Error('--wait-idle must be a number of seconds >= 0')
-  return a
+  return parseBenchArgs(argv, {
+    usage: 'node benches/experts.mjs [--quick] [--threads N] [--repeat N] [--wait-idle SECONDS] [--out file.json]',
+    help: [
+      '  --quick          Q8_0 base only, 32 decode tokens',
+      '  --repeat N       run every base model N times (fresh process each) and keep the best of each figure',
+      '  --wait-idle S    before each run, wait up to S seconds (default 120, 0 = off) for a >= 90% idle second',
+    ],
+  })
 }
 
 /** Deterministic token ids. */
-function tokens(seed, n) {
-  const r = mulberry32(seed)
-  return Array.from({ length: n }, () => TOKEN_RANGE[0] + Math.floor(r() * (TOKEN_RANGE[1] - TOKEN_RANGE[0])))
-}
+const tokens = (seed, n) => randomTokens(seed, n, TOKEN_RANGE)
 
 const MB = 1024 * 1024
 const median = (xs) => {

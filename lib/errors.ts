@@ -12,6 +12,7 @@ export type ErrorCode =
   | 'UNSUPPORTED_ADAPTER'
   | 'INVALID_ADAPTER'
   | 'KV_CACHE_EXHAUSTED'
+  | 'OUT_OF_MEMORY'
   | 'INTERNAL'
 
 /** Every error this package throws or rejects with. */

@@ -1,4 +1,4 @@
-import * as native from './native'
+import { bindingFor, type Variant } from './native'
 import type * as N from '../native'
 import { disposedError, invalidArgument, toError } from './errors'
 import { Expert } from './expert'
@@ -11,9 +11,10 @@ export class Runtime {
   #info: RuntimeInfo
   #disposed = false
 
-  private constructor(n: N.NativeRuntime) {
+  private constructor(n: N.NativeRuntime, binary: Variant) {
     this.#native = n
-    this.#info = n.info
+    const i = n.info
+    this.#info = { ...i, device: i.device as RuntimeInfo['device'], deviceMemoryTotal: i.deviceMemoryTotal ?? null, binary }
   }
 
   /** Loads an HF model directory (config.json + safetensors + tokenizer) or a GGUF file. */
@@ -34,19 +35,25 @@ export class Runtime {
       }
       if (kv.prefixCache !== undefined && typeof kv.prefixCache !== 'boolean') throw invalidArgument('kvCache.prefixCache must be a boolean')
     }
+    const device = rest.device ?? (process.env.EXPERT_RUNTIME_DEVICE as LoadOptions['device']) ?? 'auto'
+    const dtype = rest.dtype ?? (process.env.EXPERT_RUNTIME_DTYPE as LoadOptions['dtype'])
+    if (typeof device !== 'string' || !/^(auto|cpu|cuda(:\d+)?)$/.test(device)) {
+      throw invalidArgument(`unknown device '${String(device)}' (auto, cpu, cuda, cuda:N)`)
+    }
+    const { binding, variant } = bindingFor(device)
     try {
-      const n = await native.loadRuntime(
+      const n = await binding.loadRuntime(
         path,
         {
-          device: rest.device,
-          dtype: rest.dtype,
+          device,
+          dtype,
           contextLength: rest.contextLength,
           threads: rest.threads,
           kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, prefixCache: kv.prefixCache } : undefined,
         },
         onProgress ? (p: N.LoadProgress) => onProgress({ loadedBytes: p.loadedBytes, totalBytes: p.totalBytes }) : undefined,
       )
-      return new Runtime(n)
+      return new Runtime(n, variant)
     } catch (e) {
       throw toError(e)
     }
@@ -142,7 +149,8 @@ export class Runtime {
   stats(): RuntimeStats {
     this.#check()
     try {
-      return { ...this.#native.stats() }
+      const s = this.#native.stats()
+      return { ...s, deviceMemoryFree: s.deviceMemoryFree ?? null, deviceMemoryTotal: s.deviceMemoryTotal ?? null }
     } catch (e) {
       throw toError(e)
     }

@@ -7,9 +7,13 @@ export type Device = 'auto' | 'cpu' | 'cuda' | `cuda:${number}`
 export type DType = 'auto' | 'f32' | 'f16' | 'bf16'
 
 export interface LoadOptions {
-  /** `auto` uses CUDA when this build and the machine have it, otherwise the CPU. */
+  /**
+   * `auto` (the default) uses the GPU when the CUDA build loads and finds one, otherwise the
+   * CPU. `cuda` fails with `NO_CUDA_DEVICE` when there is no usable GPU. The environment
+   * variable `EXPERT_RUNTIME_DEVICE` sets the default.
+   */
   device?: Device
-  /** `auto`: f32 on CPU (fastest and exact there), bf16 on CUDA. */
+  /** `auto`: f32 on CPU (fastest and exact there), bf16 on CUDA. `EXPERT_RUNTIME_DTYPE` sets the default. */
   dtype?: DType
   /** Defaults to the model's maximum (`max_position_embeddings` / GGUF `context_length`). */
   contextLength?: number
@@ -70,12 +74,25 @@ export interface RuntimeStats {
   prefixCacheHitTokens: number
   /** Blocks taken from idle sessions to make room, since load. */
   evictedBlocks: number
+  /** Bytes of the used blocks that live in GPU memory (0 on CPU). */
+  kvDeviceBytes: number
+  /** The GPU's free memory in bytes, at most 100 ms old; `null` on CPU. */
+  deviceMemoryFree: number | null
+  /** The GPU's total memory in bytes; `null` on CPU. */
+  deviceMemoryTotal: number | null
 }
 
 export interface RuntimeInfo {
   architecture: string
   dtype: string
-  device: string
+  /** Where the model runs. */
+  device: 'cpu' | 'cuda'
+  /** `cpu`, or the GPU's name (`NVIDIA H100 80GB HBM3`). */
+  deviceName: string
+  /** The GPU's memory in bytes; `null` on CPU. */
+  deviceMemoryTotal: number | null
+  /** Which build of the addon runs it: `cuda` also runs on CPU when there is no GPU. */
+  binary: 'cpu' | 'cuda'
   vocabSize: number
   contextLength: number
   numLayers: number

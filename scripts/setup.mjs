@@ -38,7 +38,9 @@ export function ensureInstalled() {
   run(npm, ['install', '--no-audit', '--no-fund'])
 }
 
-const NATIVE = 'expert-runtime.linux-x64-gnu.node'
+/** The CPU addon `npm run build` writes, and the CUDA one `npm run build:cuda` writes. */
+export const NATIVE = 'expert-runtime.linux-x64-gnu.node'
+export const CUDA_NATIVE = 'expert-runtime.linux-x64-gnu-cuda.node'
 
 export function ensureBuilt({ force = false } = {}) {
   ensureInstalled()

@@ -27,6 +27,9 @@ pub enum EngineError {
     InvalidAdapter(String),
     #[error("KV cache exhausted: {0}")]
     KvCacheExhausted(String),
+    /// A device allocation failed. The request that needed it fails; the runtime stays usable.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -47,6 +50,7 @@ impl EngineError {
             Self::UnsupportedAdapter(_) => "UNSUPPORTED_ADAPTER",
             Self::InvalidAdapter(_) => "INVALID_ADAPTER",
             Self::KvCacheExhausted(_) => "KV_CACHE_EXHAUSTED",
+            Self::OutOfMemory(_) => "OUT_OF_MEMORY",
             Self::Internal(_) => "INTERNAL",
         }
     }
@@ -58,7 +62,11 @@ impl EngineError {
 
     /// Wraps a candle error raised while reading weights: the file is at fault, not us.
     pub fn invalid_model(ctx: impl std::fmt::Display, e: impl std::fmt::Display) -> Self {
-        Self::InvalidModel(format!("{ctx}: {}", without_backtrace(&e.to_string())))
+        let msg = without_backtrace(&e.to_string());
+        if is_out_of_memory(&msg) {
+            return Self::OutOfMemory(format!("{ctx}: {msg}"));
+        }
+        Self::InvalidModel(format!("{ctx}: {msg}"))
     }
 }
 
@@ -69,11 +77,40 @@ fn without_backtrace(s: &str) -> String {
     s[..end].trim_end().to_string()
 }
 
-/// Errors from tensor ops during a forward pass are internal: the inputs were validated before.
+/// Errors from tensor ops during a forward pass are internal (the inputs were validated
+/// before), except a failed device allocation, which is the machine's limit, not a bug.
 impl From<candle_core::Error> for EngineError {
     fn from(e: candle_core::Error) -> Self {
-        Self::Internal(without_backtrace(&e.to_string()))
+        let msg = without_backtrace(&e.to_string());
+        if is_out_of_memory(&msg) {
+            Self::OutOfMemory(msg)
+        } else {
+            Self::Internal(msg)
+        }
     }
 }
 
+/// The CUDA driver's and runtime's out-of-memory results, as candle formats them
+/// (`DriverError(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")`, cuBLAS `CUBLAS_STATUS_ALLOC_FAILED`).
+pub fn is_out_of_memory(msg: &str) -> bool {
+    msg.contains("CUDA_ERROR_OUT_OF_MEMORY") || msg.contains("ALLOC_FAILED") || msg.contains("cudaErrorMemoryAllocation")
+}
+
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_allocation_failures_are_out_of_memory() {
+        let oom = candle_core::Error::Msg("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into());
+        assert_eq!(EngineError::from(oom).code(), "OUT_OF_MEMORY");
+        let cublas = candle_core::Error::Msg("cublas error CUBLAS_STATUS_ALLOC_FAILED".into());
+        assert_eq!(EngineError::from(cublas).code(), "OUT_OF_MEMORY");
+        let oom_at_load = EngineError::invalid_model("model.layers.3.mlp.up_proj.weight", "CUDA_ERROR_OUT_OF_MEMORY");
+        assert_eq!(oom_at_load.code(), "OUT_OF_MEMORY");
+        assert!(oom_at_load.to_string().contains("up_proj"));
+        assert_eq!(EngineError::from(candle_core::Error::Msg("shape mismatch".into())).code(), "INTERNAL");
+    }
+}

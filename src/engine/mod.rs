@@ -3,6 +3,7 @@
 //! commands over a channel and hands back a receiver of per-request events. Nothing here
 //! blocks the caller's thread except the synchronous `SESSION_BUSY` check.
 
+pub mod device;
 pub mod request;
 pub mod scheduler;
 pub mod sequence;
@@ -18,6 +19,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 pub use request::{Completion, Event, FinishReason, GenerateOptions, Input, SessionShared, TokenChunk};
 
+pub use device::{device_memory, device_name, select_device, DeviceMemory};
 use crate::experts::{Expert, ExpertLoadOptions, Registry};
 use crate::error::{EngineError, Result};
 use crate::model::config::token_id_list;
@@ -54,11 +56,15 @@ pub struct KvCacheOptions {
 
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
 
-/// The default pool size in positions: a quarter of the machine's memory on CPU (4 GiB of
-/// KV on CUDA), at most 64 full contexts, at least one block. On CPU the memory is committed
-/// only as blocks are first written.
+/// The default pool size in positions: a quarter of the machine's memory on CPU, half of the
+/// GPU memory still free after the weights on CUDA; at most 64 full contexts, at least one
+/// block. On CPU the memory is committed only as blocks are first written; on a GPU the pool
+/// is allocated at load.
 pub fn default_kv_tokens(device: &Device, bytes_per_token: usize, context_length: usize) -> usize {
-    let budget = if device.is_cpu() { total_memory().unwrap_or(8 << 30) / 4 } else { 4 << 30 };
+    let budget = match device_memory(device) {
+        Some(m) => m.free as usize / 2,
+        None => total_memory().unwrap_or(8 << 30) / 4,
+    };
     (budget / bytes_per_token.max(1)).min(64 * context_length)
 }
 
@@ -103,7 +109,12 @@ pub struct GenerationDefaults {
 pub struct ModelInfo {
     pub architecture: String,
     pub dtype: String,
+    /// `cpu` | `cuda`.
     pub device: String,
+    /// `cpu`, or the GPU's name.
+    pub device_name: String,
+    /// The GPU's memory in bytes; `None` on CPU.
+    pub device_memory_total: Option<u64>,
     pub vocab_size: usize,
     pub context_length: usize,
     pub num_layers: usize,
@@ -142,30 +153,6 @@ fn dtype_name(d: DType) -> &'static str {
         DType::F16 => "f16",
         DType::BF16 => "bf16",
         _ => "other",
-    }
-}
-
-pub fn select_device(name: Option<&str>) -> Result<Device> {
-    match name.unwrap_or("auto") {
-        "auto" => {
-            #[cfg(feature = "cuda")]
-            if let Ok(d) = Device::new_cuda(0) {
-                return Ok(d);
-            }
-            Ok(Device::Cpu)
-        }
-        "cpu" => Ok(Device::Cpu),
-        s if s == "cuda" || s.starts_with("cuda:") => {
-            let idx: usize = s.strip_prefix("cuda:").map(|n| n.parse()).transpose().map_err(|_| {
-                EngineError::InvalidArgument(format!("device '{s}': expected cuda:<index>"))
-            })?.unwrap_or(0);
-            if cfg!(feature = "cuda") {
-                Device::new_cuda(idx).map_err(|e| EngineError::NoCudaDevice(format!("{s}: {e}")))
-            } else {
-                Err(EngineError::NoCudaDevice(format!("{s}: this binary was built without CUDA support")))
-            }
-        }
-        other => Err(EngineError::InvalidArgument(format!("unknown device '{other}' (auto, cpu, cuda, cuda:N)"))),
     }
 }
 
@@ -318,6 +305,8 @@ impl Engine {
                     architecture: model.cfg.arch.name().into(),
                     dtype: dtype_name(model.dtype).into(),
                     device: if model.device.is_cpu() { "cpu".into() } else { "cuda".into() },
+                    device_name: device_name(&model.device),
+                    device_memory_total: device_memory(&model.device).map(|m| m.total),
                     vocab_size: model.cfg.vocab_size,
                     context_length,
                     num_layers: model.cfg.num_layers,

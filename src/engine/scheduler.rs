@@ -120,7 +120,12 @@ pub struct Scheduler {
     running: Vec<Sequence>,
     tick: u64,
     stats: Arc<EngineStats>,
+    last_memory_probe: std::time::Instant,
 }
+
+/// How often `publish` asks the driver for free GPU memory (a driver call per step would be
+/// noise at thousands of steps a second).
+const MEMORY_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Scheduler {
     pub fn new(
@@ -136,6 +141,8 @@ impl Scheduler {
         stats.kv_blocks_total.store(cfg.num_blocks as u64, Ordering::Relaxed);
         stats.kv_block_size.store(cfg.block_size as u64, Ordering::Relaxed);
         stats.kv_bytes_per_token.store(store.bytes_per_token() as u64, Ordering::Relaxed);
+        stats.kv_on_device.store(!model.device.is_cpu(), Ordering::Relaxed);
+        stats.publish_device_memory(&model.device);
         Ok(Self {
             model,
             tokenizer,
@@ -151,6 +158,7 @@ impl Scheduler {
             running: Vec::new(),
             tick: 0,
             stats,
+            last_memory_probe: std::time::Instant::now(),
         })
     }
 
@@ -190,13 +198,17 @@ impl Scheduler {
         }
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
         let s = &self.stats;
         s.kv_blocks_used.store(self.pool.used() as u64, Ordering::Relaxed);
         s.kv_blocks_cached.store(self.pool.cached() as u64, Ordering::Relaxed);
         s.sessions.store(self.sessions.len() as u64, Ordering::Relaxed);
         s.running_requests.store(self.running.len() as u64, Ordering::Relaxed);
         s.queued_requests.store(self.waiting.len() as u64, Ordering::Relaxed);
+        if !self.model.device.is_cpu() && self.last_memory_probe.elapsed() >= MEMORY_PROBE_INTERVAL {
+            s.publish_device_memory(&self.model.device);
+            self.last_memory_probe = std::time::Instant::now();
+        }
     }
 
     fn handle(&mut self, cmd: Command) {

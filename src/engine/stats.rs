@@ -1,7 +1,9 @@
 //! Counters the engine thread publishes after every step and every command, read without
 //! waiting for it (`Runtime.stats()` is synchronous).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use candle_core::Device;
 
 #[derive(Default)]
 pub struct EngineStats {
@@ -15,6 +17,10 @@ pub struct EngineStats {
     pub queued_requests: AtomicU64,
     pub prefix_cache_hit_tokens: AtomicU64,
     pub evicted_blocks: AtomicU64,
+    /// The pool lives in GPU memory.
+    pub kv_on_device: AtomicBool,
+    pub device_memory_free: AtomicU64,
+    pub device_memory_total: AtomicU64,
 }
 
 /// A consistent-enough copy of [`EngineStats`] (each field is read atomically).
@@ -31,6 +37,11 @@ pub struct StatsSnapshot {
     pub queued_requests: u64,
     pub prefix_cache_hit_tokens: u64,
     pub evicted_blocks: u64,
+    /// KV bytes in use that live in GPU memory (0 on CPU).
+    pub kv_device_bytes: u64,
+    /// The GPU's free and total memory (`None` on CPU), at most 100 ms old.
+    pub device_memory_free: Option<u64>,
+    pub device_memory_total: Option<u64>,
 }
 
 impl EngineStats {
@@ -38,6 +49,7 @@ impl EngineStats {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (used, bs, bpt) = (r(&self.kv_blocks_used), r(&self.kv_block_size), r(&self.kv_bytes_per_token));
         let (running, queued) = (r(&self.running_requests), r(&self.queued_requests));
+        let on_device = self.kv_on_device.load(Ordering::Relaxed);
         StatsSnapshot {
             kv_blocks_total: r(&self.kv_blocks_total),
             kv_blocks_used: used,
@@ -50,6 +62,16 @@ impl EngineStats {
             queued_requests: queued,
             prefix_cache_hit_tokens: r(&self.prefix_cache_hit_tokens),
             evicted_blocks: r(&self.evicted_blocks),
+            kv_device_bytes: if on_device { used * bs * bpt } else { 0 },
+            device_memory_free: on_device.then(|| r(&self.device_memory_free)),
+            device_memory_total: on_device.then(|| r(&self.device_memory_total)),
+        }
+    }
+
+    pub fn publish_device_memory(&self, device: &Device) {
+        if let Some(m) = super::device_memory(device) {
+            self.device_memory_free.store(m.free, Ordering::Relaxed);
+            self.device_memory_total.store(m.total, Ordering::Relaxed);
         }
     }
 }

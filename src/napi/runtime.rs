@@ -75,6 +75,8 @@ impl NativeRuntime {
             architecture: i.architecture.clone(),
             dtype: i.dtype.clone(),
             device: i.device.clone(),
+            device_name: i.device_name.clone(),
+            device_memory_total: i.device_memory_total.map(|b| b as f64),
             vocab_size: i.vocab_size as u32,
             context_length: i.context_length as u32,
             num_layers: i.num_layers as u32,

@@ -35,6 +35,9 @@ pub struct RuntimeStats {
     pub queued_requests: f64,
     pub prefix_cache_hit_tokens: f64,
     pub evicted_blocks: f64,
+    pub kv_device_bytes: f64,
+    pub device_memory_free: Option<f64>,
+    pub device_memory_total: Option<f64>,
 }
 
 impl From<engine::StatsSnapshot> for RuntimeStats {
@@ -51,6 +54,9 @@ impl From<engine::StatsSnapshot> for RuntimeStats {
             queued_requests: s.queued_requests as f64,
             prefix_cache_hit_tokens: s.prefix_cache_hit_tokens as f64,
             evicted_blocks: s.evicted_blocks as f64,
+            kv_device_bytes: s.kv_device_bytes as f64,
+            device_memory_free: s.device_memory_free.map(|b| b as f64),
+            device_memory_total: s.device_memory_total.map(|b| b as f64),
         }
     }
 }
@@ -72,6 +78,8 @@ pub struct RuntimeInfo {
     pub architecture: String,
     pub dtype: String,
     pub device: String,
+    pub device_name: String,
+    pub device_memory_total: Option<f64>,
     pub vocab_size: u32,
     pub context_length: u32,
     pub num_layers: u32,

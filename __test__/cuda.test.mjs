@@ -1,0 +1,146 @@
+// The CUDA backend, and the way the package behaves where there is none.
+//
+// Without a usable GPU (CI, this project's build machines): `device: 'cuda'` rejects with
+// NO_CUDA_DEVICE, `auto` runs on the CPU, and nothing aborts the process. With a GPU
+// (scripts/gpu-check.sh runs this file there with the CUDA build), on the tiny HF fixtures:
+//   - f32: greedy tokens identical to the CPU path and to HF transformers, logprobs within 1e-4;
+//   - bf16: teacher-forced, every HF top-5 logprob within 0.15 and the greedy pick equal to HF's
+//     wherever HF's top-1/top-2 margin exceeds 0.3 (the bound tests/parity.rs states for bf16);
+//   - device memory in `info` and `stats()`, KV bytes on the device while a request runs;
+//   - a KV pool larger than the GPU fails with OUT_OF_MEMORY and the GPU runtime stays usable.
+import { describe, it, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { createRequire } from 'node:module'
+import { readFileSync } from 'node:fs'
+import { fileURLToPath } from 'node:url'
+import path from 'node:path'
+
+const require = createRequire(import.meta.url)
+const { Runtime } = require('../dist/index.js')
+
+const FIXTURES = fileURLToPath(new URL('./fixtures/', import.meta.url))
+const MODELS = ['qwen3-tiny', 'qwen3-untied-mqa', 'qwen2-tiny', 'llama-tiny']
+const fixture = (name) => path.join(FIXTURES, name)
+const reference = (name) => JSON.parse(readFileSync(path.join(FIXTURES, name, 'reference.json'), 'utf8'))
+const BF16_TOL = 0.15
+
+async function collect(stream) {
+  const chunks = []
+  for await (const c of stream) chunks.push(c)
+  return chunks
+}
+
+/** A runtime on the GPU, or the NO_CUDA_DEVICE error that says why there is none. */
+async function probeCuda() {
+  try {
+    return { rt: await Runtime.load(fixture('qwen3-tiny'), { device: 'cuda', dtype: 'f32' }) }
+  } catch (e) {
+    if (e.code !== 'NO_CUDA_DEVICE') throw e
+    return { error: e }
+  }
+}
+
+const probe = await probeCuda()
+const gpu = probe.rt
+after(() => gpu?.dispose())
+
+describe('device selection', () => {
+  it('auto takes the GPU when there is one, else the CPU; info says which', async () => {
+    const rt = await Runtime.load(fixture('qwen3-tiny'), { device: 'auto' })
+    try {
+      assert.equal(rt.info.device, gpu ? 'cuda' : 'cpu')
+      if (gpu) assert.equal(rt.info.binary, 'cuda')
+      assert.ok(['cpu', 'cuda'].includes(rt.info.binary))
+      const out = await rt.createSession().complete({ tokens: [1, 2, 3] }, { maxTokens: 3, temperature: 0 })
+      assert.equal(out.tokens.length, 3)
+    } finally {
+      await rt.dispose()
+    }
+  })
+
+  it('without a GPU, cuda rejects with NO_CUDA_DEVICE and a reason, and the CPU keeps working', { skip: gpu && 'a GPU is present' }, async () => {
+    for (const device of ['cuda', 'cuda:0', 'cuda:3']) {
+      await assert.rejects(Runtime.load(fixture('qwen3-tiny'), { device }), (e) => {
+        assert.equal(e.code, 'NO_CUDA_DEVICE')
+        assert.match(e.message, /cuda/i)
+        return true
+      })
+    }
+    const rt = await Runtime.load(fixture('qwen3-tiny'), { device: 'cpu' })
+    assert.equal(rt.info.deviceMemoryTotal, null)
+    assert.equal(rt.stats().deviceMemoryFree, null)
+    assert.equal(rt.stats().kvDeviceBytes, 0)
+    await rt.dispose()
+  })
+})
+
+describe('CUDA backend', { skip: !gpu && `no usable GPU (${probe.error?.message.slice(0, 160)})` }, () => {
+  for (const name of MODELS) {
+    it(`${name}: f32 greedy tokens identical to the CPU path and to HF, logprobs within 1e-4`, async () => {
+      const ref = reference(name)
+      const n = ref.f32.steps.length
+      const run = async (device) => {
+        const rt = await Runtime.load(fixture(name), { device, dtype: 'f32' })
+        try {
+          assert.equal(rt.info.device, device)
+          return await collect(rt.createSession().generate({ tokens: ref.prompt_ids }, { maxTokens: n, temperature: 0 }))
+        } finally {
+          await rt.dispose()
+        }
+      }
+      const [cuda, cpu] = [await run('cuda'), await run('cpu')]
+      assert.deepEqual(cuda.map((c) => c.tokenId), cpu.map((c) => c.tokenId), 'CUDA vs CPU')
+      assert.deepEqual(cuda.map((c) => c.tokenId), ref.f32.steps.map((s) => s.token), 'CUDA vs HF')
+      cuda.forEach((c, i) => assert.ok(Math.abs(c.logprob - ref.f32.steps[i].logprob) <= 1e-4, `step ${i}: ${c.logprob} vs ${ref.f32.steps[i].logprob}`))
+    })
+
+    it(`${name}: bf16 within ${BF16_TOL} of HF's bf16 run (teacher-forced top-5)`, async () => {
+      const ref = reference(name)
+      const rt = await Runtime.load(fixture(name), { device: 'cuda', dtype: 'bf16' })
+      try {
+        assert.equal(rt.info.dtype, 'bf16')
+        let worst = 0
+        const s = rt.createSession()
+        for (const [i, step] of ref.bf16.steps.entries()) {
+          const forced = [...ref.prompt_ids, ...ref.bf16.steps.slice(0, i).map((x) => x.token)]
+          const [c] = await collect(s.generate({ tokens: forced }, { maxTokens: 1, temperature: 0, topLogprobs: 20 }))
+          const margin = step.top5[0][1] - step.top5[1][1]
+          if (margin > 2 * BF16_TOL) assert.equal(c.tokenId, step.token, `step ${i} (margin ${margin})`)
+          for (const [id, lp] of step.top5) {
+            const ours = c.topLogprobs.find((t) => t.tokenId === id)
+            assert.ok(ours, `step ${i}: HF top-5 token ${id} is not in our top 20`)
+            worst = Math.max(worst, Math.abs(ours.logprob - lp))
+          }
+        }
+        assert.ok(worst <= BF16_TOL, `max |Δlogprob| ${worst}`)
+        console.error(`${name} bf16 on CUDA: max |Δlogprob| vs HF = ${worst.toFixed(4)}`)
+      } finally {
+        await rt.dispose()
+      }
+    })
+  }
+
+  it('reports device memory, and KV bytes on the device while a request runs', async () => {
+    const info = gpu.info
+    assert.equal(info.device, 'cuda')
+    assert.notEqual(info.deviceName, 'cpu')
+    assert.ok(info.deviceMemoryTotal > 1e9)
+    const before = gpu.stats()
+    assert.ok(before.deviceMemoryFree > 0 && before.deviceMemoryFree <= before.deviceMemoryTotal)
+    let seen = 0
+    for await (const _ of gpu.createSession().generate({ tokens: [5, 6, 7, 8] }, { maxTokens: 4, temperature: 0 })) {
+      seen = Math.max(seen, gpu.stats().kvDeviceBytes)
+    }
+    assert.ok(seen > 0 && seen === gpu.stats().kvBytes, `kvDeviceBytes ${seen}`)
+  })
+
+  it('a KV pool larger than the GPU fails with OUT_OF_MEMORY, and the GPU runtime stays usable', async () => {
+    const s = gpu.stats()
+    const want = await collect(gpu.createSession().generate({ tokens: [9, 10, 11] }, { maxTokens: 6, temperature: 0 }))
+    const tokens = Math.ceil((2 * s.deviceMemoryTotal) / s.kvBytesPerToken / 16) * 16
+    await assert.rejects(Runtime.load(fixture('qwen3-tiny'), { device: 'cuda', dtype: 'f32', kvCache: { maxTokens: tokens } }),
+      (e) => e.code === 'OUT_OF_MEMORY')
+    const again = await collect(gpu.createSession().generate({ tokens: [9, 10, 11] }, { maxTokens: 6, temperature: 0 }))
+    assert.deepEqual(again.map((c) => c.tokenId), want.map((c) => c.tokenId))
+  })
+})

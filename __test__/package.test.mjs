@@ -1,0 +1,111 @@
+// The npm packages as a user gets them: the tarballs a release publishes for linux-x64-gnu
+// (scripts/pack.mjs: `npm pack` of the main package and of each platform package with its
+// binary) installed offline into a fresh Node project, then used from a process whose PATH has
+// no Rust toolchain and whose working directory is outside this repository.
+//   - CPU package: streams the demo answer (SmolLM2) token by token.
+//   - CUDA package as well (when `npm run build:cuda` has built it; CI does): on a machine
+//     without the NVIDIA driver the CUDA addon cannot load, so `auto` falls back to the CPU
+//     build, `cuda` rejects with NO_CUDA_DEVICE naming the missing library, and the process
+//     lives on and exits normally. With a driver and a GPU, `auto` takes the GPU.
+import { describe, it, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { execFileSync, spawnSync } from 'node:child_process'
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { delimiter, dirname, join } from 'node:path'
+import { packPackages } from '../scripts/pack.mjs'
+import { smolLM2OrSkip } from '../scripts/assets.mjs'
+
+const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm'
+const { modelPath, skip } = smolLM2OrSkip()
+
+// PATH for the consumer: Node and the system, nothing with cargo or rustc in it.
+const nodeDir = dirname(process.execPath)
+const cleanPath = ['/usr/local/sbin', '/usr/local/bin', '/usr/sbin', '/usr/bin', '/sbin', '/bin', nodeDir]
+  .filter((d) => existsSync(d) && !existsSync(join(d, 'cargo')) && !existsSync(join(d, 'rustc')))
+if (!cleanPath.includes(nodeDir)) cleanPath.push(nodeDir)
+
+const CONSUMER = `
+const { Runtime } = require('expert-runtime')
+const [model, device] = process.argv.slice(2)
+;(async () => {
+  const report = { device }
+  try {
+    const rt = await Runtime.load(model, { device })
+    report.info = rt.info
+    const chunks = []
+    const s = rt.createSession({ system: 'You are a helpful assistant.' })
+    for await (const t of s.generate('What is the capital of France? Answer in one sentence.', { temperature: 0, maxTokens: 24 })) chunks.push(t.text)
+    report.chunks = chunks
+    await rt.dispose()
+  } catch (e) {
+    report.error = { code: e.code, message: e.message }
+  }
+  console.log('REPORT ' + JSON.stringify(report))
+})()
+`
+
+function consumerRun(dir, device) {
+  const r = spawnSync(process.execPath, ['use.js', modelPath, device], {
+    cwd: dir,
+    encoding: 'utf8',
+    env: { PATH: cleanPath.join(delimiter), HOME: dir },
+    timeout: 120_000,
+  })
+  assert.equal(r.signal, null, `the consumer was killed by ${r.signal}:\n${r.stderr}`)
+  assert.equal(r.status, 0, `the consumer exited with ${r.status}:\n${r.stderr}`)
+  const line = r.stdout.split('\n').find((l) => l.startsWith('REPORT '))
+  assert.ok(line, r.stdout + r.stderr)
+  return JSON.parse(line.slice(7))
+}
+
+describe('npm packages installed into a fresh project', { skip }, () => {
+  let work
+  let tarballs
+  before(() => {
+    work = mkdtempSync(join(tmpdir(), 'expert-runtime-pkg-'))
+    tarballs = packPackages(join(work, 'tarballs'))
+  })
+  after(() => work && rmSync(work, { recursive: true, force: true }))
+
+  function install(name, files) {
+    const dir = join(work, name)
+    execFileSync('mkdir', ['-p', dir])
+    writeFileSync(join(dir, 'package.json'), JSON.stringify({ name: `consumer-${name}`, version: '1.0.0', private: true }))
+    writeFileSync(join(dir, 'use.js'), CONSUMER)
+    // --offline: nothing comes from the registry; the other platforms' optional packages are left out.
+    execFileSync(npm, ['install', '--offline', '--no-audit', '--no-fund', '--omit=optional', ...files], { cwd: dir, stdio: 'pipe' })
+    return dir
+  }
+
+  it('the CPU package streams the demo answer with no Rust toolchain on PATH', () => {
+    assert.ok(!spawnSync('cargo', ['--version'], { env: { PATH: cleanPath.join(delimiter) } }).stdout, 'cargo must not be reachable')
+    const dir = install('cpu', [tarballs.main, tarballs.cpu])
+    const r = consumerRun(dir, 'auto')
+    assert.equal(r.error, undefined, JSON.stringify(r.error))
+    assert.equal(r.info.device, 'cpu')
+    assert.equal(r.info.binary, 'cpu')
+    assert.ok(r.chunks.length >= 5, `streamed ${r.chunks.length} chunks`)
+    assert.match(r.chunks.join(''), /Paris/)
+    const cuda = consumerRun(dir, 'cuda')
+    assert.equal(cuda.error?.code, 'NO_CUDA_DEVICE')
+  })
+
+  it('with the CUDA package too: auto falls back (or takes the GPU), cuda explains, nothing aborts', (t) => {
+    if (!tarballs.cuda) return t.skip('the CUDA build is absent (npm run build:cuda)')
+    const dir = install('cuda', [tarballs.main, tarballs.cpu, tarballs.cuda])
+    const auto = consumerRun(dir, 'auto')
+    assert.equal(auto.error, undefined, JSON.stringify(auto.error))
+    assert.match(auto.chunks.join(''), /Paris/)
+    const cuda = consumerRun(dir, 'cuda')
+    if (auto.info.device === 'cuda') {
+      assert.equal(auto.info.binary, 'cuda')
+      assert.equal(cuda.error, undefined)
+    } else {
+      assert.equal(cuda.error?.code, 'NO_CUDA_DEVICE')
+      // No driver: the CUDA addon does not load and the message names what is missing. A driver
+      // without a GPU: the CUDA addon loads and runs on the CPU.
+      if (auto.info.binary === 'cpu') assert.match(cuda.error.message, /lib[a-zA-Z]+\.so/)
+    }
+  })
+})

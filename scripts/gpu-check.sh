@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The CUDA parity tests and the GPU benchmark, in one command, on a machine with an NVIDIA GPU,
+# its driver, and Python with PyTorch (cu13 wheels), transformers and peft, but no Rust and no
+# Node. Everything built comes from `target/gpu-bundle/` (made on a build machine by
+# `npm run build && npm run build:cuda && node scripts/gpu-bundle.mjs`).
+#
+#   bash scripts/gpu-check.sh [--quick] [--tests-only | --bench-only]
+#
+# Results go to $OUT (default ./gpu-results): tests.log, hf.json, gpu.json and summary.md.
+# The exit status is the test run's (the benchmark reports, it does not judge).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+QUICK=""; TESTS=1; BENCH=1
+for a in "$@"; do
+  case "$a" in
+    --quick) QUICK=--quick ;;
+    --tests-only) BENCH=0 ;;
+    --bench-only) TESTS=0 ;;
+    *) echo "unknown argument $a" >&2; exit 2 ;;
+  esac
+done
+B=target/gpu-bundle
+OUT=${OUT:-$PWD/gpu-results}
+WORK=${GPU_CHECK_WORK:-/tmp/expert-runtime-gpu}
+mkdir -p "$OUT" "$WORK"
+[ -d "$B" ] || { echo "missing $B: build it with scripts/gpu-bundle.mjs on a build machine" >&2; exit 2; }
+
+# 1. The Node binary, the CUDA addon and the JS layer from the bundle.
+NODE="$WORK/node"
+[ -x "$NODE" ] || { xz -dc "$B/node.xz" > "$NODE.tmp" && chmod +x "$NODE.tmp" && mv "$NODE.tmp" "$NODE"; }
+xz -dc "$B/expert-runtime.linux-x64-gnu-cuda.node.xz" > expert-runtime.linux-x64-gnu-cuda.node
+[ -f dist/index.js ] || cp -r "$B/dist" dist
+for f in native.js native.d.ts; do [ -f "$f" ] || cp "$B/$f" "$f"; done
+mkdir -p "$WORK/tokenizer"
+for f in tokenizer.json tokenizer_config.json; do xz -dc "$B/tokenizer/$f.xz" > "$WORK/tokenizer/$f"; done
+
+# 2. The CUDA 13 libraries the addon links: PyTorch's nvidia wheels, else a system toolkit.
+PY=${PYTHON:-python3}
+LIBS=$("$PY" - <<'EOF'
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+want = ["libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcurand.so.10", "libnvrtc.so.13"]
+dirs = []
+for w in want:
+    hits = [h for r in roots for h in glob.glob(os.path.join(r, "nvidia", "**", w), recursive=True)]
+    hits += glob.glob(os.path.join("/usr/local/cuda*", "lib*", w)) + glob.glob(os.path.join("/usr/local/cuda*", "targets", "*", "lib", w))
+    if hits and os.path.dirname(hits[0]) not in dirs:
+        dirs.append(os.path.dirname(hits[0]))
+print(":".join(dirs))
+EOF
+)
+export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+{
+  echo "## $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo "node $("$NODE" --version), torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+} | tee "$OUT/summary.md"
+"$NODE" -e "
+  const { Runtime } = require('./dist/index.js');
+  Runtime.load('__test__/fixtures/qwen3-tiny', { device: 'cuda' })
+    .then(async (rt) => { console.log('CUDA addon:', JSON.stringify(rt.info)); await rt.dispose() })
+    .catch((e) => { console.log('CUDA addon unusable:', e.code, e.message); process.exitCode = 1 })
+" 2>&1 | tee -a "$OUT/summary.md"
+
+# 3. Tests: the CUDA suite, then the HF-parity, expert and batching suites on the GPU in f32
+#    (their HF references and the 1e-4 bound are f32).
+STATUS=0
+if [ "$TESTS" = 1 ]; then
+  "$NODE" --test --test-concurrency=1 __test__/cuda.test.mjs 2>&1 | tee "$OUT/tests.log"
+  STATUS=${PIPESTATUS[0]}
+  EXPERT_RUNTIME_DEVICE=cuda EXPERT_RUNTIME_DTYPE=f32 "$NODE" --test --test-concurrency=1 \
+    __test__/generate.test.mjs __test__/experts.test.mjs __test__/batching.test.mjs 2>&1 | tee -a "$OUT/tests.log"
+  S2=${PIPESTATUS[0]}; [ "$S2" = 0 ] || STATUS=$S2
+  echo "tests: $(grep -E '^# (pass|fail|skipped)' "$OUT/tests.log" | tr '\n' ' ') (exit $STATUS)" | tee -a "$OUT/summary.md"
+fi
+
+# 4. Benchmark: the same Qwen3-0.6B-shaped random bf16 weights and LoRAs for HF and for us.
+if [ "$BENCH" = 1 ]; then
+  MODEL="$WORK/qwen3-0.6b-random-bf16"
+  "$PY" scripts/gpu_reference.py make-model --out "$MODEL" --dtype bfloat16 --tokenizer-dir "$WORK/tokenizer"
+  "$NODE" benches/gpu.mjs --model "$MODEL" --write-loras "$WORK/loras" --lora-count 4 > "$WORK/loras.txt"
+  LORAS=$(cat "$WORK/loras.txt")
+  "$PY" scripts/gpu_reference.py bench --model "$MODEL" --device cuda --dtype bfloat16 --lora-dirs "$LORAS" $QUICK --out "$OUT/hf.json" 2>&1 | tail -20
+  "$NODE" benches/gpu.mjs --model "$MODEL" --hf "$OUT/hf.json" --loras "$LORAS" $QUICK --out "$OUT/gpu.json" 2>&1 | tee -a "$OUT/summary.md"
+fi
+exit "$STATUS"

@@ -1,4 +1,5 @@
 //! expert-runtime: an LLM inference engine with run-time PEFT experts.
+pub mod backend;
 pub mod engine;
 pub mod error;
 pub mod experts;

@@ -7,6 +7,7 @@
 
 use candle_core::{DType, Tensor};
 
+use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
 
 /// Up to this many rows, the fused CPU kernel; from here on (prefill), matmuls. Below ~16
@@ -50,7 +51,7 @@ impl LowRank {
 /// `y + Σ s_i B_i (A_i x)` over `adapters`.
 pub fn add_deltas(y: Tensor, x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor> {
     let rows = x.dim(0)?;
-    if rows <= KERNEL_MAX_ROWS && x.device().is_cpu() && x.dtype() == DType::F32 && adapters.iter().all(|l| l.a.dtype() == DType::F32) {
+    if rows <= KERNEL_MAX_ROWS && cpu_kernels(x.device()) && x.dtype() == DType::F32 && adapters.iter().all(|l| l.a.dtype() == DType::F32) {
         let delta = fused_cpu(x, adapters)?;
         return Ok((y + delta)?);
     }

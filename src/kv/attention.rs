@@ -25,6 +25,7 @@ use rayon::prelude::*;
 
 use super::block_pool::BlockId;
 use super::store::KvStore;
+use crate::backend::cpu_kernels;
 use crate::error::Result;
 
 /// Below this many multiply-adds in a call, run inline.
@@ -56,8 +57,36 @@ pub struct AttentionPlan<'a> {
     row_span: Vec<(usize, usize)>,
     /// Σ over rows of the positions each row attends to.
     attended: usize,
-    slots: OnceCell<Vec<Tensor>>,
+    generic: OnceCell<GenericPlan>,
 }
+
+/// The generic path's index tensors for one pass, uploaded once and shared by every layer.
+/// Decode rows (one query each) run batched: sequences sorted by length are grouped, each
+/// group's keys gathered into one padded `[rows, kv_heads, longest, head_dim]` tensor, padding
+/// masked out. Prompt chunks run one sequence at a time with a causal mask.
+struct GenericPlan {
+    decode: Vec<DecodeGroup>,
+    /// `(span index, slot of every position, causal mask)` of the multi-row spans.
+    chunks: Vec<(usize, Tensor, Tensor)>,
+    /// Output row `r` is row `perm[r]` of the groups' and chunks' outputs concatenated, when
+    /// that order is not already the batch order.
+    perm: Option<Tensor>,
+}
+
+struct DecodeGroup {
+    /// Batch rows of the group's queries.
+    rows: Tensor,
+    /// `[n · longest]` pool slots, row-major; padding points at slot 0 (masked).
+    slots: Tensor,
+    /// `[n, 1, 1, longest]`: 0 for a sequence's positions, -inf for its padding.
+    mask: Tensor,
+    n: usize,
+    longest: usize,
+}
+
+/// Decode groups hold at most this many (sequence, position) pairs: the gathered K and V of
+/// one layer are `pairs · kv_heads · head_dim` elements each.
+const DECODE_GROUP_POSITIONS: usize = 1 << 15;
 
 impl<'a> AttentionPlan<'a> {
     /// Checks once that every block table covers the positions its rows attend.
@@ -77,25 +106,69 @@ impl<'a> AttentionPlan<'a> {
                 "block table shorter than the positions attended"
             );
         }
-        Self { spans, row_span, attended, slots: OnceCell::new() }
+        Self { spans, row_span, attended, generic: OnceCell::new() }
     }
 
-    /// Per span, the pool slot of every position `0 .. pos + len`, on `device`.
-    fn slots(&self, store: &KvStore, device: &Device) -> Result<&[Tensor]> {
-        if self.slots.get().is_none() {
-            let bs = store.block_size;
-            let idx = self
-                .spans
-                .iter()
-                .map(|s| {
-                    let total = s.pos + s.len;
-                    let slots: Vec<u32> = (0..total).map(|p| super::store::slot_of(s.blocks, bs, p) as u32).collect();
-                    Ok(Tensor::from_vec(slots, total, device)?)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let _ = self.slots.set(idx);
+    fn generic(&self, store: &KvStore, device: &Device) -> Result<&GenericPlan> {
+        if self.generic.get().is_none() {
+            let _ = self.generic.set(self.build_generic(store, device)?);
         }
-        Ok(self.slots.get().expect("just set"))
+        Ok(self.generic.get().expect("just set"))
+    }
+
+    fn build_generic(&self, store: &KvStore, device: &Device) -> Result<GenericPlan> {
+        let bs = store.block_size;
+        let slots_of = |blocks: &[BlockId], total: usize| -> Vec<u32> {
+            (0..total).map(|p| super::store::slot_of(blocks, bs, p) as u32).collect()
+        };
+        // Output order: decode groups, then chunks.
+        let mut order: Vec<usize> = Vec::with_capacity(self.row_span.len());
+        let mut decode_spans: Vec<&SeqSpan> = self.spans.iter().filter(|s| s.len == 1).collect();
+        decode_spans.sort_by_key(|s| s.pos);
+        let mut decode = Vec::new();
+        let mut i = 0;
+        while i < decode_spans.len() {
+            // Sorted by length: the group's longest is its last member.
+            let mut j = i + 1;
+            while j < decode_spans.len() && (j + 1 - i) * (decode_spans[j].pos + 1) <= DECODE_GROUP_POSITIONS {
+                j += 1;
+            }
+            let group = &decode_spans[i..j];
+            let longest = group.last().expect("non-empty").pos + 1;
+            let mut slots = Vec::with_capacity(group.len() * longest);
+            let mut mask = Vec::with_capacity(group.len() * longest);
+            for s in group {
+                let total = s.pos + 1;
+                slots.extend(slots_of(s.blocks, total));
+                slots.extend(std::iter::repeat_n(0u32, longest - total));
+                mask.extend((0..longest).map(|p| if p < total { 0f32 } else { f32::NEG_INFINITY }));
+                order.push(s.row);
+            }
+            let rows: Vec<u32> = group.iter().map(|s| s.row as u32).collect();
+            decode.push(DecodeGroup {
+                rows: Tensor::from_vec(rows, group.len(), device)?,
+                slots: Tensor::from_vec(slots, group.len() * longest, device)?,
+                mask: Tensor::from_vec(mask, (group.len(), 1, 1, longest), device)?,
+                n: group.len(),
+                longest,
+            });
+            i = j;
+        }
+        let mut chunks = Vec::new();
+        for (si, s) in self.spans.iter().enumerate().filter(|(_, s)| s.len > 1) {
+            let total = s.pos + s.len;
+            let slots = Tensor::from_vec(slots_of(s.blocks, total), total, device)?;
+            chunks.push((si, slots, causal_mask(s.len, s.pos, device)?));
+            order.extend(s.row..s.row + s.len);
+        }
+        // perm[r] = where batch row r sits in `order`.
+        let mut perm = vec![0u32; order.len()];
+        for (at, &row) in order.iter().enumerate() {
+            perm[row] = at as u32;
+        }
+        let identity = perm.iter().enumerate().all(|(r, &p)| p as usize == r);
+        let perm = if identity { None } else { Some(Tensor::from_vec(perm, order.len(), device)?) };
+        Ok(GenericPlan { decode, chunks, perm })
     }
 }
 
@@ -111,7 +184,7 @@ pub fn paged_attention(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer:
 /// The fused CPU kernel, or `None` when it does not apply (device or dtype).
 fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize) -> Result<Option<Tensor>> {
     let (k, v) = store.layer(layer);
-    if !q.device().is_cpu() || q.dtype() != DType::F32 || store.dtype != DType::F32 {
+    if !cpu_kernels(q.device()) || q.dtype() != DType::F32 || store.dtype != DType::F32 {
         return Ok(None);
     }
     let q = q.contiguous()?;
@@ -167,8 +240,21 @@ fn generic(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
     let (nkv, hd) = (store.kv_heads, store.head_dim);
     let rep = nh / nkv;
     let scale = 1.0 / (hd as f64).sqrt();
-    let mut outs = Vec::with_capacity(plan.spans.len());
-    for (s, idx) in plan.spans.iter().zip(plan.slots(store, q.device())?) {
+    let g = plan.generic(store, q.device())?;
+    let mut outs = Vec::with_capacity(g.decode.len() + g.chunks.len());
+    for d in &g.decode {
+        let (n, l) = (d.n, d.longest);
+        // [n, kv_heads, longest, head_dim]
+        let k = kp.index_select(&d.slots, 0)?.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+        let v = vp.index_select(&d.slots, 0)?.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+        // Query head h belongs to KV head h / rep: [n, kv_heads, rep, head_dim].
+        let qs = q.index_select(&d.rows, 0)?.reshape((n, nkv, rep, hd))?;
+        let scores = (qs.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?.broadcast_add(&d.mask)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+        outs.push(probs.matmul(&v)?.reshape((n, nh * hd))?);
+    }
+    for (si, idx, mask) in &g.chunks {
+        let s = &plan.spans[*si];
         let total = s.pos + s.len;
         // [kv_heads, total, head_dim]
         let k = kp.index_select(idx, 0)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
@@ -177,17 +263,16 @@ fn generic(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
         let qs = q.narrow(0, s.row, s.len)?.reshape((s.len, nh, hd))?.transpose(0, 1)?.contiguous()?;
         let qs = qs.reshape((nkv, rep * s.len, hd))?;
         let scores = (qs.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
-        let scores = if s.len > 1 {
-            let m = causal_mask(s.len, s.pos, q.device())?;
-            scores.reshape((nkv, rep, s.len, total))?.broadcast_add(&m)?.reshape((nkv, rep * s.len, total))?
-        } else {
-            scores
-        };
+        let scores = scores.reshape((nkv, rep, s.len, total))?.broadcast_add(mask)?.reshape((nkv, rep * s.len, total))?;
         let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
         let o = probs.matmul(&v)?.reshape((nh, s.len, hd))?.transpose(0, 1)?.reshape((s.len, nh * hd))?;
         outs.push(o);
     }
-    Ok(if outs.len() == 1 { outs.pop().unwrap() } else { Tensor::cat(&outs, 0)? })
+    let out = if outs.len() == 1 { outs.pop().expect("one") } else { Tensor::cat(&outs, 0)? };
+    Ok(match &g.perm {
+        Some(p) => out.index_select(p, 0)?,
+        None => out,
+    })
 }
 
 /// `[seq, pos + seq]`: 0 where query `i` (at position `pos + i`) may see key `j`, else -inf.
@@ -378,6 +463,74 @@ mod tests {
             attend(&qv[..rep * hd], &view, 21, rep, 0.25, &mut sc, &mut b, Simd::detect());
             assert_eq!(a, b);
             let _: &Vec<SlotRun> = &runs[0];
+        }
+    }
+
+    /// Writes random K/V for sequences of `totals` positions, each through its own scattered
+    /// blocks; returns the tables and the contiguous K/V.
+    fn scattered(store: &KvStore, totals: &[usize]) -> (Vec<Vec<BlockId>>, Vec<(Tensor, Tensor)>) {
+        let (bs, width) = (store.block_size, store.kv_heads * store.head_dim);
+        let mut free: Vec<BlockId> = (0..store.num_blocks as BlockId).rev().collect();
+        // Interleave the sequences' blocks so no table is contiguous.
+        free.sort_by_key(|b| (b % 3, *b));
+        let (mut tables, mut kv) = (Vec::new(), Vec::new());
+        for &total in totals {
+            let t: Vec<BlockId> = (0..total.div_ceil(bs)).map(|_| free.pop().expect("pool large enough")).collect();
+            let k = Tensor::randn(0f32, 1.0, (total, width), &Device::Cpu).unwrap();
+            let v = Tensor::randn(0f32, 1.0, (total, width), &Device::Cpu).unwrap();
+            let mut r = Vec::new();
+            slot_runs(&t, bs, 0, 0, total, &mut r);
+            store.write(0, &r, &k, &v).unwrap();
+            tables.push(t);
+            kv.push((k, v));
+        }
+        (tables, kv)
+    }
+
+    /// Decode rows of different lengths, out of length order, after a prompt chunk: the generic
+    /// path batches them (padding masked) and puts every row back in place.
+    #[test]
+    fn generic_path_batches_decode_rows_of_different_lengths() {
+        let (nh, nkv, hd, bs) = (8, 2, 16, 4);
+        let totals = [9usize, 41, 4, 18, 1, 30];
+        let store = KvStore::new(1, 64, bs, nkv, hd, DType::F32, &Device::Cpu).unwrap();
+        let (tables, kv) = scattered(&store, &totals);
+        // Rows: seq 0 is a 3-row chunk ending at position 8; the others decode one row each.
+        let mut spans = vec![SeqSpan { row: 0, len: 3, pos: 6, blocks: &tables[0] }];
+        for (i, &t) in totals.iter().enumerate().skip(1) {
+            spans.push(SeqSpan { row: 2 + i, len: 1, pos: t - 1, blocks: &tables[i] });
+        }
+        let q = Tensor::randn(0f32, 1.0, (8, nh * hd), &Device::Cpu).unwrap();
+        let plan = AttentionPlan::new(&spans, &store);
+        let got = generic(&q, &plan, &store, 0, nh).unwrap();
+        let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("f32 on CPU");
+        for s in &spans {
+            let i = spans.iter().position(|x| x.row == s.row).unwrap();
+            let want = reference(&q.narrow(0, s.row, s.len).unwrap(), &kv[i].0, &kv[i].1, s.pos, nh, nkv, hd);
+            let row = got.narrow(0, s.row, s.len).unwrap();
+            assert!(max_diff(&row, &want) < 1e-5, "sequence {i}: {}", max_diff(&row, &want));
+        }
+        assert!(max_diff(&got, &fused) < 1e-5);
+        assert!(plan.generic(&store, &Device::Cpu).unwrap().perm.is_some(), "rows are not in group order");
+    }
+
+    /// Long sequences split into several decode groups (each within DECODE_GROUP_POSITIONS).
+    #[test]
+    fn generic_path_splits_long_decode_batches_into_groups() {
+        let (nh, nkv, hd, bs) = (2, 1, 4, 16);
+        let totals = [20_000usize, 9_000, 15_000];
+        let store = KvStore::new(1, 45_000 / bs, bs, nkv, hd, DType::F32, &Device::Cpu).unwrap();
+        let (tables, kv) = scattered(&store, &totals);
+        let spans: Vec<SeqSpan> =
+            totals.iter().enumerate().map(|(i, &t)| SeqSpan { row: i, len: 1, pos: t - 1, blocks: &tables[i] }).collect();
+        let q = Tensor::randn(0f32, 1.0, (3, nh * hd), &Device::Cpu).unwrap();
+        let plan = AttentionPlan::new(&spans, &store);
+        assert_eq!(plan.generic(&store, &Device::Cpu).unwrap().decode.len(), 2);
+        let got = generic(&q, &plan, &store, 0, nh).unwrap();
+        for (i, s) in spans.iter().enumerate() {
+            let want = reference(&q.narrow(0, i, 1).unwrap(), &kv[i].0, &kv[i].1, s.pos, nh, nkv, hd);
+            let d = max_diff(&got.narrow(0, i, 1).unwrap(), &want);
+            assert!(d < 1e-5, "sequence {i}: {d}");
         }
     }
 

@@ -8,6 +8,7 @@ use candle_core::{Module, Tensor};
 
 use super::q8::PackedQ8_0;
 
+use crate::backend::cpu_kernels;
 use crate::error::Result;
 
 /// From this many rows on (prefill), a quantized weight is dequantized for the call and
@@ -73,11 +74,11 @@ impl Linear {
     /// `x Wᵀ` without the bias.
     pub fn forward_no_bias(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match &self.weight {
-            Weight::Dense(w) if x.dim(0)? == 1 && x.device().is_cpu() && w.elem_count() >= PARALLEL_GEMV_ELEMS => {
+            Weight::Dense(w) if x.dim(0)? == 1 && cpu_kernels(x.device()) && w.elem_count() >= PARALLEL_GEMV_ELEMS => {
                 parallel_gemv(x, w)?
             }
             Weight::Dense(w) => x.matmul(&w.t()?)?,
-            Weight::Quantized(QMatMul::QTensor(q)) if x.dim(0)? >= DENSE_PREFILL_ROWS && x.device().is_cpu() => {
+            Weight::Quantized(QMatMul::QTensor(q)) if x.dim(0)? >= DENSE_PREFILL_ROWS && cpu_kernels(x.device()) => {
                 let w = q.dequantize(x.device())?.to_dtype(x.dtype())?;
                 x.matmul(&w.t()?)?
             }

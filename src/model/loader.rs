@@ -15,6 +15,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use super::linear::{Linear, Weight};
+use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
 
 /// Reports `(loaded_bytes, total_bytes)` as tensors are read.
@@ -246,7 +247,7 @@ impl WeightSource for GgufSource<'_> {
         let weight = match q.dtype() {
             _ if self.dequantize => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
-            _ if self.device.is_cpu() => {
+            _ if cpu_kernels(&self.device) => {
                 let q = super::repack::for_cpu(q, &self.device)?;
                 if q.dtype() == GgmlDType::Q8_0 {
                     // Our decode kernel's layout; the QTensor is dropped (weights stored once).

@@ -13,3 +13,7 @@ process.env.EXPERT_RUNTIME_SMOLLM2 ||= ensureSmolLM2()
 run('cargo', ['test', '--release', '--no-default-features', '--target', host])
 ensureBuilt()
 run(process.execPath, ['--test', '--test-concurrency=1', '__test__/'])
+// Again through the device-generic code path that CUDA runs (src/backend.rs), on the CPU,
+// against the same HF references: keeps the GPU path correct on machines without a GPU.
+run(process.execPath, ['--test', '--test-concurrency=1', '__test__/generate.test.mjs', '__test__/experts.test.mjs', '__test__/batching.test.mjs'],
+  { env: { ...process.env, EXPERT_RUNTIME_GENERIC_KERNELS: '1' } })

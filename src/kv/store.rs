@@ -10,6 +10,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::block_pool::BlockId;
+use crate::backend::cpu_kernels;
 use crate::error::Result;
 
 pub struct KvStore {
@@ -30,7 +31,54 @@ pub struct SlotRun {
     pub len: usize,
 }
 
+/// How one pass writes its rows' keys and values into every layer: a copy per run of
+/// consecutive slots, or, where each copy is a kernel launch (the device-generic path) and a
+/// batch has many runs (a decode step of many sequences), one scatter per tensor through a
+/// `[rows, width]` slot index built once for the pass.
+pub struct KvWrites {
+    runs: Vec<SlotRun>,
+    scatter: Option<Tensor>,
+}
+
+/// Fewer runs than this are copied run by run.
+const SCATTER_MIN_RUNS: usize = 4;
+
 impl KvStore {
+    /// Plans the writes of a pass whose rows go to `runs`.
+    pub fn plan_writes(&self, runs: Vec<SlotRun>) -> Result<KvWrites> {
+        let scatter = runs.len() >= SCATTER_MIN_RUNS && !cpu_kernels(self.k[0].device());
+        self.writes(runs, scatter)
+    }
+
+    fn writes(&self, runs: Vec<SlotRun>, scatter: bool) -> Result<KvWrites> {
+        let scatter = if scatter {
+            let width = self.kv_heads * self.head_dim;
+            let rows = runs.iter().map(|r| r.row + r.len).max().unwrap_or(0);
+            let mut idx = vec![0u32; rows * width];
+            for r in &runs {
+                for i in 0..r.len {
+                    idx[(r.row + i) * width..][..width].fill((r.slot + i) as u32);
+                }
+            }
+            Some(Tensor::from_vec(idx, (rows, width), self.k[0].device())?)
+        } else {
+            None
+        };
+        Ok(KvWrites { runs, scatter })
+    }
+
+    /// Writes a pass's `k` and `v` (`[rows, kv_heads · head_dim]`) into `layer` as planned.
+    pub fn write_planned(&self, layer: usize, w: &KvWrites, k: &Tensor, v: &Tensor) -> Result<()> {
+        match &w.scatter {
+            Some(idx) => {
+                self.k[layer].scatter_set(idx, &k.contiguous()?, 0)?;
+                self.v[layer].scatter_set(idx, &v.contiguous()?, 0)?;
+                Ok(())
+            }
+            None => self.write(layer, &w.runs, k, v),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         num_layers: usize,
@@ -127,6 +175,34 @@ mod tests {
                 SlotRun { row: 15, slot: 36, len: 1 },
             ]
         );
+    }
+
+    #[test]
+    fn scattered_writes_equal_run_copies() {
+        let runs = vec![
+            SlotRun { row: 0, slot: 9, len: 2 },
+            SlotRun { row: 2, slot: 0, len: 1 },
+            SlotRun { row: 3, slot: 5, len: 3 },
+            SlotRun { row: 6, slot: 13, len: 1 },
+        ];
+        let k = Tensor::randn(0f32, 1.0, (7, 6), &Device::Cpu).unwrap();
+        let v = Tensor::randn(0f32, 1.0, (7, 6), &Device::Cpu).unwrap();
+        let stores: Vec<KvStore> = (0..2).map(|_| KvStore::new(2, 4, 4, 2, 3, DType::F32, &Device::Cpu).unwrap()).collect();
+        for (s, scatter) in stores.iter().zip([false, true]) {
+            let w = s.writes(runs.clone(), scatter).unwrap();
+            assert_eq!(w.scatter.is_some(), scatter);
+            s.write_planned(1, &w, &k, &v).unwrap();
+        }
+        for t in 0..2 {
+            let pick = |s: &KvStore| -> Vec<Vec<f32>> {
+                let (a, b) = s.layer(1);
+                [a, b][t].to_vec2().unwrap()
+            };
+            assert_eq!(pick(&stores[0]), pick(&stores[1]));
+        }
+        let got: Vec<f32> = stores[1].layer(1).0.narrow(0, 5, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let want: Vec<f32> = k.narrow(0, 3, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(got, want);
     }
 
     #[test]

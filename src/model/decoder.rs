@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use crate::experts::{linear_segments, ExpertSet, Proj, Segment, Slot};
 use crate::kv::attention::{paged_attention, AttentionPlan, SeqSpan};
-use crate::kv::store::{slot_runs, SlotRun};
+use crate::kv::store::{slot_runs, KvWrites};
 use crate::kv::{BlockId, KvCache, KvStore};
 
 struct RmsNorm {
@@ -213,6 +213,7 @@ impl Decoder {
         for s in &spans {
             slot_runs(s.blocks, store.block_size, s.row, s.pos, s.len, &mut runs);
         }
+        let writes = store.plan_writes(runs)?;
         let mut segments: Vec<Segment> = Vec::new();
         for (c, s) in chunks.iter().zip(&spans) {
             match segments.last_mut() {
@@ -245,7 +246,7 @@ impl Decoder {
         let sin = self.sin.index_select(&pos_ids, 0)?;
 
         // 3. Transformer blocks: pre-norm attention and MLP, each with a residual.
-        let pass = Pass { attention: &attention, runs: &runs, segments: &segments, cos: &cos, sin: &sin, store };
+        let pass = Pass { attention: &attention, writes: &writes, segments: &segments, cos: &cos, sin: &sin, store };
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_layernorm.forward(&x)?;
             let h = layer.self_attn.forward(&h, i, &pass, self.cfg.rope_interleaved)?;
@@ -302,7 +303,7 @@ impl SeqChunk<'_> {
 /// What every layer of one batched pass shares.
 struct Pass<'a> {
     attention: &'a AttentionPlan<'a>,
-    runs: &'a [SlotRun],
+    writes: &'a KvWrites,
     segments: &'a [Segment<'a>],
     cos: &'a Tensor,
     sin: &'a Tensor,
@@ -334,7 +335,7 @@ impl Attention {
         let k = rot(&k)?.reshape((rows, nkv * hd))?;
 
         // 4. Write this pass's keys and values into the pool through the block tables.
-        pass.store.write(layer, pass.runs, &k, &v.contiguous()?)?;
+        pass.store.write_planned(layer, pass.writes, &k, &v)?;
 
         // 5. Attend through the block tables (the backend seam), then the output projection.
         let out = paged_attention(&q, pass.attention, pass.store, layer, nh)?;

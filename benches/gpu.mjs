@@ -128,5 +128,5 @@ for (const [name, a, b, better] of rows) {
   const ratio = a && b ? (better === 'lower' ? b / a : a / b) : null
   console.log(`| ${name} | ${f(a)} | ${f(b)} | ${ratio ? `${ratio.toFixed(2)}×` : '—'} |`)
 }
-console.log(`64-session scaling over batch 1: ${f(ours.scaling_sessions_over_batch1)}× (mixed experts: ${f(ours.scaling_mixed_over_batch1)}×)`)
+console.log(`${sessions}-session scaling over batch 1: ${f(ours.scaling_sessions_over_batch1)}× (mixed experts: ${f(ours.scaling_mixed_over_batch1)}×)`)
 if (args.out) writeFileSync(args.out, JSON.stringify({ ours, hf }, null, 2) + '\n')

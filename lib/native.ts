@@ -71,7 +71,7 @@ export function bindingFor(device: string): { binding: Binding; variant: Variant
   }
   if (order.length === 1) {
     throw new ExpertRuntimeError('NO_CUDA_DEVICE', `${device}: the CUDA build of expert-runtime could not be loaded `
-      + `(${errors[0]}). It needs ${CUDA_PACKAGE}, an NVIDIA driver and the CUDA 13 libraries (cuBLAS, cuRAND, NVRTC, cudart).`,
+      + `(${errors[0]}). It needs ${CUDA_PACKAGE}, an NVIDIA driver and the CUDA 13 libraries (cudart, cuBLAS, cuRAND).`,
     { cause: failures.get('cuda') })
   }
   throw new ExpertRuntimeError('INTERNAL', `no expert-runtime binary could be loaded for ${process.platform}-${process.arch}: ${errors.join('; ')}`,

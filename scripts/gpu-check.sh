@@ -6,7 +6,9 @@
 #
 #   bash scripts/gpu-check.sh [--quick] [--tests-only | --bench-only]
 #
-# Results go to $OUT (default ./gpu-results): tests.log, hf.json, gpu.json and summary.md.
+# With this project's `device` tool: run it with carry ["target/gpu-bundle"]; the results come
+# back through $OUT, which that tool sets. Otherwise they go to ./gpu-results: tests.log,
+# hf.json, gpu.json and summary.md.
 # The exit status is the test run's (the benchmark reports, it does not judge).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,7 +51,9 @@ for w in want:
 print(":".join(dirs))
 EOF
 )
-export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The driver's own folder, where a container mounts it outside the loader's default paths.
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do [ -e "$d/libcuda.so.1" ] && LIBS="$LIBS:$d"; done
+export LD_LIBRARY_PATH="${LIBS#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 {
   echo "## $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"

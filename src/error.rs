@@ -72,7 +72,7 @@ impl EngineError {
 
 /// candle appends a Rust backtrace to its messages when `RUST_BACKTRACE` is set; users get the
 /// message only.
-fn without_backtrace(s: &str) -> String {
+pub(crate) fn without_backtrace(s: &str) -> String {
     let end = s.find("\nstack backtrace:").or_else(|| s.find("\n   0: ")).unwrap_or(s.len());
     s[..end].trim_end().to_string()
 }

@@ -38,7 +38,7 @@ fn cuda(idx: usize) -> std::result::Result<Device, String> {
     // A driver that is present but cannot initialise, or an index past the last GPU.
     std::panic::catch_unwind(|| Device::new_cuda(idx))
         .map_err(|_| "the CUDA driver panicked during initialisation".to_string())?
-        .map_err(|e| e.to_string())
+        .map_err(|e| crate::error::without_backtrace(&e.to_string()))
 }
 
 #[cfg(not(feature = "cuda"))]

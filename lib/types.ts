@@ -76,7 +76,7 @@ export interface RuntimeStats {
   evictedBlocks: number
   /** Bytes of the used blocks that live in GPU memory (0 on CPU). */
   kvDeviceBytes: number
-  /** The GPU's free memory in bytes, at most 100 ms old; `null` on CPU. */
+  /** The GPU's free memory in bytes as of the engine's last step or command (read from the driver at most every 100 ms); `null` on CPU. */
   deviceMemoryFree: number | null
   /** The GPU's total memory in bytes; `null` on CPU. */
   deviceMemoryTotal: number | null

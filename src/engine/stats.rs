@@ -39,7 +39,8 @@ pub struct StatsSnapshot {
     pub evicted_blocks: u64,
     /// KV bytes in use that live in GPU memory (0 on CPU).
     pub kv_device_bytes: u64,
-    /// The GPU's free and total memory (`None` on CPU), at most 100 ms old.
+    /// The GPU's free and total memory (`None` on CPU) as of the last step or command, read
+    /// from the driver at most every 100 ms.
     pub device_memory_free: Option<u64>,
     pub device_memory_total: Option<u64>,
 }

@@ -250,11 +250,18 @@ describe('selecting experts', () => {
   it('the set cannot change while the session generates (SESSION_BUSY), and a request keeps the set it started with', async () => {
     const c = REF.cases.lora
     const s = rt.createSession({ experts: ['lora'] })
-    const stream = s.generate({ tokens: c.prompt_ids }, { ...GREEDY, maxTokens: 12 })
+    // No maxTokens: greedy runs to the end of the context (500 tokens, ~130 ms here), so the
+    // engine cannot finish the request between generate() and the check below, as 12 tokens
+    // (~7 ms) once did on a loaded machine.
+    const stream = s.generate({ tokens: c.prompt_ids }, GREEDY)
     // generate() marks the session busy synchronously; the engine clears it when the request ends.
     assert.throws(() => s.setExperts(['dora']), (e) => e.code === 'SESSION_BUSY')
     assert.deepEqual(s.experts, ['lora'])
-    assertSteps((await collect(stream)).chunks, c.steps, 'pinned')
+    const it = stream[Symbol.asyncIterator]()
+    const got = []
+    while (got.length < c.steps.length) got.push((await it.next()).value)
+    await it.return() // cancels and waits for the engine to release the session
+    assertSteps(got, c.steps, 'pinned')
     s.setExperts(['dora']) // allowed once idle
     s.dispose()
   })

@@ -8,7 +8,7 @@
 //
 // Versions are pinned to 13.0: the GPU machines run driver 580 (CUDA 13.0), which cannot load
 // PTX written by a newer nvcc. `node scripts/cuda-toolchain.mjs` prints the environment as
-// shell `export` lines; `--check` limits the install to what `cargo check` needs (no cuBLAS).
+// shell `export` lines.
 import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import { homedir } from 'node:os'
@@ -75,24 +75,18 @@ function linkUnversioned(lib) {
   }
 }
 
-/** Installs (once) and returns `{ root, env }`; `check` skips the link-time libraries. */
-export function ensureCudaToolchain({ check = false } = {}) {
+/** Installs (once) and returns `{ root, env }`. */
+export function ensureCudaToolchain() {
   const target = join(cacheRoot(), `cuda-${CUDA_VERSION}`)
   const root = join(target, 'nvidia', 'cu13')
-  const stamp = join(target, check ? '.compile-ready' : '.link-ready')
+  const stamp = join(target, '.ready')
   if (!existsSync(stamp)) {
-    if (!existsSync(join(target, '.compile-ready'))) {
-      rmSync(target, { recursive: true, force: true })
-      pipInstall(target, COMPILE_WHEELS)
-      writeFileSync(join(target, '.compile-ready'), COMPILE_WHEELS.join('\n'))
-    }
-    if (!check) {
-      pipInstall(target, [...COMPILE_WHEELS, ...LINK_WHEELS])
-      linkUnversioned(join(root, 'lib'))
-      const n = writeDriverStub(join(root, 'lib', 'stubs'))
-      console.error(`generated a libcuda.so stub with ${n} driver symbols`)
-      writeFileSync(stamp, [...COMPILE_WHEELS, ...LINK_WHEELS].join('\n'))
-    }
+    rmSync(target, { recursive: true, force: true })
+    pipInstall(target, [...COMPILE_WHEELS, ...LINK_WHEELS])
+    linkUnversioned(join(root, 'lib'))
+    const n = writeDriverStub(join(root, 'lib', 'stubs'))
+    console.error(`generated a libcuda.so stub with ${n} driver symbols`)
+    writeFileSync(stamp, [...COMPILE_WHEELS, ...LINK_WHEELS].join('\n'))
   }
   const lib = join(root, 'lib')
   const env = {
@@ -109,6 +103,6 @@ export function ensureCudaToolchain({ check = false } = {}) {
 }
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  const { env } = ensureCudaToolchain({ check: process.argv.includes('--check') })
+  const { env } = ensureCudaToolchain()
   for (const [k, v] of Object.entries(env)) console.log(`export ${k}=${JSON.stringify(v)}`)
 }

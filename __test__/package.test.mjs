@@ -10,13 +10,13 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFileSync, spawnSync } from 'node:child_process'
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { delimiter, dirname, join } from 'node:path'
 import { packPackages } from '../scripts/pack.mjs'
 import { smolLM2OrSkip } from '../scripts/assets.mjs'
+import { npm } from '../scripts/setup.mjs'
 
-const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm'
 const { modelPath, skip } = smolLM2OrSkip()
 
 // PATH for the consumer: Node and the system, nothing with cargo or rustc in it.
@@ -70,7 +70,7 @@ describe('npm packages installed into a fresh project', { skip }, () => {
 
   function install(name, files) {
     const dir = join(work, name)
-    execFileSync('mkdir', ['-p', dir])
+    mkdirSync(dir, { recursive: true })
     writeFileSync(join(dir, 'package.json'), JSON.stringify({ name: `consumer-${name}`, version: '1.0.0', private: true }))
     writeFileSync(join(dir, 'use.js'), CONSUMER)
     // --offline: nothing comes from the registry; the other platforms' optional packages are left out.

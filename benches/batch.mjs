@@ -49,7 +49,7 @@ import { createRequire } from 'node:module'
 import os from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { gitRev, parseBenchArgs, randomTokens, runChild, waitIdle, warmPageCache, writeLoraDir } from './common.mjs'
+import { aggregate, concurrent, gitRev, parseBenchArgs, randomTokens, runChild, waitIdle, warmPageCache, writeLoraDir } from './common.mjs'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = resolve(here, '..')
@@ -132,63 +132,9 @@ const tokens = randomTokens
 /** The prompt of session i in the N-session run: the same for both engines. */
 const batchPrompt = (spec, n, i) => tokens(0xba7c000 + n * 1000 + i, PROMPT, spec.tokenRange)
 
-const busy = (a, b, ms) => (a && b && ms > 0 ? ((b.user - a.user + b.system - a.system) / 1000) / ms : null)
 const mean = (xs) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null)
 
-// ------------------------------------------------------------------------------------------
-// measurement core, shared by both engines
-// ------------------------------------------------------------------------------------------
-
-/**
- * Opens n streams in one tick (`open(i)` returns an async iterable) and consumes them
- * concurrently, timestamping every chunk. `isEnd(chunk)` ends a stream before counting the chunk,
- * `limit` after that many chunks; `onChunk(i, t, times)` sees every chunk.
- */
-async function concurrent(n, open, { isEnd, limit, onChunk } = {}) {
-  const times = Array.from({ length: n }, () => [])
-  const marks = { withFirst: 0, cpuT0: null, cpuT1: null, ends: [] }
-  const tStart = performance.now()
-  const cpuStart = process.cpuUsage()
-  await Promise.all(Array.from({ length: n }, async (_, i) => {
-    const it = open(i)
-    for await (const c of it) {
-      const t = performance.now()
-      if (isEnd && isEnd(c)) break
-      times[i].push(t)
-      if (times[i].length === 1 && ++marks.withFirst === n) marks.cpuT0 = process.cpuUsage()
-      onChunk?.(i, t, times)
-      if (limit && times[i].length >= limit) break
-    }
-    if (!marks.cpuT1) marks.cpuT1 = process.cpuUsage()
-    marks.ends[i] = it.result?.finishReason ?? null
-  }))
-  return { times, tStart, cpuStart, marks, cpuEnd: process.cpuUsage() }
-}
-
-/** Aggregate decode tok/s over (T0, T1] (see the header), with its fallback. */
-function aggregate({ times, tStart, marks }) {
-  const n = times.length
-  const started = times.filter((t) => t.length > 0)
-  const total = times.reduce((a, t) => a + t.length, 0)
-  const res = { n, totalTokens: total, sessionsWithTokens: started.length }
-  if (!started.length) return { ...res, tps: null, method: 'none' }
-  const T0 = Math.max(...started.map((t) => t[0]))
-  const T1 = Math.min(...started.map((t) => t[t.length - 1]))
-  const inWindow = times.reduce((a, t) => a + t.filter((x) => x > T0 && x <= T1).length, 0)
-  Object.assign(res, { prefillMs: T0 - tStart, windowMs: T1 - T0, windowTokens: inWindow })
-  if (T1 > T0 && inWindow >= 2 * n && started.length === n) {
-    res.tps = inWindow / ((T1 - T0) / 1000)
-    res.method = 'window'
-    res.busyCores = busy(marks.cpuT0, marks.cpuT1, T1 - T0)
-  } else {
-    const after = started.reduce((a, t) => a + t.length - 1, 0)
-    const last = Math.max(...started.map((t) => t[t.length - 1]))
-    res.tps = last > T0 ? after / ((last - T0) / 1000) : null
-    res.method = 'fallback'
-    res.fallbackTokens = after
-  }
-  return res
-}
+// The measurement core shared by both engines (concurrent, aggregate) is in common.mjs.
 
 // ------------------------------------------------------------------------------------------
 // child: expert-runtime

@@ -98,6 +98,69 @@ export function randomTokens(seed, n, range) {
 }
 
 // ------------------------------------------------------------------------------------------
+// Concurrent streams (batch.mjs, gpu.mjs)
+// ------------------------------------------------------------------------------------------
+
+/** Cores busy between two `process.cpuUsage()` marks `ms` apart. */
+const busy = (a, b, ms) => (a && b && ms > 0 ? ((b.user - a.user + b.system - a.system) / 1000) / ms : null)
+
+/**
+ * Opens n streams in one tick (`open(i)` returns an async iterable) and consumes them
+ * concurrently, timestamping every chunk. `isEnd(chunk)` ends a stream before counting the chunk,
+ * `limit` after that many chunks; `onChunk(i, t, times)` sees every chunk.
+ */
+export async function concurrent(n, open, { isEnd, limit, onChunk } = {}) {
+  const times = Array.from({ length: n }, () => [])
+  const marks = { withFirst: 0, cpuT0: null, cpuT1: null, ends: [] }
+  const tStart = performance.now()
+  const cpuStart = process.cpuUsage()
+  await Promise.all(Array.from({ length: n }, async (_, i) => {
+    const it = open(i)
+    for await (const c of it) {
+      const t = performance.now()
+      if (isEnd && isEnd(c)) break
+      times[i].push(t)
+      if (times[i].length === 1 && ++marks.withFirst === n) marks.cpuT0 = process.cpuUsage()
+      onChunk?.(i, t, times)
+      if (limit && times[i].length >= limit) break
+    }
+    if (!marks.cpuT1) marks.cpuT1 = process.cpuUsage()
+    marks.ends[i] = it.result?.finishReason ?? null
+  }))
+  return { times, tStart, cpuStart, marks, cpuEnd: process.cpuUsage() }
+}
+
+/**
+ * Aggregate decode tok/s of a `concurrent` run. T0 = when every stream has its first token,
+ * T1 = when the first stream gets its last one; tok/s = chunks stamped in (T0, T1] / (T1 − T0)
+ * (`method: 'window'`). With fewer than 2n chunks in that window (a stream ended early), it is
+ * every chunk after each stream's first / (last chunk − T0) (`method: 'fallback'`).
+ */
+export function aggregate({ times, tStart, marks }) {
+  const n = times.length
+  const started = times.filter((t) => t.length > 0)
+  const total = times.reduce((a, t) => a + t.length, 0)
+  const res = { n, totalTokens: total, sessionsWithTokens: started.length }
+  if (!started.length) return { ...res, tps: null, method: 'none' }
+  const T0 = Math.max(...started.map((t) => t[0]))
+  const T1 = Math.min(...started.map((t) => t[t.length - 1]))
+  const inWindow = times.reduce((a, t) => a + t.filter((x) => x > T0 && x <= T1).length, 0)
+  Object.assign(res, { prefillMs: T0 - tStart, windowMs: T1 - T0, windowTokens: inWindow })
+  if (T1 > T0 && inWindow >= 2 * n && started.length === n) {
+    res.tps = inWindow / ((T1 - T0) / 1000)
+    res.method = 'window'
+    res.busyCores = busy(marks.cpuT0, marks.cpuT1, T1 - T0)
+  } else {
+    const after = started.reduce((a, t) => a + t.length - 1, 0)
+    const last = Math.max(...started.map((t) => t[t.length - 1]))
+    res.tps = last > T0 ? after / ((last - T0) / 1000) : null
+    res.method = 'fallback'
+    res.fallbackTokens = after
+  }
+  return res
+}
+
+// ------------------------------------------------------------------------------------------
 // Random PEFT LoRA adapters (experts.mjs, batch.mjs)
 // ------------------------------------------------------------------------------------------
 

@@ -8,8 +8,8 @@
 //   decode_tok_s_batch1    one session, a 16-token random prompt, greedy: (tokens − 1) / (last − first chunk)
 //   prefill_tok_s          a 512-token random prompt (--quick 128), maxTokens 1: prompt / TTFT (median of 3)
 //   sessions_tok_s         N sessions (--sessions, default 64; --quick 8), distinct 16-token prompts,
-//                          all started in one tick: tokens after each session's first / (last chunk − the
-//                          moment every session had its first token)
+//                          all started in one tick; aggregate decode tok/s as in batch.mjs (common.mjs
+//                          `aggregate`: tokens in (all started, first finished] / that time)
 //   sessions_mixed_tok_s   the same with the LoRAs: session r runs the base when r % (k+1) == 0, else
 //                          LoRA (r % (k+1)) − 1, the assignment gpu_reference.py gives PEFT
 //   device memory          deviceMemoryTotal − deviceMemoryFree after load and at the peak of the
@@ -18,7 +18,7 @@
 import { readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { Runtime } from '../dist/index.js'
-import { parseBenchArgs, randomTokens, writeLoraDir } from './common.mjs'
+import { aggregate, concurrent, parseBenchArgs, randomTokens, writeLoraDir } from './common.mjs'
 
 const args = parseBenchArgs(process.argv.slice(2), {
   usage: 'node benches/gpu.mjs --model DIR [--hf HF.json] [--loras D1,D2] [--out OUT.json] [--quick] [--device cuda] [--dtype bf16] [--sessions N]',
@@ -59,22 +59,20 @@ async function timedChunks(session, input, opts) {
 }
 
 /** N sessions at once; `experts(r)` gives session r's set. Returns tok/s and the peaks seen. */
-async function concurrent(rt, n, experts) {
+async function sessionsRun(rt, n, experts) {
   const ss = Array.from({ length: n }, () => rt.createSession())
   let peakMem = 0
   let peakKv = 0
-  const poll = setInterval(() => {
-    peakMem = Math.max(peakMem, memUsed(rt) ?? 0)
-    peakKv = Math.max(peakKv, rt.stats().kvDeviceBytes)
-  }, 5)
-  const runs = await Promise.all(ss.map((s, r) => timedChunks(s, { tokens: randomTokens(1000 + r, 16, range) },
-    { maxTokens: decodeTokens, temperature: 0, experts: experts(r) })))
-  clearInterval(poll)
-  const t0 = Math.max(...runs.map((s) => s[0]))
-  const t1 = Math.max(...runs.map((s) => s.at(-1)))
-  const tokens = runs.reduce((a, s) => a + s.filter((t) => t > t0).length, 0)
+  const run = await concurrent(n, (r) => ss[r].generate({ tokens: randomTokens(1000 + r, 16, range) },
+    { maxTokens: decodeTokens, temperature: 0, experts: experts(r) }), {
+    onChunk: () => {
+      peakMem = Math.max(peakMem, memUsed(rt) ?? 0)
+      peakKv = Math.max(peakKv, rt.stats().kvDeviceBytes)
+    },
+  })
   for (const s of ss) s.dispose()
-  return { tokS: tokens / ((t1 - t0) / 1000), peakMem, peakKv, tokens }
+  const a = aggregate(run)
+  return { tokS: a.tps, method: a.method, peakMem, peakKv }
 }
 
 const t = performance.now()
@@ -97,16 +95,16 @@ for (let i = 0; i < 3; i++) {
 }
 const prefill = prefills.sort((a, b) => a - b)[1]
 
-const many = await concurrent(rt, sessions, () => [])
+const many = await sessionsRun(rt, sessions, () => [])
 const loras = args.loras ? args.loras.split(',').filter(Boolean) : []
 const names = []
 for (const [i, dir] of loras.entries()) names.push((await rt.loadExpert(dir, { name: `e${i}` })).name)
-const mixed = names.length ? await concurrent(rt, sessions, (r) => (r % (names.length + 1) === 0 ? [] : [names[(r % (names.length + 1)) - 1]])) : null
+const mixed = names.length ? await sessionsRun(rt, sessions, (r) => (r % (names.length + 1) === 0 ? [] : [names[(r % (names.length + 1)) - 1]])) : null
 
 const ours = {
   device_name: info.deviceName, device: info.device, dtype: info.dtype, binary: info.binary,
   load_s: loadS, decode_tok_s_batch1: decode, decode_tokens: single.length, prefill_tok_s: prefill, prefill_tokens: prefillTokens,
-  sessions, sessions_tok_s: many.tokS, sessions_mixed_tok_s: mixed?.tokS ?? null, loras: names.length,
+  sessions, sessions_tok_s: many.tokS, sessions_mixed_tok_s: mixed?.tokS ?? null, sessions_method: many.method, loras: names.length,
   scaling_sessions_over_batch1: many.tokS / decode, scaling_mixed_over_batch1: mixed ? mixed.tokS / decode : null,
   device_memory_total: info.deviceMemoryTotal, device_memory_after_load: afterLoad,
   device_memory_peak: Math.max(many.peakMem, mixed?.peakMem ?? 0) || null, kv_device_bytes_peak: Math.max(many.peakKv, mixed?.peakKv ?? 0),

@@ -47,11 +47,6 @@ function load(variant: Variant): Binding | Error {
   }
 }
 
-/** Why a variant could not be loaded, once a load was tried. */
-export function loadFailure(variant: Variant): Error | undefined {
-  return failures.get(variant)
-}
-
 /**
  * The addon for a requested device:
  * - `cpu`: whichever build is loaded already (both run on CPU), else the CPU build;

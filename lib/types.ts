@@ -37,8 +37,9 @@ export interface KvCacheOptions {
   blockSize?: number
   /**
    * Positions the pool holds over all sessions (rounded down to whole blocks). Default: a
-   * quarter of the machine's memory on CPU (4 GiB on CUDA) divided by the KV bytes per token,
-   * at most 64 full contexts. On CPU, memory is committed only as blocks are first used.
+   * quarter of the machine's memory on CPU (half the GPU memory left after the weights on CUDA)
+   * divided by the KV bytes per token, at most 64 full contexts. On CPU, memory is committed
+   * only as blocks are first used; on a GPU the pool is allocated at load.
    */
   maxTokens?: number
   /**

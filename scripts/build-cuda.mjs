@@ -6,7 +6,7 @@
 import { copyFileSync, mkdirSync } from 'node:fs'
 import { join } from 'node:path'
 import { ensureCudaToolchain } from './cuda-toolchain.mjs'
-import { CUDA_NATIVE, ensureInstalled, root, run } from './setup.mjs'
+import { CUDA_NATIVE, ensureInstalled, npm, root, run } from './setup.mjs'
 
 const targetDir = join(root, 'target', 'cuda')
 
@@ -15,7 +15,7 @@ const { env } = ensureCudaToolchain()
 ensureInstalled()
 const out = join(targetDir, 'napi-out')
 mkdirSync(out, { recursive: true })
-run(process.platform === 'win32' ? 'npx.cmd' : 'npx', ['napi', 'build', '--platform', '--release', '--features', 'cuda',
+run(npm, ['exec', '--', 'napi', 'build', '--platform', '--release', '--features', 'cuda',
   '--target-dir', targetDir, '--output-dir', out, '--no-js', '--dts', 'native.d.ts'], { env: { ...process.env, ...env } })
 copyFileSync(join(out, 'expert-runtime.linux-x64-gnu.node'), join(root, CUDA_NATIVE))
 console.error(`built ${CUDA_NATIVE}`)

@@ -10,10 +10,9 @@ import { execFileSync } from 'node:child_process'
 import { copyFileSync, cpSync, existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync } from 'node:fs'
 import { join } from 'node:path'
 import { cacheDir } from './assets.mjs'
-import { CUDA_NATIVE, root } from './setup.mjs'
+import { CUDA_NATIVE, npm, root } from './setup.mjs'
 
 const out = join(root, 'target', 'gpu-bundle')
-const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm'
 const sh = (cmd, args, opts = {}) => execFileSync(cmd, args, { stdio: ['ignore', 'pipe', 'inherit'], ...opts })
 
 function xz(src, dest) {

@@ -7,8 +7,7 @@ import { execFileSync } from 'node:child_process'
 import { copyFileSync, cpSync, existsSync, mkdirSync, rmSync } from 'node:fs'
 import { join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { CUDA_NATIVE, NATIVE, root } from './setup.mjs'
-const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm'
+import { CUDA_NATIVE, NATIVE, npm, root } from './setup.mjs'
 
 function pack(dir, dest) {
   const out = execFileSync(npm, ['pack', dir, '--pack-destination', dest, '--ignore-scripts', '--json'],

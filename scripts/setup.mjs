@@ -6,7 +6,7 @@ import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
 export const root = join(dirname(fileURLToPath(import.meta.url)), '..')
-const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm'
+export const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm'
 
 export function run(cmd, args, opts = {}) {
   execFileSync(cmd, args, { cwd: root, stdio: 'inherit', ...opts })

@@ -9,6 +9,7 @@ use candle_core::{DType, Tensor};
 
 use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
+use crate::simd;
 
 /// Up to this many rows, the fused CPU kernel; from here on (prefill), matmuls. Below ~16
 /// rows candle's per-op overhead (four ops per adapter and module) costs more than the
@@ -52,7 +53,7 @@ impl LowRank {
 pub fn add_deltas(y: Tensor, x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor> {
     let rows = x.dim(0)?;
     if rows <= KERNEL_MAX_ROWS && cpu_kernels(x.device()) && x.dtype() == DType::F32 && adapters.iter().all(|l| l.a.dtype() == DType::F32) {
-        let delta = fused_cpu(x, adapters)?;
+        let delta = fused_cpu(x, adapters, simd::level())?;
         return Ok((y + delta)?);
     }
     let mut y = y;
@@ -75,7 +76,7 @@ fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     Ok(f(&all[start..end]))
 }
 
-fn fused_cpu(x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor> {
+fn fused_cpu(x: &Tensor, adapters: &[&LowRank], level: simd::Level) -> Result<Tensor> {
     use rayon::prelude::*;
     let x = x.contiguous()?;
     let (rows, inp) = x.dims2()?;
@@ -90,7 +91,7 @@ fn fused_cpu(x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor> {
                     let mut t = vec![0f32; rows * r];
                     let ax = |(i, tj): (usize, &mut f32)| {
                         let (row, j) = (i / r, i % r);
-                        *tj = dot(&a[j * inp..(j + 1) * inp], &xs[row * inp..(row + 1) * inp]) * l.scale as f32;
+                        *tj = simd::dot_at(level, &a[j * inp..(j + 1) * inp], &xs[row * inp..(row + 1) * inp]) * l.scale as f32;
                     };
                     if rows * r * inp >= PARALLEL_AX_MACS {
                         t.par_iter_mut().enumerate().for_each(ax);
@@ -103,7 +104,7 @@ fn fused_cpu(x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor> {
                         yr.par_chunks_mut(KERNEL_CHUNK).enumerate().for_each(|(c, yc)| {
                             let o0 = c * KERNEL_CHUNK;
                             for (j, &tj) in tr.iter().enumerate() {
-                                axpy(tj, &bt[j * out + o0..j * out + o0 + yc.len()], yc);
+                                simd::axpy_at(level, tj, &bt[j * out + o0..j * out + o0 + yc.len()], yc);
                             }
                         });
                     }
@@ -113,36 +114,6 @@ fn fused_cpu(x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor> {
         Ok(())
     })??;
     Ok(Tensor::from_vec(y, (rows, out), x.device())?)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    crate::simd::dot(a, b)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn axpy_avx2(alpha: f32, x: &[f32], y: &mut [f32]) {
-    crate::simd::axpy(alpha, x, y)
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU supports the features the function was compiled for.
-        return unsafe { dot_avx2(a, b) };
-    }
-    crate::simd::dot(a, b)
-}
-
-fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: as above.
-        return unsafe { axpy_avx2(alpha, x, y) };
-    }
-    crate::simd::axpy(alpha, x, y)
 }
 
 #[cfg(test)]
@@ -162,10 +133,21 @@ mod tests {
         for rows in [1, 3, 9] {
             let x = Tensor::randn(0f32, 1.0, (rows, 300), &dev).unwrap();
             let y = Tensor::randn(0f32, 1.0, (rows, 1100), &dev).unwrap();
+            let want = ((&y + (l1.unscaled(&x).unwrap() * 0.5).unwrap()).unwrap() + (l2.unscaled(&x).unwrap() * 0.15).unwrap()).unwrap();
             let got = add_deltas(y.clone(), &x, &[&l1, &l2]).unwrap();
-            let want = ((y + (l1.unscaled(&x).unwrap() * 0.5).unwrap()).unwrap() + (l2.unscaled(&x).unwrap() * 0.15).unwrap()).unwrap();
-            let d = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let d = (got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(d < 1e-4, "rows {rows}: max |Δ| {d}");
+            // Each kernel path this CPU has, and they agree bit for bit (same summation order).
+            let deltas: Vec<Vec<f32>> = crate::simd::levels()
+                .into_iter()
+                .map(|l| fused_cpu(&x, &[&l1, &l2], l).unwrap().flatten_all().unwrap().to_vec1().unwrap())
+                .collect();
+            for (l, delta) in crate::simd::levels().into_iter().zip(&deltas) {
+                let got = (&y + Tensor::from_slice(delta, (rows, 1100), &dev).unwrap()).unwrap();
+                let d = (got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                assert!(d < 1e-4, "{l:?} rows {rows}: max |Δ| {d}");
+                assert_eq!(delta, &deltas[0], "{l:?} differs from the portable path");
+            }
         }
     }
 }

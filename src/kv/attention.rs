@@ -27,6 +27,7 @@ use super::block_pool::BlockId;
 use super::store::KvStore;
 use crate::backend::cpu_kernels;
 use crate::error::Result;
+use crate::simd::{self, Level};
 
 /// Below this many multiply-adds in a call, run inline.
 const PAR_MIN_MACS: usize = 1 << 16;
@@ -206,7 +207,7 @@ fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
     let (qd, kd, vd) = (&qd[q0..q1], &kd[k0..k1], &vd[v0..v1]);
     let (row_span, spans) = (&plan.row_span, plan.spans);
     let macs = plan.attended * nh * hd;
-    let simd = Simd::detect();
+    let simd = simd::level();
     let scale = 1.0 / (hd as f32).sqrt();
     let stride = nkv * hd;
     let mut out = vec![0f32; rows * nh * hd];
@@ -313,31 +314,14 @@ impl KvView<'_> {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Simd {
-    Scalar,
-    #[cfg(target_arch = "x86_64")]
-    Avx2Fma,
-}
-
-impl Simd {
-    fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            return Simd::Avx2Fma;
-        }
-        Simd::Scalar
-    }
-}
-
 /// One query row and KV head: `q`, `out` `[rep, hd]`; `sc` `[rep, len]` scratch.
 #[allow(clippy::too_many_arguments)]
-fn attend(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32], simd: Simd) {
+fn attend(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32], simd: Level) {
     match simd {
         // SAFETY: `Avx2Fma` is only constructed after detecting both features.
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx2Fma => unsafe { attend_avx2(q, kv, len, rep, scale, sc, out) },
-        Simd::Scalar => attend_body(q, kv, len, rep, scale, sc, out),
+        Level::Avx2Fma => unsafe { attend_avx2(q, kv, len, rep, scale, sc, out) },
+        Level::Portable => attend_body(q, kv, len, rep, scale, sc, out),
     }
 }
 
@@ -457,11 +441,14 @@ mod tests {
             let qv: Vec<f32> = q.narrow(0, 5, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             let view = KvView { k: &kd, v: &vd, blocks: &tables[1], bs, stride: nkv * hd, offset: 0, hd };
             let rep = nh / nkv;
-            let (mut a, mut b) = (vec![0f32; rep * hd], vec![0f32; rep * hd]);
+            let mut a = vec![0f32; rep * hd];
             let mut sc = vec![0f32; rep * 21];
-            attend(&qv[..rep * hd], &view, 21, rep, 0.25, &mut sc, &mut a, Simd::Scalar);
-            attend(&qv[..rep * hd], &view, 21, rep, 0.25, &mut sc, &mut b, Simd::detect());
-            assert_eq!(a, b);
+            attend(&qv[..rep * hd], &view, 21, rep, 0.25, &mut sc, &mut a, Level::Portable);
+            for level in crate::simd::levels() {
+                let mut b = vec![0f32; rep * hd];
+                attend(&qv[..rep * hd], &view, 21, rep, 0.25, &mut sc, &mut b, level);
+                assert_eq!(a, b, "{level:?}");
+            }
             let _: &Vec<SlotRun> = &runs[0];
         }
     }

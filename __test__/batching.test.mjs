@@ -8,17 +8,14 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
-import { fileURLToPath } from 'node:url'
 import path from 'node:path'
+import { FIXTURES, GREEDY, LOGPROB_TOL } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
 
-const FIXTURES = fileURLToPath(new URL('./fixtures/', import.meta.url))
 const MODEL = path.join(FIXTURES, 'qwen3-tiny')
 const ADAPTERS = path.join(FIXTURES, 'adapters')
-const GREEDY = { temperature: 0 }
-const LOGPROB_TOL = 1e-4
 const EXPERTS = ['lora', 'lora2', 'rslora', 'dora', 'ia3', 'lokr', 'prompt']
 
 /** mulberry32 → deterministic token ids in [3, 400). */

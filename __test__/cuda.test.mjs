@@ -11,24 +11,13 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
-import { readFileSync } from 'node:fs'
-import { fileURLToPath } from 'node:url'
-import path from 'node:path'
+import { collect, fixture, reference } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
 
-const FIXTURES = fileURLToPath(new URL('./fixtures/', import.meta.url))
 const MODELS = ['qwen3-tiny', 'qwen3-untied-mqa', 'qwen2-tiny', 'llama-tiny']
-const fixture = (name) => path.join(FIXTURES, name)
-const reference = (name) => JSON.parse(readFileSync(path.join(FIXTURES, name, 'reference.json'), 'utf8'))
 const BF16_TOL = 0.15
-
-async function collect(stream) {
-  const chunks = []
-  for await (const c of stream) chunks.push(c)
-  return chunks
-}
 
 /** A runtime on the GPU, or the NO_CUDA_DEVICE error that says why there is none. */
 async function probeCuda() {
@@ -83,7 +72,7 @@ describe('CUDA backend', { skip: !gpu && `no usable GPU (${probe.error?.message.
         const rt = await Runtime.load(fixture(name), { device, dtype: 'f32' })
         try {
           assert.equal(rt.info.device, device)
-          return await collect(rt.createSession().generate({ tokens: ref.prompt_ids }, { maxTokens: n, temperature: 0 }))
+          return (await collect(rt.createSession().generate({ tokens: ref.prompt_ids }, { maxTokens: n, temperature: 0 }))).chunks
         } finally {
           await rt.dispose()
         }
@@ -103,7 +92,7 @@ describe('CUDA backend', { skip: !gpu && `no usable GPU (${probe.error?.message.
         const s = rt.createSession()
         for (const [i, step] of ref.bf16.steps.entries()) {
           const forced = [...ref.prompt_ids, ...ref.bf16.steps.slice(0, i).map((x) => x.token)]
-          const [c] = await collect(s.generate({ tokens: forced }, { maxTokens: 1, temperature: 0, topLogprobs: 20 }))
+          const { chunks: [c] } = await collect(s.generate({ tokens: forced }, { maxTokens: 1, temperature: 0, topLogprobs: 20 }))
           const margin = step.top5[0][1] - step.top5[1][1]
           if (margin > 2 * BF16_TOL) assert.equal(c.tokenId, step.token, `step ${i} (margin ${margin})`)
           for (const [id, lp] of step.top5) {
@@ -136,11 +125,11 @@ describe('CUDA backend', { skip: !gpu && `no usable GPU (${probe.error?.message.
 
   it('a KV pool larger than the GPU fails with OUT_OF_MEMORY, and the GPU runtime stays usable', async () => {
     const s = gpu.stats()
-    const want = await collect(gpu.createSession().generate({ tokens: [9, 10, 11] }, { maxTokens: 6, temperature: 0 }))
+    const { chunks: want } = await collect(gpu.createSession().generate({ tokens: [9, 10, 11] }, { maxTokens: 6, temperature: 0 }))
     const tokens = Math.ceil((2 * s.deviceMemoryTotal) / s.kvBytesPerToken / 16) * 16
     await assert.rejects(Runtime.load(fixture('qwen3-tiny'), { device: 'cuda', dtype: 'f32', kvCache: { maxTokens: tokens } }),
       (e) => e.code === 'OUT_OF_MEMORY')
-    const again = await collect(gpu.createSession().generate({ tokens: [9, 10, 11] }, { maxTokens: 6, temperature: 0 }))
+    const { chunks: again } = await collect(gpu.createSession().generate({ tokens: [9, 10, 11] }, { maxTokens: 6, temperature: 0 }))
     assert.deepEqual(again.map((c) => c.tokenId), want.map((c) => c.tokenId))
   })
 })

@@ -7,14 +7,12 @@ import { createRequire } from 'node:module'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { fixture, reference } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime, ExpertRuntimeError } = require('../dist/index.js')
 
-const FIXTURES = fileURLToPath(new URL('./fixtures/', import.meta.url))
-const fixture = (...p) => path.join(FIXTURES, ...p)
-const ref = JSON.parse(fs.readFileSync(fixture('qwen3-tiny', 'reference.json'), 'utf8'))
+const ref = reference('qwen3-tiny')
 
 let tmp
 before(async () => {

@@ -6,26 +6,17 @@ import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { fileURLToPath } from 'node:url'
 import os from 'node:os'
 import path from 'node:path'
+import { collect, FIXTURES, fixtureJson, GREEDY, LOGPROB_TOL } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime, Expert } = require('../dist/index.js')
 
-const FIXTURES = fileURLToPath(new URL('./fixtures/', import.meta.url))
 const ADAPTERS = path.join(FIXTURES, 'adapters')
-const REF = JSON.parse(readFileSync(path.join(ADAPTERS, 'reference.json'), 'utf8'))
-const GREEDY = { temperature: 0 }
-const LOGPROB_TOL = 1e-4
+const REF = fixtureJson('adapters', 'reference.json')
 
 const adapter = (name) => path.join(ADAPTERS, name)
-
-async function collect(stream) {
-  const chunks = []
-  for await (const c of stream) chunks.push(c)
-  return { chunks, result: stream.result }
-}
 
 function assertSteps(chunks, steps, what) {
   assert.deepEqual(

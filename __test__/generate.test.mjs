@@ -4,26 +4,13 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
-import { readFileSync } from 'node:fs'
-import { fileURLToPath } from 'node:url'
 import path from 'node:path'
+import { collect, fixture, fixtureJson, GREEDY, LOGPROB_TOL, reference } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
 
-const FIXTURES = fileURLToPath(new URL('./fixtures/', import.meta.url))
 const MODELS = ['qwen3-tiny', 'qwen3-untied-mqa', 'qwen2-tiny', 'llama-tiny']
-const GREEDY = { temperature: 0 }
-const LOGPROB_TOL = 1e-4
-
-const fixture = (name) => path.join(FIXTURES, name)
-const reference = (name) => JSON.parse(readFileSync(path.join(FIXTURES, name, 'reference.json'), 'utf8'))
-
-async function collect(stream) {
-  const chunks = []
-  for await (const c of stream) chunks.push(c)
-  return { chunks, result: stream.result }
-}
 
 function assertSteps(chunks, steps, { logprobs = true } = {}) {
   assert.deepEqual(
@@ -276,7 +263,7 @@ describe('generation (qwen3-tiny)', () => {
   )
 
   it('chat input renders like transformers\' chat template (tokenizer_reference.json)', async () => {
-    const refs = JSON.parse(readFileSync(path.join(FIXTURES, 'tokenizer_reference.json'), 'utf8')).chat
+    const refs = fixtureJson('tokenizer_reference.json').chat
     const cases = refs.filter((c) => c.add_generation_prompt)
     assert.ok(cases.length >= 2)
     for (const c of cases) {

@@ -4,19 +4,15 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
-import { readFileSync } from 'node:fs'
-import { fileURLToPath } from 'node:url'
 import path from 'node:path'
 import v8 from 'node:v8'
 import vm from 'node:vm'
+import { FIXTURES, fixture, fixtureJson, GREEDY, reference } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime, Session, GenerationStream, ExpertRuntimeError } = require('../dist/index.js')
 
-const FIXTURES = fileURLToPath(new URL('./fixtures/', import.meta.url))
-const fixture = (...p) => path.join(FIXTURES, ...p)
-const ref = JSON.parse(readFileSync(fixture('qwen3-tiny', 'reference.json'), 'utf8'))
-const GREEDY = { temperature: 0 }
+const ref = reference('qwen3-tiny')
 // No maxTokens: a greedy run on the reference prompt goes on until the 512-token context is
 // full (it never samples an EOS), hundreds of steps, so it is still running when we act on it.
 const LONG = { tokens: ref.prompt_ids }
@@ -356,7 +352,7 @@ describe('loading', () => {
 })
 
 describe('tokenizer round trip', () => {
-  const { encode } = JSON.parse(readFileSync(fixture('tokenizer_reference.json'), 'utf8'))
+  const { encode } = fixtureJson('tokenizer_reference.json')
   for (const p of [fixture('qwen3-tiny'), fixture('llama-tiny', 'model-f32.gguf')]) {
     it(`tokenize/detokenize match the HF reference (${path.relative(FIXTURES, p)})`, async () => {
       const rt = await Runtime.load(p)

@@ -3,25 +3,15 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
-import { readFileSync } from 'node:fs'
-import path from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { smolLM2OrSkip } from '../scripts/assets.mjs'
+import { collect, fixtureJson, GREEDY } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
 
 const THREADS = 2
-const FIXTURES = path.join(path.dirname(fileURLToPath(import.meta.url)), 'fixtures')
-const GREEDY = { temperature: 0 }
 
 const { modelPath, skip } = smolLM2OrSkip()
-
-async function collect(stream) {
-  const chunks = []
-  for await (const c of stream) chunks.push(c)
-  return { chunks, result: stream.result }
-}
 
 describe('SmolLM2-135M-Instruct Q4_1 GGUF', { skip }, () => {
   let rt
@@ -82,7 +72,7 @@ describe('SmolLM2-135M-Instruct Q4_1 GGUF', { skip }, () => {
     // greedy steps, so quantization noise in either engine cannot flip a token. (On prompts
     // with near-ties, e.g. "Write a short poem about the sea." whose first step is a 0.012-nat
     // tie in HF, both quantized engines drift apart from HF and from each other.)
-    const ref = JSON.parse(readFileSync(path.join(FIXTURES, 'smollm2-reference.json'), 'utf8'))
+    const ref = fixtureJson('smollm2-reference.json')
     const ids = rt.tokenize(ref.prompt_text, { addSpecialTokens: false })
     assert.deepEqual(ids, ref.prompt_ids, 'our prompt ids equal the HF tokenizer\'s')
     const want = ref.steps.map((s) => s.token)

@@ -44,15 +44,16 @@
 // decode window, and --repeat N keeps the best of N runs of each figure.
 //
 // Results: a markdown table per model on stdout, JSON under <cacheDir>/bench-results/batch-<date>.json.
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { existsSync, readFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import os from 'node:os'
-import { dirname, join, resolve } from 'node:path'
+import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { aggregate, concurrent, gitRev, parseBenchArgs, randomTokens, runChild, waitIdle, warmPageCache, writeLoraDir } from './common.mjs'
+import {
+  aggregate, assertBuilt, benchMain, concurrent, fmt, gitRev, loadAtStart, loadSummary, machineInfo, machineName, nodeLlamaCppVersion,
+  parseBenchArgs, randomTokens, resultsPath, root, runChild, runInfo, waitIdleThenSay, warmPageCache, writeLoraDir, writeResults,
+} from './common.mjs'
 
-const here = dirname(fileURLToPath(import.meta.url))
-const root = resolve(here, '..')
 const require = createRequire(import.meta.url)
 
 const NS = [1, 4, 16, 64]
@@ -356,7 +357,7 @@ async function peerChild(spec) {
   const out = { engine: 'node-llama-cpp', notes: [], batch: {} }
   try {
     const { getLlama } = await import('node-llama-cpp')
-    try { out.version = JSON.parse(readFileSync(join(root, 'node_modules', 'node-llama-cpp', 'package.json'), 'utf8')).version } catch { /* version unknown */ }
+    try { out.version = nodeLlamaCppVersion() } catch { /* version unknown */ }
     const llama = await getLlama({ gpu: false, build: 'never' })
     const tl = performance.now()
     const model = await llama.loadModel({ modelPath: spec.path })
@@ -410,7 +411,6 @@ function ensureAdapters(cacheDir, tag, cfg, count) {
   return dirs
 }
 
-const fmt = (x, d = 1) => (x == null || !Number.isFinite(x) ? '—' : x.toFixed(d))
 const tpsCell = (r) => (r?.error ? 'error' : r ? `${fmt(r.tps, 1)}${r.method === 'fallback' ? '*' : ''}` : '—')
 
 /** Best of the repeats: highest tok/s per N and engine mode, lowest TTFT; the rest from run 1. */
@@ -483,7 +483,7 @@ function printModel(c, ours, peer, ns) {
 }
 
 async function parent(args) {
-  if (!existsSync(join(root, 'dist', 'index.js'))) throw new Error('dist/index.js is missing: run `npm run build` first')
+  assertBuilt()
   const { cacheDir, ensureSmolLM2 } = await import(join(root, 'scripts', 'assets.mjs'))
   const m = args.m ?? (args.quick ? 16 : 32)
   const ns = args.ns ?? NS
@@ -512,8 +512,7 @@ async function parent(args) {
     await warmPageCache(c.path)
   }
 
-  const load0 = os.loadavg()
-  if (load0[0] > 0.5) console.error(`warning: load average ${load0.map((x) => x.toFixed(2)).join(' ')}; other work skews CPU timings`)
+  const load0 = loadAtStart()
   const script = fileURLToPath(import.meta.url)
   const results = []
   for (const c of cases) {
@@ -521,8 +520,7 @@ async function parent(args) {
     const peerRuns = []
     for (let rep = 0; rep < args.repeat; rep++) {
       const base = { tag: c.tag, path: c.path, threads: c.threads, quick: args.quick, m: c.m, tokenRange: c.tokenRange, context: Math.min(CONTEXT, c.cfg.max_position_embeddings ?? CONTEXT) }
-      let idle = await waitIdle(args.waitIdle)
-      console.error(`[${rep + 1}/${args.repeat}] ${c.label}: expert-runtime${idle == null ? '' : ` (machine ${(idle * 100).toFixed(0)}% idle before)`}`)
+      let idle = await waitIdleThenSay(args, rep, `${c.label}: expert-runtime`)
       try {
         oursRuns.push({ ...runChild(script, { ...base, kind: 'ours', ns, adapters: c.adapters }, `${c.tag} ours`), idleBefore: idle })
       } catch (e) {
@@ -530,8 +528,7 @@ async function parent(args) {
         console.error(c.oursError)
       }
       if (args.noPeer) continue
-      idle = await waitIdle(args.waitIdle)
-      console.error(`[${rep + 1}/${args.repeat}] ${c.label}: node-llama-cpp${idle == null ? '' : ` (machine ${(idle * 100).toFixed(0)}% idle before)`}`)
+      idle = await waitIdleThenSay(args, rep, `${c.label}: node-llama-cpp`)
       try {
         peerRuns.push({ ...runChild(script, { ...base, kind: 'peer', ns: c.peerNs }, `${c.tag} peer`), idleBefore: idle })
       } catch (e) {
@@ -542,33 +539,22 @@ async function parent(args) {
   }
   const load1 = os.loadavg()
 
-  console.log(`\nexpert-runtime ${gitRev() ?? ''}: continuous batching, ${args.threads} threads, ${os.cpus()[0]?.model} x${os.availableParallelism()}, best of ${args.repeat}`)
+  console.log(`\nexpert-runtime ${gitRev() ?? ''}: continuous batching, ${args.threads} threads, ${machineName()}, best of ${args.repeat}`)
   console.log(`aggregate decode tok/s = tokens in (T0 = all sessions have a first token, T1 = first session done] / (T1 - T0); ` +
     `LoRAs: session i uses its own rank-${RANK} LoRA on ${MODULES.length} modules; peer: node-llama-cpp (CPU), one context, N sequences`)
   for (let i = 0; i < cases.length; i++) printModel(cases[i], results[i].ours, results[i].peer, ns)
-  console.log(`\nload average: start ${load0.map((x) => x.toFixed(2)).join(' ')}, end ${load1.map((x) => x.toFixed(2)).join(' ')}`)
+  console.log(`\n${loadSummary(load0, load1)}`)
 
-  const date = new Date().toISOString().replace(/[:]/g, '-').replace(/\..*/, '')
-  const outFile = args.out ?? join(cacheDir, 'bench-results', `batch-${date}.json`)
-  mkdirSync(dirname(outFile), { recursive: true })
-  writeFileSync(outFile, JSON.stringify({
-    date: new Date().toISOString(), git: gitRev(), threads: args.threads, repeat: args.repeat, quick: args.quick,
-    machine: { cpu: os.cpus()[0]?.model, cores: os.availableParallelism(), memGB: os.totalmem() / 2 ** 30, loadavgStart: load0, loadavgEnd: load1 },
+  writeResults(args.out ?? resultsPath(cacheDir, 'batch'), {
+    ...runInfo(args),
+    quick: args.quick,
+    machine: machineInfo(load0, load1),
     setup: {
       ns, prompt: PROMPT, maxTokens: m, tokenRange: TOKEN_RANGE, rank: RANK, alpha: ALPHA, modules: MODULES, init: INIT, context: CONTEXT,
       loadSessions: LOAD_SESSIONS, ttftPrompt: TTFT_PROMPT, prefixSessions: PREFIX_SESSIONS, prefixMaxTokens: PREFIX_MAX_TOKENS,
     },
     models: results,
-  }, null, 2) + '\n')
-  console.log(`\nJSON: ${outFile}`)
+  })
 }
 
-const args = parseArgs(process.argv.slice(2))
-if (args.child) {
-  const spec = JSON.parse(args.child)
-  const res = spec.kind === 'peer' ? await peerChild(spec) : await oursChild(spec)
-  process.stdout.write('BENCH_RESULT ' + JSON.stringify(res) + '\n')
-  process.exit(0)
-} else {
-  await parent(args)
-}
+await benchMain(parseArgs(process.argv.slice(2)), parent, (spec) => (spec.kind === 'peer' ? peerChild(spec) : oursChild(spec)))

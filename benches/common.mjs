@@ -1,7 +1,7 @@
 // Helpers shared by the benchmarks (cpu.mjs, experts.mjs, batch.mjs): each measurement runs in a fresh
 // child process, after waiting for an idle machine, on files already in the page cache.
 import { spawnSync } from 'node:child_process'
-import { closeSync, createReadStream, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs'
+import { closeSync, createReadStream, existsSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs'
 import os from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { Writable } from 'node:stream'
@@ -9,7 +9,8 @@ import { pipeline } from 'node:stream/promises'
 import { fileURLToPath } from 'node:url'
 
 const MB = 1024 * 1024
-const root = resolve(dirname(fileURLToPath(import.meta.url)), '..')
+/** The repository root. */
+export const root = resolve(dirname(fileURLToPath(import.meta.url)), '..')
 
 function cpuTimes() {
   const f = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number)
@@ -17,7 +18,7 @@ function cpuTimes() {
 }
 
 /** Waits (up to `maxS`) for a second in which the machine is at least 90% idle; returns that fraction. */
-export async function waitIdle(maxS) {
+async function waitIdle(maxS) {
   if (process.platform !== 'linux' || maxS <= 0) return null
   const t0 = Date.now()
   let idle = 0
@@ -89,6 +90,78 @@ export function parseBenchArgs(argv, { usage, help = [], defaults = {}, extra = 
   if (!(Number.isInteger(a.repeat) && a.repeat > 0)) throw new Error('--repeat must be a positive integer')
   if (!(Number.isFinite(a.waitIdle) && a.waitIdle >= 0)) throw new Error('--wait-idle must be a number of seconds >= 0')
   return a
+}
+
+// ------------------------------------------------------------------------------------------
+// A run from start to results (cpu.mjs, experts.mjs, batch.mjs)
+// ------------------------------------------------------------------------------------------
+
+/**
+ * A benchmark's entry point. With `--child SPEC`: `child(spec)` in this process, its result
+ * printed on the `BENCH_RESULT ` line that `runChild` reads; otherwise `parent(args)`.
+ */
+export async function benchMain(args, parent, child) {
+  if (args.child) {
+    const res = await child(JSON.parse(args.child))
+    process.stdout.write('BENCH_RESULT ' + JSON.stringify(res) + '\n')
+    process.exit(0)
+  } else {
+    await parent(args)
+  }
+}
+
+/** Throws unless the JS layer is built (the children load dist/index.js). */
+export function assertBuilt() {
+  if (!existsSync(join(root, 'dist', 'index.js'))) throw new Error('dist/index.js is missing: run `npm run build` first')
+}
+
+/** The installed node-llama-cpp version. */
+export const nodeLlamaCppVersion = () => JSON.parse(readFileSync(join(root, 'node_modules', 'node-llama-cpp', 'package.json'), 'utf8')).version
+
+const loadavgText = (load) => load.map((x) => x.toFixed(2)).join(' ')
+
+/** The load average before the run, with a warning on stderr when other work would skew CPU timings. */
+export function loadAtStart() {
+  const load = os.loadavg()
+  if (load[0] > 0.5) console.error(`warning: load average ${loadavgText(load)}; other work skews CPU timings`)
+  return load
+}
+
+/** `load average: start …, end …` for the summary. */
+export const loadSummary = (load0, load1) => `load average: start ${loadavgText(load0)}, end ${loadavgText(load1)}`
+
+/** Waits for an idle machine (--wait-idle), then says on stderr which measurement of repeat `rep` starts; returns the idle fraction. */
+export async function waitIdleThenSay(args, rep, what) {
+  const idle = await waitIdle(args.waitIdle)
+  console.error(`[${rep + 1}/${args.repeat}] ${what}${idle == null ? '' : ` (machine ${(idle * 100).toFixed(0)}% idle before)`}`)
+  return idle
+}
+
+/** `<CPU model> x<cores>`, for the summary line. */
+export const machineName = () => `${os.cpus()[0]?.model} x${os.availableParallelism()}`
+
+/** A figure with `d` decimals, or `—` when there is none. */
+export const fmt = (x, d = 1) => (x == null || !Number.isFinite(x) ? '—' : x.toFixed(d))
+
+/** The fields every results file starts with: when, which commit, threads and repeats. */
+export const runInfo = (args) => ({ date: new Date().toISOString(), git: gitRev(), threads: args.threads, repeat: args.repeat })
+
+/** The machine a run measured, with the load average at its start and end. */
+export const machineInfo = (load0, load1) => ({
+  cpu: os.cpus()[0]?.model, cores: os.availableParallelism(), memGB: os.totalmem() / 2 ** 30, loadavgStart: load0, loadavgEnd: load1,
+})
+
+/** The default results file of a `kind` run: <cacheDir>/bench-results/<kind>-<date>.json. */
+export function resultsPath(cacheDir, kind) {
+  const date = new Date().toISOString().replace(/[:]/g, '-').replace(/\..*/, '')
+  return join(cacheDir, 'bench-results', `${kind}-${date}.json`)
+}
+
+/** Writes the results as JSON and prints where. */
+export function writeResults(outFile, results) {
+  mkdirSync(dirname(outFile), { recursive: true })
+  writeFileSync(outFile, JSON.stringify(results, null, 2) + '\n')
+  console.log(`\nJSON: ${outFile}`)
 }
 
 /** `n` deterministic token ids in `[range[0], range[1])` from `seed` (mulberry32). */

@@ -20,17 +20,16 @@
 // under --threads means it was starved), and --repeat N keeps the best of N interleaved runs.
 //
 // Results: a table on stdout, JSON under <cacheDir>/bench-results/cpu-<date>.json.
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import os from 'node:os'
-import { dirname, join, resolve } from 'node:path'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { gitRev, parseBenchArgs, randomTokens, runChild, waitIdle, warmPageCache } from './common.mjs'
+import {
+  assertBuilt, benchMain, fmt, gitRev, loadAtStart, loadSummary, machineInfo, machineName, nodeLlamaCppVersion, parseBenchArgs,
+  randomTokens, resultsPath, root, runChild, runInfo, waitIdleThenSay, warmPageCache, writeResults,
+} from './common.mjs'
 
-const here = dirname(fileURLToPath(import.meta.url))
-const root = resolve(here, '..')
 const require = createRequire(import.meta.url)
-const llamaVersion = () => JSON.parse(readFileSync(join(root, 'node_modules', 'node-llama-cpp', 'package.json'), 'utf8')).version
 
 const PROMPT_LEN = 512
 const WARMUP_LEN = 64
@@ -201,7 +200,6 @@ function best(runs) {
   }
 }
 
-const fmt = (x, d = 1) => (x == null || !Number.isFinite(x) ? '—' : x.toFixed(d))
 const ratio = (a, b) => (a == null || b == null || !b ? null : a / b)
 
 function printTable(rows) {
@@ -220,7 +218,7 @@ function printTable(rows) {
 }
 
 async function parent(args) {
-  if (!existsSync(join(root, 'dist', 'index.js'))) throw new Error('dist/index.js is missing: run `npm run build` first')
+  assertBuilt()
   const { ensureSmolLM2, cacheDir } = await import(join(root, 'scripts', 'assets.mjs'))
   const cases = [] // { key, label, ours: spec, llamaKey, llamaLabel }
   const llamaSpecs = {} // key -> spec
@@ -237,20 +235,17 @@ async function parent(args) {
   }
   for (const p of new Set([...cases.map((c) => c.ours.path), ...Object.values(llamaSpecs).map((s) => s.path)])) await warmPageCache(p)
 
-  const load0 = os.loadavg()
-  if (load0[0] > 0.5) console.error(`warning: load average ${load0.map((x) => x.toFixed(2)).join(' ')}; other work skews CPU timings`)
+  const load0 = loadAtStart()
   const ours = Object.fromEntries(cases.map((c) => [c.key, []]))
   const llama = Object.fromEntries(Object.keys(llamaSpecs).map((k) => [k, []]))
   // Interleave the engines (ours, then llama.cpp on the same file) so drift hits both.
   for (let rep = 0; rep < args.repeat; rep++) {
     const done = new Set()
     for (const c of cases) {
-      let idle = await waitIdle(args.waitIdle)
-      console.error(`[${rep + 1}/${args.repeat}] ours   ${c.label}${idle == null ? '' : ` (machine ${(idle * 100).toFixed(0)}% idle before)`}`)
+      let idle = await waitIdleThenSay(args, rep, `ours   ${c.label}`)
       ours[c.key].push({ ...spawnChild({ ...c.ours, threads: args.threads }), idleBefore: idle })
       if (!done.has(c.llamaKey)) {
-        idle = await waitIdle(args.waitIdle)
-        console.error(`[${rep + 1}/${args.repeat}] llama  ${llamaSpecs[c.llamaKey].path}${idle == null ? '' : ` (machine ${(idle * 100).toFixed(0)}% idle before)`}`)
+        idle = await waitIdleThenSay(args, rep, `llama  ${llamaSpecs[c.llamaKey].path}`)
         llama[c.llamaKey].push({ ...spawnChild({ ...llamaSpecs[c.llamaKey], threads: args.threads }), idleBefore: idle })
         done.add(c.llamaKey)
       }
@@ -276,33 +271,21 @@ async function parent(args) {
     }
   })
 
-  console.log(`\nexpert-runtime ${gitRev() ?? ''} vs node-llama-cpp ${llamaVersion()}` +
-    ` (llama.cpp ${rows[0].llama.engine.llamaCpp?.release ?? '?'}), ${args.threads} threads, ${os.cpus()[0]?.model} x${os.availableParallelism()}` +
+  console.log(`\nexpert-runtime ${gitRev() ?? ''} vs node-llama-cpp ${nodeLlamaCppVersion()}` +
+    ` (llama.cpp ${rows[0].llama.engine.llamaCpp?.release ?? '?'}), ${args.threads} threads, ${machineName()}` +
     `, best of ${args.repeat}; prompt ${PROMPT_LEN} tokens, decode ${DECODE} greedy tokens, context ${CONTEXT}`)
   console.log('ratio = ours / llama.cpp (>1: we are faster); RSS = resident memory added by loading (fresh process)\n')
   printTable(rows)
   for (const r of rows) for (const n of r.notes) console.log(`  ${r.label}: ${n}`)
-  console.log(`  load average: start ${load0.map((x) => x.toFixed(2)).join(' ')}, end ${load1.map((x) => x.toFixed(2)).join(' ')}`)
+  console.log(`  ${loadSummary(load0, load1)}`)
 
-  const date = new Date().toISOString().replace(/[:]/g, '-').replace(/\..*/, '')
-  const outFile = args.out ?? join(cacheDir, 'bench-results', `cpu-${date}.json`)
-  mkdirSync(dirname(outFile), { recursive: true })
-  writeFileSync(outFile, JSON.stringify({
-    date: new Date().toISOString(), git: gitRev(), threads: args.threads, repeat: args.repeat,
-    machine: { cpu: os.cpus()[0]?.model, cores: os.availableParallelism(), memGB: os.totalmem() / 2 ** 30, loadavgStart: load0, loadavgEnd: load1 },
-    nodeLlamaCpp: llamaVersion(),
+  writeResults(args.out ?? resultsPath(cacheDir, 'cpu'), {
+    ...runInfo(args),
+    machine: machineInfo(load0, load1),
+    nodeLlamaCpp: nodeLlamaCppVersion(),
     setup: { promptLen: PROMPT_LEN, warmupLen: WARMUP_LEN, decode: DECODE, context: CONTEXT, llamaBatch: BATCH, tokenRange: TOKEN_RANGE },
     rows,
-  }, null, 2) + '\n')
-  console.log(`\nJSON: ${outFile}`)
+  })
 }
 
-const args = parseArgs(process.argv.slice(2))
-if (args.child) {
-  const spec = JSON.parse(args.child)
-  const res = spec.engine === 'ours' ? await childOurs(spec) : await childLlama(spec)
-  process.stdout.write('BENCH_RESULT ' + JSON.stringify(res) + '\n')
-  process.exit(0)
-} else {
-  await parent(args)
-}
+await benchMain(parseArgs(process.argv.slice(2)), parent, (spec) => (spec.engine === 'ours' ? childOurs(spec) : childLlama(spec)))

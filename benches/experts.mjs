@@ -33,15 +33,16 @@
 // are recorded for decode, and --repeat N keeps the best of N runs of each figure.
 //
 // Results: a table on stdout, JSON under <cacheDir>/bench-results/experts-<date>.json.
-import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
+import { existsSync, readFileSync, statSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import os from 'node:os'
-import { dirname, join, resolve } from 'node:path'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { gitRev, parseBenchArgs, randomTokens, runChild, waitIdle, warmPageCache, writeLoraDir } from './common.mjs'
+import {
+  assertBuilt, benchMain, fmt, gitRev, loadAtStart, loadSummary, machineInfo, machineName, parseBenchArgs, randomTokens, resultsPath,
+  root, runChild, runInfo, waitIdleThenSay, warmPageCache, writeLoraDir, writeResults,
+} from './common.mjs'
 
-const here = dirname(fileURLToPath(import.meta.url))
-const root = resolve(here, '..')
 const require = createRequire(import.meta.url)
 
 const N_ADAPTERS = 6
@@ -269,7 +270,6 @@ function best(runs) {
   return b
 }
 
-const fmt = (x, d = 1) => (x == null || !Number.isFinite(x) ? '—' : x.toFixed(d))
 const verdict = (x, limit) => (x == null || !Number.isFinite(x) ? '' : x < limit ? 'ok' : 'MISS')
 
 function printTable(rows) {
@@ -304,7 +304,7 @@ function printTable(rows) {
 }
 
 async function parent(args) {
-  if (!existsSync(join(root, 'dist', 'index.js'))) throw new Error('dist/index.js is missing: run `npm run build` first')
+  assertBuilt()
   const { cacheDir } = await import(join(root, 'scripts', 'assets.mjs'))
   const { ensureQwen3Bench } = await import(join(root, 'scripts', 'bench-model.mjs'))
   const q = ensureQwen3Bench()
@@ -313,13 +313,11 @@ async function parent(args) {
   if (!args.quick) cases.push({ key: 'qwen3-f32', label: 'f32 safetensors', path: q.f32, dtype: 'f32' })
   for (const p of [...cases.map((c) => c.path), ...adapters]) await warmPageCache(p)
 
-  const load0 = os.loadavg()
-  if (load0[0] > 0.5) console.error(`warning: load average ${load0.map((x) => x.toFixed(2)).join(' ')}; other work skews CPU timings`)
+  const load0 = loadAtStart()
   const runs = Object.fromEntries(cases.map((c) => [c.key, []]))
   for (let rep = 0; rep < args.repeat; rep++) {
     for (const c of cases) {
-      const idle = await waitIdle(args.waitIdle)
-      console.error(`[${rep + 1}/${args.repeat}] ${c.label}${idle == null ? '' : ` (machine ${(idle * 100).toFixed(0)}% idle before)`}`)
+      const idle = await waitIdleThenSay(args, rep, c.label)
       const spec = { path: c.path, dtype: c.dtype, threads: args.threads, quick: args.quick, adapters }
       runs[c.key].push({ ...spawnChild(spec), idleBefore: idle })
     }
@@ -329,7 +327,7 @@ async function parent(args) {
 
   const decodeLen = args.quick ? 32 : 64
   console.log(`\nexpert-runtime ${gitRev() ?? ''}: run-time LoRA experts on Qwen3-0.6B-rand, ${args.threads} threads, ` +
-    `${os.cpus()[0]?.model} x${os.availableParallelism()}, best of ${args.repeat}`)
+    `${machineName()}, best of ${args.repeat}`)
   console.log(`adapters: ${N_ADAPTERS} x LoRA r${RANK} alpha ${ALPHA} on ${MODULES.join(',')} of all ${rows[0].info?.numLayers ?? '?'} layers, F32; ` +
     `decode: ${DECODE_PROMPT}-token prompt, ${decodeLen} greedy tokens; attach/TTFT: ${ATTACH_PROMPT}-token prompt, 1 token\n`)
   printTable(rows)
@@ -338,29 +336,19 @@ async function parent(args) {
     console.log(`  ${r.label}: decode busy cores ${ACTIVE.join('/')} LoRAs: ${bc} (of ${args.threads}); base load ${fmt(r.baseLoadMs, 0)} ms`)
     for (const n of r.notes) console.log(`  ${r.label}: ${n}`)
   }
-  console.log(`  load average: start ${load0.map((x) => x.toFixed(2)).join(' ')}, end ${load1.map((x) => x.toFixed(2)).join(' ')}`)
+  console.log(`  ${loadSummary(load0, load1)}`)
 
-  const date = new Date().toISOString().replace(/[:]/g, '-').replace(/\..*/, '')
-  const outFile = args.out ?? join(cacheDir, 'bench-results', `experts-${date}.json`)
-  mkdirSync(dirname(outFile), { recursive: true })
-  writeFileSync(outFile, JSON.stringify({
-    date: new Date().toISOString(), git: gitRev(), threads: args.threads, repeat: args.repeat, quick: args.quick,
-    machine: { cpu: os.cpus()[0]?.model, cores: os.availableParallelism(), memGB: os.totalmem() / 2 ** 30, loadavgStart: load0, loadavgEnd: load1 },
+  writeResults(args.out ?? resultsPath(cacheDir, 'experts'), {
+    ...runInfo(args),
+    quick: args.quick,
+    machine: machineInfo(load0, load1),
     setup: {
       adapters, rank: RANK, alpha: ALPHA, modules: MODULES, init: INIT, attachPrompt: ATTACH_PROMPT, decodePrompt: DECODE_PROMPT,
       decodeTokens: decodeLen, prefillPrompt: PREFILL_PROMPT, context: CONTEXT, active: ACTIVE, tokenRange: TOKEN_RANGE,
     },
     targets: TARGETS,
     rows,
-  }, null, 2) + '\n')
-  console.log(`\nJSON: ${outFile}`)
+  })
 }
 
-const args = parseArgs(process.argv.slice(2))
-if (args.child) {
-  const res = await child(JSON.parse(args.child))
-  process.stdout.write('BENCH_RESULT ' + JSON.stringify(res) + '\n')
-  process.exit(0)
-} else {
-  await parent(args)
-}
+await benchMain(parseArgs(process.argv.slice(2)), parent, child)

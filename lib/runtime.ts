@@ -1,4 +1,4 @@
-import { bindingFor, type Variant } from './native'
+import { bindingFor, type Variant } from './binding'
 import type * as N from '../native'
 import { disposedError, invalidArgument, toError } from './errors'
 import { Expert } from './expert'

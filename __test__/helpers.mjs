@@ -1,0 +1,29 @@
+// Helpers shared by the Node suites (__test__/*.test.mjs). Holds no tests: `node --test __test__/`
+// runs only the files named like tests (*.test.mjs), so this one runs only when a suite imports it.
+import { readFileSync } from 'node:fs'
+import path from 'node:path'
+import { fileURLToPath } from 'node:url'
+
+/** The tiny fixture models, adapters and references (fixtures/README.md). */
+export const FIXTURES = fileURLToPath(new URL('./fixtures/', import.meta.url))
+
+/** A path under FIXTURES. */
+export const fixture = (...p) => path.join(FIXTURES, ...p)
+
+/** A JSON file under FIXTURES, parsed. */
+export const fixtureJson = (...p) => JSON.parse(readFileSync(fixture(...p), 'utf8'))
+
+/** The reference.json (HF transformers runs) of the fixture model `name`. */
+export const reference = (name) => fixtureJson(name, 'reference.json')
+
+export const GREEDY = { temperature: 0 }
+
+/** How far a logprob may be from the f32 reference (or from the same request run otherwise). */
+export const LOGPROB_TOL = 1e-4
+
+/** Consumes a generation stream: every chunk, and the summary the stream ends with. */
+export async function collect(stream) {
+  const chunks = []
+  for await (const c of stream) chunks.push(c)
+  return { chunks, result: stream.result }
+}

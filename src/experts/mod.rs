@@ -3,7 +3,8 @@
 //! An [`Expert`] holds, for every linear module it targets (`layer × projection`, a [`Slot`]),
 //! one [`ModuleAdapter`], plus virtual-token embeddings for prompt tuning. A request runs
 //! under an [`ExpertSet`] (the experts it pinned when it started, in application order) and
-//! the decoder routes each projection through [`ExpertSet::linear`]:
+//! the decoder routes each projection through the set's [`Adapters::linear`] (the seam in
+//! `crate::model::adapt`; the decoder never names this module):
 //!
 //! ```text
 //! x_in  = x ⊙ Π ia3_in            (IA³ on feed-forward modules scales the layer input)
@@ -36,79 +37,13 @@ use std::sync::Arc;
 use candle_core::Tensor;
 
 use crate::error::Result;
+use crate::model::adapt::Adapters;
 use crate::model::linear::Linear;
 
+pub use crate::model::adapt::{Proj, Slot};
 pub use load::{load_expert, ExpertLoadOptions};
 pub use manifest::Manifest;
 pub use registry::Registry;
-
-/// The seven linear projections of a decoder layer, in a fixed order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Proj {
-    Q,
-    K,
-    V,
-    O,
-    Gate,
-    Up,
-    Down,
-}
-
-impl Proj {
-    pub const ALL: [Proj; 7] = [Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down];
-
-    /// The HF module name, e.g. `q_proj`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Proj::Q => "q_proj",
-            Proj::K => "k_proj",
-            Proj::V => "v_proj",
-            Proj::O => "o_proj",
-            Proj::Gate => "gate_proj",
-            Proj::Up => "up_proj",
-            Proj::Down => "down_proj",
-        }
-    }
-
-    /// `self_attn` or `mlp`.
-    pub fn block(self) -> &'static str {
-        match self {
-            Proj::Q | Proj::K | Proj::V | Proj::O => "self_attn",
-            _ => "mlp",
-        }
-    }
-
-    pub fn from_name(s: &str) -> Option<Proj> {
-        Proj::ALL.into_iter().find(|p| p.name() == s)
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// One linear module of the model: `(layer, projection)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Slot {
-    pub layer: usize,
-    pub proj: Proj,
-}
-
-impl Slot {
-    pub fn new(layer: usize, proj: Proj) -> Self {
-        Self { layer, proj }
-    }
-
-    /// Dense index into an expert's module table.
-    pub fn index(self) -> usize {
-        self.layer * Proj::ALL.len() + self.proj.index()
-    }
-
-    /// `model.layers.{i}.self_attn.q_proj`: the HF module path.
-    pub fn path(self) -> String {
-        format!("model.layers.{}.{}.{}", self.layer, self.proj.block(), self.proj.name())
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpertKind {
@@ -209,9 +144,19 @@ impl ExpertSet {
     pub fn num_virtual_tokens(&self) -> usize {
         self.experts.iter().map(|e| e.num_virtual_tokens()).sum()
     }
+}
+
+impl Adapters for ExpertSet {
+    fn key(&self) -> Vec<u64> {
+        ExpertSet::key(self)
+    }
+
+    fn num_virtual_tokens(&self) -> usize {
+        ExpertSet::num_virtual_tokens(self)
+    }
 
     /// The prompt-tuning embeddings of the set, concatenated in order: `[n, hidden]`.
-    pub fn virtual_embeddings(&self) -> Result<Option<Tensor>> {
+    fn virtual_embeddings(&self) -> Result<Option<Tensor>> {
         let parts: Vec<&Tensor> = self.experts.iter().filter_map(|e| e.prompt.as_ref()).collect();
         Ok(match parts.len() {
             0 => None,
@@ -221,18 +166,14 @@ impl ExpertSet {
     }
 
     /// Whether any expert of the set adapts `slot`.
-    pub fn touches(&self, slot: Slot) -> bool {
+    fn touches(&self, slot: Slot) -> bool {
         self.experts.iter().any(|e| e.module(slot).is_some())
     }
 
-    /// `lin(x)` with every active adapter of `slot` applied (see the module docs).
-    pub fn linear(&self, lin: &Linear, x: &Tensor, slot: Slot) -> Result<Tensor> {
-        self.apply(lin, x, slot, None)
-    }
-
-    /// [`Self::linear`], reusing `base = x Wᵀ` (bias-free) when the caller already computed
-    /// it for these rows. IA³ on the input changes the base product, so it is recomputed then.
-    fn apply(&self, lin: &Linear, x: &Tensor, slot: Slot, base: Option<Tensor>) -> Result<Tensor> {
+    /// `lin(x)` with every active adapter of `slot` applied (see the module docs), reusing
+    /// `base = x Wᵀ` (bias-free) when the caller already computed it for these rows. IA³ on
+    /// the input changes the base product, so it is recomputed then.
+    fn linear(&self, lin: &Linear, x: &Tensor, slot: Slot, base: Option<Tensor>) -> Result<Tensor> {
         let with_bias = |y: Tensor| -> Result<Tensor> {
             Ok(match &lin.bias {
                 Some(b) => y.broadcast_add(b)?,
@@ -293,52 +234,4 @@ impl ExpertSet {
         }
         Ok(y)
     }
-}
-
-/// Consecutive batch rows that run under one expert set.
-#[derive(Clone, Copy)]
-pub struct Segment<'a> {
-    pub start: usize,
-    pub len: usize,
-    pub experts: &'a ExpertSet,
-}
-
-/// `lin(x)` for a batch whose rows use different expert sets (`segments` cover the rows in
-/// order). The base product runs once over every row; each segment's adapters then apply to
-/// that segment's rows only, never to the whole batch (S-LoRA / Punica style). Segments whose
-/// set leaves `slot` alone take the base output as it is.
-pub fn linear_segments(lin: &Linear, x: &Tensor, slot: Slot, segments: &[Segment]) -> Result<Tensor> {
-    if let [only] = segments {
-        return only.experts.linear(lin, x, slot);
-    }
-    if !segments.iter().any(|s| s.experts.touches(slot)) {
-        return lin.forward(x);
-    }
-    let base = lin.forward_no_bias(x)?;
-    let mut pieces = Vec::with_capacity(segments.len());
-    let mut plain: Option<(usize, usize)> = None; // a run of untouched rows, emitted lazily
-    let flush = |plain: &mut Option<(usize, usize)>, pieces: &mut Vec<Tensor>| -> Result<()> {
-        if let Some((start, len)) = plain.take() {
-            let b = base.narrow(0, start, len)?;
-            pieces.push(match &lin.bias {
-                Some(bias) => b.broadcast_add(bias)?,
-                None => b,
-            });
-        }
-        Ok(())
-    };
-    for s in segments {
-        if !s.experts.touches(slot) {
-            plain = Some(match plain {
-                Some((start, len)) => (start, len + s.len),
-                None => (s.start, s.len),
-            });
-            continue;
-        }
-        flush(&mut plain, &mut pieces)?;
-        let xs = x.narrow(0, s.start, s.len)?;
-        pieces.push(s.experts.apply(lin, &xs, slot, Some(base.narrow(0, s.start, s.len)?))?);
-    }
-    flush(&mut plain, &mut pieces)?;
-    Ok(Tensor::cat(&pieces, 0)?)
 }

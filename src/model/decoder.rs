@@ -15,7 +15,7 @@ use super::loader::WeightSource;
 use crate::error::Result;
 use std::ops::Range;
 
-use crate::experts::{linear_segments, ExpertSet, Proj, Segment, Slot};
+use super::adapt::{linear_segments, Adapters, NoAdapters, Proj, Segment, Slot};
 use crate::kv::attention::{paged_attention, AttentionPlan, SeqSpan};
 use crate::kv::store::{slot_runs, KvWrites};
 use crate::kv::{BlockId, KvCache, KvStore};
@@ -166,13 +166,13 @@ impl Decoder {
     /// Runs `tokens` at positions `cache.len()..`, appending their keys and values to `cache`.
     /// Returns f32 logits (see [`Logits`]).
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Tensor> {
-        self.forward_with(tokens, cache, which, &ExpertSet::none())
+        self.forward_with(tokens, cache, which, &NoAdapters)
     }
 
-    /// [`Self::forward`] under a set of experts. At position 0 the set's prompt-tuning
+    /// [`Self::forward`] under a set of adapters. At position 0 the set's prompt-tuning
     /// embeddings are evaluated first (they occupy the cache's first positions); logits are
     /// returned for `tokens` only.
-    pub fn forward_with(&self, tokens: &[u32], cache: &mut KvCache, which: Logits, experts: &ExpertSet) -> Result<Tensor> {
+    pub fn forward_with(&self, tokens: &[u32], cache: &mut KvCache, which: Logits, experts: &dyn Adapters) -> Result<Tensor> {
         let pos = cache.len();
         let virtual_rows = if pos == 0 { 0..experts.num_virtual_tokens() } else { 0..0 };
         let rows = virtual_rows.len() + tokens.len();
@@ -217,8 +217,8 @@ impl Decoder {
         let mut segments: Vec<Segment> = Vec::new();
         for (c, s) in chunks.iter().zip(&spans) {
             match segments.last_mut() {
-                Some(last) if last.experts.key() == c.experts.key() => last.len += s.len,
-                _ => segments.push(Segment { start: s.row, len: s.len, experts: c.experts }),
+                Some(last) if last.adapters.key() == c.experts.key() => last.len += s.len,
+                _ => segments.push(Segment { start: s.row, len: s.len, adapters: c.experts }),
             }
         }
 
@@ -291,7 +291,8 @@ pub struct SeqChunk<'a> {
     /// The sequence's block table.
     pub blocks: &'a [BlockId],
     pub logits: Logits,
-    pub experts: &'a ExpertSet,
+    /// The adapters the chunk's rows run under.
+    pub experts: &'a dyn Adapters,
 }
 
 impl SeqChunk<'_> {

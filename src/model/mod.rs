@@ -1,5 +1,6 @@
 //! Decoder-only transformer models: configuration, weight loading and the forward pass.
 //! One decoder covers the Llama, Qwen2 and Qwen3 families, switched by [`config::ModelConfig`].
+pub mod adapt;
 pub mod config;
 pub mod decoder;
 pub mod linear;

@@ -22,37 +22,40 @@ function toNativeInput(input: GenerateInput): N.NativeInput {
   throw invalidArgument('input must be a string, a ChatMessage[], { text } or { tokens }')
 }
 
-const INTS = ['maxTokens', 'topK', 'topLogprobs'] as const
-const NUMS = ['temperature', 'topP', 'minP', 'repetitionPenalty', 'frequencyPenalty', 'presencePenalty', 'seed'] as const
+type Check = [test: (v: unknown) => boolean, what: string]
+const nonNegativeInteger: Check = [(v) => Number.isSafeInteger(v) && (v as number) >= 0, 'a non-negative integer']
+const finiteNumber: Check = [(v) => typeof v === 'number' && Number.isFinite(v), 'a finite number']
+
+/**
+ * The type of every option the engine reads, declared once: the mapped type makes a field the
+ * native binding gains without an entry here a compile error. Ranges are checked in the
+ * engine (`SamplingParams::validate`), not here.
+ */
+const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
+  maxTokens: nonNegativeInteger,
+  temperature: finiteNumber,
+  topK: nonNegativeInteger,
+  topP: finiteNumber,
+  minP: finiteNumber,
+  repetitionPenalty: finiteNumber,
+  frequencyPenalty: finiteNumber,
+  presencePenalty: finiteNumber,
+  seed: nonNegativeInteger,
+  stop: [(v) => Array.isArray(v) && v.every((s) => typeof s === 'string'), 'an array of strings'],
+  topLogprobs: nonNegativeInteger,
+  enableThinking: [(v) => typeof v === 'boolean', 'a boolean'],
+  experts: [(v) => Array.isArray(v) && v.every((n) => typeof n === 'string'), 'an array of expert names'],
+}
 
 function toNativeOptions(o: GenerateOptions): N.NativeGenerateOptions {
-  for (const k of INTS) {
-    const v = o[k]
-    if (v !== undefined && !(Number.isInteger(v) && v >= 0)) throw invalidArgument(`${k} must be a non-negative integer`)
+  const out: Record<string, unknown> = {}
+  for (const [k, [test, what]] of Object.entries(OPTION_TYPES) as [keyof N.NativeGenerateOptions, Check][]) {
+    const v = (o as Record<string, unknown>)[k]
+    if (v === undefined) continue
+    if (!test(v)) throw invalidArgument(`${k} must be ${what}`)
+    out[k] = v
   }
-  for (const k of NUMS) {
-    const v = o[k]
-    if (v !== undefined && !(typeof v === 'number' && Number.isFinite(v))) throw invalidArgument(`${k} must be a finite number`)
-  }
-  if (o.stop !== undefined && !(Array.isArray(o.stop) && o.stop.every((s) => typeof s === 'string'))) {
-    throw invalidArgument('stop must be an array of strings')
-  }
-  if (o.experts !== undefined) checkNames(o.experts)
-  return {
-    maxTokens: o.maxTokens,
-    temperature: o.temperature,
-    topK: o.topK,
-    topP: o.topP,
-    minP: o.minP,
-    repetitionPenalty: o.repetitionPenalty,
-    frequencyPenalty: o.frequencyPenalty,
-    presencePenalty: o.presencePenalty,
-    seed: o.seed,
-    stop: o.stop,
-    topLogprobs: o.topLogprobs,
-    enableThinking: o.enableThinking,
-    experts: o.experts,
-  }
+  return out as N.NativeGenerateOptions
 }
 
 /** @internal */

@@ -98,6 +98,15 @@ pub fn is_out_of_memory(msg: &str) -> bool {
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
+/// The message a panic carried (`panic!("…")` payloads are a `String` or a `&str`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

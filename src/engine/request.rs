@@ -8,6 +8,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::EngineError;
 use crate::experts::ExpertSet;
+use crate::sampling::SamplingOverrides;
 use crate::tokenizer::ChatMessage;
 
 /// What a request evaluates. Chat input goes through the model's chat template and into the
@@ -23,16 +24,9 @@ pub enum Input {
 #[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
     pub max_tokens: Option<usize>,
-    pub temperature: Option<f32>,
-    pub top_k: Option<usize>,
-    pub top_p: Option<f32>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    pub presence_penalty: Option<f32>,
-    pub seed: Option<u64>,
+    /// Sampling settings this request sets (resolved over the model's defaults).
+    pub sampling: SamplingOverrides,
     pub stop: Vec<String>,
-    pub top_logprobs: Option<usize>,
     pub enable_thinking: Option<bool>,
     /// Experts for this request by name; `None` uses the session's default set.
     pub experts: Option<Vec<String>>,

@@ -31,14 +31,13 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::request::{Command, Event, FinishReason, GenerateRequest, Input, SessionShared, Usage};
+use super::request::{Command, Event, FinishReason, GenerateRequest, Input, SessionShared};
 use super::sequence::Sequence;
 use super::stats::EngineStats;
-use super::GenerationDefaults;
-use crate::error::{EngineError, Result};
-use crate::kv::block_table::blocks_for;
-use crate::kv::prefix::{BlockKey, ROOT};
-use crate::kv::{BlockPool, BlockTable, KvStore};
+use super::load::GenerationDefaults;
+use crate::error::{panic_message, EngineError, Result};
+use crate::kv::manager::virtual_key;
+use crate::kv::{BlockTable, KvManager};
 use crate::model::decoder::{Logits, SeqChunk};
 use crate::model::Decoder;
 use crate::sampling::{Sampler, SamplingParams};
@@ -49,11 +48,6 @@ use crate::tokenizer::{ChatMessage, Tokenizer};
 /// pace while a long prompt is read.
 pub const DEFAULT_STEP_TOKENS: usize = 256;
 
-/// The token id standing for virtual (prompt-tuning) position `i` in block keys.
-fn virtual_key(i: usize) -> u32 {
-    u32::MAX - i as u32
-}
-
 struct SessionState {
     shared: Arc<SessionShared>,
     /// The session's token stream without the pending token: what is cached or being
@@ -62,10 +56,10 @@ struct SessionState {
     /// The last token sampled by the previous request: part of the stream but not evaluated
     /// yet (a raw continuation starts with it).
     pending: Option<u32>,
-    kv: BlockTable,
-    /// Load ids of the experts `kv` was computed under.
+    table: BlockTable,
+    /// Load ids of the experts `table` was computed under.
     set_key: Vec<u64>,
-    /// Prompt-tuning virtual tokens at the start of `kv`.
+    /// Prompt-tuning virtual tokens at the start of `table`.
     n_virtual: usize,
     /// Tick of the last request start or end (LRU eviction).
     last_used: u64,
@@ -110,9 +104,7 @@ pub struct Scheduler {
     eos: Vec<u32>,
     context_length: usize,
     step_tokens: usize,
-    prefix_cache: bool,
-    store: KvStore,
-    pool: BlockPool,
+    kv: KvManager,
     sessions: HashMap<u64, SessionState>,
     /// Accepted, waiting for blocks (arrival order).
     waiting: VecDeque<Sequence>,
@@ -137,10 +129,10 @@ impl Scheduler {
         stats: Arc<EngineStats>,
     ) -> Result<Self> {
         let store = model.new_store(cfg.num_blocks, cfg.block_size)?;
-        let pool = BlockPool::new(cfg.num_blocks, cfg.block_size);
         stats.kv_blocks_total.store(cfg.num_blocks as u64, Ordering::Relaxed);
         stats.kv_block_size.store(cfg.block_size as u64, Ordering::Relaxed);
         stats.kv_bytes_per_token.store(store.bytes_per_token() as u64, Ordering::Relaxed);
+        let kv = KvManager::new(store, cfg.prefix_cache);
         stats.kv_on_device.store(!model.device.is_cpu(), Ordering::Relaxed);
         stats.publish_device_memory(&model.device);
         Ok(Self {
@@ -150,9 +142,7 @@ impl Scheduler {
             eos,
             context_length: cfg.context_length,
             step_tokens: cfg.step_tokens.max(1),
-            prefix_cache: cfg.prefix_cache,
-            store,
-            pool,
+            kv,
             sessions: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -200,8 +190,8 @@ impl Scheduler {
 
     fn publish(&mut self) {
         let s = &self.stats;
-        s.kv_blocks_used.store(self.pool.used() as u64, Ordering::Relaxed);
-        s.kv_blocks_cached.store(self.pool.cached() as u64, Ordering::Relaxed);
+        s.kv_blocks_used.store(self.kv.used_blocks() as u64, Ordering::Relaxed);
+        s.kv_blocks_cached.store(self.kv.cached_blocks() as u64, Ordering::Relaxed);
         s.sessions.store(self.sessions.len() as u64, Ordering::Relaxed);
         s.running_requests.store(self.running.len() as u64, Ordering::Relaxed);
         s.queued_requests.store(self.waiting.len() as u64, Ordering::Relaxed);
@@ -218,7 +208,7 @@ impl Scheduler {
                     shared,
                     tokens: Vec::new(),
                     pending: None,
-                    kv: BlockTable::default(),
+                    table: BlockTable::default(),
                     set_key: Vec::new(),
                     n_virtual: 0,
                     last_used: self.tick,
@@ -228,7 +218,7 @@ impl Scheduler {
             }
             Command::ResetSession { id } => {
                 if let Some(s) = self.sessions.get_mut(&id) {
-                    s.kv.clear(&mut self.pool);
+                    self.kv.free(&mut s.table);
                     s.tokens.clear();
                     s.pending = None;
                 }
@@ -236,7 +226,7 @@ impl Scheduler {
             Command::DropSession { id } => {
                 self.running.iter().chain(&self.waiting).filter(|q| q.session == id).for_each(|q| q.cancel.store(true, Ordering::Relaxed));
                 if let Some(mut s) = self.sessions.remove(&id) {
-                    s.kv.clear(&mut self.pool);
+                    self.kv.free(&mut s.table);
                 }
             }
             Command::Generate(req) => {
@@ -300,7 +290,7 @@ impl Scheduler {
                 self.context_length
             )));
         }
-        let pool_positions = self.pool.total() * self.pool.block_size();
+        let pool_positions = self.kv.total_positions();
         if n_virtual + full.len() > pool_positions {
             return Err(EngineError::KvCacheExhausted(format!(
                 "the prompt has {} tokens{extra} but the KV cache holds {pool_positions} in all (kvCache.maxTokens)",
@@ -315,45 +305,14 @@ impl Scheduler {
 
         let room = self.context_length - n_virtual - full.len();
         let max_tokens = req.options.max_tokens.unwrap_or(room.max(1));
-        let usage = Usage { prompt_tokens: full.len(), completion_tokens: 0, cached_tokens: 0 };
-        let vocab = self.model.cfg.vocab_size;
-        let want_top = req.options.top_logprobs.is_some_and(|n| n > 0);
-        let mut seq = Sequence::new(
-            req.session,
-            full,
-            Sampler::new(params, vocab),
-            max_tokens,
-            self.eos.clone(),
-            req.options.stop.clone(),
-            want_top,
-            req.events,
-            req.cancel,
-            usage,
-            is_chat,
-            started,
-        );
-        seq.experts = req.experts;
-        seq.n_virtual = n_virtual;
-        self.waiting.push_back(seq);
+        let sampler = Sampler::new(params, self.model.cfg.vocab_size);
+        self.waiting.push_back(Sequence::new(req, full, sampler, max_tokens, self.eos.clone(), started));
         Ok(())
     }
 
     fn sampling_params(&self, req: &GenerateRequest) -> Result<SamplingParams> {
         let o = &req.options;
-        let d = &self.defaults;
-        let lib = SamplingParams::default();
-        let p = SamplingParams {
-            temperature: o.temperature.or(d.temperature).unwrap_or(lib.temperature),
-            top_k: o.top_k.or(d.top_k).unwrap_or(lib.top_k),
-            top_p: o.top_p.or(d.top_p).unwrap_or(lib.top_p),
-            min_p: o.min_p.or(d.min_p).unwrap_or(lib.min_p),
-            repetition_penalty: o.repetition_penalty.or(d.repetition_penalty).unwrap_or(lib.repetition_penalty),
-            frequency_penalty: o.frequency_penalty.unwrap_or(lib.frequency_penalty),
-            presence_penalty: o.presence_penalty.unwrap_or(lib.presence_penalty),
-            seed: o.seed,
-            top_logprobs: o.top_logprobs.unwrap_or(0),
-        };
-        p.validate().map_err(EngineError::InvalidArgument)?;
+        let p = o.sampling.resolve(&self.defaults.sampling).map_err(EngineError::InvalidArgument)?;
         if o.max_tokens == Some(0) {
             return Err(EngineError::InvalidArgument("maxTokens must be at least 1".into()));
         }
@@ -397,7 +356,7 @@ impl Scheduler {
                     return;
                 }
                 Ok(Err(e)) => self.fail(seq, e),
-                Err(p) => self.fail(seq, EngineError::Internal(format!("admission panicked: {}", panic_message(&p)))),
+                Err(p) => self.fail(seq, EngineError::Internal(format!("admission panicked: {}", panic_message(&*p)))),
             }
         }
     }
@@ -407,81 +366,44 @@ impl Scheduler {
     /// when the pool has no room yet (nothing changed that matters: the session keeps a valid
     /// prefix of its cache).
     fn admit(&mut self, seq: &mut Sequence) -> Result<bool> {
-        let bs = self.pool.block_size();
         let id = seq.session;
         let set_key = seq.experts.key();
         let n_v = seq.n_virtual;
-        let prompt = &seq.prompt;
-        let total = n_v + prompt.len();
-        let key = |p: usize| if p < n_v { virtual_key(p) } else { prompt[p - n_v] };
-        let cap = self.context_length.min(self.pool.total() * bs);
-        let need_blocks = blocks_for((total + seq.max_tokens - 1).min(cap), bs);
+        let keys: Vec<u32> = (0..n_v).map(virtual_key).chain(seq.prompt.iter().copied()).collect();
+        let cap = self.context_length.min(self.kv.total_positions());
+        let need_blocks = self.kv.blocks_for((keys.len() + seq.max_tokens - 1).min(cap));
         // At least the last prompt token is evaluated, so there are logits to sample from.
-        let reusable = total - 1;
+        let reusable = &keys[..keys.len() - 1];
 
         // 1. What the session's own cache and the prefix index each cover.
         let st = self.sessions.get(&id).ok_or_else(|| EngineError::Disposed("session was disposed".into()))?;
         let own = if st.set_key == set_key && st.n_virtual == n_v {
-            (0..st.kv.len.min(reusable)).take_while(|&p| st.key_at(p) == key(p)).count()
+            reusable.iter().take(st.table.len()).enumerate().take_while(|&(p, &k)| st.key_at(p) == k).count()
         } else {
             0
         };
-        let mut matched = Vec::new();
-        let mut parent = ROOT;
-        while self.prefix_cache && (matched.len() + 1) * bs <= reusable {
-            let i = matched.len();
-            let k = BlockKey { parent, experts: set_key.clone(), tokens: (i * bs..(i + 1) * bs).map(key).collect() };
-            let Some(b) = self.pool.lookup(&k) else { break };
-            parent = self.pool.cid(b).expect("registered");
-            matched.push(b);
-        }
-        let m = matched.len() * bs;
-        let partial = if self.prefix_cache && m < reusable {
-            let next: Vec<u32> = (m..(m + bs).min(reusable)).map(key).collect();
-            self.pool.longest_partial(parent, &set_key, &next)
-        } else {
-            None
-        };
-        let shared = m + partial.map_or(0, |(_, n)| n);
+        let hit = self.kv.match_prefix(reusable, &set_key);
 
         // 2. Take the better one and make room for the rest.
         let st = self.sessions.get_mut(&id).expect("checked above");
-        if own >= shared {
-            let keep = blocks_for(own, bs);
-            st.kv.truncate_blocks(keep, &mut self.pool);
-            let cow = own % bs != 0 && self.pool.refs(st.kv.blocks[keep - 1]) > 1;
-            let new = need_blocks - keep + cow as usize;
+        if own >= hit.tokens {
+            let new = self.kv.prepare_resume(&mut st.table, own, need_blocks);
             if !self.make_room(new, id) {
                 return Ok(false);
             }
             let st = self.sessions.get_mut(&id).expect("not evicted");
-            let ok = st.kv.truncate_for_write(own, &mut self.pool, &self.store)?;
-            assert!(ok && st.kv.reserve_blocks(need_blocks, &mut self.pool), "room was made");
+            assert!(self.kv.resume(&mut st.table, own, need_blocks)?, "room was made");
         } else {
-            // Pin the matches before anything is evicted, then drop the session's own blocks.
-            matched.iter().for_each(|&b| self.pool.retain(b));
-            if let Some((src, _)) = partial {
-                self.pool.retain(src);
-            }
-            st.kv.clear(&mut self.pool);
-            if !self.make_room(need_blocks - matched.len(), id) {
-                matched.iter().for_each(|&b| self.pool.release(b));
-                if let Some((src, _)) = partial {
-                    self.pool.release(src);
-                }
+            // Pin the match before anything is evicted, then drop the session's own blocks.
+            let hit = self.kv.pin(hit);
+            self.kv.free(&mut st.table);
+            if !self.make_room(self.kv.blocks_to_adopt(&hit, need_blocks), id) {
+                self.kv.unpin(hit);
                 return Ok(false);
             }
+            let shared = hit.tokens();
             let st = self.sessions.get_mut(&id).expect("not evicted");
-            st.kv.blocks = matched;
-            if let Some((src, n)) = partial {
-                // Copy-on-write: the shared part of a block another sequence owns.
-                let b = self.pool.alloc().expect("room was made");
-                self.store.copy_block(src, b, n)?;
-                self.pool.release(src);
-                st.kv.blocks.push(b);
-            }
-            st.kv.len = shared;
-            assert!(st.kv.reserve_blocks(need_blocks, &mut self.pool), "room was made");
+            assert!(self.kv.adopt(&mut st.table, hit, need_blocks)?, "room was made");
             self.stats.prefix_cache_hit_tokens.fetch_add(shared as u64, Ordering::Relaxed);
         }
 
@@ -494,8 +416,8 @@ impl Scheduler {
         st.n_virtual = n_v;
         st.running = true;
         st.last_used = self.tick;
-        seq.usage.cached_tokens = st.kv.len.saturating_sub(n_v);
-        seq.limit = self.context_length.min(st.kv.capacity(bs));
+        seq.usage.cached_tokens = st.table.len().saturating_sub(n_v);
+        seq.limit = self.context_length.min(st.table.num_blocks() * self.kv.block_size());
         seq.admitted = true;
         Ok(true)
     }
@@ -504,17 +426,17 @@ impl Scheduler {
     /// beyond them, idle sessions other than `except` lose their blocks, least recently used
     /// first. False when even that is not enough.
     fn make_room(&mut self, n: usize, except: u64) -> bool {
-        while self.pool.available() < n {
+        while self.kv.available() < n {
             let victim = self
                 .sessions
                 .iter()
-                .filter(|(&id, s)| id != except && !s.running && !s.kv.is_empty())
+                .filter(|(&id, s)| id != except && !s.running && !s.table.is_empty())
                 .min_by_key(|(&id, s)| (s.last_used, id))
                 .map(|(&id, _)| id);
             let Some(v) = victim else { return false };
             let s = self.sessions.get_mut(&v).expect("just found");
-            let held = s.kv.blocks.len() as u64;
-            s.kv.clear(&mut self.pool);
+            let held = s.table.num_blocks() as u64;
+            self.kv.free(&mut s.table);
             self.stats.evicted_blocks.fetch_add(held, Ordering::Relaxed);
         }
         true
@@ -526,7 +448,7 @@ impl Scheduler {
         let err = match outcome {
             Ok(Ok(())) => return,
             Ok(Err(e)) => e,
-            Err(p) => EngineError::Internal(format!("engine step panicked: {}", panic_message(&p))),
+            Err(p) => EngineError::Internal(format!("engine step panicked: {}", panic_message(&*p))),
         };
         for seq in std::mem::take(&mut self.running) {
             self.fail(seq, err.clone());
@@ -536,23 +458,21 @@ impl Scheduler {
     /// One forward pass over every running request, then sampling where a prompt or a decode
     /// row completed.
     fn step(&mut self) -> Result<()> {
-        let bs = self.pool.block_size();
-
         // 1. Plan: a row for each decoding request, then prompt chunks within the budget.
         let mut decoding = 0;
         for seq in &self.running {
             let st = self.sessions.get_mut(&seq.session).expect("reaped");
-            if st.kv.len == st.target() {
+            if st.table.len() == st.target() {
                 st.tokens.push(seq.last_token.expect("a decode step follows a sampled token"));
             }
-            decoding += (st.target() - st.kv.len == 1) as usize;
+            decoding += (st.target() - st.table.len() == 1) as usize;
         }
-        let mut budget = self.step_tokens.saturating_sub(decoding).max(bs);
+        let mut budget = self.step_tokens.saturating_sub(decoding).max(self.kv.block_size());
         // (index into `running`, first position, rows)
         let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(self.running.len());
         for (i, seq) in self.running.iter().enumerate() {
             let st = &self.sessions[&seq.session];
-            let left = st.target() - st.kv.len;
+            let left = st.target() - st.table.len();
             let n = if left == 1 { 1 } else { left.min(budget) };
             if n == 0 {
                 continue;
@@ -560,7 +480,7 @@ impl Scheduler {
             if left > 1 {
                 budget -= n;
             }
-            plan.push((i, st.kv.len, n));
+            plan.push((i, st.table.len(), n));
         }
         // Rows of one expert set together: each set is one adapter segment.
         plan.sort_by_cached_key(|&(i, _, _)| self.running[i].experts.key());
@@ -580,13 +500,13 @@ impl Scheduler {
                         tokens: &st.tokens[t0..t1],
                         virtual_rows,
                         pos,
-                        blocks: &st.kv.blocks,
+                        blocks: st.table.blocks(),
                         logits: if pos + n == st.target() { Logits::Last } else { Logits::None },
                         experts: &seq.experts,
                     }
                 })
                 .collect();
-            self.model.forward_batch(&chunks, &self.store)?
+            self.model.forward_batch(&chunks, self.kv.store())?
         };
         let rows: Vec<Vec<f32>> = match logits {
             Some(l) => l.to_vec2()?,
@@ -599,18 +519,8 @@ impl Scheduler {
         for &(i, pos, n) in &plan {
             let seq = &mut self.running[i];
             let st = self.sessions.get_mut(&seq.session).expect("reaped");
-            st.kv.len = pos + n;
-            for b in pos / bs..(pos + n) / bs {
-                let block = st.kv.blocks[b];
-                if !self.prefix_cache || self.pool.is_registered(block) {
-                    continue;
-                }
-                let parent = if b == 0 { Some(ROOT) } else { self.pool.cid(st.kv.blocks[b - 1]) };
-                if let Some(parent) = parent {
-                    let tokens = (b * bs..(b + 1) * bs).map(|p| st.key_at(p)).collect();
-                    self.pool.register(block, BlockKey { parent, experts: st.set_key.clone(), tokens });
-                }
-            }
+            st.table.advance(pos + n);
+            self.kv.cache_full_blocks(&st.table, pos, &st.set_key, |p| st.key_at(p));
             if pos + n < st.target() {
                 continue;
             }
@@ -620,7 +530,7 @@ impl Scheduler {
                 seq.mark_prefill_done();
             }
             let sampled = seq.sampler.sample(row, &st.tokens);
-            let room_left = st.kv.len < seq.limit;
+            let room_left = st.table.len() < seq.limit;
             if let Some(reason) = seq.on_token(&self.tokenizer, sampled, room_left) {
                 done.push((i, reason));
             }
@@ -645,7 +555,7 @@ impl Scheduler {
                 // The last sampled token is never evaluated by this request.
                 s.pending = last;
                 s.running = false;
-                s.kv.shrink_to_len(&mut self.pool);
+                self.kv.shrink(&mut s.table);
             }
             s.last_used = self.tick;
             if is_chat {
@@ -660,7 +570,7 @@ impl Scheduler {
 
     fn fail(&mut self, seq: Sequence, e: EngineError) {
         if let Some(s) = self.sessions.get_mut(&seq.session) {
-            s.kv.clear(&mut self.pool);
+            self.kv.free(&mut s.table);
             s.tokens.clear();
             s.pending = None;
             s.running = false;
@@ -675,8 +585,4 @@ impl Scheduler {
             let _ = seq.events.send(Event::Error(EngineError::Disposed("the runtime was disposed".into())));
         }
     }
-}
-
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "panic".into())
 }

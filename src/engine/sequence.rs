@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::request::{Completion, Event, FinishReason, TokenChunk, Timings, Usage};
+use super::request::{Completion, Event, FinishReason, GenerateRequest, Input, TokenChunk, Timings, Usage};
 use crate::experts::ExpertSet;
 use crate::sampling::{Sampled, Sampler};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -92,42 +92,31 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        session: u64,
-        prompt: Vec<u32>,
-        sampler: Sampler,
-        max_tokens: usize,
-        eos: Vec<u32>,
-        stops: Vec<String>,
-        want_top: bool,
-        events: UnboundedSender<Event>,
-        cancel: Arc<AtomicBool>,
-        usage: Usage,
-        is_chat: bool,
-        started: Instant,
-    ) -> Self {
+    /// A queued request: `req` with the token stream it runs on (`prompt`, after the chat
+    /// template), its sampler and token budget, and the time it arrived.
+    pub fn new(req: GenerateRequest, prompt: Vec<u32>, sampler: Sampler, max_tokens: usize, eos: Vec<u32>, started: Instant) -> Self {
+        let GenerateRequest { session, input, options, experts, events, cancel } = req;
         Self {
             session,
+            usage: Usage { prompt_tokens: prompt.len(), completion_tokens: 0, cached_tokens: 0 },
             prompt,
-            n_virtual: 0,
+            n_virtual: experts.num_virtual_tokens(),
             limit: 0,
             admitted: false,
             last_token: None,
+            want_top: sampler.params().top_logprobs > 0,
             sampler,
             max_tokens,
             eos,
             events,
             cancel,
-            is_chat,
-            experts: ExpertSet::none(),
+            is_chat: matches!(input, Input::Chat(_)),
+            experts,
             detok: IncrementalDecoder::new(),
-            stop: StopMatcher::new(stops),
-            want_top,
+            stop: StopMatcher::new(options.stop),
             stopped_by_string: false,
             text: String::new(),
             tokens: Vec::new(),
-            usage,
             started,
             prefill_done: None,
             first_token: None,

@@ -23,7 +23,7 @@ use std::cell::{OnceCell, RefCell};
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::block_pool::BlockId;
+use super::BlockId;
 use super::store::KvStore;
 use crate::backend::cpu_kernels;
 use crate::error::Result;

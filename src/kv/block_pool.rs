@@ -14,8 +14,7 @@
 use std::collections::BTreeMap;
 
 use super::prefix::{BlockKey, KeyHasher, PrefixIndex};
-
-pub type BlockId = u32;
+use super::BlockId;
 
 pub struct BlockPool {
     block_size: usize,

@@ -2,17 +2,20 @@
 //!
 //! Position `p` lives in `blocks[p / block_size]` at offset `p % block_size`. `len` positions
 //! hold valid keys/values; the table may list more blocks than `len` needs (a running request
-//! reserves its blocks up front, so it can never run out midway).
+//! reserves its blocks up front, so it can never run out midway). Only the KV layer changes
+//! which blocks a table lists ([`super::KvManager`]); the scheduler reads them and advances
+//! `len` after a forward pass.
 
-use super::block_pool::{BlockId, BlockPool};
+use super::block_pool::BlockPool;
 use super::store::KvStore;
+use super::BlockId;
 use crate::error::Result;
 
 #[derive(Default, Debug)]
 pub struct BlockTable {
-    pub blocks: Vec<BlockId>,
+    blocks: Vec<BlockId>,
     /// Positions written.
-    pub len: usize,
+    len: usize,
 }
 
 /// Blocks needed for `positions` positions.
@@ -25,19 +28,47 @@ impl BlockTable {
         self.blocks.is_empty()
     }
 
+    /// The physical blocks, in position order.
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.blocks
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Positions written.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Marks positions up to `len` written (after a forward pass wrote them; the pass itself
+    /// checks that they lie inside the table's blocks).
+    pub fn advance(&mut self, len: usize) {
+        assert!(len >= self.len, "a table only grows by advancing ({} -> {len})", self.len);
+        self.len = len;
+    }
+
+    /// Starts the table over with `blocks` holding `len` written positions (adopting a prefix).
+    pub(super) fn set(&mut self, blocks: Vec<BlockId>, len: usize) {
+        debug_assert!(self.blocks.is_empty());
+        self.blocks = blocks;
+        self.len = len;
+    }
+
     /// Positions the listed blocks can hold.
     pub fn capacity(&self, block_size: usize) -> usize {
         self.blocks.len() * block_size
     }
 
     /// Drops every block.
-    pub fn clear(&mut self, pool: &mut BlockPool) {
+    pub(super) fn clear(&mut self, pool: &mut BlockPool) {
         self.truncate_blocks(0, pool);
         self.len = 0;
     }
 
     /// Keeps the first `n` blocks, releasing the rest (`len` is clamped to what they hold).
-    pub fn truncate_blocks(&mut self, n: usize, pool: &mut BlockPool) {
+    pub(super) fn truncate_blocks(&mut self, n: usize, pool: &mut BlockPool) {
         for b in self.blocks.drain(n.min(self.blocks.len())..) {
             pool.release(b);
         }
@@ -49,7 +80,7 @@ impl BlockTable {
     /// (copy-on-write), and a private one whose key was registered is unregistered, since its
     /// tail is about to change. Needs one free block for the copy; returns false (and changes
     /// nothing) when the pool has none.
-    pub fn truncate_for_write(&mut self, len: usize, pool: &mut BlockPool, store: &KvStore) -> Result<bool> {
+    pub(super) fn truncate_for_write(&mut self, len: usize, pool: &mut BlockPool, store: &KvStore) -> Result<bool> {
         let bs = pool.block_size();
         let len = len.min(self.len);
         let keep = blocks_for(len, bs);
@@ -69,7 +100,7 @@ impl BlockTable {
 
     /// Grows the table to `n` blocks from the pool. All or nothing: returns false (and changes
     /// nothing) when the pool cannot supply them.
-    pub fn reserve_blocks(&mut self, n: usize, pool: &mut BlockPool) -> bool {
+    pub(super) fn reserve_blocks(&mut self, n: usize, pool: &mut BlockPool) -> bool {
         let more = n.saturating_sub(self.blocks.len());
         if more > pool.available() {
             return false;
@@ -81,7 +112,7 @@ impl BlockTable {
     }
 
     /// Releases blocks past what `len` positions need (a finished request's unused reserve).
-    pub fn shrink_to_len(&mut self, pool: &mut BlockPool) {
+    pub(super) fn shrink_to_len(&mut self, pool: &mut BlockPool) {
         let keep = blocks_for(self.len, pool.block_size());
         self.truncate_blocks(keep, pool);
     }

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device};
 
-use super::block_pool::BlockId;
+use super::BlockId;
 use super::block_table::blocks_for;
 use super::store::KvStore;
 use crate::error::Result;

@@ -1,18 +1,27 @@
 //! Key/value caches. They live outside the model: one pool of fixed-size blocks holds every
 //! sequence's keys and values, and the decoder is handed each sequence's block table.
 //!
-//! Module map: `block_pool` (reference counts, free and cached blocks), `prefix` (content
-//! addressing of full blocks), `block_table` (a sequence's blocks, copy-on-write), `store` (the
-//! tensors), `attention` (attention through block tables: the backend seam), `cache` (a
-//! single-sequence cache over a private store).
+//! Module map: `manager` (the API the scheduler calls: prefix matching, adoption with
+//! copy-on-write, reservation, registration of full blocks, freeing), `block_pool` (reference
+//! counts, free and cached blocks), `prefix` (content addressing of full blocks), `block_table`
+//! (a sequence's blocks), `store` (the tensors), `attention` (attention through block tables:
+//! the backend seam), `cache` (a single-sequence cache over a private store), `sizing` (the
+//! pool's size from the `kvCache` options).
 pub mod attention;
 pub mod block_pool;
 pub mod block_table;
 pub mod cache;
+pub mod manager;
 pub mod prefix;
+pub mod sizing;
 pub mod store;
 
-pub use block_pool::{BlockId, BlockPool};
+pub use block_pool::BlockPool;
 pub use block_table::BlockTable;
 pub use cache::KvCache;
+pub use manager::{KvManager, PinnedHit, PrefixHit};
+pub use sizing::KvCacheOptions;
 pub use store::KvStore;
+
+/// A physical block's index in the pool and the store.
+pub type BlockId = u32;

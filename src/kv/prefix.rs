@@ -15,7 +15,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use super::block_pool::BlockId;
+use super::BlockId;
 
 /// The content id standing for "no block before": the start of a sequence.
 pub const ROOT: u64 = 0;

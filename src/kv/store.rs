@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::block_pool::BlockId;
+use super::BlockId;
 use crate::backend::cpu_kernels;
 use crate::error::Result;
 

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
+use super::config::ModelConfig;
 use super::linear::{Linear, Weight};
 use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
@@ -28,6 +29,55 @@ pub trait WeightSource {
     /// A linear layer `[out, inp]`, quantized when the file stores it quantized.
     fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear>;
     fn contains(&self, name: &str) -> bool;
+}
+
+// ---------------------------------------------------------------- entry point
+
+/// A model opened for loading: its configuration, and where its weights and tokenizer are.
+pub struct ModelFiles<'a> {
+    pub config: ModelConfig,
+    pub format: ModelFormat<'a>,
+}
+
+pub enum ModelFormat<'a> {
+    /// An HF directory (`config.json`, safetensors, `tokenizer.json`, …).
+    HfDir(PathBuf),
+    /// A GGUF file, header read (its metadata holds the tokenizer too).
+    Gguf(Box<GgufSource<'a>>),
+}
+
+/// Opens `path` — an HF model directory or a GGUF file, told apart by what is there — and
+/// reads its configuration. `dequantize` stores GGUF weights dense. Weights are read later,
+/// from [`ModelFiles::into_weights`].
+pub fn open<'a>(path: &Path, device: &Device, progress: Progress<'a>, dequantize: bool) -> Result<ModelFiles<'a>> {
+    if !path.exists() {
+        return Err(EngineError::ModelNotFound(path.display().to_string()));
+    }
+    if path.is_dir() {
+        let cfg_path = path.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path)
+            .map_err(|e| EngineError::InvalidModel(format!("{}: {e}", cfg_path.display())))?;
+        let config = ModelConfig::from_hf_json(&text)?;
+        Ok(ModelFiles { config, format: ModelFormat::HfDir(path.to_path_buf()) })
+    } else if is_gguf(path) {
+        let src = GgufSource::open(path, device, Some(progress))?.dequantize(dequantize);
+        let mut config = ModelConfig::from_gguf(src.metadata())?;
+        config.tie_word_embeddings = !src.contains("lm_head");
+        Ok(ModelFiles { config, format: ModelFormat::Gguf(Box::new(src)) })
+    } else {
+        Err(EngineError::InvalidModel(format!("{} is neither a model directory nor a GGUF file", path.display())))
+    }
+}
+
+impl<'a> ModelFiles<'a> {
+    /// The weights: the directory's safetensors (memory-mapped now), or the GGUF file.
+    pub fn into_weights(self, device: &Device, progress: Progress<'a>) -> Result<(ModelConfig, Box<dyn WeightSource + 'a>)> {
+        let weights: Box<dyn WeightSource + 'a> = match self.format {
+            ModelFormat::HfDir(dir) => Box::new(SafetensorsSource::open(&safetensors_files(&dir)?, device, Some(progress))?),
+            ModelFormat::Gguf(src) => src,
+        };
+        Ok((self.config, weights))
+    }
 }
 
 // ---------------------------------------------------------------- safetensors

@@ -4,6 +4,7 @@ use napi_derive::napi;
 
 use super::error::invalid;
 use crate::engine::{self, Completion, TokenChunk};
+use crate::sampling::SamplingOverrides;
 use crate::tokenizer::ChatMessage;
 
 #[napi(object)]
@@ -213,33 +214,27 @@ impl NativeInput {
     }
 }
 
-fn finite(name: &str, v: Option<f64>) -> napi::Result<Option<f32>> {
-    match v {
-        Some(x) if !x.is_finite() => Err(invalid(format!("{name} must be a finite number"))),
-        other => Ok(other.map(|x| x as f32)),
-    }
-}
-
 impl NativeGenerateOptions {
+    /// Types were checked in TypeScript (`lib/session.ts`) and ranges are checked once by
+    /// `SamplingParams::validate`; this only converts (a non-finite number stays non-finite
+    /// and is refused there).
     pub fn into_engine(self) -> napi::Result<engine::GenerateOptions> {
-        let seed = match self.seed {
-            Some(s) if !(s.is_finite() && s >= 0.0 && s.fract() == 0.0 && s <= 9007199254740991.0) => {
-                return Err(invalid("seed must be a non-negative integer"))
-            }
-            other => other.map(|s| s as u64),
-        };
+        let f32_of = |v: Option<f64>| v.map(|x| x as f32);
         Ok(engine::GenerateOptions {
             max_tokens: self.max_tokens.map(|n| n as usize),
-            temperature: finite("temperature", self.temperature)?,
-            top_k: self.top_k.map(|n| n as usize),
-            top_p: finite("topP", self.top_p)?,
-            min_p: finite("minP", self.min_p)?,
-            repetition_penalty: finite("repetitionPenalty", self.repetition_penalty)?,
-            frequency_penalty: finite("frequencyPenalty", self.frequency_penalty)?,
-            presence_penalty: finite("presencePenalty", self.presence_penalty)?,
-            seed,
+            sampling: SamplingOverrides {
+                temperature: f32_of(self.temperature),
+                top_k: self.top_k.map(|n| n as usize),
+                top_p: f32_of(self.top_p),
+                min_p: f32_of(self.min_p),
+                repetition_penalty: f32_of(self.repetition_penalty),
+                frequency_penalty: f32_of(self.frequency_penalty),
+                presence_penalty: f32_of(self.presence_penalty),
+                // TypeScript admits only safe non-negative integers.
+                seed: self.seed.map(|s| s as u64),
+                top_logprobs: self.top_logprobs.map(|n| n as usize),
+            },
             stop: self.stop.unwrap_or_default(),
-            top_logprobs: self.top_logprobs.map(|n| n as usize),
             enable_thinking: self.enable_thinking,
             experts: self.experts,
         })

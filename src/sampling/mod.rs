@@ -19,12 +19,14 @@
 //!   orderings use a total order (logit desc, id asc), so the same seed and the
 //!   same logits sequence reproduce the same tokens.
 
+mod overrides;
 mod penalties;
 mod sampler;
 
 pub use penalties::{
     apply_frequency_presence_penalty, apply_repetition_penalty, DistinctMarker, TokenCounts,
 };
+pub use overrides::SamplingOverrides;
 pub use sampler::Sampler;
 
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,141 @@
+//! Loading a model for the engine: the load options, the dtype, the context length, the
+//! tokenizer and `generation_config.json`, and the CPU thread pools.
+
+use std::path::Path;
+
+use candle_core::{DType, Device};
+
+use super::device::device_memory;
+use crate::error::{EngineError, Result};
+use crate::kv::KvCacheOptions;
+use crate::model::config::token_id_list;
+use crate::model::loader::{self, ModelFormat};
+use crate::model::{Decoder, ModelConfig};
+use crate::sampling::SamplingOverrides;
+use crate::tokenizer::Tokenizer;
+
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// `auto` | `cpu` | `cuda` | `cuda:N`.
+    pub device: Option<String>,
+    /// `auto` | `f32` | `f16` | `bf16`.
+    pub dtype: Option<String>,
+    pub context_length: Option<usize>,
+    pub threads: Option<usize>,
+    /// Dequantize GGUF weights at load (exact f32 matmuls instead of quantized kernels).
+    pub dequantize: bool,
+    pub kv_cache: KvCacheOptions,
+}
+
+/// Defaults from `generation_config.json`.
+#[derive(Clone, Debug, Default)]
+pub struct GenerationDefaults {
+    pub sampling: SamplingOverrides,
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// A model read from disk, before it is handed to an engine thread.
+pub struct Loaded {
+    pub model: Decoder,
+    pub tokenizer: Tokenizer,
+    pub defaults: GenerationDefaults,
+}
+
+pub fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        _ => "other",
+    }
+}
+
+/// `auto` on CPU is f32: candle's CPU matmuls are fastest in f32 (f16 and especially bf16
+/// go through slower conversion paths) and f32 is exact. On CUDA it is bf16.
+fn select_dtype(name: Option<&str>, device: &Device) -> Result<DType> {
+    Ok(match name.unwrap_or("auto") {
+        "auto" => {
+            if device.is_cpu() {
+                DType::F32
+            } else {
+                DType::BF16
+            }
+        }
+        "f32" => DType::F32,
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        other => return Err(EngineError::InvalidArgument(format!("unknown dtype '{other}' (auto, f32, f16, bf16)"))),
+    })
+}
+
+/// The `contextLength` option checked against what the model supports.
+fn context_length(opts: &LoadOptions, cfg: &ModelConfig) -> Result<usize> {
+    match opts.context_length {
+        Some(0) => Err(EngineError::InvalidArgument("contextLength must be positive".into())),
+        Some(n) if n > cfg.max_position_embeddings => Err(EngineError::InvalidArgument(format!(
+            "contextLength {n} exceeds the model's maximum of {} (RoPE scaling is not supported yet)",
+            cfg.max_position_embeddings
+        ))),
+        Some(n) => Ok(n),
+        None => Ok(cfg.max_position_embeddings),
+    }
+}
+
+fn read_generation_config(dir: &Path) -> Result<GenerationDefaults> {
+    let p = dir.join("generation_config.json");
+    let Ok(text) = std::fs::read_to_string(&p) else { return Ok(GenerationDefaults::default()) };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::invalid_model(p.display(), e))?;
+    Ok(GenerationDefaults {
+        sampling: SamplingOverrides::from_generation_config(&v),
+        eos_token_ids: token_id_list(v.get("eos_token_id")),
+    })
+}
+
+/// Reads a model directory or GGUF file (used by the engine thread and by tests/benches).
+pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &dyn Fn(u64, u64)) -> Result<Loaded> {
+    let files = loader::open(path, device, progress, opts.dequantize)?;
+    let dtype = select_dtype(opts.dtype.as_deref(), device)?;
+    let (tokenizer, defaults) = match &files.format {
+        ModelFormat::HfDir(dir) => (Tokenizer::from_dir(dir).map_err(EngineError::InvalidModel)?, read_generation_config(dir)?),
+        ModelFormat::Gguf(src) => (Tokenizer::from_gguf(src.metadata()).map_err(EngineError::InvalidModel)?, GenerationDefaults::default()),
+    };
+    let n = context_length(opts, &files.config)?;
+    let (config, mut weights) = files.into_weights(device, progress)?;
+    let model = Decoder::load(config, weights.as_mut(), dtype, device, n)?;
+    Ok(Loaded { model, tokenizer, defaults })
+}
+
+/// Bytes the KV pool may take by default: half of the GPU memory still free after the
+/// weights on CUDA, a quarter of the machine's memory on CPU (committed only as blocks are
+/// first written there; allocated at load on a GPU).
+pub fn kv_memory_budget(device: &Device) -> usize {
+    match device_memory(device) {
+        Some(m) => usize::try_from(m.free / 2).unwrap_or(usize::MAX),
+        None => total_memory().unwrap_or(8 << 30) / 4,
+    }
+}
+
+fn total_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// candle sizes its global CPU pools (the quantized-matmul barrier pool and its rayon pool)
+/// from `CANDLE_NUM_THREADS` / `RAYON_NUM_THREADS`; when they are unset it re-reads
+/// `/proc/cpuinfo` on every dense matmul (measured: 12–15% of SmolLM2 decode). The first
+/// runtime sets them (to `threads`, default one per core) unless the user already has;
+/// the pools are per process, so later runtimes share them.
+pub fn configure_candle_threads(threads: Option<usize>) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        for var in ["CANDLE_NUM_THREADS", "RAYON_NUM_THREADS"] {
+            if std::env::var_os(var).is_none() {
+                // Set before any candle pool exists; nothing else reads these variables.
+                std::env::set_var(var, n.to_string());
+            }
+        }
+    });
+}

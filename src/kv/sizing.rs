@@ -1,0 +1,64 @@
+//! How large the shared KV pool is: the `kvCache` options, checked, and the default size.
+
+use crate::error::{EngineError, Result};
+
+/// Bounds of the shared KV pool.
+#[derive(Clone, Debug, Default)]
+pub struct KvCacheOptions {
+    /// Positions per block (default [`DEFAULT_BLOCK_SIZE`]).
+    pub block_size: Option<usize>,
+    /// Positions the pool holds over all sessions (default: see [`default_tokens`]).
+    pub max_tokens: Option<usize>,
+    /// Share full blocks between sequences with the same prefix (default true).
+    pub prefix_cache: Option<bool>,
+}
+
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// The default pool size in positions: what `budget_bytes` holds at `bytes_per_token`, at
+/// most 64 full contexts.
+pub fn default_tokens(budget_bytes: usize, bytes_per_token: usize, context_length: usize) -> usize {
+    (budget_bytes / bytes_per_token.max(1)).min(64usize.saturating_mul(context_length))
+}
+
+/// `(blocks, block size)` of the pool. `budget_bytes` is asked only when `max_tokens` is unset.
+pub fn pool_shape(
+    opts: &KvCacheOptions,
+    bytes_per_token: usize,
+    context_length: usize,
+    budget_bytes: impl FnOnce() -> usize,
+) -> Result<(usize, usize)> {
+    let bs = opts.block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
+    if bs == 0 || bs > 1024 {
+        return Err(EngineError::InvalidArgument(format!("kvCache.blockSize must be between 1 and 1024 (got {bs})")));
+    }
+    let tokens = match opts.max_tokens {
+        Some(n) if n < bs => {
+            return Err(EngineError::InvalidArgument(format!(
+                "kvCache.maxTokens must be at least one block ({bs} positions; got {n})"
+            )))
+        }
+        Some(n) => n,
+        None => default_tokens(budget_bytes(), bytes_per_token, context_length).max(bs),
+    };
+    Ok((tokens / bs, bs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_checked_and_the_default_follows_the_budget() {
+        let opts = |block_size, max_tokens| KvCacheOptions { block_size, max_tokens, prefix_cache: None };
+        assert_eq!(pool_shape(&opts(None, Some(100)), 8, 64, || unreachable!()).unwrap(), (6, 16));
+        assert!(pool_shape(&opts(Some(0), None), 8, 64, || 0).is_err());
+        assert!(pool_shape(&opts(Some(2048), None), 8, 64, || 0).is_err());
+        assert!(pool_shape(&opts(Some(32), Some(16)), 8, 64, || 0).is_err());
+        // 1 MiB at 1 KiB per token: 1024 positions, capped at 64 contexts of 8.
+        assert_eq!(pool_shape(&opts(Some(4), None), 1024, 1 << 20, || 1 << 20).unwrap(), (256, 4));
+        assert_eq!(pool_shape(&opts(Some(4), None), 1024, 8, || 1 << 20).unwrap(), (128, 4));
+        // A budget too small for one block still gives one block.
+        assert_eq!(pool_shape(&opts(None, None), 1 << 20, 64, || 10).unwrap(), (1, 16));
+    }
+}

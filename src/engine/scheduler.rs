@@ -458,32 +458,7 @@ impl Scheduler {
     /// One forward pass over every running request, then sampling where a prompt or a decode
     /// row completed.
     fn step(&mut self) -> Result<()> {
-        // 1. Plan: a row for each decoding request, then prompt chunks within the budget.
-        let mut decoding = 0;
-        for seq in &self.running {
-            let st = self.sessions.get_mut(&seq.session).expect("reaped");
-            if st.table.len() == st.target() {
-                st.tokens.push(seq.last_token.expect("a decode step follows a sampled token"));
-            }
-            decoding += (st.target() - st.table.len() == 1) as usize;
-        }
-        let mut budget = self.step_tokens.saturating_sub(decoding).max(self.kv.block_size());
-        // (index into `running`, first position, rows)
-        let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(self.running.len());
-        for (i, seq) in self.running.iter().enumerate() {
-            let st = &self.sessions[&seq.session];
-            let left = st.target() - st.table.len();
-            let n = if left == 1 { 1 } else { left.min(budget) };
-            if n == 0 {
-                continue;
-            }
-            if left > 1 {
-                budget -= n;
-            }
-            plan.push((i, st.table.len(), n));
-        }
-        // Rows of one expert set together: each set is one adapter segment.
-        plan.sort_by_cached_key(|&(i, _, _)| self.running[i].experts.key());
+        let plan = self.plan_step();
 
         // 2. The batched forward pass.
         let logits = {
@@ -512,11 +487,46 @@ impl Scheduler {
             Some(l) => l.to_vec2()?,
             None => Vec::new(),
         };
+        self.advance_and_sample(&plan, &rows);
+        Ok(())
+    }
 
-        // 3. Advance the tables, register filled blocks, sample where logits came back.
+    /// Step 1: a row for each decoding request, then prompt chunks within the per-step token
+    /// budget, as `(index into running, first position, rows)`, grouped by expert set (each
+    /// set is one adapter segment).
+    fn plan_step(&mut self) -> Vec<(usize, usize, usize)> {
+        let mut decoding = 0;
+        for seq in &self.running {
+            let st = self.sessions.get_mut(&seq.session).expect("reaped");
+            if st.table.len() == st.target() {
+                st.tokens.push(seq.last_token.expect("a decode step follows a sampled token"));
+            }
+            decoding += (st.target() - st.table.len() == 1) as usize;
+        }
+        let mut budget = self.step_tokens.saturating_sub(decoding).max(self.kv.block_size());
+        let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(self.running.len());
+        for (i, seq) in self.running.iter().enumerate() {
+            let st = &self.sessions[&seq.session];
+            let left = st.target() - st.table.len();
+            let n = if left == 1 { 1 } else { left.min(budget) };
+            if n == 0 {
+                continue;
+            }
+            if left > 1 {
+                budget -= n;
+            }
+            plan.push((i, st.table.len(), n));
+        }
+        plan.sort_by_cached_key(|&(i, _, _)| self.running[i].experts.key());
+        plan
+    }
+
+    /// Step 3: advance the tables, register filled blocks, sample where logits came back
+    /// (`rows`, in plan order), and finish the requests that ended.
+    fn advance_and_sample(&mut self, plan: &[(usize, usize, usize)], rows: &[Vec<f32>]) {
         let mut next_row = 0;
         let mut done = Vec::new();
-        for &(i, pos, n) in &plan {
+        for &(i, pos, n) in plan {
             let seq = &mut self.running[i];
             let st = self.sessions.get_mut(&seq.session).expect("reaped");
             st.table.advance(pos + n);
@@ -540,7 +550,6 @@ impl Scheduler {
             let seq = self.running.remove(i);
             self.finish(seq, reason);
         }
-        Ok(())
     }
 
     fn finish(&mut self, seq: Sequence, reason: FinishReason) {

@@ -84,7 +84,7 @@ impl BlockTable {
         let bs = pool.block_size();
         let len = len.min(self.len);
         let keep = blocks_for(len, bs);
-        let tail = (len % bs != 0).then(|| self.blocks[keep - 1]);
+        let tail = (!len.is_multiple_of(bs)).then(|| self.blocks[keep - 1]);
         if let Some(b) = tail.filter(|&b| pool.refs(b) > 1) {
             let Some(copy) = pool.alloc() else { return Ok(false) };
             store.copy_block(b, copy, len % bs)?;

@@ -186,7 +186,7 @@ impl KvManager {
     pub fn prepare_resume(&mut self, table: &mut BlockTable, keep: usize, need_blocks: usize) -> usize {
         let kept = self.blocks_for(keep);
         table.truncate_blocks(kept, &mut self.pool);
-        let cow = keep % self.pool.block_size() != 0 && self.pool.refs(table.blocks()[kept - 1]) > 1;
+        let cow = !keep.is_multiple_of(self.pool.block_size()) && self.pool.refs(table.blocks()[kept - 1]) > 1;
         need_blocks - kept + cow as usize
     }
 
@@ -196,7 +196,7 @@ impl KvManager {
     pub fn resume(&mut self, table: &mut BlockTable, keep: usize, need_blocks: usize) -> Result<bool> {
         let kept = self.blocks_for(keep.min(table.len()));
         let more = need_blocks.saturating_sub(kept);
-        let cow = keep % self.pool.block_size() != 0 && kept > 0 && self.pool.refs(table.blocks()[kept - 1]) > 1;
+        let cow = !keep.is_multiple_of(self.pool.block_size()) && kept > 0 && self.pool.refs(table.blocks()[kept - 1]) > 1;
         if self.pool.available() < more + cow as usize {
             return Ok(false);
         }

@@ -116,7 +116,7 @@ impl PackedQ8_0 {
 
     /// Repacks raw GGUF Q8_0 blocks (row-major, `k / 32` blocks per row).
     pub fn from_q8_0_bytes(bytes: &[u8], n: usize, k: usize) -> Self {
-        assert!(k % QK == 0, "Q8_0 row length {k} is not a multiple of {QK}");
+        assert!(k.is_multiple_of(QK), "Q8_0 row length {k} is not a multiple of {QK}");
         let nb = k / QK;
         assert_eq!(bytes.len(), n * nb * Q8_0_BYTES, "Q8_0 byte count does not match [{n}, {k}]");
         let groups = n.div_ceil(4);
@@ -374,8 +374,8 @@ mod tests {
         deq.chunks_exact(k)
             .map(|w| {
                 let (mut sum, mut abs) = (0f64, 0f64);
-                for b in 0..nb {
-                    let t: f64 = (b * QK..(b + 1) * QK).map(|j| w[j] as f64 * xq[j] as f64).sum::<f64>() * xd[b] as f64;
+                for (b, &d) in xd.iter().enumerate().take(nb) {
+                    let t: f64 = (b * QK..(b + 1) * QK).map(|j| w[j] as f64 * xq[j] as f64).sum::<f64>() * d as f64;
                     sum += t;
                     abs += t.abs();
                 }
@@ -394,7 +394,7 @@ mod tests {
             .chunks(256)
             .flat_map(|c| {
                 let amax = c.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
-                std::iter::repeat(0.6 * amax / 127.0).take(c.len())
+                std::iter::repeat_n(0.6 * amax / 127.0, c.len())
             })
             .collect();
         deq.chunks_exact(k).map(|w| w.iter().zip(&step).map(|(w, s)| w.abs() as f64 * s).sum::<f64>() + 1e-6).collect()

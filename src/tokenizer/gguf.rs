@@ -22,9 +22,6 @@
 //! token, 2 = unknown → special added token. BOS/EOS are not inserted by the `tokenizers`
 //! pipeline; [`GgufTokenizer::add_bos`]/[`GgufTokenizer::add_eos`] tell the caller to do it.
 
-use std::collections::HashMap;
-
-use candle_core::quantized::gguf_file::Value;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
@@ -36,6 +33,10 @@ use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{
     AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior,
+};
+
+use crate::gguf_meta::{
+    get_bool, get_f32_array, get_int_array, get_str, get_str_array, get_token_id, Metadata,
 };
 
 /// llama.cpp token types (`tokenizer.ggml.token_type`).
@@ -241,144 +242,11 @@ pub fn pre_tokenizer_spec(pre: &str) -> Result<PreTokenizerSpec, String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Metadata accessors
-// ---------------------------------------------------------------------------------------------
-
-type Md = HashMap<String, Value>;
-
-fn value_to_i64(v: &Value) -> Option<i64> {
-    Some(match v {
-        Value::U8(x) => *x as i64,
-        Value::I8(x) => *x as i64,
-        Value::U16(x) => *x as i64,
-        Value::I16(x) => *x as i64,
-        Value::U32(x) => *x as i64,
-        Value::I32(x) => *x as i64,
-        Value::U64(x) => i64::try_from(*x).ok()?,
-        Value::I64(x) => *x,
-        Value::Bool(b) => *b as i64,
-        _ => return None,
-    })
-}
-
-fn get_str<'a>(md: &'a Md, key: &str) -> Result<Option<&'a str>, String> {
-    match md.get(key) {
-        None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.as_str())),
-        Some(v) => Err(format!(
-            "GGUF metadata '{key}': expected a string, got {:?}",
-            v.value_type()
-        )),
-    }
-}
-
-/// A token id; negative values (llama.cpp writes -1 for "none") read as absent.
-fn get_token_id(md: &Md, key: &str, n_tokens: usize) -> Result<Option<u32>, String> {
-    let Some(v) = md.get(key) else {
-        return Ok(None);
-    };
-    let id = value_to_i64(v).ok_or_else(|| {
-        format!(
-            "GGUF metadata '{key}': expected an integer, got {:?}",
-            v.value_type()
-        )
-    })?;
-    if id < 0 {
-        return Ok(None);
-    }
-    if id as u64 >= n_tokens as u64 {
-        return Err(format!(
-            "GGUF metadata '{key}' = {id} is out of range for a vocabulary of {n_tokens} tokens"
-        ));
-    }
-    Ok(Some(id as u32))
-}
-
-fn get_bool(md: &Md, key: &str) -> Result<Option<bool>, String> {
-    match md.get(key) {
-        None => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => value_to_i64(v).map(|x| Some(x != 0)).ok_or_else(|| {
-            format!(
-                "GGUF metadata '{key}': expected a bool, got {:?}",
-                v.value_type()
-            )
-        }),
-    }
-}
-
-fn get_array<'a>(md: &'a Md, key: &str) -> Result<Option<&'a Vec<Value>>, String> {
-    match md.get(key) {
-        None => Ok(None),
-        Some(Value::Array(a)) => Ok(Some(a)),
-        Some(v) => Err(format!(
-            "GGUF metadata '{key}': expected an array, got {:?}",
-            v.value_type()
-        )),
-    }
-}
-
-fn get_str_array<'a>(md: &'a Md, key: &str) -> Result<Option<Vec<&'a str>>, String> {
-    let Some(a) = get_array(md, key)? else {
-        return Ok(None);
-    };
-    a.iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            Value::String(s) => Ok(s.as_str()),
-            v => Err(format!(
-                "GGUF metadata '{key}'[{i}]: expected a string, got {:?}",
-                v.value_type()
-            )),
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
-fn get_int_array(md: &Md, key: &str) -> Result<Option<Vec<i64>>, String> {
-    let Some(a) = get_array(md, key)? else {
-        return Ok(None);
-    };
-    a.iter()
-        .enumerate()
-        .map(|(i, v)| {
-            value_to_i64(v).ok_or_else(|| {
-                format!(
-                    "GGUF metadata '{key}'[{i}]: expected an integer, got {:?}",
-                    v.value_type()
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
-fn get_f32_array(md: &Md, key: &str) -> Result<Option<Vec<f32>>, String> {
-    let Some(a) = get_array(md, key)? else {
-        return Ok(None);
-    };
-    a.iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            Value::F32(x) => Ok(*x),
-            Value::F64(x) => Ok(*x as f32),
-            v => value_to_i64(v).map(|x| x as f32).ok_or_else(|| {
-                format!(
-                    "GGUF metadata '{key}'[{i}]: expected a float, got {:?}",
-                    v.value_type()
-                )
-            }),
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
-// ---------------------------------------------------------------------------------------------
 // Construction
 // ---------------------------------------------------------------------------------------------
 
 /// Builds the tokenizer described by GGUF metadata.
-pub fn load(md: &Md) -> Result<GgufTokenizer, String> {
+pub fn load(md: &Metadata) -> Result<GgufTokenizer, String> {
     let model = get_str(md, "tokenizer.ggml.model")?
         .ok_or("GGUF metadata has no 'tokenizer.ggml.model' (the file carries no tokenizer)")?;
     let tokens = get_str_array(md, "tokenizer.ggml.tokens")?
@@ -491,7 +359,7 @@ fn vocab_map(tokens: &[&str]) -> Vocab {
 }
 
 fn build_byte_level_bpe(
-    md: &Md,
+    md: &Metadata,
     tokens: &[&str],
     spec: &PreTokenizerSpec,
 ) -> Result<tokenizers::Tokenizer, String> {
@@ -550,7 +418,11 @@ fn build_byte_level_bpe(
 /// SentencePiece (BPE-type) vocabulary: merges are derived from the scores the way HF's
 /// `SentencePieceExtractor` does (every split of a piece into two in-vocabulary pieces is a merge,
 /// ranked by the merged piece's score, highest first).
-fn build_spm(md: &Md, tokens: &[&str], types: &[i64]) -> Result<tokenizers::Tokenizer, String> {
+fn build_spm(
+    md: &Metadata,
+    tokens: &[&str],
+    types: &[i64],
+) -> Result<tokenizers::Tokenizer, String> {
     let n = tokens.len();
     let scores = match get_f32_array(md, "tokenizer.ggml.scores")? {
         Some(s) if s.len() != n => {

@@ -503,3 +503,157 @@ fn build_spm(
     tk.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(decs))));
     Ok(tk)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use candle_core::quantized::gguf_file;
+
+    use crate::tokenizer::test_support::{check_incremental, synthetic_gguf, vocab_metadata};
+    use crate::tokenizer::{gguf, ChatMessage, Tokenizer};
+
+    #[test]
+    fn synthetic_gguf_byte_level_bpe() {
+        let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
+        assert_eq!(tok.vocab_size(), 256 + 5 + 4);
+        let the = tok.token_id("Ġthe").unwrap();
+        let bos = tok.token_id("<|im_start|>").unwrap();
+        let eos = tok.token_id("<|im_end|>").unwrap();
+        assert_eq!(tok.bos_token_id(), Some(bos));
+        assert_eq!(tok.eos_token_ids(), vec![eos]);
+        // BPE merges + GPT-2 split + special tokens in text + BOS only with add_special_tokens.
+        let ids = tok.encode("a the<|im_end|><think>", true).unwrap();
+        assert_eq!(
+            ids,
+            vec![
+                bos,
+                tok.token_id("a").unwrap(),
+                the,
+                eos,
+                tok.token_id("<think>").unwrap()
+            ]
+        );
+        assert_eq!(
+            tok.encode("a the", false).unwrap(),
+            vec![tok.token_id("a").unwrap(), the]
+        );
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            "<|im_start|>a the<|im_end|><think>"
+        );
+        // Control tokens are skipped, user-defined ones kept.
+        assert_eq!(tok.decode(&ids, true).unwrap(), "a the<think>");
+        // No spaces inserted between byte-level tokens, multi-byte chars survive.
+        let s = "x  y\n\tz café 日本 🎉";
+        assert_eq!(
+            tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(),
+            s
+        );
+        // "12" merges with gpt-2 but is split into digits with smollm's \p{N} pre-split.
+        assert_eq!(tok.encode("12", false).unwrap().len(), 1);
+        let smol = Tokenizer::from_gguf(&synthetic_gguf("smollm")).unwrap();
+        assert_eq!(smol.encode("12", false).unwrap().len(), 2);
+        // Chat template from GGUF.
+        let msgs = [ChatMessage::new("user", "hi")];
+        assert_eq!(
+            tok.apply_chat_template(&msgs, true, None).unwrap(),
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    /// A small SentencePiece vocabulary: specials, 256 byte tokens, a few pieces; the score is
+    /// minus the id (earlier pieces merge first), as in real SPM vocabularies.
+    fn synthetic_spm_gguf() -> HashMap<String, gguf_file::Value> {
+        use gguf_file::Value as V;
+        let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+        let mut types = vec![2i32, 3, 3];
+        for b in 0..256 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(6);
+        }
+        for p in [
+            "▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "llo", "▁hello", "or", "▁w",
+            "ld", "▁wor", "▁world",
+        ] {
+            tokens.push(p.into());
+            types.push(1);
+        }
+        let scores: Vec<V> = (0..tokens.len()).map(|i| V::F32(-(i as f32))).collect();
+        let mut md = vocab_metadata("llama", tokens, types);
+        md.insert("tokenizer.ggml.scores".into(), V::Array(scores));
+        md.insert("tokenizer.ggml.bos_token_id".into(), V::U32(1));
+        md.insert("tokenizer.ggml.eos_token_id".into(), V::U32(2));
+        md.insert("tokenizer.ggml.unknown_token_id".into(), V::U32(0));
+        md
+    }
+
+    #[test]
+    fn synthetic_gguf_sentencepiece() {
+        let tok = Tokenizer::from_gguf(&synthetic_spm_gguf()).unwrap();
+        assert!(
+            tok.adds_bos(),
+            "SentencePiece GGUFs add BOS by default (llama.cpp)"
+        );
+        let hello = tok.token_id("▁hello").unwrap();
+        let world = tok.token_id("▁world").unwrap();
+        assert_eq!(
+            tok.encode("hello world", true).unwrap(),
+            vec![1, hello, world]
+        );
+        assert_eq!(
+            tok.encode("hello world", false).unwrap(),
+            vec![hello, world]
+        );
+        // Unknown characters fall back to byte tokens; "<s>" in text is the BOS token.
+        let ids = tok.encode("hello 日</s>", false).unwrap();
+        let byte = |b: u8| tok.token_id(&format!("<0x{b:02X}>")).unwrap();
+        let space = tok.token_id("▁").unwrap();
+        assert_eq!(
+            ids,
+            vec![hello, space, byte(0xE6), byte(0x97), byte(0xA5), 2]
+        );
+        assert_eq!(tok.decode(&ids, true).unwrap(), "hello 日");
+        assert_eq!(tok.decode(&[1, hello, world], true).unwrap(), "hello world");
+        let ids = tok.encode("hello 日本 world", false).unwrap();
+        check_incremental(&tok, &ids, true);
+    }
+
+    #[test]
+    fn every_supported_pre_tokenizer_compiles() {
+        for pre in gguf::SUPPORTED_PRE {
+            let tok =
+                Tokenizer::from_gguf(&synthetic_gguf(pre)).unwrap_or_else(|e| panic!("{pre}: {e}"));
+            let s = "Hello, world! It's 12345 3.14\n\n  x 日本🎉";
+            assert_eq!(
+                tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(),
+                s,
+                "pre {pre}"
+            );
+        }
+        let err = Tokenizer::from_gguf(&synthetic_gguf("no-such-pre")).unwrap_err();
+        assert!(err.contains("tokenizer.ggml.pre"), "{err}");
+    }
+
+    #[test]
+    fn gguf_errors_name_the_field() {
+        let mut md = synthetic_gguf("gpt-2");
+        md.insert(
+            "tokenizer.ggml.model".into(),
+            gguf_file::Value::String("bert".into()),
+        );
+        let err = Tokenizer::from_gguf(&md).unwrap_err();
+        assert!(
+            err.contains("tokenizer.ggml.model") && err.contains("bert"),
+            "{err}"
+        );
+        let mut md = synthetic_gguf("gpt-2");
+        md.remove("tokenizer.ggml.merges");
+        assert!(Tokenizer::from_gguf(&md)
+            .unwrap_err()
+            .contains("tokenizer.ggml.merges"));
+        assert!(Tokenizer::from_gguf(&HashMap::new())
+            .unwrap_err()
+            .contains("tokenizer.ggml.model"));
+    }
+}

@@ -268,18 +268,7 @@ pub fn load(md: &Metadata) -> Result<GgufTokenizer, String> {
 
     let mut bos_id = get_token_id(md, "tokenizer.ggml.bos_token_id", n)?;
     let eos_id = get_token_id(md, "tokenizer.ggml.eos_token_id", n)?;
-    let mut eos_ids = Vec::new();
-    for key in [
-        "tokenizer.ggml.eos_token_id",
-        "tokenizer.ggml.eot_token_id",
-        "tokenizer.ggml.eom_token_id",
-    ] {
-        if let Some(id) = get_token_id(md, key, n)? {
-            if !eos_ids.contains(&id) {
-                eos_ids.push(id);
-            }
-        }
-    }
+    let eos_ids = end_of_generation_ids(md, n)?;
 
     let (mut tokenizer, default_add_bos) = match model {
         "gpt2" => {
@@ -298,9 +287,54 @@ pub fn load(md: &Metadata) -> Result<GgufTokenizer, String> {
         }
     };
 
-    // Control / unknown tokens become special added tokens, user-defined ones plain added
-    // tokens: both are matched verbatim in the input before the model runs (llama.cpp's
-    // `tokenizer_st_partition` with parse_special=true).
+    add_vocab_tokens(&mut tokenizer, &tokens, &types, bos_id, &eos_ids)?;
+
+    let add_bos = get_bool(md, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos)
+        && bos_id.is_some();
+    let add_eos =
+        get_bool(md, "tokenizer.ggml.add_eos_token")?.unwrap_or(false) && eos_id.is_some();
+    let chat_template = get_str(md, "tokenizer.chat_template")?.map(str::to_owned);
+
+    Ok(GgufTokenizer {
+        tokenizer,
+        vocab_size: n,
+        bos_token: bos_id.map(|id| tokens[id as usize].to_owned()),
+        eos_token: eos_id.map(|id| tokens[id as usize].to_owned()),
+        bos_id,
+        eos_ids,
+        add_bos,
+        add_eos,
+        chat_template,
+    })
+}
+
+/// `eos_token_id`, then `eot_token_id` / `eom_token_id` when present, without repeats.
+fn end_of_generation_ids(md: &Metadata, n: usize) -> Result<Vec<u32>, String> {
+    let mut eos_ids = Vec::new();
+    for key in [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ] {
+        if let Some(id) = get_token_id(md, key, n)? {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+    }
+    Ok(eos_ids)
+}
+
+/// Control / unknown tokens become special added tokens, user-defined ones plain added
+/// tokens: both are matched verbatim in the input before the model runs (llama.cpp's
+/// `tokenizer_st_partition` with parse_special=true).
+fn add_vocab_tokens(
+    tokenizer: &mut tokenizers::Tokenizer,
+    tokens: &[&str],
+    types: &[i64],
+    bos_id: Option<u32>,
+    eos_ids: &[u32],
+) -> Result<(), String> {
     let mut special = Vec::new();
     let mut user = Vec::new();
     for (&tok, &ty) in tokens.iter().zip(types.iter()) {
@@ -328,24 +362,7 @@ pub fn load(md: &Metadata) -> Result<GgufTokenizer, String> {
     tokenizer
         .add_tokens(user)
         .map_err(|e| format!("GGUF tokenizer: adding user-defined tokens failed: {e}"))?;
-
-    let add_bos = get_bool(md, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos)
-        && bos_id.is_some();
-    let add_eos =
-        get_bool(md, "tokenizer.ggml.add_eos_token")?.unwrap_or(false) && eos_id.is_some();
-    let chat_template = get_str(md, "tokenizer.chat_template")?.map(str::to_owned);
-
-    Ok(GgufTokenizer {
-        tokenizer,
-        vocab_size: n,
-        bos_token: bos_id.map(|id| tokens[id as usize].to_owned()),
-        eos_token: eos_id.map(|id| tokens[id as usize].to_owned()),
-        bos_id,
-        eos_ids,
-        add_bos,
-        add_eos,
-        chat_template,
-    })
+    Ok(())
 }
 
 /// token → id, last occurrence wins (as in llama.cpp's `token_to_id`).
@@ -415,27 +432,8 @@ fn build_byte_level_bpe(
     Ok(tk)
 }
 
-/// SentencePiece (BPE-type) vocabulary: merges are derived from the scores the way HF's
-/// `SentencePieceExtractor` does (every split of a piece into two in-vocabulary pieces is a merge,
-/// ranked by the merged piece's score, highest first).
-fn build_spm(
-    md: &Metadata,
-    tokens: &[&str],
-    types: &[i64],
-) -> Result<tokenizers::Tokenizer, String> {
-    let n = tokens.len();
-    let scores = match get_f32_array(md, "tokenizer.ggml.scores")? {
-        Some(s) if s.len() != n => {
-            return Err(format!(
-                "GGUF metadata 'tokenizer.ggml.scores' has {} entries but 'tokenizer.ggml.tokens' has {n}",
-                s.len()
-            ))
-        }
-        Some(s) => s,
-        None => return Err("GGUF metadata has no 'tokenizer.ggml.scores' (required for tokenizer model 'llama')".into()),
-    };
-    let vocab = vocab_map(tokens);
-
+/// The merges of a SentencePiece vocabulary, ranked (see [`build_spm`]).
+fn spm_merges(tokens: &[&str], types: &[i64], scores: &[f32], vocab: &Vocab) -> Merges {
     // (score, merged id, left id, right id) for every way to build a normal token from two tokens.
     let mut cands: Vec<(f32, u32, u32, u32, usize)> = Vec::new();
     for (id, &tok) in tokens.iter().enumerate() {
@@ -457,13 +455,36 @@ fn build_spm(
             .then(a.2.cmp(&b.2))
             .then(a.3.cmp(&b.3))
     });
-    let merges: Merges = cands
+    cands
         .iter()
         .map(|&(_, id, _, _, split)| {
             let t = tokens[id as usize];
             (t[..split].to_owned(), t[split..].to_owned())
         })
-        .collect();
+        .collect()
+}
+
+/// SentencePiece (BPE-type) vocabulary: merges are derived from the scores the way HF's
+/// `SentencePieceExtractor` does (every split of a piece into two in-vocabulary pieces is a merge,
+/// ranked by the merged piece's score, highest first).
+fn build_spm(
+    md: &Metadata,
+    tokens: &[&str],
+    types: &[i64],
+) -> Result<tokenizers::Tokenizer, String> {
+    let n = tokens.len();
+    let scores = match get_f32_array(md, "tokenizer.ggml.scores")? {
+        Some(s) if s.len() != n => {
+            return Err(format!(
+                "GGUF metadata 'tokenizer.ggml.scores' has {} entries but 'tokenizer.ggml.tokens' has {n}",
+                s.len()
+            ))
+        }
+        Some(s) => s,
+        None => return Err("GGUF metadata has no 'tokenizer.ggml.scores' (required for tokenizer model 'llama')".into()),
+    };
+    let vocab = vocab_map(tokens);
+    let merges = spm_merges(tokens, types, &scores, &vocab);
 
     let unk = get_token_id(md, "tokenizer.ggml.unknown_token_id", n)?
         .or_else(|| vocab.get("<unk>").copied())

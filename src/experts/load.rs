@@ -256,126 +256,105 @@ impl ModuleBuilder<'_> {
     }
 
     /// The adapter of one module and its rank (0 for IA³).
-    fn module(&self, slot: Slot, mut ts: ModuleTensors) -> Result<(ModuleAdapter, usize)> {
-        let lin = self.model.linear(slot);
-        let key = |p: &str| format!("base_model.model.{}.{p}", slot.path());
+    fn module(&self, slot: Slot, ts: ModuleTensors) -> Result<(ModuleAdapter, usize)> {
         let perm = self.out_permutation(slot)?;
+        let mut m = ModuleInput { slot, lin: self.model.linear(slot), ts, perm };
         let (adapter, rank) = match self.cfg.peft_type {
-            PeftType::Lora => self.lora(slot, lin, &mut ts, &key, perm)?,
-            PeftType::Ia3 => (self.ia3(slot, lin, &mut ts, &key, perm)?, 0),
-            PeftType::Lokr => self.lokr(slot, lin, &mut ts, &key, perm)?,
+            PeftType::Lora => self.lora(&mut m)?,
+            PeftType::Ia3 => (self.ia3(&mut m)?, 0),
+            PeftType::Lokr => self.lokr(&mut m)?,
             PeftType::PromptTuning => unreachable!("no modules"),
         };
-        if let Some(extra) = ts.keys().next() {
-            return Err(EngineError::InvalidAdapter(format!("unexpected tensor {}", key(extra))));
+        if let Some(extra) = m.ts.keys().next() {
+            return Err(EngineError::InvalidAdapter(format!("unexpected tensor {}", m.key(extra))));
         }
         Ok((adapter, rank))
     }
 
     /// LoRA (or DoRA with `use_dora`) and its rank.
-    fn lora(
-        &self,
-        slot: Slot,
-        lin: &Linear,
-        ts: &mut ModuleTensors,
-        key: &dyn Fn(&str) -> String,
-        perm: Option<Tensor>,
-    ) -> Result<(ModuleAdapter, usize)> {
-        let (out, inp) = (lin.out_features, lin.in_features);
-        let (r, alpha) = self.cfg.rank_alpha(slot);
-        let a = take(ts, key, "lora_A.weight", Some(&[r, inp]))?;
-        let b = take(ts, key, "lora_B.weight", Some(&[out, r]))?;
+    fn lora(&self, m: &mut ModuleInput) -> Result<(ModuleAdapter, usize)> {
+        let (out, inp) = (m.lin.out_features, m.lin.in_features);
+        let (r, alpha) = self.cfg.rank_alpha(m.slot);
+        let a = m.take("lora_A.weight", Some(&[r, inp]))?;
+        let b = m.take("lora_B.weight", Some(&[out, r]))?;
         let s = if self.cfg.use_rslora { alpha / (r as f64).sqrt() } else { alpha / r as f64 } * self.scale;
         let a = a.to_tensor(self.dtype, self.device)?;
         // Bᵀ [r, out]; permuting B's rows is permuting Bᵀ's columns.
-        let bt = permute(b.transposed().to_tensor(self.dtype, self.device)?, perm.as_ref(), 1)?;
+        let bt = permute(b.transposed().to_tensor(self.dtype, self.device)?, m.perm.as_ref(), 1)?;
         let lr = LowRank::new(a, bt, s);
         if !self.cfg.use_dora {
             return Ok((ModuleAdapter::Lora(lr), r));
         }
-        let m = ts
+        let mag = m
+            .ts
             .remove("lora_magnitude_vector")
-            .or_else(|| ts.remove("lora_magnitude_vector.weight"))
-            .ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", key("lora_magnitude_vector"))))?;
-        if m.shape != [out] {
+            .or_else(|| m.ts.remove("lora_magnitude_vector.weight"))
+            .ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", m.key("lora_magnitude_vector"))))?;
+        if mag.shape != [out] {
             return Err(EngineError::InvalidAdapter(format!(
                 "tensor {} has shape {:?}, expected [{out}]",
-                key("lora_magnitude_vector"),
-                m.shape
+                m.key("lora_magnitude_vector"),
+                mag.shape
             )));
         }
-        let m = permute(m.to_tensor(DType::F32, self.device)?, perm.as_ref(), 0)?;
-        Ok((ModuleAdapter::Dora(Dora::new(lr, &m, &lin.dequantized_f32()?)?), r))
+        let mag = permute(mag.to_tensor(DType::F32, self.device)?, m.perm.as_ref(), 0)?;
+        Ok((ModuleAdapter::Dora(Dora::new(lr, &mag, &m.lin.dequantized_f32()?)?), r))
     }
 
     /// IA³: one vector over the input (feed-forward modules) or the output.
-    fn ia3(
-        &self,
-        slot: Slot,
-        lin: &Linear,
-        ts: &mut ModuleTensors,
-        key: &dyn Fn(&str) -> String,
-        perm: Option<Tensor>,
-    ) -> Result<ModuleAdapter> {
-        let (out, inp) = (lin.out_features, lin.in_features);
-        let ff = self.cfg.is_feedforward(slot);
-        let v = if ff { take(ts, key, "ia3_l", Some(&[1, inp]))? } else { take(ts, key, "ia3_l", Some(&[out, 1]))? };
+    fn ia3(&self, m: &mut ModuleInput) -> Result<ModuleAdapter> {
+        let (out, inp) = (m.lin.out_features, m.lin.in_features);
+        let ff = self.cfg.is_feedforward(m.slot);
+        let v = if ff { m.take("ia3_l", Some(&[1, inp]))? } else { m.take("ia3_l", Some(&[out, 1]))? };
         let n = v.data.len();
         let mut v = v.to_tensor(DType::F32, self.device)?.reshape(n)?;
         if self.scale != 1.0 {
             v = (((v - 1.0)? * self.scale)? + 1.0)?;
         }
-        let v = if ff { v } else { permute(v, perm.as_ref(), 0)? };
+        let v = if ff { v } else { permute(v, m.perm.as_ref(), 0)? };
         Ok(ModuleAdapter::Ia3(Ia3 { scale: v.to_dtype(self.dtype)?, on_input: ff }))
     }
 
     /// LoKr (`w1 ⊗ w2`) and its rank.
-    fn lokr(
-        &self,
-        slot: Slot,
-        lin: &Linear,
-        ts: &mut ModuleTensors,
-        key: &dyn Fn(&str) -> String,
-        perm: Option<Tensor>,
-    ) -> Result<(ModuleAdapter, usize)> {
-        let (out, inp) = (lin.out_features, lin.in_features);
-        let (r, alpha) = self.cfg.rank_alpha(slot);
-        let w1 = self.factor(ts, "lokr_w1", key)?;
-        let w2 = self.factor(ts, "lokr_w2", key)?;
-        if ts.contains_key("lokr_t2") {
-            return Err(EngineError::UnsupportedAdapter(format!("{}: LoKr Tucker factors (convolutions only)", key("lokr_t2"))));
+    fn lokr(&self, m: &mut ModuleInput) -> Result<(ModuleAdapter, usize)> {
+        let (out, inp) = (m.lin.out_features, m.lin.in_features);
+        let (r, alpha) = self.cfg.rank_alpha(m.slot);
+        let w1 = self.factor(m, "lokr_w1")?;
+        let w2 = self.factor(m, "lokr_w2")?;
+        if m.ts.contains_key("lokr_t2") {
+            return Err(EngineError::UnsupportedAdapter(format!("{}: LoKr Tucker factors (convolutions only)", m.key("lokr_t2"))));
         }
-        let ((p, q), (m, n)) = (w1.dims2()?, w2.dims2()?);
-        if p * m != out || q * n != inp {
+        let ((p, q), (k, n)) = (w1.dims2()?, w2.dims2()?);
+        if p * k != out || q * n != inp {
             return Err(EngineError::InvalidAdapter(format!(
                 "{}: w1 {:?} ⊗ w2 {:?} is [{}, {}], but the module is [{out}, {inp}]",
-                key("lokr_w1"),
+                m.key("lokr_w1"),
                 [p, q],
-                [m, n],
-                p * m,
+                [k, n],
+                p * k,
                 q * n
             )));
         }
-        Ok((ModuleAdapter::Lokr(Lokr { w1, w2, scale: alpha / r as f64 * self.scale, out_perm: perm }), r))
+        Ok((ModuleAdapter::Lokr(Lokr { w1, w2, scale: alpha / r as f64 * self.scale, out_perm: m.perm.take() }), r))
     }
 
     /// A LoKr factor, full (`{name}`) or as `{name}_a @ {name}_b`.
-    fn factor(&self, ts: &mut ModuleTensors, name: &str, key: &dyn Fn(&str) -> String) -> Result<Tensor> {
-        if let Some(w) = ts.remove(name) {
+    fn factor(&self, m: &mut ModuleInput, name: &str) -> Result<Tensor> {
+        if let Some(w) = m.ts.remove(name) {
             if w.shape.len() != 2 {
-                return Err(EngineError::InvalidAdapter(format!("tensor {} must be 2-D, has shape {:?}", key(name), w.shape)));
+                return Err(EngineError::InvalidAdapter(format!("tensor {} must be 2-D, has shape {:?}", m.key(name), w.shape)));
             }
             return w.to_tensor(self.dtype, self.device);
         }
         let (an, bn) = (format!("{name}_a"), format!("{name}_b"));
-        let a = ts.remove(&an).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {} (or {})", key(name), key(&an))))?;
-        let b = ts.remove(&bn).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", key(&bn))))?;
+        let a = m.ts.remove(&an).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {} (or {})", m.key(name), m.key(&an))))?;
+        let b = m.ts.remove(&bn).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", m.key(&bn))))?;
         if a.shape.len() != 2 || b.shape.len() != 2 || a.shape[1] != b.shape[0] || a.shape[1] == 0 {
             return Err(EngineError::InvalidAdapter(format!(
                 "tensors {} {:?} and {} {:?} do not multiply",
-                key(&an),
+                m.key(&an),
                 a.shape,
-                key(&bn),
+                m.key(&bn),
                 b.shape
             )));
         }
@@ -401,15 +380,31 @@ impl ModuleBuilder<'_> {
     }
 }
 
-/// Removes tensor `p` from `ts`, checking its shape when `shape` is given; `key` names it.
-fn take(ts: &mut ModuleTensors, key: &dyn Fn(&str) -> String, p: &str, shape: Option<&[usize]>) -> Result<RawTensor> {
-    let t = ts.remove(p).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", key(p))))?;
-    if let Some(s) = shape {
-        if t.shape != s {
-            return Err(EngineError::InvalidAdapter(format!("tensor {} has shape {:?}, expected {s:?}", key(p), t.shape)));
-        }
+/// One module being built: where it is, the base linear it adapts, its tensors (removed as
+/// they are used; any left at the end is an error) and, for permuted q/k rows, the row order.
+struct ModuleInput<'a> {
+    slot: Slot,
+    lin: &'a Linear,
+    ts: ModuleTensors,
+    perm: Option<Tensor>,
+}
+
+impl ModuleInput<'_> {
+    /// The full tensor name of parameter `p`, for messages.
+    fn key(&self, p: &str) -> String {
+        format!("base_model.model.{}.{p}", self.slot.path())
     }
-    Ok(t)
+
+    /// Removes tensor `p`, checking its shape when `shape` is given.
+    fn take(&mut self, p: &str, shape: Option<&[usize]>) -> Result<RawTensor> {
+        let t = self.ts.remove(p).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", self.key(p))))?;
+        if let Some(s) = shape {
+            if t.shape != s {
+                return Err(EngineError::InvalidAdapter(format!("tensor {} has shape {:?}, expected {s:?}", self.key(p), t.shape)));
+            }
+        }
+        Ok(t)
+    }
 }
 
 /// llama.cpp's Q/K row permutation: row `h·hd + 2i + j` holds HF row `h·hd + j·hd/2 + i`.

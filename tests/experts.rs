@@ -3,41 +3,34 @@
 //! greedy tokens and logprobs within 1e-4 in f32, alone and composed; on GGUF bases (q/k rows
 //! permuted for interleaved RoPE, and quantized) the same adapter must agree too.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use expert_runtime::engine::{load_model, LoadOptions};
+use common::{argmax, fixture, ids, load, log_softmax, read_json};
+use expert_runtime::engine::LoadOptions;
 use expert_runtime::experts::{load_expert, ExpertLoadOptions, ExpertSet};
 use expert_runtime::model::decoder::Logits;
 use expert_runtime::model::Decoder;
 use serde_json::Value;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("__test__/fixtures")
-}
-
 fn reference() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixtures().join("adapters/reference.json")).unwrap()).unwrap()
+    read_json(&fixture("adapters/reference.json"))
 }
 
 fn model(path: &Path, dequantize: bool) -> Decoder {
     let opts = LoadOptions { dtype: Some("f32".into()), dequantize, ..Default::default() };
-    load_model(path, &opts, &candle_core::Device::Cpu, &|_, _| {}).unwrap().model
+    load(path, &opts)
 }
 
 fn experts(model: &Decoder, names: &[&str]) -> ExpertSet {
     let list = names
         .iter()
         .enumerate()
-        .map(|(i, n)| Arc::new(load_expert(&fixtures().join("adapters").join(n), &ExpertLoadOptions::default(), model, i as u64 + 1).unwrap()))
+        .map(|(i, n)| Arc::new(load_expert(&fixture("adapters").join(n), &ExpertLoadOptions::default(), model, i as u64 + 1).unwrap()))
         .collect();
     ExpertSet::new(list)
-}
-
-fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let lse = logits.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>().ln() as f32 + max;
-    logits.iter().map(|&x| x - lse).collect()
 }
 
 /// Greedy decoding under `set`: prefill, then one token at a time through the cache (so both
@@ -50,16 +43,12 @@ fn greedy(model: &Decoder, set: &ExpertSet, prompt: &[u32], n: usize) -> (Vec<u3
     for _ in 0..n {
         let logits: Vec<f32> = model.forward_with(&input, &mut cache, Logits::Last, set).unwrap().to_vec1().unwrap();
         let lp = log_softmax(&logits);
-        let tok = (0..lp.len()).max_by(|&a, &b| lp[a].partial_cmp(&lp[b]).unwrap().then(b.cmp(&a))).unwrap() as u32;
+        let tok = argmax(&lp);
         toks.push(tok);
         lps.push(lp);
         input = vec![tok];
     }
     (toks, lps)
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
 /// Greedy tokens equal to PEFT's and every top-5 logprob within `tol`; returns the worst |Δ|.
@@ -86,7 +75,7 @@ fn check_case(case: &str, model_path: &Path, dequantize: bool, tol: f32) -> f32 
 }
 
 fn hf(base: &str) -> PathBuf {
-    fixtures().join(base)
+    fixture(base)
 }
 
 const F32_TOL: f32 = 1e-4;
@@ -122,7 +111,7 @@ peft_parity! {
 /// permuted the same way. On the F32 GGUF this is exact.
 #[test]
 fn adapters_on_a_gguf_llama_base_with_permuted_rows() {
-    let gguf = fixtures().join("llama-tiny/model-f32.gguf");
+    let gguf = fixture("llama-tiny/model-f32.gguf");
     check_case("lora_llama", &gguf, false, F32_TOL);
     check_case("dora_llama", &gguf, false, F32_TOL);
 }
@@ -138,7 +127,7 @@ const Q8_TOL: f32 = 0.25;
 /// equals PEFT.
 #[test]
 fn experts_on_a_quantized_base_match_the_dequantized_base() {
-    let gguf = fixtures().join("llama-tiny/model-q8_0.gguf");
+    let gguf = fixture("llama-tiny/model-q8_0.gguf");
     let r = reference();
     for case in ["lora_llama", "dora_llama"] {
         let c = &r["cases"][case];
@@ -174,7 +163,7 @@ fn experts_on_a_quantized_base_match_the_dequantized_base() {
 #[test]
 fn expert_metadata() {
     let m = model(&hf("qwen3-tiny"), false);
-    let e = load_expert(&fixtures().join("adapters/lora"), &ExpertLoadOptions::default(), &m, 1).unwrap();
+    let e = load_expert(&fixture("adapters/lora"), &ExpertLoadOptions::default(), &m, 1).unwrap();
     assert_eq!(e.name, "lora"); // from manifest.json
     assert_eq!(e.kind.as_str(), "lora");
     assert_eq!(e.rank, Some(4));
@@ -187,9 +176,9 @@ fn expert_metadata() {
     let manifest = e.manifest.as_ref().unwrap();
     assert_eq!(manifest.routing.keywords, ["sql"]);
 
-    let p = load_expert(&fixtures().join("adapters/prompt"), &ExpertLoadOptions { name: Some("p".into()), scale: 1.0 }, &m, 2).unwrap();
+    let p = load_expert(&fixture("adapters/prompt"), &ExpertLoadOptions { name: Some("p".into()), scale: 1.0 }, &m, 2).unwrap();
     assert_eq!((p.name.as_str(), p.kind.as_str(), p.rank, p.num_virtual_tokens()), ("p", "prompt", None, 4));
-    let ia3 = load_expert(&fixtures().join("adapters/ia3"), &ExpertLoadOptions::default(), &m, 3).unwrap();
+    let ia3 = load_expert(&fixture("adapters/ia3"), &ExpertLoadOptions::default(), &m, 3).unwrap();
     assert_eq!((ia3.name.as_str(), ia3.rank), ("ia3", None));
 }
 
@@ -202,7 +191,7 @@ fn scale_zero_is_the_base_model() {
     let prompt = ids(&r["cases"]["lora"]["prompt_ids"]);
     let (base, _) = greedy(&m, &ExpertSet::none(), &prompt, 8);
     for name in ["lora", "lokr", "ia3"] {
-        let e = load_expert(&fixtures().join("adapters").join(name), &ExpertLoadOptions { name: None, scale: 0.0 }, &m, 1).unwrap();
+        let e = load_expert(&fixture("adapters").join(name), &ExpertLoadOptions { name: None, scale: 0.0 }, &m, 1).unwrap();
         let (toks, _) = greedy(&m, &ExpertSet::new(vec![Arc::new(e)]), &prompt, 8);
         assert_eq!(toks, base, "{name} with scale 0");
     }

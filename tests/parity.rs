@@ -2,24 +2,17 @@
 //! (`scripts/gen_fixtures.py` wrote the references). Greedy tokens must be identical and
 //! logprobs (of the chosen token and the top-5) within a stated bound per dtype.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use expert_runtime::engine::{load_model, LoadOptions};
+use common::{argmax, fixture, ids, load, log_softmax, read_json};
+use expert_runtime::engine::LoadOptions;
 use expert_runtime::model::decoder::Logits;
 use serde_json::Value;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("__test__/fixtures").join(name)
-}
-
 fn reference(model: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture(model).join("reference.json")).unwrap()).unwrap()
-}
-
-fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let lse = logits.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>().ln() as f32 + max;
-    logits.iter().map(|&x| x - lse).collect()
+    read_json(&fixture(model).join("reference.json"))
 }
 
 /// Decodes the reference prompt step by step (prefill, then one token at a time through the
@@ -34,9 +27,8 @@ fn check(path: &Path, model_name: &str, dtype: &str, key: &str, tol: f32) {
 fn check_with(path: &Path, model_name: &str, dtype: &str, key: &str, tol: f32, dequantize: bool) {
     let r = reference(model_name);
     let opts = LoadOptions { dtype: Some(dtype.into()), dequantize, ..Default::default() };
-    let loaded = load_model(path, &opts, &candle_core::Device::Cpu, &|_, _| {}).unwrap();
-    let model = loaded.model;
-    let prompt: Vec<u32> = r["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let model = load(path, &opts);
+    let prompt = ids(&r["prompt_ids"]);
     let steps = r[key]["steps"].as_array().unwrap();
     let mut cache = model.new_cache(128).unwrap();
     let mut input = prompt.clone();
@@ -44,7 +36,7 @@ fn check_with(path: &Path, model_name: &str, dtype: &str, key: &str, tol: f32, d
     for (i, step) in steps.iter().enumerate() {
         let logits: Vec<f32> = model.forward(&input, &mut cache, Logits::Last).unwrap().to_vec1().unwrap();
         let lp = log_softmax(&logits);
-        let tok = (0..lp.len()).max_by(|&a, &b| lp[a].partial_cmp(&lp[b]).unwrap().then(b.cmp(&a))).unwrap() as u32;
+        let tok = argmax(&lp);
         let want = step["token"].as_u64().unwrap() as u32;
         let top5 = step["top5"].as_array().unwrap();
         let margin = (top5[0][1].as_f64().unwrap() - top5[1][1].as_f64().unwrap()) as f32;
@@ -124,9 +116,8 @@ fn gguf_q8_0_kernels_within_bound() {
 #[test]
 fn prefill_then_decode_equals_full_recompute() {
     let r = reference("qwen3-tiny");
-    let loaded = load_model(&fixture("qwen3-tiny"), &LoadOptions::default(), &candle_core::Device::Cpu, &|_, _| {}).unwrap();
-    let m = loaded.model;
-    let mut seq: Vec<u32> = r["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let m = load(&fixture("qwen3-tiny"), &LoadOptions::default());
+    let mut seq = ids(&r["prompt_ids"]);
     seq.extend(r["f32"]["steps"].as_array().unwrap().iter().take(8).map(|s| s["token"].as_u64().unwrap() as u32));
 
     let mut full = m.new_cache(64).unwrap();
@@ -155,10 +146,10 @@ fn smollm2_dequantized_matches_hf() {
         eprintln!("skipped: EXPERT_RUNTIME_SMOLLM2 does not name the SmolLM2 GGUF");
         return;
     };
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(fixture("smollm2-reference.json")).unwrap()).unwrap();
+    let r = read_json(&fixture("smollm2-reference.json"));
     let opts = LoadOptions { dequantize: true, ..Default::default() };
-    let model = load_model(&path, &opts, &candle_core::Device::Cpu, &|_, _| {}).unwrap().model;
-    let prompt: Vec<u32> = r["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let model = load(&path, &opts);
+    let prompt = ids(&r["prompt_ids"]);
     let mut cache = model.new_cache(128).unwrap();
     let mut input = prompt;
     let mut worst = 0f32;

@@ -18,6 +18,7 @@ use super::manifest::{family, Manifest};
 use super::peft::{parse_key, read_safetensors, AdapterConfig, PeftType, RawTensor};
 use super::{Expert, ExpertKind, ModuleAdapter, Proj, Slot};
 use crate::error::{EngineError, Result};
+use crate::model::linear::Linear;
 use crate::model::Decoder;
 
 #[derive(Clone, Debug)]
@@ -46,12 +47,53 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     if !opts.scale.is_finite() {
         return Err(EngineError::InvalidArgument(format!("scale must be a finite number, got {}", opts.scale)));
     }
+    let cfg = read_config(dir)?;
+    // 1. The manifest and the base model it names.
+    let manifest = read_manifest(dir, &cfg, model)?;
+    let name = expert_name(dir, opts, manifest.as_ref())?;
+    // 2. The weights.
+    let mut tensors = read_weights(dir)?;
+    if cfg.peft_type == PeftType::PromptTuning {
+        return prompt_expert(&cfg, &mut tensors, opts, model, id, name, manifest);
+    }
+    // 3. The modules the config targets.
+    let targeted = targeted_slots(&cfg, model)?;
+    // 4. Group the tensors by module; anything else is not an adapter we can apply.
+    let by_slot = group_by_slot(tensors, &cfg, model)?;
+    // 5. Build and check every targeted module.
+    let kind = match cfg.peft_type {
+        PeftType::Lora if cfg.use_dora => ExpertKind::Dora,
+        PeftType::Lora => ExpertKind::Lora,
+        PeftType::Ia3 => ExpertKind::Ia3,
+        PeftType::Lokr => ExpertKind::Lokr,
+        PeftType::PromptTuning => unreachable!("handled above"),
+    };
+    let build = ModuleBuilder { cfg: &cfg, model, dtype: model.dtype, device: &model.device, scale: opts.scale };
+    let built = build.modules(targeted, by_slot)?;
+    Ok(Expert {
+        id,
+        name,
+        kind,
+        rank: (kind != ExpertKind::Ia3).then_some(built.max_rank),
+        target_modules: built.names.into_iter().collect(),
+        bytes: built.bytes,
+        manifest,
+        modules: built.modules,
+        prompt: None,
+    })
+}
+
+/// `adapter_config.json`.
+fn read_config(dir: &Path) -> Result<AdapterConfig> {
     let cfg_path = dir.join("adapter_config.json");
     let text = std::fs::read_to_string(&cfg_path)
         .map_err(|e| EngineError::InvalidAdapter(format!("{}: {e}", cfg_path.display())))?;
-    let cfg = AdapterConfig::parse(&text)?;
+    AdapterConfig::parse(&text)
+}
 
-    // 1. The manifest and the base model it names.
+/// `manifest.json` (optional), checked against the base model, and the base model class the
+/// adapter config names checked against the model's family.
+fn read_manifest(dir: &Path, cfg: &AdapterConfig, model: &Decoder) -> Result<Option<Manifest>> {
     let manifest = match std::fs::read_to_string(dir.join("manifest.json")) {
         Ok(t) => Some(Manifest::parse(&t)?),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -68,43 +110,60 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
             )));
         }
     }
-    let name = opts
-        .name
+    Ok(manifest)
+}
+
+/// The option's name, else the manifest's, else the directory's.
+fn expert_name(dir: &Path, opts: &ExpertLoadOptions, manifest: Option<&Manifest>) -> Result<String> {
+    opts.name
         .clone()
-        .or_else(|| manifest.as_ref().and_then(|m| m.name.clone()))
+        .or_else(|| manifest.and_then(|m| m.name.clone()))
         .or_else(|| dir.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())))
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| EngineError::InvalidArgument("the expert needs a name".into()))?;
+        .ok_or_else(|| EngineError::InvalidArgument("the expert needs a name".into()))
+}
 
-    // 2. The weights.
+/// `adapter_model.safetensors`, by tensor name.
+fn read_weights(dir: &Path) -> Result<HashMap<String, RawTensor>> {
     let weights = dir.join("adapter_model.safetensors");
     if !weights.is_file() {
         let hint = if dir.join("adapter_model.bin").is_file() { " (adapter_model.bin is a pickle; save with safe_serialization=True)" } else { "" };
         return Err(EngineError::InvalidAdapter(format!("{} is missing{hint}", weights.display())));
     }
-    let mut tensors = read_safetensors(&weights)?;
-    let (dtype, device) = (model.dtype, model.device.clone());
+    read_safetensors(&weights)
+}
 
-    if cfg.peft_type == PeftType::PromptTuning {
-        if opts.scale != 1.0 {
-            return Err(EngineError::InvalidArgument("scale does not apply to a prompt-tuning expert".into()));
-        }
-        let prompt = super::prompt::load(&cfg, &mut tensors, model.cfg.hidden_size, dtype, &device)?;
-        let bytes = prompt.elem_count() * dtype.size_in_bytes();
-        return Ok(Expert {
-            id,
-            name,
-            kind: ExpertKind::Prompt,
-            rank: None,
-            target_modules: Vec::new(),
-            bytes,
-            manifest,
-            modules: Vec::new(),
-            prompt: Some(prompt),
-        });
+/// A prompt-tuning expert: virtual token embeddings, no modules.
+fn prompt_expert(
+    cfg: &AdapterConfig,
+    tensors: &mut HashMap<String, RawTensor>,
+    opts: &ExpertLoadOptions,
+    model: &Decoder,
+    id: u64,
+    name: String,
+    manifest: Option<Manifest>,
+) -> Result<Expert> {
+    if opts.scale != 1.0 {
+        return Err(EngineError::InvalidArgument("scale does not apply to a prompt-tuning expert".into()));
     }
+    let dtype = model.dtype;
+    let prompt = super::prompt::load(cfg, tensors, model.cfg.hidden_size, dtype, &model.device)?;
+    let bytes = prompt.elem_count() * dtype.size_in_bytes();
+    Ok(Expert {
+        id,
+        name,
+        kind: ExpertKind::Prompt,
+        rank: None,
+        target_modules: Vec::new(),
+        bytes,
+        manifest,
+        modules: Vec::new(),
+        prompt: Some(prompt),
+    })
+}
 
-    // 3. The modules the config targets.
+/// Every layer's projections the config targets; none is an error.
+fn targeted_slots(cfg: &AdapterConfig, model: &Decoder) -> Result<Vec<Slot>> {
     let targeted: Vec<Slot> = (0..model.cfg.num_layers)
         .flat_map(|l| Proj::ALL.into_iter().map(move |p| Slot::new(l, p)))
         .filter(|s| cfg.targets(*s))
@@ -120,7 +179,16 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
             "target_modules selects none of this model's linear modules (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)".into(),
         ));
     }
-    // 4. Group the tensors by module; anything else is not an adapter we can apply.
+    Ok(targeted)
+}
+
+/// The tensors grouped by the targeted module they belong to; a tensor of no module, of a layer
+/// the model lacks or of an untargeted module is an error.
+fn group_by_slot(
+    tensors: HashMap<String, RawTensor>,
+    cfg: &AdapterConfig,
+    model: &Decoder,
+) -> Result<HashMap<Slot, ModuleTensors>> {
     let mut by_slot: HashMap<Slot, ModuleTensors> = HashMap::new();
     for (key, t) in tensors {
         let Some((slot, param)) = parse_key(&key) else {
@@ -141,43 +209,17 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
         }
         by_slot.entry(slot).or_default().insert(param.to_string(), t);
     }
+    Ok(by_slot)
+}
 
-    // 5. Build and check every targeted module.
-    let kind = match cfg.peft_type {
-        PeftType::Lora if cfg.use_dora => ExpertKind::Dora,
-        PeftType::Lora => ExpertKind::Lora,
-        PeftType::Ia3 => ExpertKind::Ia3,
-        PeftType::Lokr => ExpertKind::Lokr,
-        PeftType::PromptTuning => unreachable!("handled above"),
-    };
-    let mut modules: Vec<Option<ModuleAdapter>> = (0..model.cfg.num_layers * Proj::ALL.len()).map(|_| None).collect();
-    let mut names = BTreeSet::new();
-    let (mut bytes, mut max_rank) = (0usize, 0usize);
-    let build = ModuleBuilder { cfg: &cfg, model, dtype, device: &device, scale: opts.scale };
-    for slot in targeted {
-        let ts = by_slot.remove(&slot).unwrap_or_default();
-        let (adapter, rank) = build.module(slot, ts)?;
-        bytes += match &adapter {
-            ModuleAdapter::Lora(l) => l.bytes(),
-            ModuleAdapter::Dora(d) => d.bytes(),
-            ModuleAdapter::Ia3(a) => a.bytes(),
-            ModuleAdapter::Lokr(k) => k.bytes(),
-        };
-        max_rank = max_rank.max(rank);
-        names.insert(slot.proj.name().to_string());
-        modules[slot.index()] = Some(adapter);
-    }
-    Ok(Expert {
-        id,
-        name,
-        kind,
-        rank: (kind != ExpertKind::Ia3).then_some(max_rank),
-        target_modules: names.into_iter().collect(),
-        bytes,
-        manifest,
-        modules,
-        prompt: None,
-    })
+/// What [`ModuleBuilder::modules`] built.
+struct BuiltModules {
+    /// By [`Slot::index`]; `None` where the expert leaves the module alone.
+    modules: Vec<Option<ModuleAdapter>>,
+    /// The adapted projections' names.
+    names: BTreeSet<String>,
+    bytes: usize,
+    max_rank: usize,
 }
 
 struct ModuleBuilder<'a> {
@@ -189,105 +231,130 @@ struct ModuleBuilder<'a> {
 }
 
 impl ModuleBuilder<'_> {
-    /// The adapter of one module and its rank (0 for IA³).
-    fn module(&self, slot: Slot, mut ts: ModuleTensors) -> Result<(ModuleAdapter, usize)> {
-        let lin = self.model.linear(slot);
-        let (out, inp) = (lin.out_features, lin.in_features);
-        let key = |p: &str| format!("base_model.model.{}.{p}", slot.path());
-        let mut take = |p: &str, shape: Option<&[usize]>| -> Result<RawTensor> {
-            let t = ts.remove(p).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", key(p))))?;
-            if let Some(s) = shape {
-                if t.shape != s {
-                    return Err(EngineError::InvalidAdapter(format!("tensor {} has shape {:?}, expected {s:?}", key(p), t.shape)));
-                }
-            }
-            Ok(t)
+    /// Every targeted module, built from its tensors (`by_slot`).
+    fn modules(&self, targeted: Vec<Slot>, mut by_slot: HashMap<Slot, ModuleTensors>) -> Result<BuiltModules> {
+        let mut built = BuiltModules {
+            modules: (0..self.model.cfg.num_layers * Proj::ALL.len()).map(|_| None).collect(),
+            names: BTreeSet::new(),
+            bytes: 0,
+            max_rank: 0,
         };
+        for slot in targeted {
+            let ts = by_slot.remove(&slot).unwrap_or_default();
+            let (adapter, rank) = self.module(slot, ts)?;
+            built.bytes += match &adapter {
+                ModuleAdapter::Lora(l) => l.bytes(),
+                ModuleAdapter::Dora(d) => d.bytes(),
+                ModuleAdapter::Ia3(a) => a.bytes(),
+                ModuleAdapter::Lokr(k) => k.bytes(),
+            };
+            built.max_rank = built.max_rank.max(rank);
+            built.names.insert(slot.proj.name().to_string());
+            built.modules[slot.index()] = Some(adapter);
+        }
+        Ok(built)
+    }
+
+    /// The adapter of one module and its rank (0 for IA³).
+    fn module(&self, slot: Slot, ts: ModuleTensors) -> Result<(ModuleAdapter, usize)> {
         let perm = self.out_permutation(slot)?;
+        let mut m = ModuleInput { slot, lin: self.model.linear(slot), ts, perm };
         let (adapter, rank) = match self.cfg.peft_type {
-            PeftType::Lora => {
-                let (r, alpha) = self.cfg.rank_alpha(slot);
-                let a = take("lora_A.weight", Some(&[r, inp]))?;
-                let b = take("lora_B.weight", Some(&[out, r]))?;
-                let s = if self.cfg.use_rslora { alpha / (r as f64).sqrt() } else { alpha / r as f64 } * self.scale;
-                let a = a.to_tensor(self.dtype, self.device)?;
-                // Bᵀ [r, out]; permuting B's rows is permuting Bᵀ's columns.
-                let bt = permute(b.transposed().to_tensor(self.dtype, self.device)?, perm.as_ref(), 1)?;
-                let lr = LowRank::new(a, bt, s);
-                if self.cfg.use_dora {
-                    let m = ts
-                        .remove("lora_magnitude_vector")
-                        .or_else(|| ts.remove("lora_magnitude_vector.weight"))
-                        .ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", key("lora_magnitude_vector"))))?;
-                    if m.shape != [out] {
-                        return Err(EngineError::InvalidAdapter(format!(
-                            "tensor {} has shape {:?}, expected [{out}]",
-                            key("lora_magnitude_vector"),
-                            m.shape
-                        )));
-                    }
-                    let m = permute(m.to_tensor(DType::F32, self.device)?, perm.as_ref(), 0)?;
-                    (ModuleAdapter::Dora(Dora::new(lr, &m, &lin.dequantized_f32()?)?), r)
-                } else {
-                    (ModuleAdapter::Lora(lr), r)
-                }
-            }
-            PeftType::Ia3 => {
-                let ff = self.cfg.is_feedforward(slot);
-                let v = if ff { take("ia3_l", Some(&[1, inp]))? } else { take("ia3_l", Some(&[out, 1]))? };
-                let n = v.data.len();
-                let mut v = v.to_tensor(DType::F32, self.device)?.reshape(n)?;
-                if self.scale != 1.0 {
-                    v = (((v - 1.0)? * self.scale)? + 1.0)?;
-                }
-                let v = if ff { v } else { permute(v, perm.as_ref(), 0)? };
-                (ModuleAdapter::Ia3(Ia3 { scale: v.to_dtype(self.dtype)?, on_input: ff }), 0)
-            }
-            PeftType::Lokr => {
-                let (r, alpha) = self.cfg.rank_alpha(slot);
-                let w1 = self.factor(&mut ts, "lokr_w1", &key)?;
-                let w2 = self.factor(&mut ts, "lokr_w2", &key)?;
-                if ts.contains_key("lokr_t2") {
-                    return Err(EngineError::UnsupportedAdapter(format!("{}: LoKr Tucker factors (convolutions only)", key("lokr_t2"))));
-                }
-                let ((p, q), (m, n)) = (w1.dims2()?, w2.dims2()?);
-                if p * m != out || q * n != inp {
-                    return Err(EngineError::InvalidAdapter(format!(
-                        "{}: w1 {:?} ⊗ w2 {:?} is [{}, {}], but the module is [{out}, {inp}]",
-                        key("lokr_w1"),
-                        [p, q],
-                        [m, n],
-                        p * m,
-                        q * n
-                    )));
-                }
-                (ModuleAdapter::Lokr(Lokr { w1, w2, scale: alpha / r as f64 * self.scale, out_perm: perm }), r)
-            }
+            PeftType::Lora => self.lora(&mut m)?,
+            PeftType::Ia3 => (self.ia3(&mut m)?, 0),
+            PeftType::Lokr => self.lokr(&mut m)?,
             PeftType::PromptTuning => unreachable!("no modules"),
         };
-        if let Some(extra) = ts.keys().next() {
-            return Err(EngineError::InvalidAdapter(format!("unexpected tensor {}", key(extra))));
+        if let Some(extra) = m.ts.keys().next() {
+            return Err(EngineError::InvalidAdapter(format!("unexpected tensor {}", m.key(extra))));
         }
         Ok((adapter, rank))
     }
 
+    /// LoRA (or DoRA with `use_dora`) and its rank.
+    fn lora(&self, m: &mut ModuleInput) -> Result<(ModuleAdapter, usize)> {
+        let (out, inp) = (m.lin.out_features, m.lin.in_features);
+        let (r, alpha) = self.cfg.rank_alpha(m.slot);
+        let a = m.take("lora_A.weight", Some(&[r, inp]))?;
+        let b = m.take("lora_B.weight", Some(&[out, r]))?;
+        let s = if self.cfg.use_rslora { alpha / (r as f64).sqrt() } else { alpha / r as f64 } * self.scale;
+        let a = a.to_tensor(self.dtype, self.device)?;
+        // Bᵀ [r, out]; permuting B's rows is permuting Bᵀ's columns.
+        let bt = permute(b.transposed().to_tensor(self.dtype, self.device)?, m.perm.as_ref(), 1)?;
+        let lr = LowRank::new(a, bt, s);
+        if !self.cfg.use_dora {
+            return Ok((ModuleAdapter::Lora(lr), r));
+        }
+        let mag = m
+            .ts
+            .remove("lora_magnitude_vector")
+            .or_else(|| m.ts.remove("lora_magnitude_vector.weight"))
+            .ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", m.key("lora_magnitude_vector"))))?;
+        if mag.shape != [out] {
+            return Err(EngineError::InvalidAdapter(format!(
+                "tensor {} has shape {:?}, expected [{out}]",
+                m.key("lora_magnitude_vector"),
+                mag.shape
+            )));
+        }
+        let mag = permute(mag.to_tensor(DType::F32, self.device)?, m.perm.as_ref(), 0)?;
+        Ok((ModuleAdapter::Dora(Dora::new(lr, &mag, &m.lin.dequantized_f32()?)?), r))
+    }
+
+    /// IA³: one vector over the input (feed-forward modules) or the output.
+    fn ia3(&self, m: &mut ModuleInput) -> Result<ModuleAdapter> {
+        let (out, inp) = (m.lin.out_features, m.lin.in_features);
+        let ff = self.cfg.is_feedforward(m.slot);
+        let v = if ff { m.take("ia3_l", Some(&[1, inp]))? } else { m.take("ia3_l", Some(&[out, 1]))? };
+        let n = v.data.len();
+        let mut v = v.to_tensor(DType::F32, self.device)?.reshape(n)?;
+        if self.scale != 1.0 {
+            v = (((v - 1.0)? * self.scale)? + 1.0)?;
+        }
+        let v = if ff { v } else { permute(v, m.perm.as_ref(), 0)? };
+        Ok(ModuleAdapter::Ia3(Ia3 { scale: v.to_dtype(self.dtype)?, on_input: ff }))
+    }
+
+    /// LoKr (`w1 ⊗ w2`) and its rank.
+    fn lokr(&self, m: &mut ModuleInput) -> Result<(ModuleAdapter, usize)> {
+        let (out, inp) = (m.lin.out_features, m.lin.in_features);
+        let (r, alpha) = self.cfg.rank_alpha(m.slot);
+        let w1 = self.factor(m, "lokr_w1")?;
+        let w2 = self.factor(m, "lokr_w2")?;
+        if m.ts.contains_key("lokr_t2") {
+            return Err(EngineError::UnsupportedAdapter(format!("{}: LoKr Tucker factors (convolutions only)", m.key("lokr_t2"))));
+        }
+        let ((p, q), (k, n)) = (w1.dims2()?, w2.dims2()?);
+        if p * k != out || q * n != inp {
+            return Err(EngineError::InvalidAdapter(format!(
+                "{}: w1 {:?} ⊗ w2 {:?} is [{}, {}], but the module is [{out}, {inp}]",
+                m.key("lokr_w1"),
+                [p, q],
+                [k, n],
+                p * k,
+                q * n
+            )));
+        }
+        Ok((ModuleAdapter::Lokr(Lokr { w1, w2, scale: alpha / r as f64 * self.scale, out_perm: m.perm.take() }), r))
+    }
+
     /// A LoKr factor, full (`{name}`) or as `{name}_a @ {name}_b`.
-    fn factor(&self, ts: &mut ModuleTensors, name: &str, key: &dyn Fn(&str) -> String) -> Result<Tensor> {
-        if let Some(w) = ts.remove(name) {
+    fn factor(&self, m: &mut ModuleInput, name: &str) -> Result<Tensor> {
+        if let Some(w) = m.ts.remove(name) {
             if w.shape.len() != 2 {
-                return Err(EngineError::InvalidAdapter(format!("tensor {} must be 2-D, has shape {:?}", key(name), w.shape)));
+                return Err(EngineError::InvalidAdapter(format!("tensor {} must be 2-D, has shape {:?}", m.key(name), w.shape)));
             }
             return w.to_tensor(self.dtype, self.device);
         }
         let (an, bn) = (format!("{name}_a"), format!("{name}_b"));
-        let a = ts.remove(&an).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {} (or {})", key(name), key(&an))))?;
-        let b = ts.remove(&bn).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", key(&bn))))?;
+        let a = m.ts.remove(&an).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {} (or {})", m.key(name), m.key(&an))))?;
+        let b = m.ts.remove(&bn).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", m.key(&bn))))?;
         if a.shape.len() != 2 || b.shape.len() != 2 || a.shape[1] != b.shape[0] || a.shape[1] == 0 {
             return Err(EngineError::InvalidAdapter(format!(
                 "tensors {} {:?} and {} {:?} do not multiply",
-                key(&an),
+                m.key(&an),
                 a.shape,
-                key(&bn),
+                m.key(&bn),
                 b.shape
             )));
         }
@@ -310,6 +377,33 @@ impl ModuleBuilder<'_> {
         }
         let p = interleave_permutation(heads, cfg.head_dim);
         Ok(Some(Tensor::from_vec(p, heads * cfg.head_dim, self.device)?))
+    }
+}
+
+/// One module being built: where it is, the base linear it adapts, its tensors (removed as
+/// they are used; any left at the end is an error) and, for permuted q/k rows, the row order.
+struct ModuleInput<'a> {
+    slot: Slot,
+    lin: &'a Linear,
+    ts: ModuleTensors,
+    perm: Option<Tensor>,
+}
+
+impl ModuleInput<'_> {
+    /// The full tensor name of parameter `p`, for messages.
+    fn key(&self, p: &str) -> String {
+        format!("base_model.model.{}.{p}", self.slot.path())
+    }
+
+    /// Removes tensor `p`, checking its shape when `shape` is given.
+    fn take(&mut self, p: &str, shape: Option<&[usize]>) -> Result<RawTensor> {
+        let t = self.ts.remove(p).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", self.key(p))))?;
+        if let Some(s) = shape {
+            if t.shape != s {
+                return Err(EngineError::InvalidAdapter(format!("tensor {} has shape {:?}, expected {s:?}", self.key(p), t.shape)));
+            }
+        }
+        Ok(t)
     }
 }
 

@@ -6,13 +6,11 @@
 //! - Qwen2: bias on the Q/K/V projections.
 //! - Qwen3: per-head RMSNorm on Q and K before RoPE, explicit `head_dim`.
 
-use std::collections::HashMap;
-
-use candle_core::quantized::gguf_file;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{EngineError, Result};
+use crate::gguf_meta::{self, Metadata};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -171,32 +169,30 @@ impl ModelConfig {
     }
 
     /// Reads `{arch}.*` GGUF metadata the way llama.cpp writes it.
-    pub fn from_gguf(md: &HashMap<String, gguf_file::Value>) -> Result<Self> {
-        let s = |k: &str| md.get(k).and_then(|v| v.to_string().ok()).cloned();
+    pub fn from_gguf(md: &Metadata) -> Result<Self> {
+        // A value of the wrong type reads as absent here (`.ok().flatten()`).
+        let s = |k: &str| gguf_meta::get_str(md, k).ok().flatten().map(str::to_owned);
         let arch_name = s("general.architecture")
             .ok_or_else(|| EngineError::InvalidModel("GGUF has no general.architecture".into()))?;
         let arch = Arch::from_name(&arch_name)?;
         let key = |k: &str| format!("{arch_name}.{k}");
-        let num = |k: &str| -> Option<u64> {
-            let v = md.get(&key(k))?;
-            v.to_u64().ok().or_else(|| v.to_u32().ok().map(u64::from)).or_else(|| v.to_i32().ok().map(|x| x as u64))
-        };
+        let num = |k: &str| gguf_meta::get_u64(md, &key(k)).ok().flatten();
         let req = |k: &str| -> Result<usize> {
             num(k).map(|n| n as usize).ok_or_else(|| EngineError::InvalidModel(format!("GGUF metadata lacks {}", key(k))))
         };
-        let float = |k: &str| md.get(&key(k)).and_then(|v| v.to_f32().ok().map(f64::from).or_else(|| v.to_f64().ok()));
+        let float = |k: &str| gguf_meta::get_f64(md, &key(k)).ok().flatten();
 
         let hidden_size = req("embedding_length")?;
         let num_heads = req("attention.head_count")?;
         let vocab_size = match num("vocab_size") {
             Some(n) => n as usize,
-            None => md
-                .get("tokenizer.ggml.tokens")
-                .and_then(|v| v.to_vec().ok())
+            None => gguf_meta::get_array(md, "tokenizer.ggml.tokens")
+                .ok()
+                .flatten()
                 .map(|v| v.len())
                 .ok_or_else(|| EngineError::InvalidModel("GGUF has neither vocab_size nor tokens".into()))?,
         };
-        let tok_id = |k: &str| md.get(k).and_then(|v| v.to_u32().ok());
+        let tok_id = |k: &str| gguf_meta::get_u32(md, k).ok().flatten();
         let cfg = ModelConfig {
             arch,
             vocab_size,

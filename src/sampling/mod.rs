@@ -19,6 +19,7 @@
 //!   orderings use a total order (logit desc, id asc), so the same seed and the
 //!   same logits sequence reproduce the same tokens.
 
+mod math;
 mod overrides;
 mod penalties;
 mod sampler;

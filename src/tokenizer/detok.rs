@@ -133,3 +133,45 @@ fn text_delta(old: &str, new: &str) -> String {
     }
     new[cut..].to_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::test_support::{check_incremental, smollm2, synthetic_gguf};
+
+    #[test]
+    fn incremental_decoder_synthetic() {
+        let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
+        // Every non-ASCII char here is several single-byte tokens.
+        let ids = tok
+            .encode("the café naïve 日本 🎉 end<|im_end|>", false)
+            .unwrap();
+        let chunks = check_incremental(&tok, &ids, true);
+        check_incremental(&tok, &ids, false);
+        // The 4-byte emoji arrives as one chunk, withheld until its last byte.
+        assert!(chunks.iter().any(|c| c == "🎉"), "{chunks:?}");
+        assert!(chunks.iter().filter(|c| c.is_empty()).count() >= 3);
+        // flush() hands out an incomplete character lossily.
+        let mut dec = IncrementalDecoder::new();
+        let partial = tok.encode("日", false).unwrap();
+        let mut out = String::new();
+        for &id in &partial[..2] {
+            out += &dec.push(&tok, id).unwrap();
+        }
+        assert_eq!(out, "");
+        assert_eq!(dec.flush(&tok).unwrap(), "\u{FFFD}");
+    }
+
+    #[test]
+    fn smollm2_incremental_decoder() {
+        let Some(tok) = smollm2() else { return };
+        for text in [
+            "café naïve 日本 🎉",
+            "Ünïcödé façade — “quotes” … ½ ² Ω мир 🎉🎉 done",
+        ] {
+            let ids = tok.encode(text, false).unwrap();
+            let chunks = check_incremental(&tok, &ids, true);
+            assert_eq!(chunks.concat(), text);
+        }
+    }
+}

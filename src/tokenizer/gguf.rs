@@ -22,9 +22,6 @@
 //! token, 2 = unknown → special added token. BOS/EOS are not inserted by the `tokenizers`
 //! pipeline; [`GgufTokenizer::add_bos`]/[`GgufTokenizer::add_eos`] tell the caller to do it.
 
-use std::collections::HashMap;
-
-use candle_core::quantized::gguf_file::Value;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
@@ -36,6 +33,10 @@ use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{
     AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior,
+};
+
+use crate::gguf_meta::{
+    get_bool, get_f32_array, get_int_array, get_str, get_str_array, get_token_id, Metadata,
 };
 
 /// llama.cpp token types (`tokenizer.ggml.token_type`).
@@ -241,144 +242,11 @@ pub fn pre_tokenizer_spec(pre: &str) -> Result<PreTokenizerSpec, String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Metadata accessors
-// ---------------------------------------------------------------------------------------------
-
-type Md = HashMap<String, Value>;
-
-fn value_to_i64(v: &Value) -> Option<i64> {
-    Some(match v {
-        Value::U8(x) => *x as i64,
-        Value::I8(x) => *x as i64,
-        Value::U16(x) => *x as i64,
-        Value::I16(x) => *x as i64,
-        Value::U32(x) => *x as i64,
-        Value::I32(x) => *x as i64,
-        Value::U64(x) => i64::try_from(*x).ok()?,
-        Value::I64(x) => *x,
-        Value::Bool(b) => *b as i64,
-        _ => return None,
-    })
-}
-
-fn get_str<'a>(md: &'a Md, key: &str) -> Result<Option<&'a str>, String> {
-    match md.get(key) {
-        None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.as_str())),
-        Some(v) => Err(format!(
-            "GGUF metadata '{key}': expected a string, got {:?}",
-            v.value_type()
-        )),
-    }
-}
-
-/// A token id; negative values (llama.cpp writes -1 for "none") read as absent.
-fn get_token_id(md: &Md, key: &str, n_tokens: usize) -> Result<Option<u32>, String> {
-    let Some(v) = md.get(key) else {
-        return Ok(None);
-    };
-    let id = value_to_i64(v).ok_or_else(|| {
-        format!(
-            "GGUF metadata '{key}': expected an integer, got {:?}",
-            v.value_type()
-        )
-    })?;
-    if id < 0 {
-        return Ok(None);
-    }
-    if id as u64 >= n_tokens as u64 {
-        return Err(format!(
-            "GGUF metadata '{key}' = {id} is out of range for a vocabulary of {n_tokens} tokens"
-        ));
-    }
-    Ok(Some(id as u32))
-}
-
-fn get_bool(md: &Md, key: &str) -> Result<Option<bool>, String> {
-    match md.get(key) {
-        None => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => value_to_i64(v).map(|x| Some(x != 0)).ok_or_else(|| {
-            format!(
-                "GGUF metadata '{key}': expected a bool, got {:?}",
-                v.value_type()
-            )
-        }),
-    }
-}
-
-fn get_array<'a>(md: &'a Md, key: &str) -> Result<Option<&'a Vec<Value>>, String> {
-    match md.get(key) {
-        None => Ok(None),
-        Some(Value::Array(a)) => Ok(Some(a)),
-        Some(v) => Err(format!(
-            "GGUF metadata '{key}': expected an array, got {:?}",
-            v.value_type()
-        )),
-    }
-}
-
-fn get_str_array<'a>(md: &'a Md, key: &str) -> Result<Option<Vec<&'a str>>, String> {
-    let Some(a) = get_array(md, key)? else {
-        return Ok(None);
-    };
-    a.iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            Value::String(s) => Ok(s.as_str()),
-            v => Err(format!(
-                "GGUF metadata '{key}'[{i}]: expected a string, got {:?}",
-                v.value_type()
-            )),
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
-fn get_int_array(md: &Md, key: &str) -> Result<Option<Vec<i64>>, String> {
-    let Some(a) = get_array(md, key)? else {
-        return Ok(None);
-    };
-    a.iter()
-        .enumerate()
-        .map(|(i, v)| {
-            value_to_i64(v).ok_or_else(|| {
-                format!(
-                    "GGUF metadata '{key}'[{i}]: expected an integer, got {:?}",
-                    v.value_type()
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
-fn get_f32_array(md: &Md, key: &str) -> Result<Option<Vec<f32>>, String> {
-    let Some(a) = get_array(md, key)? else {
-        return Ok(None);
-    };
-    a.iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            Value::F32(x) => Ok(*x),
-            Value::F64(x) => Ok(*x as f32),
-            v => value_to_i64(v).map(|x| x as f32).ok_or_else(|| {
-                format!(
-                    "GGUF metadata '{key}'[{i}]: expected a float, got {:?}",
-                    v.value_type()
-                )
-            }),
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
-// ---------------------------------------------------------------------------------------------
 // Construction
 // ---------------------------------------------------------------------------------------------
 
 /// Builds the tokenizer described by GGUF metadata.
-pub fn load(md: &Md) -> Result<GgufTokenizer, String> {
+pub fn load(md: &Metadata) -> Result<GgufTokenizer, String> {
     let model = get_str(md, "tokenizer.ggml.model")?
         .ok_or("GGUF metadata has no 'tokenizer.ggml.model' (the file carries no tokenizer)")?;
     let tokens = get_str_array(md, "tokenizer.ggml.tokens")?
@@ -400,18 +268,7 @@ pub fn load(md: &Md) -> Result<GgufTokenizer, String> {
 
     let mut bos_id = get_token_id(md, "tokenizer.ggml.bos_token_id", n)?;
     let eos_id = get_token_id(md, "tokenizer.ggml.eos_token_id", n)?;
-    let mut eos_ids = Vec::new();
-    for key in [
-        "tokenizer.ggml.eos_token_id",
-        "tokenizer.ggml.eot_token_id",
-        "tokenizer.ggml.eom_token_id",
-    ] {
-        if let Some(id) = get_token_id(md, key, n)? {
-            if !eos_ids.contains(&id) {
-                eos_ids.push(id);
-            }
-        }
-    }
+    let eos_ids = end_of_generation_ids(md, n)?;
 
     let (mut tokenizer, default_add_bos) = match model {
         "gpt2" => {
@@ -430,9 +287,54 @@ pub fn load(md: &Md) -> Result<GgufTokenizer, String> {
         }
     };
 
-    // Control / unknown tokens become special added tokens, user-defined ones plain added
-    // tokens: both are matched verbatim in the input before the model runs (llama.cpp's
-    // `tokenizer_st_partition` with parse_special=true).
+    add_vocab_tokens(&mut tokenizer, &tokens, &types, bos_id, &eos_ids)?;
+
+    let add_bos = get_bool(md, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos)
+        && bos_id.is_some();
+    let add_eos =
+        get_bool(md, "tokenizer.ggml.add_eos_token")?.unwrap_or(false) && eos_id.is_some();
+    let chat_template = get_str(md, "tokenizer.chat_template")?.map(str::to_owned);
+
+    Ok(GgufTokenizer {
+        tokenizer,
+        vocab_size: n,
+        bos_token: bos_id.map(|id| tokens[id as usize].to_owned()),
+        eos_token: eos_id.map(|id| tokens[id as usize].to_owned()),
+        bos_id,
+        eos_ids,
+        add_bos,
+        add_eos,
+        chat_template,
+    })
+}
+
+/// `eos_token_id`, then `eot_token_id` / `eom_token_id` when present, without repeats.
+fn end_of_generation_ids(md: &Metadata, n: usize) -> Result<Vec<u32>, String> {
+    let mut eos_ids = Vec::new();
+    for key in [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ] {
+        if let Some(id) = get_token_id(md, key, n)? {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+    }
+    Ok(eos_ids)
+}
+
+/// Control / unknown tokens become special added tokens, user-defined ones plain added
+/// tokens: both are matched verbatim in the input before the model runs (llama.cpp's
+/// `tokenizer_st_partition` with parse_special=true).
+fn add_vocab_tokens(
+    tokenizer: &mut tokenizers::Tokenizer,
+    tokens: &[&str],
+    types: &[i64],
+    bos_id: Option<u32>,
+    eos_ids: &[u32],
+) -> Result<(), String> {
     let mut special = Vec::new();
     let mut user = Vec::new();
     for (&tok, &ty) in tokens.iter().zip(types.iter()) {
@@ -460,24 +362,7 @@ pub fn load(md: &Md) -> Result<GgufTokenizer, String> {
     tokenizer
         .add_tokens(user)
         .map_err(|e| format!("GGUF tokenizer: adding user-defined tokens failed: {e}"))?;
-
-    let add_bos = get_bool(md, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos)
-        && bos_id.is_some();
-    let add_eos =
-        get_bool(md, "tokenizer.ggml.add_eos_token")?.unwrap_or(false) && eos_id.is_some();
-    let chat_template = get_str(md, "tokenizer.chat_template")?.map(str::to_owned);
-
-    Ok(GgufTokenizer {
-        tokenizer,
-        vocab_size: n,
-        bos_token: bos_id.map(|id| tokens[id as usize].to_owned()),
-        eos_token: eos_id.map(|id| tokens[id as usize].to_owned()),
-        bos_id,
-        eos_ids,
-        add_bos,
-        add_eos,
-        chat_template,
-    })
+    Ok(())
 }
 
 /// token → id, last occurrence wins (as in llama.cpp's `token_to_id`).
@@ -491,7 +376,7 @@ fn vocab_map(tokens: &[&str]) -> Vocab {
 }
 
 fn build_byte_level_bpe(
-    md: &Md,
+    md: &Metadata,
     tokens: &[&str],
     spec: &PreTokenizerSpec,
 ) -> Result<tokenizers::Tokenizer, String> {
@@ -547,23 +432,8 @@ fn build_byte_level_bpe(
     Ok(tk)
 }
 
-/// SentencePiece (BPE-type) vocabulary: merges are derived from the scores the way HF's
-/// `SentencePieceExtractor` does (every split of a piece into two in-vocabulary pieces is a merge,
-/// ranked by the merged piece's score, highest first).
-fn build_spm(md: &Md, tokens: &[&str], types: &[i64]) -> Result<tokenizers::Tokenizer, String> {
-    let n = tokens.len();
-    let scores = match get_f32_array(md, "tokenizer.ggml.scores")? {
-        Some(s) if s.len() != n => {
-            return Err(format!(
-                "GGUF metadata 'tokenizer.ggml.scores' has {} entries but 'tokenizer.ggml.tokens' has {n}",
-                s.len()
-            ))
-        }
-        Some(s) => s,
-        None => return Err("GGUF metadata has no 'tokenizer.ggml.scores' (required for tokenizer model 'llama')".into()),
-    };
-    let vocab = vocab_map(tokens);
-
+/// The merges of a SentencePiece vocabulary, ranked (see [`build_spm`]).
+fn spm_merges(tokens: &[&str], types: &[i64], scores: &[f32], vocab: &Vocab) -> Merges {
     // (score, merged id, left id, right id) for every way to build a normal token from two tokens.
     let mut cands: Vec<(f32, u32, u32, u32, usize)> = Vec::new();
     for (id, &tok) in tokens.iter().enumerate() {
@@ -585,13 +455,36 @@ fn build_spm(md: &Md, tokens: &[&str], types: &[i64]) -> Result<tokenizers::Toke
             .then(a.2.cmp(&b.2))
             .then(a.3.cmp(&b.3))
     });
-    let merges: Merges = cands
+    cands
         .iter()
         .map(|&(_, id, _, _, split)| {
             let t = tokens[id as usize];
             (t[..split].to_owned(), t[split..].to_owned())
         })
-        .collect();
+        .collect()
+}
+
+/// SentencePiece (BPE-type) vocabulary: merges are derived from the scores the way HF's
+/// `SentencePieceExtractor` does (every split of a piece into two in-vocabulary pieces is a merge,
+/// ranked by the merged piece's score, highest first).
+fn build_spm(
+    md: &Metadata,
+    tokens: &[&str],
+    types: &[i64],
+) -> Result<tokenizers::Tokenizer, String> {
+    let n = tokens.len();
+    let scores = match get_f32_array(md, "tokenizer.ggml.scores")? {
+        Some(s) if s.len() != n => {
+            return Err(format!(
+                "GGUF metadata 'tokenizer.ggml.scores' has {} entries but 'tokenizer.ggml.tokens' has {n}",
+                s.len()
+            ))
+        }
+        Some(s) => s,
+        None => return Err("GGUF metadata has no 'tokenizer.ggml.scores' (required for tokenizer model 'llama')".into()),
+    };
+    let vocab = vocab_map(tokens);
+    let merges = spm_merges(tokens, types, &scores, &vocab);
 
     let unk = get_token_id(md, "tokenizer.ggml.unknown_token_id", n)?
         .or_else(|| vocab.get("<unk>").copied())
@@ -630,4 +523,158 @@ fn build_spm(md: &Md, tokens: &[&str], types: &[i64]) -> Result<tokenizers::Toke
     .map_err(|e| format!("GGUF tokenizer: {e}"))?;
     tk.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(decs))));
     Ok(tk)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use candle_core::quantized::gguf_file;
+
+    use crate::tokenizer::test_support::{check_incremental, synthetic_gguf, vocab_metadata};
+    use crate::tokenizer::{gguf, ChatMessage, Tokenizer};
+
+    #[test]
+    fn synthetic_gguf_byte_level_bpe() {
+        let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
+        assert_eq!(tok.vocab_size(), 256 + 5 + 4);
+        let the = tok.token_id("Ġthe").unwrap();
+        let bos = tok.token_id("<|im_start|>").unwrap();
+        let eos = tok.token_id("<|im_end|>").unwrap();
+        assert_eq!(tok.bos_token_id(), Some(bos));
+        assert_eq!(tok.eos_token_ids(), vec![eos]);
+        // BPE merges + GPT-2 split + special tokens in text + BOS only with add_special_tokens.
+        let ids = tok.encode("a the<|im_end|><think>", true).unwrap();
+        assert_eq!(
+            ids,
+            vec![
+                bos,
+                tok.token_id("a").unwrap(),
+                the,
+                eos,
+                tok.token_id("<think>").unwrap()
+            ]
+        );
+        assert_eq!(
+            tok.encode("a the", false).unwrap(),
+            vec![tok.token_id("a").unwrap(), the]
+        );
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            "<|im_start|>a the<|im_end|><think>"
+        );
+        // Control tokens are skipped, user-defined ones kept.
+        assert_eq!(tok.decode(&ids, true).unwrap(), "a the<think>");
+        // No spaces inserted between byte-level tokens, multi-byte chars survive.
+        let s = "x  y\n\tz café 日本 🎉";
+        assert_eq!(
+            tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(),
+            s
+        );
+        // "12" merges with gpt-2 but is split into digits with smollm's \p{N} pre-split.
+        assert_eq!(tok.encode("12", false).unwrap().len(), 1);
+        let smol = Tokenizer::from_gguf(&synthetic_gguf("smollm")).unwrap();
+        assert_eq!(smol.encode("12", false).unwrap().len(), 2);
+        // Chat template from GGUF.
+        let msgs = [ChatMessage::new("user", "hi")];
+        assert_eq!(
+            tok.apply_chat_template(&msgs, true, None).unwrap(),
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    /// A small SentencePiece vocabulary: specials, 256 byte tokens, a few pieces; the score is
+    /// minus the id (earlier pieces merge first), as in real SPM vocabularies.
+    fn synthetic_spm_gguf() -> HashMap<String, gguf_file::Value> {
+        use gguf_file::Value as V;
+        let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+        let mut types = vec![2i32, 3, 3];
+        for b in 0..256 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(6);
+        }
+        for p in [
+            "▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "llo", "▁hello", "or", "▁w",
+            "ld", "▁wor", "▁world",
+        ] {
+            tokens.push(p.into());
+            types.push(1);
+        }
+        let scores: Vec<V> = (0..tokens.len()).map(|i| V::F32(-(i as f32))).collect();
+        let mut md = vocab_metadata("llama", tokens, types);
+        md.insert("tokenizer.ggml.scores".into(), V::Array(scores));
+        md.insert("tokenizer.ggml.bos_token_id".into(), V::U32(1));
+        md.insert("tokenizer.ggml.eos_token_id".into(), V::U32(2));
+        md.insert("tokenizer.ggml.unknown_token_id".into(), V::U32(0));
+        md
+    }
+
+    #[test]
+    fn synthetic_gguf_sentencepiece() {
+        let tok = Tokenizer::from_gguf(&synthetic_spm_gguf()).unwrap();
+        assert!(
+            tok.adds_bos(),
+            "SentencePiece GGUFs add BOS by default (llama.cpp)"
+        );
+        let hello = tok.token_id("▁hello").unwrap();
+        let world = tok.token_id("▁world").unwrap();
+        assert_eq!(
+            tok.encode("hello world", true).unwrap(),
+            vec![1, hello, world]
+        );
+        assert_eq!(
+            tok.encode("hello world", false).unwrap(),
+            vec![hello, world]
+        );
+        // Unknown characters fall back to byte tokens; "<s>" in text is the BOS token.
+        let ids = tok.encode("hello 日</s>", false).unwrap();
+        let byte = |b: u8| tok.token_id(&format!("<0x{b:02X}>")).unwrap();
+        let space = tok.token_id("▁").unwrap();
+        assert_eq!(
+            ids,
+            vec![hello, space, byte(0xE6), byte(0x97), byte(0xA5), 2]
+        );
+        assert_eq!(tok.decode(&ids, true).unwrap(), "hello 日");
+        assert_eq!(tok.decode(&[1, hello, world], true).unwrap(), "hello world");
+        let ids = tok.encode("hello 日本 world", false).unwrap();
+        check_incremental(&tok, &ids, true);
+    }
+
+    #[test]
+    fn every_supported_pre_tokenizer_compiles() {
+        for pre in gguf::SUPPORTED_PRE {
+            let tok =
+                Tokenizer::from_gguf(&synthetic_gguf(pre)).unwrap_or_else(|e| panic!("{pre}: {e}"));
+            let s = "Hello, world! It's 12345 3.14\n\n  x 日本🎉";
+            assert_eq!(
+                tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(),
+                s,
+                "pre {pre}"
+            );
+        }
+        let err = Tokenizer::from_gguf(&synthetic_gguf("no-such-pre")).unwrap_err();
+        assert!(err.contains("tokenizer.ggml.pre"), "{err}");
+    }
+
+    #[test]
+    fn gguf_errors_name_the_field() {
+        let mut md = synthetic_gguf("gpt-2");
+        md.insert(
+            "tokenizer.ggml.model".into(),
+            gguf_file::Value::String("bert".into()),
+        );
+        let err = Tokenizer::from_gguf(&md).unwrap_err();
+        assert!(
+            err.contains("tokenizer.ggml.model") && err.contains("bert"),
+            "{err}"
+        );
+        let mut md = synthetic_gguf("gpt-2");
+        md.remove("tokenizer.ggml.merges");
+        assert!(Tokenizer::from_gguf(&md)
+            .unwrap_err()
+            .contains("tokenizer.ggml.merges"));
+        assert!(Tokenizer::from_gguf(&HashMap::new())
+            .unwrap_err()
+            .contains("tokenizer.ggml.model"));
+    }
 }

@@ -15,6 +15,8 @@
 pub mod detok;
 pub mod gguf;
 pub mod template;
+#[cfg(test)]
+mod test_support;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -328,33 +330,10 @@ impl Tokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::test_support::{check_incremental, smollm2, synthetic_gguf};
     use std::path::PathBuf;
 
     // ----- locating test assets (all optional: tests skip with a note when absent) -----
-
-    fn smollm2_path() -> Option<PathBuf> {
-        let p = match std::env::var_os("EXPERT_RUNTIME_SMOLLM2") {
-            Some(p) => PathBuf::from(p),
-            None => PathBuf::from(std::env::var_os("HOME")?)
-                .join(".cache/expert-runtime/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        };
-        if p.is_file() {
-            Some(p)
-        } else {
-            eprintln!(
-                "SKIP: SmolLM2 GGUF not found at {} (set EXPERT_RUNTIME_SMOLLM2 or run the asset fetch)",
-                p.display()
-            );
-            None
-        }
-    }
-
-    fn smollm2() -> Option<Tokenizer> {
-        let path = smollm2_path()?;
-        let mut f = std::fs::File::open(&path).unwrap();
-        let content = gguf_file::Content::read(&mut f).unwrap();
-        Some(Tokenizer::from_gguf(&content.metadata).unwrap())
-    }
 
     fn qwen3_dir() -> Option<PathBuf> {
         let p = match std::env::var_os("EXPERT_RUNTIME_QWEN3_TOKENIZER") {
@@ -389,269 +368,11 @@ mod tests {
             .collect()
     }
 
-    /// Decodes `ids` one token at a time; checks the chunks are clean and add up to the full decode.
-    fn check_incremental(tok: &Tokenizer, ids: &[u32], skip_special: bool) -> Vec<String> {
-        let full = tok.decode(ids, skip_special).unwrap();
-        let mut dec = IncrementalDecoder::with_skip_special_tokens(skip_special);
-        let mut chunks = Vec::new();
-        for &id in ids {
-            let c = dec.push(tok, id).unwrap();
-            assert!(!c.contains('\u{FFFD}'), "chunk {c:?} contains U+FFFD");
-            assert!(dec.window_len() <= 8, "window grew to {}", dec.window_len());
-            chunks.push(c);
-        }
-        let tail = dec.flush(tok).unwrap();
-        assert_eq!(tail, "", "nothing should be withheld after complete text");
-        assert_eq!(chunks.concat(), full);
-        chunks
-    }
-
     #[test]
     fn tokenizer_is_send_and_sync() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<Tokenizer>();
         assert_send_sync::<IncrementalDecoder>();
-    }
-
-    // ----- synthetic GGUF (always runs) -----
-
-    /// GPT-2's byte → unicode map (printable bytes stay, others shift to U+0100+).
-    fn byte_level_alphabet() -> Vec<String> {
-        let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
-            .chain(0xA1..=0xAC)
-            .chain(0xAE..=0xFF)
-            .collect();
-        let mut cs = bs.clone();
-        let mut n = 0;
-        for b in 0..256u32 {
-            if !bs.contains(&b) {
-                bs.push(b);
-                cs.push(256 + n);
-                n += 1;
-            }
-        }
-        let mut out = vec![String::new(); 256];
-        for (b, c) in bs.iter().zip(cs) {
-            out[*b as usize] = char::from_u32(c).unwrap().to_string();
-        }
-        out
-    }
-
-    fn synthetic_gguf(pre: &str) -> HashMap<String, gguf_file::Value> {
-        use gguf_file::Value as V;
-        let mut tokens = byte_level_alphabet();
-        let mut types = vec![1i32; 256];
-        let merges = ["Ġ t", "h e", "Ġt he", "Ġ a", "1 2"];
-        for m in &merges {
-            tokens.push(m.replace(' ', ""));
-            types.push(1);
-        }
-        for special in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
-            tokens.push(special.into());
-            types.push(3);
-        }
-        tokens.push("<think>".into());
-        types.push(4);
-        let n = tokens.len();
-        let mut md = HashMap::new();
-        md.insert("tokenizer.ggml.model".into(), V::String("gpt2".into()));
-        md.insert("tokenizer.ggml.pre".into(), V::String(pre.into()));
-        md.insert(
-            "tokenizer.ggml.tokens".into(),
-            V::Array(tokens.into_iter().map(V::String).collect()),
-        );
-        md.insert(
-            "tokenizer.ggml.token_type".into(),
-            V::Array(types.into_iter().map(V::I32).collect()),
-        );
-        md.insert(
-            "tokenizer.ggml.merges".into(),
-            V::Array(merges.iter().map(|m| V::String((*m).into())).collect()),
-        );
-        md.insert("tokenizer.ggml.bos_token_id".into(), V::U32(n as u32 - 3));
-        md.insert("tokenizer.ggml.eos_token_id".into(), V::U32(n as u32 - 2));
-        md.insert("tokenizer.ggml.add_bos_token".into(), V::Bool(true));
-        md.insert(
-            "tokenizer.chat_template".into(),
-            V::String("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}".into()),
-        );
-        md
-    }
-
-    #[test]
-    fn synthetic_gguf_byte_level_bpe() {
-        let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
-        assert_eq!(tok.vocab_size(), 256 + 5 + 4);
-        let the = tok.token_id("Ġthe").unwrap();
-        let bos = tok.token_id("<|im_start|>").unwrap();
-        let eos = tok.token_id("<|im_end|>").unwrap();
-        assert_eq!(tok.bos_token_id(), Some(bos));
-        assert_eq!(tok.eos_token_ids(), vec![eos]);
-        // BPE merges + GPT-2 split + special tokens in text + BOS only with add_special_tokens.
-        let ids = tok.encode("a the<|im_end|><think>", true).unwrap();
-        assert_eq!(
-            ids,
-            vec![
-                bos,
-                tok.token_id("a").unwrap(),
-                the,
-                eos,
-                tok.token_id("<think>").unwrap()
-            ]
-        );
-        assert_eq!(
-            tok.encode("a the", false).unwrap(),
-            vec![tok.token_id("a").unwrap(), the]
-        );
-        assert_eq!(
-            tok.decode(&ids, false).unwrap(),
-            "<|im_start|>a the<|im_end|><think>"
-        );
-        // Control tokens are skipped, user-defined ones kept.
-        assert_eq!(tok.decode(&ids, true).unwrap(), "a the<think>");
-        // No spaces inserted between byte-level tokens, multi-byte chars survive.
-        let s = "x  y\n\tz café 日本 🎉";
-        assert_eq!(
-            tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(),
-            s
-        );
-        // "12" merges with gpt-2 but is split into digits with smollm's \p{N} pre-split.
-        assert_eq!(tok.encode("12", false).unwrap().len(), 1);
-        let smol = Tokenizer::from_gguf(&synthetic_gguf("smollm")).unwrap();
-        assert_eq!(smol.encode("12", false).unwrap().len(), 2);
-        // Chat template from GGUF.
-        let msgs = [ChatMessage::new("user", "hi")];
-        assert_eq!(
-            tok.apply_chat_template(&msgs, true, None).unwrap(),
-            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-        );
-    }
-
-    /// A small SentencePiece vocabulary: specials, 256 byte tokens, a few pieces; the score is
-    /// minus the id (earlier pieces merge first), as in real SPM vocabularies.
-    fn synthetic_spm_gguf() -> HashMap<String, gguf_file::Value> {
-        use gguf_file::Value as V;
-        let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
-        let mut types = vec![2i32, 3, 3];
-        for b in 0..256 {
-            tokens.push(format!("<0x{b:02X}>"));
-            types.push(6);
-        }
-        for p in [
-            "▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "llo", "▁hello", "or", "▁w",
-            "ld", "▁wor", "▁world",
-        ] {
-            tokens.push(p.into());
-            types.push(1);
-        }
-        let scores: Vec<V> = (0..tokens.len()).map(|i| V::F32(-(i as f32))).collect();
-        let mut md = HashMap::new();
-        md.insert("tokenizer.ggml.model".into(), V::String("llama".into()));
-        md.insert(
-            "tokenizer.ggml.tokens".into(),
-            V::Array(tokens.into_iter().map(V::String).collect()),
-        );
-        md.insert(
-            "tokenizer.ggml.token_type".into(),
-            V::Array(types.into_iter().map(V::I32).collect()),
-        );
-        md.insert("tokenizer.ggml.scores".into(), V::Array(scores));
-        md.insert("tokenizer.ggml.bos_token_id".into(), V::U32(1));
-        md.insert("tokenizer.ggml.eos_token_id".into(), V::U32(2));
-        md.insert("tokenizer.ggml.unknown_token_id".into(), V::U32(0));
-        md
-    }
-
-    #[test]
-    fn synthetic_gguf_sentencepiece() {
-        let tok = Tokenizer::from_gguf(&synthetic_spm_gguf()).unwrap();
-        assert!(
-            tok.adds_bos(),
-            "SentencePiece GGUFs add BOS by default (llama.cpp)"
-        );
-        let hello = tok.token_id("▁hello").unwrap();
-        let world = tok.token_id("▁world").unwrap();
-        assert_eq!(
-            tok.encode("hello world", true).unwrap(),
-            vec![1, hello, world]
-        );
-        assert_eq!(
-            tok.encode("hello world", false).unwrap(),
-            vec![hello, world]
-        );
-        // Unknown characters fall back to byte tokens; "<s>" in text is the BOS token.
-        let ids = tok.encode("hello 日</s>", false).unwrap();
-        let byte = |b: u8| tok.token_id(&format!("<0x{b:02X}>")).unwrap();
-        let space = tok.token_id("▁").unwrap();
-        assert_eq!(
-            ids,
-            vec![hello, space, byte(0xE6), byte(0x97), byte(0xA5), 2]
-        );
-        assert_eq!(tok.decode(&ids, true).unwrap(), "hello 日");
-        assert_eq!(tok.decode(&[1, hello, world], true).unwrap(), "hello world");
-        let ids = tok.encode("hello 日本 world", false).unwrap();
-        check_incremental(&tok, &ids, true);
-    }
-
-    #[test]
-    fn every_supported_pre_tokenizer_compiles() {
-        for pre in gguf::SUPPORTED_PRE {
-            let tok =
-                Tokenizer::from_gguf(&synthetic_gguf(pre)).unwrap_or_else(|e| panic!("{pre}: {e}"));
-            let s = "Hello, world! It's 12345 3.14\n\n  x 日本🎉";
-            assert_eq!(
-                tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(),
-                s,
-                "pre {pre}"
-            );
-        }
-        let err = Tokenizer::from_gguf(&synthetic_gguf("no-such-pre")).unwrap_err();
-        assert!(err.contains("tokenizer.ggml.pre"), "{err}");
-    }
-
-    #[test]
-    fn gguf_errors_name_the_field() {
-        let mut md = synthetic_gguf("gpt-2");
-        md.insert(
-            "tokenizer.ggml.model".into(),
-            gguf_file::Value::String("bert".into()),
-        );
-        let err = Tokenizer::from_gguf(&md).unwrap_err();
-        assert!(
-            err.contains("tokenizer.ggml.model") && err.contains("bert"),
-            "{err}"
-        );
-        let mut md = synthetic_gguf("gpt-2");
-        md.remove("tokenizer.ggml.merges");
-        assert!(Tokenizer::from_gguf(&md)
-            .unwrap_err()
-            .contains("tokenizer.ggml.merges"));
-        assert!(Tokenizer::from_gguf(&HashMap::new())
-            .unwrap_err()
-            .contains("tokenizer.ggml.model"));
-    }
-
-    #[test]
-    fn incremental_decoder_synthetic() {
-        let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
-        // Every non-ASCII char here is several single-byte tokens.
-        let ids = tok
-            .encode("the café naïve 日本 🎉 end<|im_end|>", false)
-            .unwrap();
-        let chunks = check_incremental(&tok, &ids, true);
-        check_incremental(&tok, &ids, false);
-        // The 4-byte emoji arrives as one chunk, withheld until its last byte.
-        assert!(chunks.iter().any(|c| c == "🎉"), "{chunks:?}");
-        assert!(chunks.iter().filter(|c| c.is_empty()).count() >= 3);
-        // flush() hands out an incomplete character lossily.
-        let mut dec = IncrementalDecoder::new();
-        let partial = tok.encode("日", false).unwrap();
-        let mut out = String::new();
-        for &id in &partial[..2] {
-            out += &dec.push(&tok, id).unwrap();
-        }
-        assert_eq!(out, "");
-        assert_eq!(dec.flush(&tok).unwrap(), "\u{FFFD}");
     }
 
     #[test]
@@ -748,19 +469,6 @@ mod tests {
             let text = tok.apply_chat_template(&msgs, agp, None).unwrap();
             assert_eq!(text, chat["rendered"].as_str().unwrap());
             assert_eq!(tok.encode(&text, false).unwrap(), ids_of(&chat["ids"]));
-        }
-    }
-
-    #[test]
-    fn smollm2_incremental_decoder() {
-        let Some(tok) = smollm2() else { return };
-        for text in [
-            "café naïve 日本 🎉",
-            "Ünïcödé façade — “quotes” … ½ ² Ω мир 🎉🎉 done",
-        ] {
-            let ids = tok.encode(text, false).unwrap();
-            let chunks = check_incremental(&tok, &ids, true);
-            assert_eq!(chunks.concat(), text);
         }
     }
 

@@ -1,0 +1,41 @@
+//! Helpers shared by the integration tests (`mod common;` in each test file).
+
+// Each test crate compiles its own copy and uses only some of these.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use expert_runtime::engine::{load_model, LoadOptions};
+use expert_runtime::model::Decoder;
+use serde_json::Value;
+
+/// `__test__/fixtures/{name}`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("__test__/fixtures").join(name)
+}
+
+/// A JSON file, parsed.
+pub fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A JSON array of token ids.
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// The model at `path`, on the CPU.
+pub fn load(path: &Path, opts: &LoadOptions) -> Decoder {
+    load_model(path, opts, &candle_core::Device::Cpu, &|_, _| {}).unwrap().model
+}
+
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let lse = logits.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>().ln() as f32 + max;
+    logits.iter().map(|&x| x - lse).collect()
+}
+
+/// The greedy pick: the index of the largest value, ties to the lower index.
+pub fn argmax(lp: &[f32]) -> u32 {
+    (0..lp.len()).max_by(|&a, &b| lp[a].partial_cmp(&lp[b]).unwrap().then(b.cmp(&a))).unwrap() as u32
+}

@@ -15,10 +15,7 @@ pub type Metadata = HashMap<String, Value>;
 
 /// `GGUF metadata {at}: expected {what}, got {type}`.
 fn type_error(at: fmt::Arguments, what: &str, v: &Value) -> String {
-    format!(
-        "GGUF metadata {at}: expected {what}, got {:?}",
-        v.value_type()
-    )
+    format!("GGUF metadata {at}: expected {what}, got {:?}", v.value_type())
 }
 
 /// Any integer type (or a bool) as `i64`; `None` for other types and for a `U64` above
@@ -51,9 +48,7 @@ pub fn get_bool(md: &Metadata, key: &str) -> Result<Option<bool>, String> {
     match md.get(key) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => value_to_i64(v)
-            .map(|x| Some(x != 0))
-            .ok_or_else(|| type_error(format_args!("'{key}'"), "a bool", v)),
+        Some(v) => value_to_i64(v).map(|x| Some(x != 0)).ok_or_else(|| type_error(format_args!("'{key}'"), "a bool", v)),
     }
 }
 
@@ -61,9 +56,7 @@ pub fn get_bool(md: &Metadata, key: &str) -> Result<Option<bool>, String> {
 pub fn get_int(md: &Metadata, key: &str) -> Result<Option<i64>, String> {
     match md.get(key) {
         None => Ok(None),
-        Some(v) => value_to_i64(v)
-            .map(Some)
-            .ok_or_else(|| type_error(format_args!("'{key}'"), "an integer", v)),
+        Some(v) => value_to_i64(v).map(Some).ok_or_else(|| type_error(format_args!("'{key}'"), "an integer", v)),
     }
 }
 
@@ -73,10 +66,7 @@ pub fn get_u64(md: &Metadata, key: &str) -> Result<Option<u64>, String> {
     match md.get(key) {
         None => Ok(None),
         Some(Value::I32(x)) => Ok(Some(*x as u64)),
-        Some(v) => v
-            .to_u64()
-            .map(Some)
-            .map_err(|_| type_error(format_args!("'{key}'"), "an unsigned integer", v)),
+        Some(v) => v.to_u64().map(Some).map_err(|_| type_error(format_args!("'{key}'"), "an unsigned integer", v)),
     }
 }
 
@@ -109,9 +99,7 @@ pub fn get_token_id(md: &Metadata, key: &str, n_tokens: usize) -> Result<Option<
         return Ok(None);
     }
     if id as u64 >= n_tokens as u64 {
-        return Err(format!(
-            "GGUF metadata '{key}' = {id} is out of range for a vocabulary of {n_tokens} tokens"
-        ));
+        return Err(format!("GGUF metadata '{key}' = {id} is out of range for a vocabulary of {n_tokens} tokens"));
     }
     Ok(Some(id as u32))
 }
@@ -167,10 +155,7 @@ mod tests {
     use super::*;
 
     fn md(entries: Vec<(&str, Value)>) -> Metadata {
-        entries
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect()
+        entries.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
     }
 
     #[test]
@@ -178,31 +163,16 @@ mod tests {
         let m = md(vec![
             ("s", Value::String("x".into())),
             ("n", Value::U16(7)),
-            (
-                "a",
-                Value::Array(vec![Value::String("t".into()), Value::F32(1.5)]),
-            ),
+            ("a", Value::Array(vec![Value::String("t".into()), Value::F32(1.5)])),
         ]);
         assert_eq!(get_str(&m, "s"), Ok(Some("x")));
         assert_eq!(get_str(&m, "missing"), Ok(None));
-        assert_eq!(
-            get_str(&m, "n").unwrap_err(),
-            "GGUF metadata 'n': expected a string, got U16"
-        );
+        assert_eq!(get_str(&m, "n").unwrap_err(), "GGUF metadata 'n': expected a string, got U16");
         assert_eq!(get_bool(&m, "n"), Ok(Some(true)));
         assert_eq!(get_int(&m, "n"), Ok(Some(7)));
-        assert_eq!(
-            get_array(&m, "s").unwrap_err(),
-            "GGUF metadata 's': expected an array, got String"
-        );
-        assert_eq!(
-            get_str_array(&m, "a").unwrap_err(),
-            "GGUF metadata 'a'[1]: expected a string, got F32"
-        );
-        assert_eq!(
-            get_int_array(&m, "a").unwrap_err(),
-            "GGUF metadata 'a'[0]: expected an integer, got String"
-        );
+        assert_eq!(get_array(&m, "s").unwrap_err(), "GGUF metadata 's': expected an array, got String");
+        assert_eq!(get_str_array(&m, "a").unwrap_err(), "GGUF metadata 'a'[1]: expected a string, got F32");
+        assert_eq!(get_int_array(&m, "a").unwrap_err(), "GGUF metadata 'a'[0]: expected an integer, got String");
         assert_eq!(get_f32_array(&m, "missing"), Ok(None));
     }
 

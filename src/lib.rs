@@ -4,10 +4,10 @@ pub mod engine;
 pub mod error;
 pub mod experts;
 pub mod gguf_meta;
+pub mod kv;
 pub mod model;
+#[cfg(feature = "node")]
+pub mod napi;
 pub mod sampling;
 pub mod simd;
 pub mod tokenizer;
-pub mod kv;
-#[cfg(feature = "node")]
-pub mod napi;

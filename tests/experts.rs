@@ -28,7 +28,9 @@ fn experts(model: &Decoder, names: &[&str]) -> ExpertSet {
     let list = names
         .iter()
         .enumerate()
-        .map(|(i, n)| Arc::new(load_expert(&fixture("adapters").join(n), &ExpertLoadOptions::default(), model, i as u64 + 1).unwrap()))
+        .map(|(i, n)| {
+            Arc::new(load_expert(&fixture("adapters").join(n), &ExpertLoadOptions::default(), model, i as u64 + 1).unwrap())
+        })
         .collect();
     ExpertSet::new(list)
 }

@@ -97,7 +97,9 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
     let dtype = select_dtype(opts.dtype.as_deref(), device)?;
     let (tokenizer, defaults) = match &files.format {
         ModelFormat::HfDir(dir) => (Tokenizer::from_dir(dir).map_err(EngineError::InvalidModel)?, read_generation_config(dir)?),
-        ModelFormat::Gguf(src) => (Tokenizer::from_gguf(src.metadata()).map_err(EngineError::InvalidModel)?, GenerationDefaults::default()),
+        ModelFormat::Gguf(src) => {
+            (Tokenizer::from_gguf(src.metadata()).map_err(EngineError::InvalidModel)?, GenerationDefaults::default())
+        }
     };
     let n = context_length(opts, &files.config)?;
     let (config, mut weights) = files.into_weights(device, progress)?;

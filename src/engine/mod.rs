@@ -19,13 +19,13 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 pub use request::{Completion, Event, FinishReason, GenerateOptions, Input, SessionShared, TokenChunk};
 
-pub use device::{device_memory, device_name, select_device, DeviceMemory};
-pub use load::{load_model, GenerationDefaults, LoadOptions, Loaded};
-pub use crate::kv::KvCacheOptions;
-use crate::experts::{Expert, ExpertLoadOptions, Registry};
 use crate::error::{EngineError, Result};
+use crate::experts::{Expert, ExpertLoadOptions, Registry};
+pub use crate::kv::KvCacheOptions;
 use crate::model::Decoder;
 use crate::tokenizer::{ChatMessage, Tokenizer};
+pub use device::{device_memory, device_name, select_device, DeviceMemory};
+pub use load::{load_model, GenerationDefaults, LoadOptions, Loaded};
 use request::{Command, GenerateRequest};
 use scheduler::{Scheduler, SchedulerConfig, DEFAULT_STEP_TOKENS};
 pub use stats::{EngineStats, StatsSnapshot};
@@ -112,7 +112,11 @@ impl Engine {
 
     /// Loads the model and builds the engine's parts: the handle callers hold, the scheduler
     /// the engine thread runs, and the command channel between them.
-    fn start(path: &Path, opts: &LoadOptions, progress: Box<dyn Fn(u64, u64) + Send>) -> Result<(Arc<Engine>, Scheduler, Receiver<Command>)> {
+    fn start(
+        path: &Path,
+        opts: &LoadOptions,
+        progress: Box<dyn Fn(u64, u64) + Send>,
+    ) -> Result<(Arc<Engine>, Scheduler, Receiver<Command>)> {
         let device = select_device(opts.device.as_deref())?;
         let loaded = load_model(path, opts, &device, &*progress);
         // Release the progress callback now: a JS callback held past the load would keep the
@@ -139,9 +143,11 @@ impl Engine {
         };
         let (tokenizer, model) = (Arc::new(tokenizer), Arc::new(model));
         let stats = Arc::new(EngineStats::default());
-        let bytes_per_token = crate::kv::store::bytes_per_token(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, model.dtype);
-        let (num_blocks, block_size) =
-            crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, || load::kv_memory_budget(&model.device))?;
+        let bytes_per_token =
+            crate::kv::store::bytes_per_token(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, model.dtype);
+        let (num_blocks, block_size) = crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, || {
+            load::kv_memory_budget(&model.device)
+        })?;
         let cfg = SchedulerConfig {
             context_length,
             num_blocks,
@@ -254,9 +260,7 @@ impl Engine {
 
     /// Blocking [`Self::load_expert`], for Rust callers and tests.
     pub fn load_expert_blocking(&self, path: &Path, opts: ExpertLoadOptions) -> Result<Arc<Expert>> {
-        self.load_expert(path, opts)
-            .blocking_recv()
-            .map_err(|_| EngineError::Internal("the adapter loader exited".into()))?
+        self.load_expert(path, opts).blocking_recv().map_err(|_| EngineError::Internal("the adapter loader exited".into()))?
     }
 
     /// Removes an expert from the registry; its memory is freed when no running request pins

@@ -31,10 +31,10 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::load::GenerationDefaults;
 use super::request::{Command, Event, FinishReason, GenerateRequest, Input, SessionShared};
 use super::sequence::Sequence;
 use super::stats::EngineStats;
-use super::load::GenerationDefaults;
 use crate::error::{panic_message, EngineError, Result};
 use crate::kv::manager::virtual_key;
 use crate::kv::{BlockTable, KvManager};
@@ -224,7 +224,11 @@ impl Scheduler {
                 }
             }
             Command::DropSession { id } => {
-                self.running.iter().chain(&self.waiting).filter(|q| q.session == id).for_each(|q| q.cancel.store(true, Ordering::Relaxed));
+                self.running
+                    .iter()
+                    .chain(&self.waiting)
+                    .filter(|q| q.session == id)
+                    .for_each(|q| q.cancel.store(true, Ordering::Relaxed));
                 if let Some(mut s) = self.sessions.remove(&id) {
                     self.kv.free(&mut s.table);
                 }
@@ -256,9 +260,8 @@ impl Scheduler {
             Input::Chat(msgs) => {
                 let mut history = state.shared.history.lock().unwrap().clone();
                 history.extend(msgs.iter().cloned());
-                let text = tok
-                    .apply_chat_template(&history, true, req.options.enable_thinking)
-                    .map_err(EngineError::InvalidArgument)?;
+                let text =
+                    tok.apply_chat_template(&history, true, req.options.enable_thinking).map_err(EngineError::InvalidArgument)?;
                 tok.encode(&text, false).map_err(EngineError::Internal)?
             }
             Input::Text(t) => {

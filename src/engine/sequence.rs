@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::request::{Completion, Event, FinishReason, GenerateRequest, Input, TokenChunk, Timings, Usage};
+use super::request::{Completion, Event, FinishReason, GenerateRequest, Input, Timings, TokenChunk, Usage};
 use crate::experts::ExpertSet;
 use crate::sampling::{Sampled, Sampler};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -94,7 +94,14 @@ pub struct Sequence {
 impl Sequence {
     /// A queued request: `req` with the token stream it runs on (`prompt`, after the chat
     /// template), its sampler and token budget, and the time it arrived.
-    pub fn new(req: GenerateRequest, prompt: Vec<u32>, sampler: Sampler, max_tokens: usize, eos: Vec<u32>, started: Instant) -> Self {
+    pub fn new(
+        req: GenerateRequest,
+        prompt: Vec<u32>,
+        sampler: Sampler,
+        max_tokens: usize,
+        eos: Vec<u32>,
+        started: Instant,
+    ) -> Self {
         let GenerateRequest { session, input, options, experts, events, cancel } = req;
         Self {
             session,
@@ -161,12 +168,8 @@ impl Sequence {
             text.push_str(&self.release_held(tok));
         }
         self.text.push_str(&text);
-        let chunk = TokenChunk {
-            token_id: s.token,
-            text,
-            logprob: s.logprob,
-            top_logprobs: self.want_top.then_some(s.top_logprobs),
-        };
+        let chunk =
+            TokenChunk { token_id: s.token, text, logprob: s.logprob, top_logprobs: self.want_top.then_some(s.top_logprobs) };
         let _ = self.events.send(Event::Token(chunk));
         self.last_token = Some(s.token);
         reason
@@ -208,7 +211,6 @@ impl Sequence {
         let done = Completion { text: self.text, tokens: self.tokens, finish_reason: reason, usage: self.usage, timings };
         (done, self.events)
     }
-
 }
 
 #[cfg(test)]

@@ -86,8 +86,8 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
 /// `adapter_config.json`.
 fn read_config(dir: &Path) -> Result<AdapterConfig> {
     let cfg_path = dir.join("adapter_config.json");
-    let text = std::fs::read_to_string(&cfg_path)
-        .map_err(|e| EngineError::InvalidAdapter(format!("{}: {e}", cfg_path.display())))?;
+    let text =
+        std::fs::read_to_string(&cfg_path).map_err(|e| EngineError::InvalidAdapter(format!("{}: {e}", cfg_path.display())))?;
     AdapterConfig::parse(&text)
 }
 
@@ -127,7 +127,11 @@ fn expert_name(dir: &Path, opts: &ExpertLoadOptions, manifest: Option<&Manifest>
 fn read_weights(dir: &Path) -> Result<HashMap<String, RawTensor>> {
     let weights = dir.join("adapter_model.safetensors");
     if !weights.is_file() {
-        let hint = if dir.join("adapter_model.bin").is_file() { " (adapter_model.bin is a pickle; save with safe_serialization=True)" } else { "" };
+        let hint = if dir.join("adapter_model.bin").is_file() {
+            " (adapter_model.bin is a pickle; save with safe_serialization=True)"
+        } else {
+            ""
+        };
         return Err(EngineError::InvalidAdapter(format!("{} is missing{hint}", weights.display())));
     }
     read_safetensors(&weights)
@@ -194,7 +198,9 @@ fn group_by_slot(
         let Some((slot, param)) = parse_key(&key) else {
             let unsupported = ["embed_tokens", "lm_head", "modules_to_save", "lora_embedding", "norm"];
             if unsupported.iter().any(|u| key.contains(u)) {
-                return Err(EngineError::UnsupportedAdapter(format!("tensor {key}: only the linear projections of decoder layers can be adapted")));
+                return Err(EngineError::UnsupportedAdapter(format!(
+                    "tensor {key}: only the linear projections of decoder layers can be adapted"
+                )));
             }
             return Err(EngineError::InvalidAdapter(format!("unexpected tensor {key}")));
         };
@@ -285,11 +291,10 @@ impl ModuleBuilder<'_> {
         if !self.cfg.use_dora {
             return Ok((ModuleAdapter::Lora(lr), r));
         }
-        let mag = m
-            .ts
-            .remove("lora_magnitude_vector")
-            .or_else(|| m.ts.remove("lora_magnitude_vector.weight"))
-            .ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", m.key("lora_magnitude_vector"))))?;
+        let mag =
+            m.ts.remove("lora_magnitude_vector")
+                .or_else(|| m.ts.remove("lora_magnitude_vector.weight"))
+                .ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", m.key("lora_magnitude_vector"))))?;
         if mag.shape != [out] {
             return Err(EngineError::InvalidAdapter(format!(
                 "tensor {} has shape {:?}, expected [{out}]",
@@ -322,7 +327,10 @@ impl ModuleBuilder<'_> {
         let w1 = self.factor(m, "lokr_w1")?;
         let w2 = self.factor(m, "lokr_w2")?;
         if m.ts.contains_key("lokr_t2") {
-            return Err(EngineError::UnsupportedAdapter(format!("{}: LoKr Tucker factors (convolutions only)", m.key("lokr_t2"))));
+            return Err(EngineError::UnsupportedAdapter(format!(
+                "{}: LoKr Tucker factors (convolutions only)",
+                m.key("lokr_t2")
+            )));
         }
         let ((p, q), (k, n)) = (w1.dims2()?, w2.dims2()?);
         if p * k != out || q * n != inp {
@@ -347,7 +355,9 @@ impl ModuleBuilder<'_> {
             return w.to_tensor(self.dtype, self.device);
         }
         let (an, bn) = (format!("{name}_a"), format!("{name}_b"));
-        let a = m.ts.remove(&an).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {} (or {})", m.key(name), m.key(&an))))?;
+        let a =
+            m.ts.remove(&an)
+                .ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {} (or {})", m.key(name), m.key(&an))))?;
         let b = m.ts.remove(&bn).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", m.key(&bn))))?;
         if a.shape.len() != 2 || b.shape.len() != 2 || a.shape[1] != b.shape[0] || a.shape[1] == 0 {
             return Err(EngineError::InvalidAdapter(format!(
@@ -400,7 +410,11 @@ impl ModuleInput<'_> {
         let t = self.ts.remove(p).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {}", self.key(p))))?;
         if let Some(s) = shape {
             if t.shape != s {
-                return Err(EngineError::InvalidAdapter(format!("tensor {} has shape {:?}, expected {s:?}", self.key(p), t.shape)));
+                return Err(EngineError::InvalidAdapter(format!(
+                    "tensor {} has shape {:?}, expected {s:?}",
+                    self.key(p),
+                    t.shape
+                )));
             }
         }
         Ok(t)

@@ -52,7 +52,11 @@ impl LowRank {
 /// `y + Σ s_i B_i (A_i x)` over `adapters`.
 pub fn add_deltas(y: Tensor, x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor> {
     let rows = x.dim(0)?;
-    if rows <= KERNEL_MAX_ROWS && cpu_kernels(x.device()) && x.dtype() == DType::F32 && adapters.iter().all(|l| l.a.dtype() == DType::F32) {
+    if rows <= KERNEL_MAX_ROWS
+        && cpu_kernels(x.device())
+        && x.dtype() == DType::F32
+        && adapters.iter().all(|l| l.a.dtype() == DType::F32)
+    {
         let delta = fused_cpu(x, adapters, simd::level())?;
         return Ok((y + delta)?);
     }
@@ -70,9 +74,8 @@ fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
         return Err(EngineError::Internal("the LoRA kernel needs CPU tensors".into()));
     };
     let all = cpu.as_slice::<f32>()?;
-    let (start, end) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| EngineError::Internal("the LoRA kernel needs contiguous tensors".into()))?;
+    let (start, end) =
+        layout.contiguous_offsets().ok_or_else(|| EngineError::Internal("the LoRA kernel needs contiguous tensors".into()))?;
     Ok(f(&all[start..end]))
 }
 
@@ -133,7 +136,8 @@ mod tests {
         for rows in [1, 3, 9] {
             let x = Tensor::randn(0f32, 1.0, (rows, 300), &dev).unwrap();
             let y = Tensor::randn(0f32, 1.0, (rows, 1100), &dev).unwrap();
-            let want = ((&y + (l1.unscaled(&x).unwrap() * 0.5).unwrap()).unwrap() + (l2.unscaled(&x).unwrap() * 0.15).unwrap()).unwrap();
+            let want =
+                ((&y + (l1.unscaled(&x).unwrap() * 0.5).unwrap()).unwrap() + (l2.unscaled(&x).unwrap() * 0.15).unwrap()).unwrap();
             let got = add_deltas(y.clone(), &x, &[&l1, &l2]).unwrap();
             let d = (got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(d < 1e-4, "rows {rows}: max |Δ| {d}");

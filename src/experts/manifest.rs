@@ -57,9 +57,9 @@ impl Manifest {
         };
         let load_order = match raw.get("load_order") {
             None | Some(Value::Null) => 0,
-            Some(v) => v
-                .as_i64()
-                .ok_or_else(|| EngineError::InvalidAdapter("manifest.json: load_order must be an integer".into()))?,
+            Some(v) => {
+                v.as_i64().ok_or_else(|| EngineError::InvalidAdapter("manifest.json: load_order must be an integer".into()))?
+            }
         };
         let r = raw.get("routing");
         let routing = Routing {

@@ -35,9 +35,11 @@ impl Modules {
         Ok(match v {
             Value::Null => None,
             Value::String(s) if s == "all-linear" => Some(Self::AllLinear),
-            Value::String(s) => Some(Self::Regex(regex::Regex::new(&format!("^(?:{s})$")).map_err(|e| {
-                EngineError::InvalidAdapter(format!("adapter_config.json: {field} is not a valid regex: {e}"))
-            })?)),
+            Value::String(s) => {
+                Some(Self::Regex(regex::Regex::new(&format!("^(?:{s})$")).map_err(|e| {
+                    EngineError::InvalidAdapter(format!("adapter_config.json: {field} is not a valid regex: {e}"))
+                })?))
+            }
             Value::Array(items) => Some(Self::List(
                 items
                     .iter()
@@ -122,7 +124,8 @@ impl AdapterConfig {
         let alpha = num(if peft_type == PeftType::Lokr { "alpha" } else { "lora_alpha" }).unwrap_or(8.0);
 
         // Features whose tensors or semantics the runtime does not implement.
-        let non_empty = |k: &str| v.get(k).is_some_and(|x| !x.is_null() && x != &Value::Array(vec![]) && x != &Value::Bool(false));
+        let non_empty =
+            |k: &str| v.get(k).is_some_and(|x| !x.is_null() && x != &Value::Array(vec![]) && x != &Value::Bool(false));
         if non_empty("modules_to_save") {
             return Err(EngineError::UnsupportedAdapter("modules_to_save (fully trained copies of base modules)".into()));
         }
@@ -151,7 +154,9 @@ impl AdapterConfig {
             .into_iter()
             .map(|(re, k, x)| {
                 if x < 1.0 || x.fract() != 0.0 {
-                    return Err(EngineError::InvalidAdapter(format!("adapter_config.json: rank_pattern.{k} must be a positive integer")));
+                    return Err(EngineError::InvalidAdapter(format!(
+                        "adapter_config.json: rank_pattern.{k} must be a positive integer"
+                    )));
                 }
                 Ok((re, k, x as usize))
             })
@@ -159,13 +164,16 @@ impl AdapterConfig {
         let layers_to_transform = match v.get("layers_to_transform") {
             None | Some(Value::Null) => None,
             Some(Value::Number(n)) => Some(vec![n.as_u64().unwrap_or(u64::MAX) as usize]),
-            Some(Value::Array(a)) => Some(
-                a.iter()
-                    .map(|x| x.as_u64().map(|n| n as usize))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| EngineError::InvalidAdapter("adapter_config.json: layers_to_transform must list integers".into()))?,
-            ),
-            Some(_) => return Err(EngineError::InvalidAdapter("adapter_config.json: layers_to_transform must be an integer or a list".into())),
+            Some(Value::Array(a)) => {
+                Some(a.iter().map(|x| x.as_u64().map(|n| n as usize)).collect::<Option<Vec<_>>>().ok_or_else(|| {
+                    EngineError::InvalidAdapter("adapter_config.json: layers_to_transform must list integers".into())
+                })?)
+            }
+            Some(_) => {
+                return Err(EngineError::InvalidAdapter(
+                    "adapter_config.json: layers_to_transform must be an integer or a list".into(),
+                ))
+            }
         };
         Ok(Self {
             peft_type,
@@ -257,10 +265,9 @@ fn widen(name: &str, dtype: safetensors::Dtype, bytes: &[u8]) -> Result<Vec<f32>
         }
         safetensors::Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
         safetensors::Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        safetensors::Dtype::F64 => bytes
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().expect("8-byte chunk")) as f32)
-            .collect(),
+        safetensors::Dtype::F64 => {
+            bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8-byte chunk")) as f32).collect()
+        }
         other => return Err(EngineError::InvalidAdapter(format!("tensor {name} has dtype {other:?}; expected a float type"))),
     })
 }
@@ -325,8 +332,13 @@ mod tests {
         assert_eq!(cfg.rank_alpha(Slot::new(2, Proj::Q)), (8, 2.0));
         assert_eq!(cfg.rank_alpha(Slot::new(0, Proj::Q)), (8, 16.0));
 
-        let list = AdapterConfig::parse(r#"{"peft_type":"IA3","target_modules":["k_proj","mlp.down_proj"],"feedforward_modules":["down_proj"]}"#).unwrap();
-        assert!(list.targets(Slot::new(1, Proj::K)) && list.targets(Slot::new(1, Proj::Down)) && !list.targets(Slot::new(1, Proj::V)));
+        let list = AdapterConfig::parse(
+            r#"{"peft_type":"IA3","target_modules":["k_proj","mlp.down_proj"],"feedforward_modules":["down_proj"]}"#,
+        )
+        .unwrap();
+        assert!(
+            list.targets(Slot::new(1, Proj::K)) && list.targets(Slot::new(1, Proj::Down)) && !list.targets(Slot::new(1, Proj::V))
+        );
         assert!(list.is_feedforward(Slot::new(0, Proj::Down)) && !list.is_feedforward(Slot::new(0, Proj::K)));
 
         let e = AdapterConfig::parse(r#"{"peft_type":"LOHA","r":4}"#).unwrap_err();

@@ -11,7 +11,13 @@ use super::peft::{AdapterConfig, RawTensor};
 use crate::error::{EngineError, Result};
 
 /// `prompt_embeddings [n, hidden]`, checked against the config and the model.
-pub fn load(cfg: &AdapterConfig, tensors: &mut HashMap<String, RawTensor>, hidden: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+pub fn load(
+    cfg: &AdapterConfig,
+    tensors: &mut HashMap<String, RawTensor>,
+    hidden: usize,
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
     let key = "prompt_embeddings";
     let t = tensors.remove(key).ok_or_else(|| EngineError::InvalidAdapter(format!("missing tensor {key}")))?;
     if let Some(other) = tensors.keys().next() {

@@ -23,8 +23,8 @@ use std::cell::{OnceCell, RefCell};
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::BlockId;
 use super::store::KvStore;
+use super::BlockId;
 use crate::backend::cpu_kernels;
 use crate::error::Result;
 use crate::simd::{self, Level};
@@ -200,7 +200,8 @@ fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
     else {
         return Ok(None);
     };
-    let (Some((q0, q1)), Some((k0, k1)), Some((v0, v1))) = (ql.contiguous_offsets(), kl.contiguous_offsets(), vl.contiguous_offsets())
+    let (Some((q0, q1)), Some((k0, k1)), Some((v0, v1))) =
+        (ql.contiguous_offsets(), kl.contiguous_offsets(), vl.contiguous_offsets())
     else {
         return Ok(None);
     };
@@ -279,9 +280,8 @@ fn generic(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
 /// `[seq, pos + seq]`: 0 where query `i` (at position `pos + i`) may see key `j`, else -inf.
 pub fn causal_mask(seq: usize, pos: usize, device: &Device) -> Result<Tensor> {
     let total = pos + seq;
-    let m: Vec<f32> = (0..seq)
-        .flat_map(|i| (0..total).map(move |j| if j <= pos + i { 0.0 } else { f32::NEG_INFINITY }))
-        .collect();
+    let m: Vec<f32> =
+        (0..seq).flat_map(|i| (0..total).map(move |j| if j <= pos + i { 0.0 } else { f32::NEG_INFINITY })).collect();
     Ok(Tensor::from_vec(m, (seq, total), device)?)
 }
 
@@ -315,6 +315,8 @@ impl KvView<'_> {
 }
 
 /// One query row and KV head: `q`, `out` `[rep, hd]`; `sc` `[rep, len]` scratch.
+// The innermost kernel, called per row and head: plain arguments rather than a struct built
+// per call.
 #[allow(clippy::too_many_arguments)]
 fn attend(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32], simd: Level) {
     match simd {
@@ -417,10 +419,8 @@ mod tests {
                 runs.push(r);
             }
             let q = Tensor::randn(0f32, 1.0, (6, nh * hd), &dev).unwrap();
-            let spans = [
-                SeqSpan { row: 0, len: 5, pos: 3, blocks: &tables[0] },
-                SeqSpan { row: 5, len: 1, pos: 20, blocks: &tables[1] },
-            ];
+            let spans =
+                [SeqSpan { row: 0, len: 5, pos: 3, blocks: &tables[0] }, SeqSpan { row: 5, len: 1, pos: 20, blocks: &tables[1] }];
             let want = Tensor::cat(
                 &[
                     reference(&q.narrow(0, 0, 5).unwrap(), &kv_full[0].0, &kv_full[0].1, 3, nh, nkv, hd),

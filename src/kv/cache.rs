@@ -4,9 +4,9 @@
 
 use candle_core::{DType, Device};
 
-use super::BlockId;
 use super::block_table::blocks_for;
 use super::store::KvStore;
+use super::BlockId;
 use crate::error::Result;
 
 /// Block size of single-sequence caches.
@@ -20,7 +20,14 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(num_layers: usize, kv_heads: usize, head_dim: usize, max_len: usize, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn new(
+        num_layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        max_len: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let n = blocks_for(max_len.max(1), BLOCK);
         let store = KvStore::new(num_layers, n, BLOCK, kv_heads, head_dim, dtype, device)?;
         Ok(Self { store, blocks: (0..n as BlockId).collect(), len: 0, max_len })

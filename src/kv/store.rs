@@ -79,6 +79,7 @@ impl KvStore {
         }
     }
 
+    // Seven independent dimensions of the pool, each named at the call site.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         num_layers: usize,

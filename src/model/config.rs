@@ -33,9 +33,7 @@ impl Arch {
             "llama" | "mistral" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
-            other => Err(EngineError::UnsupportedArchitecture(format!(
-                "'{other}' (supported: llama, qwen2, qwen3)"
-            ))),
+            other => Err(EngineError::UnsupportedArchitecture(format!("'{other}' (supported: llama, qwen2, qwen3)"))),
         }
     }
 }
@@ -109,18 +107,15 @@ fn check_rope_scaling(v: Option<&Value>) -> Result<()> {
     if ty == "default" {
         return Ok(());
     }
-    Err(EngineError::UnsupportedArchitecture(format!(
-        "rope scaling type '{ty}' is not supported yet"
-    )))
+    Err(EngineError::UnsupportedArchitecture(format!("rope scaling type '{ty}' is not supported yet")))
 }
 
 impl ModelConfig {
     /// Parses HF `config.json` text.
     pub fn from_hf_json(text: &str) -> Result<Self> {
-        let raw: Value = serde_json::from_str(text)
-            .map_err(|e| EngineError::invalid_model("config.json is not valid JSON", e))?;
-        let hf: HfConfig = serde_json::from_value(raw)
-            .map_err(|e| EngineError::invalid_model("config.json", e))?;
+        let raw: Value =
+            serde_json::from_str(text).map_err(|e| EngineError::invalid_model("config.json is not valid JSON", e))?;
+        let hf: HfConfig = serde_json::from_value(raw).map_err(|e| EngineError::invalid_model("config.json", e))?;
         let model_type = hf
             .model_type
             .clone()
@@ -134,10 +129,7 @@ impl ModelConfig {
         // transformers 5.x moves the theta into `rope_parameters`.
         check_rope_scaling(hf.rope_scaling.as_ref())?;
         check_rope_scaling(hf.rope_parameters.as_ref())?;
-        let rope_theta = hf
-            .rope_theta
-            .or_else(|| hf.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
-            .unwrap_or(10_000.0);
+        let rope_theta = hf.rope_theta.or_else(|| hf.rope_parameters.as_ref()?.get("rope_theta")?.as_f64()).unwrap_or(10_000.0);
 
         let num_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
         let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1));
@@ -172,8 +164,8 @@ impl ModelConfig {
     pub fn from_gguf(md: &Metadata) -> Result<Self> {
         // A value of the wrong type reads as absent here (`.ok().flatten()`).
         let s = |k: &str| gguf_meta::get_str(md, k).ok().flatten().map(str::to_owned);
-        let arch_name = s("general.architecture")
-            .ok_or_else(|| EngineError::InvalidModel("GGUF has no general.architecture".into()))?;
+        let arch_name =
+            s("general.architecture").ok_or_else(|| EngineError::InvalidModel("GGUF has no general.architecture".into()))?;
         let arch = Arch::from_name(&arch_name)?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let num = |k: &str| gguf_meta::get_u64(md, &key(k)).ok().flatten();
@@ -231,14 +223,14 @@ impl ModelConfig {
             return bad("heads, kv heads, head_dim and layers must all be positive".into());
         }
         // Grouped-query attention maps `num_heads / num_kv_heads` query heads onto each KV head.
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_heads, self.num_kv_heads
             ));
         }
         // RoPE rotates pairs of dimensions.
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} must be even", self.head_dim));
         }
         if self.vocab_size == 0 || self.hidden_size == 0 || self.intermediate_size == 0 {

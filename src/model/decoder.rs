@@ -89,7 +89,13 @@ pub struct Decoder {
 impl Decoder {
     /// Reads every weight from `src`, checking shapes against `cfg`. `max_positions` bounds the
     /// RoPE tables (the runtime's context length).
-    pub fn load(cfg: ModelConfig, src: &mut dyn WeightSource, dtype: DType, device: &Device, max_positions: usize) -> Result<Self> {
+    pub fn load(
+        cfg: ModelConfig,
+        src: &mut dyn WeightSource,
+        dtype: DType,
+        device: &Device,
+        max_positions: usize,
+    ) -> Result<Self> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
         let eps = cfg.rms_norm_eps;
@@ -126,11 +132,8 @@ impl Decoder {
             });
         }
         let norm = RmsNorm::load(src, "model.norm", h, eps, dtype)?;
-        let lm_head = if cfg.tie_word_embeddings {
-            None
-        } else {
-            Some(src.linear("lm_head", cfg.vocab_size, h, false, dtype)?)
-        };
+        let lm_head =
+            if cfg.tie_word_embeddings { None } else { Some(src.linear("lm_head", cfg.vocab_size, h, false, dtype)?) };
         let (cos, sin) = rope_tables(cfg.rope_theta, hd, max_positions, dtype, device)?;
         Ok(Self { cfg, embed_tokens, layers, norm, lm_head, cos, sin, dtype, device: device.clone() })
     }
@@ -142,7 +145,15 @@ impl Decoder {
 
     /// An empty pool of `num_blocks` blocks of `block_size` positions, shaped for this model.
     pub fn new_store(&self, num_blocks: usize, block_size: usize) -> Result<KvStore> {
-        KvStore::new(self.cfg.num_layers, num_blocks, block_size, self.cfg.num_kv_heads, self.cfg.head_dim, self.dtype, &self.device)
+        KvStore::new(
+            self.cfg.num_layers,
+            num_blocks,
+            block_size,
+            self.cfg.num_kv_heads,
+            self.cfg.head_dim,
+            self.dtype,
+            &self.device,
+        )
     }
 
     pub fn max_positions(&self) -> usize {
@@ -323,8 +334,14 @@ impl Attention {
         let v = proj(&self.v_proj, x, Proj::V)?;
 
         // 2. Qwen3: per-head RMSNorm of q and k.
-        let q = match &self.q_norm { Some(n) => n.forward(&q)?, None => q };
-        let k = match &self.k_norm { Some(n) => n.forward(&k)?, None => k };
+        let q = match &self.q_norm {
+            Some(n) => n.forward(&q)?,
+            None => q,
+        };
+        let k = match &self.k_norm {
+            Some(n) => n.forward(&k)?,
+            None => k,
+        };
 
         // 3. Rotate by each row's position (heads first for the RoPE kernel), rows first again.
         let rope = if interleaved { candle_nn::rotary_emb::rope_i } else { candle_nn::rotary_emb::rope };

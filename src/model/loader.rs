@@ -55,8 +55,8 @@ pub fn open<'a>(path: &Path, device: &Device, progress: Progress<'a>, dequantize
     }
     if path.is_dir() {
         let cfg_path = path.join("config.json");
-        let text = std::fs::read_to_string(&cfg_path)
-            .map_err(|e| EngineError::InvalidModel(format!("{}: {e}", cfg_path.display())))?;
+        let text =
+            std::fs::read_to_string(&cfg_path).map_err(|e| EngineError::InvalidModel(format!("{}: {e}", cfg_path.display())))?;
         let config = ModelConfig::from_hf_json(&text)?;
         Ok(ModelFiles { config, format: ModelFormat::HfDir(path.to_path_buf()) })
     } else if is_gguf(path) {
@@ -104,8 +104,7 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
         )));
     }
     let text = std::fs::read_to_string(&index).map_err(|e| EngineError::invalid_model(index.display(), e))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| EngineError::invalid_model(index.display(), e))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::invalid_model(index.display(), e))?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())
@@ -143,10 +142,7 @@ impl WeightSource for SafetensorsSource<'_> {
     fn tensor(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let view = self.st.get(name).map_err(|_| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
         if view.shape() != shape {
-            return Err(EngineError::InvalidModel(format!(
-                "tensor {name} has shape {:?}, expected {shape:?}",
-                view.shape()
-            )));
+            return Err(EngineError::InvalidModel(format!("tensor {name} has shape {:?}, expected {shape:?}", view.shape())));
         }
         let bytes = view.data().len() as u64;
         let t = self
@@ -252,11 +248,8 @@ impl<'a> GgufSource<'a> {
     /// Reads a tensor, checking its shape and that its bytes lie inside the file (a
     /// truncated download must fail cleanly, not read past the end).
     fn read(&mut self, name: &str, shape: &[usize]) -> Result<QTensor> {
-        let info = self
-            .content
-            .tensor_infos
-            .get(name)
-            .ok_or_else(|| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
+        let info =
+            self.content.tensor_infos.get(name).ok_or_else(|| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
         if info.shape.dims() != shape {
             return Err(EngineError::InvalidModel(format!(
                 "tensor {name} has shape {:?}, expected {shape:?}",
@@ -321,4 +314,3 @@ impl WeightSource for GgufSource<'_> {
         self.content.tensor_infos.contains_key(&format!("{}.weight", gguf_name(name)))
     }
 }
-

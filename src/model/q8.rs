@@ -221,7 +221,10 @@ impl PackedQ8_0 {
         let nb = self.k / QK;
         let mut xq = vec![0i8; rows * self.k];
         let mut xd = vec![0f32; rows * nb];
-        xq.par_chunks_mut(self.k).zip(xd.par_chunks_mut(nb)).zip(x.par_chunks(self.k)).for_each(|((q, d), xr)| quantize_row(xr, q, d));
+        xq.par_chunks_mut(self.k)
+            .zip(xd.par_chunks_mut(nb))
+            .zip(x.par_chunks(self.k))
+            .for_each(|((q, d), xr)| quantize_row(xr, q, d));
         let groups = self.n.div_ceil(4);
         // `t[g][row][0..4]`: the group's four outputs for each row, transposed into `out` after.
         let mut t = vec![0f32; groups * rows * 4];
@@ -425,7 +428,10 @@ mod tests {
                 quantize_row(xr, &mut xq, &mut xd);
                 for (i, (want, tol)) in exact_with_bound(&deq, k, &xq, &xd).into_iter().enumerate() {
                     let got = y[r * n + i] as f64;
-                    assert!((got - want).abs() <= tol, "{level:?} [{n}x{k}] row {r} out {i}: {got} vs exact {want} (bound {tol:e})");
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{level:?} [{n}x{k}] row {r} out {i}: {got} vs exact {want} (bound {tol:e})"
+                    );
                 }
                 // candle's QMatMul computes the same product by a CPU-dependent path (see the
                 // module note): both it and we must be within the activation-quantization bound
@@ -449,7 +455,9 @@ mod tests {
 
     #[test]
     fn every_path_matches_the_exact_product() {
-        for &(n, k) in &[(1, 576), (3, 576), (17, 1024), (49, 1536), (130, 3072), (1536, 576), (2051, 1024), (256, 3072), (512, 3072)] {
+        for &(n, k) in
+            &[(1, 576), (3, 576), (17, 1024), (49, 1536), (130, 3072), (1536, 576), (2051, 1024), (256, 3072), (512, 3072)]
+        {
             check(n, k, 1);
         }
         check(67, 1024, 3);

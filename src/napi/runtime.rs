@@ -12,8 +12,8 @@ use super::expert::NativeExpert;
 use super::session::NativeSession;
 use super::types::{LoadProgress, NativeExpertOptions, NativeLoadOptions, RuntimeInfo, RuntimeStats};
 use crate::engine::{Engine, KvCacheOptions, LoadOptions};
-use crate::experts::ExpertLoadOptions;
 use crate::error::EngineError;
+use crate::experts::ExpertLoadOptions;
 
 type ProgressFn = ThreadsafeFunction<LoadProgress, (), LoadProgress, Status, false>;
 
@@ -31,8 +31,13 @@ impl NativeRuntime {
 /// Loads a model on a new engine thread; resolves once it is ready. Progress callbacks are
 /// queued to the JS thread without blocking the loader.
 #[napi]
-pub async fn load_runtime(path: String, options: Option<NativeLoadOptions>, on_progress: Option<ProgressFn>) -> Result<NativeRuntime> {
-    let o = options.unwrap_or(NativeLoadOptions { device: None, dtype: None, context_length: None, threads: None, kv_cache: None });
+pub async fn load_runtime(
+    path: String,
+    options: Option<NativeLoadOptions>,
+    on_progress: Option<ProgressFn>,
+) -> Result<NativeRuntime> {
+    let o =
+        options.unwrap_or(NativeLoadOptions { device: None, dtype: None, context_length: None, threads: None, kv_cache: None });
     if o.threads == Some(0) {
         return Err(to_napi(EngineError::InvalidArgument("threads must be at least 1".into())));
     }
@@ -58,10 +63,8 @@ pub async fn load_runtime(path: String, options: Option<NativeLoadOptions>, on_p
         None => Box::new(|_, _| {}),
     };
     let rx = Engine::spawn(Path::new(&path), opts, progress);
-    let engine = rx
-        .await
-        .map_err(|_| to_napi(EngineError::Internal("the engine thread exited during load".into())))?
-        .map_err(to_napi)?;
+    let engine =
+        rx.await.map_err(|_| to_napi(EngineError::Internal("the engine thread exited during load".into())))?.map_err(to_napi)?;
     Ok(NativeRuntime { engine: Mutex::new(Some(engine)) })
 }
 
@@ -115,10 +118,8 @@ impl NativeRuntime {
         let o = options.unwrap_or(NativeExpertOptions { name: None, scale: None });
         let opts = ExpertLoadOptions { name: o.name, scale: o.scale.unwrap_or(1.0) };
         let rx = e.load_expert(Path::new(&path), opts);
-        let expert = rx
-            .await
-            .map_err(|_| to_napi(EngineError::Internal("the adapter loader exited".into())))?
-            .map_err(to_napi)?;
+        let expert =
+            rx.await.map_err(|_| to_napi(EngineError::Internal("the adapter loader exited".into())))?.map_err(to_napi)?;
         Ok(NativeExpert::new(e, &expert))
     }
 

@@ -53,7 +53,10 @@ impl AsyncGenerator for TokenStream {
         }
     }
 
-    fn complete(&mut self, _value: Option<()>) -> impl std::future::Future<Output = Result<Option<JsTokenChunk>>> + Send + 'static {
+    fn complete(
+        &mut self,
+        _value: Option<()>,
+    ) -> impl std::future::Future<Output = Result<Option<JsTokenChunk>>> + Send + 'static {
         self.cancel.store(true, Ordering::Relaxed);
         async { Ok(None) }
     }

@@ -24,10 +24,8 @@ mod overrides;
 mod penalties;
 mod sampler;
 
-pub use penalties::{
-    apply_frequency_presence_penalty, apply_repetition_penalty, DistinctMarker, TokenCounts,
-};
 pub use overrides::SamplingOverrides;
+pub use penalties::{apply_frequency_presence_penalty, apply_repetition_penalty, DistinctMarker, TokenCounts};
 pub use sampler::Sampler;
 
 use serde::{Deserialize, Serialize};
@@ -99,13 +97,7 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Pure greedy decoding: temperature 0, every filter and penalty neutral.
     pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            ..Self::default()
-        }
+        Self { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Self::default() }
     }
 
     /// `true` when `sample` takes the argmax path (no RNG draw).
@@ -117,9 +109,7 @@ impl SamplingParams {
     pub fn validate(&self) -> Result<(), String> {
         let t = self.temperature;
         if !t.is_finite() || t < 0.0 {
-            return Err(format!(
-                "temperature must be a finite number >= 0 (0 = greedy), got {t}"
-            ));
+            return Err(format!("temperature must be a finite number >= 0 (0 = greedy), got {t}"));
         }
         let p = self.top_p;
         if !(p > 0.0 && p <= 1.0) {
@@ -131,27 +121,16 @@ impl SamplingParams {
         }
         let r = self.repetition_penalty;
         if !(r.is_finite() && r > 0.0) {
-            return Err(format!(
-                "repetition_penalty must be a finite number > 0 (1 = disabled), got {r}"
-            ));
+            return Err(format!("repetition_penalty must be a finite number > 0 (1 = disabled), got {r}"));
         }
         if !self.frequency_penalty.is_finite() {
-            return Err(format!(
-                "frequency_penalty must be finite, got {}",
-                self.frequency_penalty
-            ));
+            return Err(format!("frequency_penalty must be finite, got {}", self.frequency_penalty));
         }
         if !self.presence_penalty.is_finite() {
-            return Err(format!(
-                "presence_penalty must be finite, got {}",
-                self.presence_penalty
-            ));
+            return Err(format!("presence_penalty must be finite, got {}", self.presence_penalty));
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
-            return Err(format!(
-                "top_logprobs must be in 0..={MAX_TOP_LOGPROBS}, got {}",
-                self.top_logprobs
-            ));
+            return Err(format!("top_logprobs must be in 0..={MAX_TOP_LOGPROBS}, got {}", self.top_logprobs));
         }
         Ok(())
     }

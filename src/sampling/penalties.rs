@@ -30,10 +30,7 @@ pub struct TokenCounts {
 
 impl TokenCounts {
     pub fn new(vocab_size: usize) -> Self {
-        Self {
-            counts: vec![0; vocab_size.min(MAX_TRACKED_ID)],
-            touched: Vec::new(),
-        }
+        Self { counts: vec![0; vocab_size.min(MAX_TRACKED_ID)], touched: Vec::new() }
     }
 
     /// Count one occurrence of `token`. Ids beyond the initial vocab grow the
@@ -115,12 +112,7 @@ impl DistinctMarker {
 
 /// HF repetition penalty, in place, once per distinct id of `context` that is
 /// `< logits.len()`. No-op when `penalty == 1`.
-pub fn apply_repetition_penalty(
-    logits: &mut [f32],
-    context: &[u32],
-    penalty: f32,
-    marker: &mut DistinctMarker,
-) {
+pub fn apply_repetition_penalty(logits: &mut [f32], context: &[u32], penalty: f32, marker: &mut DistinctMarker) {
     if penalty == 1.0 || context.is_empty() {
         return;
     }
@@ -136,12 +128,7 @@ pub fn apply_repetition_penalty(
 }
 
 /// OpenAI frequency + presence penalties from generated-token `counts`, in place.
-pub fn apply_frequency_presence_penalty(
-    logits: &mut [f32],
-    counts: &TokenCounts,
-    frequency_penalty: f32,
-    presence_penalty: f32,
-) {
+pub fn apply_frequency_presence_penalty(logits: &mut [f32], counts: &TokenCounts, frequency_penalty: f32, presence_penalty: f32) {
     if frequency_penalty == 0.0 && presence_penalty == 0.0 {
         return;
     }

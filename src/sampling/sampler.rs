@@ -45,12 +45,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::math::{
-    argmax, bucket, clean, cmp_desc, collect_top_k, fast_exp, inv_temperature, log_softmax_norm, max_of,
-    min_finite_of, top_n, weights_into, BLOCK, EXP_MIN_ARG, TOP_P_BINS,
+    argmax, bucket, clean, cmp_desc, collect_top_k, fast_exp, inv_temperature, log_softmax_norm, max_of, min_finite_of, top_n,
+    weights_into, BLOCK, EXP_MIN_ARG, TOP_P_BINS,
 };
-use super::penalties::{
-    apply_frequency_presence_penalty, apply_repetition_penalty, DistinctMarker, TokenCounts,
-};
+use super::penalties::{apply_frequency_presence_penalty, apply_repetition_penalty, DistinctMarker, TokenCounts};
 use super::{Sampled, SamplingParams};
 
 /// Per-sequence sampler. One per sequence; not shared between threads.
@@ -179,11 +177,7 @@ fn select_full(work: &[f32], p: &SamplingParams, inv_t: f32, s: &mut Scratch) ->
 fn top_p_border(work: &[f32], lmax: f32, inv_t: f32, target: f64, s: &mut Scratch) -> (u16, f64) {
     let lmin = min_finite_of(work);
     let dmax = ((lmax - lmin) * inv_t).min(-EXP_MIN_ARG);
-    let per_logit = if dmax > 0.0 {
-        ((TOP_P_BINS as f32 / dmax) * inv_t).min(f32::MAX)
-    } else {
-        0.0
-    };
+    let per_logit = if dmax > 0.0 { ((TOP_P_BINS as f32 / dmax) * inv_t).min(f32::MAX) } else { 0.0 };
     s.bins.resize(work.len(), 0);
     for (b, &l) in s.bins.iter_mut().zip(work) {
         *b = bucket((lmax - l) * per_logit);
@@ -356,8 +350,7 @@ impl Sampler {
     fn penalties_active(&self, context: &[u32]) -> bool {
         let p = &self.params;
         (p.repetition_penalty != 1.0 && !context.is_empty())
-            || ((p.frequency_penalty != 0.0 || p.presence_penalty != 0.0)
-                && !self.counts.is_empty())
+            || ((p.frequency_penalty != 0.0 || p.presence_penalty != 0.0) && !self.counts.is_empty())
     }
 
     /// Fill `penalised` with cleaned, penalised logits.
@@ -365,18 +358,8 @@ impl Sampler {
         self.penalised.clear();
         self.penalised.extend(logits.iter().map(|&x| clean(x)));
         let p = &self.params;
-        apply_repetition_penalty(
-            &mut self.penalised,
-            context,
-            p.repetition_penalty,
-            &mut self.marker,
-        );
-        apply_frequency_presence_penalty(
-            &mut self.penalised,
-            &self.counts,
-            p.frequency_penalty,
-            p.presence_penalty,
-        );
+        apply_repetition_penalty(&mut self.penalised, context, p.repetition_penalty, &mut self.marker);
+        apply_frequency_presence_penalty(&mut self.penalised, &self.counts, p.frequency_penalty, p.presence_penalty);
     }
 
     /// Sample one token from `logits`. `context` = tokens the repetition
@@ -402,13 +385,7 @@ impl Sampler {
         }
 
         let token = {
-            let Sampler {
-                params,
-                rng,
-                penalised,
-                scratch,
-                ..
-            } = self;
+            let Sampler { params, rng, penalised, scratch, .. } = self;
             let work: &[f32] = if copy { penalised } else { logits };
             if params.temperature == 0.0 {
                 let (i, v) = argmax(work);
@@ -439,11 +416,7 @@ impl Sampler {
             }
         }
 
-        Sampled {
-            token,
-            logprob,
-            top_logprobs,
-        }
+        Sampled { token, logprob, top_logprobs }
     }
 }
 

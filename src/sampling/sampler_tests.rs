@@ -366,12 +366,7 @@ fn nan_and_inf_handling() {
 
 /// Reference filter: full sort, then top-k, top-p, min-p literally.
 fn reference_filter(l: &[f32], t: f32, k: usize, top_p: f32, min_p: f32) -> Vec<u32> {
-    let mut c: Vec<(u32, f32)> = l
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| (i as u32, x))
-        .filter(|c| c.1 > f32::NEG_INFINITY)
-        .collect();
+    let mut c: Vec<(u32, f32)> = l.iter().enumerate().map(|(i, &x)| (i as u32, x)).filter(|c| c.1 > f32::NEG_INFINITY).collect();
     c.sort_by(cmp_desc);
     if k > 0 {
         c.truncate(k);

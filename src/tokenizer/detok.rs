@@ -45,22 +45,14 @@ impl IncrementalDecoder {
 
     /// A decoder that keeps (`false`) or drops (`true`) special tokens' text.
     pub fn with_skip_special_tokens(skip_special_tokens: bool) -> Self {
-        Self {
-            ids: Vec::new(),
-            prefix_offset: 0,
-            read_offset: 0,
-            skip_special_tokens,
-        }
+        Self { ids: Vec::new(), prefix_offset: 0, read_offset: 0, skip_special_tokens }
     }
 
     /// Feed the next generated token; returns the newly completed text (possibly ""). Never
     /// returns a partial UTF-8 character: text is withheld while its tail decodes to U+FFFD.
     pub fn push(&mut self, tok: &Tokenizer, token: u32) -> Result<String, String> {
         self.ids.push(token);
-        let prefix_text = tok.decode(
-            &self.ids[self.prefix_offset..self.read_offset],
-            self.skip_special_tokens,
-        )?;
+        let prefix_text = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special_tokens)?;
         let new_text = tok.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
         let pending = self.ids.len() - self.read_offset;
         let complete = !new_text.ends_with('\u{FFFD}');
@@ -79,10 +71,7 @@ impl IncrementalDecoder {
     /// becomes U+FFFD). Resets the decoder.
     pub fn flush(&mut self, tok: &Tokenizer) -> Result<String, String> {
         let out = if self.read_offset < self.ids.len() {
-            let prefix_text = tok.decode(
-                &self.ids[self.prefix_offset..self.read_offset],
-                self.skip_special_tokens,
-            )?;
+            let prefix_text = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special_tokens)?;
             let new_text = tok.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
             text_delta(&prefix_text, &new_text)
         } else {
@@ -143,9 +132,7 @@ mod tests {
     fn incremental_decoder_synthetic() {
         let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
         // Every non-ASCII char here is several single-byte tokens.
-        let ids = tok
-            .encode("the café naïve 日本 🎉 end<|im_end|>", false)
-            .unwrap();
+        let ids = tok.encode("the café naïve 日本 🎉 end<|im_end|>", false).unwrap();
         let chunks = check_incremental(&tok, &ids, true);
         check_incremental(&tok, &ids, false);
         // The 4-byte emoji arrives as one chunk, withheld until its last byte.
@@ -165,10 +152,7 @@ mod tests {
     #[test]
     fn smollm2_incremental_decoder() {
         let Some(tok) = smollm2() else { return };
-        for text in [
-            "café naïve 日本 🎉",
-            "Ünïcödé façade — “quotes” … ½ ² Ω мир 🎉🎉 done",
-        ] {
+        for text in ["café naïve 日本 🎉", "Ünïcödé façade — “quotes” … ½ ² Ω мир 🎉🎉 done"] {
             let ids = tok.encode(text, false).unwrap();
             let chunks = check_incremental(&tok, &ids, true);
             assert_eq!(chunks.concat(), text);

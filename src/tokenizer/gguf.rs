@@ -31,13 +31,9 @@ use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{
-    AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior,
-};
+use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
 
-use crate::gguf_meta::{
-    get_bool, get_f32_array, get_int_array, get_str, get_str_array, get_token_id, Metadata,
-};
+use crate::gguf_meta::{get_bool, get_f32_array, get_int_array, get_str, get_str_array, get_token_id, Metadata};
 
 /// llama.cpp token types (`tokenizer.ggml.token_type`).
 const TOKEN_TYPE_UNKNOWN: i64 = 2;
@@ -69,18 +65,23 @@ pub struct GgufTokenizer {
 /// matches becomes its own piece anyway, so the result is the same).
 const RE_GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 /// Llama 3 (original tokenizer.json form).
-const RE_LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_LLAMA3: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2 / Qwen3 (original tokenizer.json form): single digits.
-const RE_QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_QWEN2: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen3.5: marks join letters.
-const RE_QWEN35: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_QWEN35: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// GPT-4o / Llama 4 (original tokenizer.json form).
 const RE_GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Mistral Tekken (original tokenizer.json form).
 const RE_TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const RE_SEED_CODER: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_SEED_CODER: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+";
 const RE_BAILINGMOE: &str = r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
-const RE_MINICPM5: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_MINICPM5: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const RE_DEEPSEEK3_MAIN: &str = r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##;
 
 /// How llama.cpp handles one `tokenizer.ggml.pre` value.
@@ -172,65 +173,34 @@ pub const SUPPORTED_PRE: &[&str] = &[
 
 /// Maps a `tokenizer.ggml.pre` value (empty = missing) to llama.cpp's regex list and flags.
 pub fn pre_tokenizer_spec(pre: &str) -> Result<PreTokenizerSpec, String> {
-    let spec = |regexes: Vec<&'static str>| PreTokenizerSpec {
-        regexes,
-        ignore_merges: false,
-        add_bos: false,
-        no_bos: false,
-    };
+    let spec = |regexes: Vec<&'static str>| PreTokenizerSpec { regexes, ignore_merges: false, add_bos: false, no_bos: false };
     let s = match pre {
         // llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT (also used when the key is missing).
-        "" | "default" => spec(vec![
-            r"[\p{P}\$\+<=>\^~\|]+",
-            RE_GPT2,
-            r"\p{N}+",
-            r"[0-9][0-9][0-9]",
-        ]),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "jina-v5-nano" => PreTokenizerSpec {
-            ignore_merges: true,
-            add_bos: true,
-            ..spec(vec![RE_LLAMA3])
-        },
+        "" | "default" => spec(vec![r"[\p{P}\$\+<=>\^~\|]+", RE_GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "jina-v5-nano" => {
+            PreTokenizerSpec { ignore_merges: true, add_bos: true, ..spec(vec![RE_LLAMA3]) }
+        }
         "dbrx" | "smaug-bpe" => spec(vec![RE_LLAMA3]),
-        "chatglm-bpe" | "glm4" => PreTokenizerSpec {
-            no_bos: true,
-            ..spec(vec![RE_LLAMA3])
-        },
-        "deepseek-coder" => spec(vec![
-            "[\r\n]",
-            r"\s?\p{L}+",
-            r"\s?\p{P}+",
-            "[一-龥ࠀ-一가-퟿]+",
-            r"\p{N}",
-        ]),
-        "deepseek-v3" | "hunyuan-dense" | "joyai-llm" => {
-            spec(vec![r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", RE_DEEPSEEK3_MAIN])
-        }
+        "chatglm-bpe" | "glm4" => PreTokenizerSpec { no_bos: true, ..spec(vec![RE_LLAMA3]) },
+        "deepseek-coder" => spec(vec!["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}"]),
+        "deepseek-v3" | "hunyuan-dense" | "joyai-llm" => spec(vec![r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", RE_DEEPSEEK3_MAIN]),
         "falcon" => spec(vec![r"[\p{P}\$\+<=>\^~\|`]+", RE_GPT2, r"[0-9][0-9][0-9]"]),
-        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b"
-        | "mellum2" => spec(vec![r"\p{N}", RE_GPT2]),
-        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
-        | "a.x-4.0" | "mellum" | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe"
-        | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" | "exaone4" => {
-            spec(vec![RE_GPT2])
+        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
+            spec(vec![r"\p{N}", RE_GPT2])
         }
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "stablelm2" | "megrez" | "hunyuan"
-        | "solar-open" | "grok-2" => spec(vec![RE_QWEN2]),
+        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum"
+        | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo" | "jais" | "trillion"
+        | "granite-docling" | "exaone4" => spec(vec![RE_GPT2]),
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "stablelm2" | "megrez" | "hunyuan" | "solar-open" | "grok-2" => {
+            spec(vec![RE_QWEN2])
+        }
         "qwen35" => spec(vec![RE_QWEN35]),
         "poro-chat" | "bloom" | "gpt3-finnish" => spec(vec![r" ?[^(\s|.,!?…。，、।۔،)]+"]),
-        "tekken" => PreTokenizerSpec {
-            ignore_merges: true,
-            add_bos: true,
-            ..spec(vec![RE_TEKKEN])
-        },
+        "tekken" => PreTokenizerSpec { ignore_merges: true, add_bos: true, ..spec(vec![RE_TEKKEN]) },
         "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => spec(vec![RE_GPT4O]),
         "seed-coder" => spec(vec![RE_SEED_CODER]),
         "bailingmoe" | "bailingmoe2" | "llada-moe" => spec(vec![RE_BAILINGMOE]),
-        "minicpm5" => PreTokenizerSpec {
-            ignore_merges: true,
-            ..spec(vec![r"\p{N}{1,3}", RE_MINICPM5])
-        },
+        "minicpm5" => PreTokenizerSpec { ignore_merges: true, ..spec(vec![r"\p{N}{1,3}", RE_MINICPM5]) },
         other => {
             return Err(format!(
                 "unsupported GGUF pre-tokenizer 'tokenizer.ggml.pre' = '{other}' (supported: {})",
@@ -249,8 +219,7 @@ pub fn pre_tokenizer_spec(pre: &str) -> Result<PreTokenizerSpec, String> {
 pub fn load(md: &Metadata) -> Result<GgufTokenizer, String> {
     let model = get_str(md, "tokenizer.ggml.model")?
         .ok_or("GGUF metadata has no 'tokenizer.ggml.model' (the file carries no tokenizer)")?;
-    let tokens = get_str_array(md, "tokenizer.ggml.tokens")?
-        .ok_or("GGUF metadata has no 'tokenizer.ggml.tokens'")?;
+    let tokens = get_str_array(md, "tokenizer.ggml.tokens")?.ok_or("GGUF metadata has no 'tokenizer.ggml.tokens'")?;
     if tokens.is_empty() {
         return Err("GGUF metadata 'tokenizer.ggml.tokens' is empty".into());
     }
@@ -289,10 +258,8 @@ pub fn load(md: &Metadata) -> Result<GgufTokenizer, String> {
 
     add_vocab_tokens(&mut tokenizer, &tokens, &types, bos_id, &eos_ids)?;
 
-    let add_bos = get_bool(md, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos)
-        && bos_id.is_some();
-    let add_eos =
-        get_bool(md, "tokenizer.ggml.add_eos_token")?.unwrap_or(false) && eos_id.is_some();
+    let add_bos = get_bool(md, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos) && bos_id.is_some();
+    let add_eos = get_bool(md, "tokenizer.ggml.add_eos_token")?.unwrap_or(false) && eos_id.is_some();
     let chat_template = get_str(md, "tokenizer.chat_template")?.map(str::to_owned);
 
     Ok(GgufTokenizer {
@@ -311,11 +278,7 @@ pub fn load(md: &Metadata) -> Result<GgufTokenizer, String> {
 /// `eos_token_id`, then `eot_token_id` / `eom_token_id` when present, without repeats.
 fn end_of_generation_ids(md: &Metadata, n: usize) -> Result<Vec<u32>, String> {
     let mut eos_ids = Vec::new();
-    for key in [
-        "tokenizer.ggml.eos_token_id",
-        "tokenizer.ggml.eot_token_id",
-        "tokenizer.ggml.eom_token_id",
-    ] {
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
         if let Some(id) = get_token_id(md, key, n)? {
             if !eos_ids.contains(&id) {
                 eos_ids.push(id);
@@ -342,9 +305,7 @@ fn add_vocab_tokens(
             continue;
         }
         match ty {
-            TOKEN_TYPE_CONTROL | TOKEN_TYPE_UNKNOWN => {
-                special.push(AddedToken::from(tok, true).normalized(false))
-            }
+            TOKEN_TYPE_CONTROL | TOKEN_TYPE_UNKNOWN => special.push(AddedToken::from(tok, true).normalized(false)),
             TOKEN_TYPE_USER_DEFINED => user.push(AddedToken::from(tok, false).normalized(false)),
             _ => {}
         }
@@ -356,12 +317,8 @@ fn add_vocab_tokens(
             special.push(AddedToken::from(tok, true).normalized(false));
         }
     }
-    tokenizer
-        .add_special_tokens(special)
-        .map_err(|e| format!("GGUF tokenizer: adding control tokens failed: {e}"))?;
-    tokenizer
-        .add_tokens(user)
-        .map_err(|e| format!("GGUF tokenizer: adding user-defined tokens failed: {e}"))?;
+    tokenizer.add_special_tokens(special).map_err(|e| format!("GGUF tokenizer: adding control tokens failed: {e}"))?;
+    tokenizer.add_tokens(user).map_err(|e| format!("GGUF tokenizer: adding user-defined tokens failed: {e}"))?;
     Ok(())
 }
 
@@ -375,25 +332,14 @@ fn vocab_map(tokens: &[&str]) -> Vocab {
     vocab
 }
 
-fn build_byte_level_bpe(
-    md: &Metadata,
-    tokens: &[&str],
-    spec: &PreTokenizerSpec,
-) -> Result<tokenizers::Tokenizer, String> {
-    let merges_raw = get_str_array(md, "tokenizer.ggml.merges")?.ok_or(
-        "GGUF metadata has no 'tokenizer.ggml.merges' (required for tokenizer model 'gpt2')",
-    )?;
+fn build_byte_level_bpe(md: &Metadata, tokens: &[&str], spec: &PreTokenizerSpec) -> Result<tokenizers::Tokenizer, String> {
+    let merges_raw = get_str_array(md, "tokenizer.ggml.merges")?
+        .ok_or("GGUF metadata has no 'tokenizer.ggml.merges' (required for tokenizer model 'gpt2')")?;
     let vocab = vocab_map(tokens);
     let mut merges: Merges = Vec::with_capacity(merges_raw.len());
     for m in merges_raw {
         // llama.cpp: split at the first space after the first byte.
-        let Some(pos) = m
-            .as_bytes()
-            .iter()
-            .skip(1)
-            .position(|&b| b == b' ')
-            .map(|p| p + 1)
-        else {
+        let Some(pos) = m.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
             continue;
         };
         let (a, b) = (&m[..pos], &m[pos + 1..]);
@@ -402,33 +348,21 @@ fn build_byte_level_bpe(
             merges.push((a.to_owned(), b.to_owned()));
         }
     }
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .ignore_merges(spec.ignore_merges)
-        .build()
-        .map_err(|e| format!("GGUF tokenizer: building the BPE model from 'tokenizer.ggml.tokens'/'tokenizer.ggml.merges' failed: {e}"))?;
+    let bpe = BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(spec.ignore_merges).build().map_err(|e| {
+        format!("GGUF tokenizer: building the BPE model from 'tokenizer.ggml.tokens'/'tokenizer.ggml.merges' failed: {e}")
+    })?;
 
     let mut pre: Vec<PreTokenizerWrapper> = Vec::with_capacity(spec.regexes.len() + 1);
     for re in &spec.regexes {
-        let split = Split::new(
-            SplitPattern::Regex((*re).to_owned()),
-            SplitDelimiterBehavior::Isolated,
-            false,
-        )
-        .map_err(|e| format!("GGUF tokenizer: compiling pre-tokenizer regex {re:?} failed: {e}"))?;
+        let split = Split::new(SplitPattern::Regex((*re).to_owned()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| format!("GGUF tokenizer: compiling pre-tokenizer regex {re:?} failed: {e}"))?;
         pre.push(PreTokenizerWrapper::Split(split));
     }
-    pre.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
-        false, true, false,
-    )));
+    pre.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)));
 
     let mut tk = tokenizers::Tokenizer::new(bpe);
-    tk.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(
-        PreTokenizerSequence::new(pre),
-    )));
-    tk.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(
-        false, true, false,
-    ))));
+    tk.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(PreTokenizerSequence::new(pre))));
+    tk.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(false, true, false))));
     Ok(tk)
 }
 
@@ -449,11 +383,7 @@ fn spm_merges(tokens: &[&str], types: &[i64], scores: &[f32], vocab: &Vocab) -> 
     }
     // Highest score first; for one piece, order by (left id, right id) like HF; stable otherwise.
     cands.sort_by(|a, b| {
-        b.0.partial_cmp(&a.0)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(a.1.cmp(&b.1))
-            .then(a.2.cmp(&b.2))
-            .then(a.3.cmp(&b.3))
+        b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3))
     });
     cands
         .iter()
@@ -467,11 +397,7 @@ fn spm_merges(tokens: &[&str], types: &[i64], scores: &[f32], vocab: &Vocab) -> 
 /// SentencePiece (BPE-type) vocabulary: merges are derived from the scores the way HF's
 /// `SentencePieceExtractor` does (every split of a piece into two in-vocabulary pieces is a merge,
 /// ranked by the merged piece's score, highest first).
-fn build_spm(
-    md: &Metadata,
-    tokens: &[&str],
-    types: &[i64],
-) -> Result<tokenizers::Tokenizer, String> {
+fn build_spm(md: &Metadata, tokens: &[&str], types: &[i64]) -> Result<tokenizers::Tokenizer, String> {
     let n = tokens.len();
     let scores = match get_f32_array(md, "tokenizer.ggml.scores")? {
         Some(s) if s.len() != n => {
@@ -489,10 +415,7 @@ fn build_spm(
     let unk = get_token_id(md, "tokenizer.ggml.unknown_token_id", n)?
         .or_else(|| vocab.get("<unk>").copied())
         .map(|id| tokens[id as usize].to_owned());
-    let mut builder = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .byte_fallback(true)
-        .fuse_unk(true);
+    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true).fuse_unk(true);
     if let Some(unk) = unk {
         builder = builder.unk_token(unk);
     }
@@ -517,10 +440,8 @@ fn build_spm(
     }
 
     let mut tk = tokenizers::Tokenizer::new(bpe);
-    tk.with_normalizer(Some(NormalizerWrapper::Sequence(NormalizerSequence::new(
-        norms,
-    ))))
-    .map_err(|e| format!("GGUF tokenizer: {e}"))?;
+    tk.with_normalizer(Some(NormalizerWrapper::Sequence(NormalizerSequence::new(norms))))
+        .map_err(|e| format!("GGUF tokenizer: {e}"))?;
     tk.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(decs))));
     Ok(tk)
 }
@@ -545,32 +466,14 @@ mod tests {
         assert_eq!(tok.eos_token_ids(), vec![eos]);
         // BPE merges + GPT-2 split + special tokens in text + BOS only with add_special_tokens.
         let ids = tok.encode("a the<|im_end|><think>", true).unwrap();
-        assert_eq!(
-            ids,
-            vec![
-                bos,
-                tok.token_id("a").unwrap(),
-                the,
-                eos,
-                tok.token_id("<think>").unwrap()
-            ]
-        );
-        assert_eq!(
-            tok.encode("a the", false).unwrap(),
-            vec![tok.token_id("a").unwrap(), the]
-        );
-        assert_eq!(
-            tok.decode(&ids, false).unwrap(),
-            "<|im_start|>a the<|im_end|><think>"
-        );
+        assert_eq!(ids, vec![bos, tok.token_id("a").unwrap(), the, eos, tok.token_id("<think>").unwrap()]);
+        assert_eq!(tok.encode("a the", false).unwrap(), vec![tok.token_id("a").unwrap(), the]);
+        assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>a the<|im_end|><think>");
         // Control tokens are skipped, user-defined ones kept.
         assert_eq!(tok.decode(&ids, true).unwrap(), "a the<think>");
         // No spaces inserted between byte-level tokens, multi-byte chars survive.
         let s = "x  y\n\tz café 日本 🎉";
-        assert_eq!(
-            tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(),
-            s
-        );
+        assert_eq!(tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(), s);
         // "12" merges with gpt-2 but is split into digits with smollm's \p{N} pre-split.
         assert_eq!(tok.encode("12", false).unwrap().len(), 1);
         let smol = Tokenizer::from_gguf(&synthetic_gguf("smollm")).unwrap();
@@ -593,10 +496,8 @@ mod tests {
             tokens.push(format!("<0x{b:02X}>"));
             types.push(6);
         }
-        for p in [
-            "▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "llo", "▁hello", "or", "▁w",
-            "ld", "▁wor", "▁world",
-        ] {
+        for p in ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "llo", "▁hello", "or", "▁w", "ld", "▁wor", "▁world"]
+        {
             tokens.push(p.into());
             types.push(1);
         }
@@ -612,28 +513,16 @@ mod tests {
     #[test]
     fn synthetic_gguf_sentencepiece() {
         let tok = Tokenizer::from_gguf(&synthetic_spm_gguf()).unwrap();
-        assert!(
-            tok.adds_bos(),
-            "SentencePiece GGUFs add BOS by default (llama.cpp)"
-        );
+        assert!(tok.adds_bos(), "SentencePiece GGUFs add BOS by default (llama.cpp)");
         let hello = tok.token_id("▁hello").unwrap();
         let world = tok.token_id("▁world").unwrap();
-        assert_eq!(
-            tok.encode("hello world", true).unwrap(),
-            vec![1, hello, world]
-        );
-        assert_eq!(
-            tok.encode("hello world", false).unwrap(),
-            vec![hello, world]
-        );
+        assert_eq!(tok.encode("hello world", true).unwrap(), vec![1, hello, world]);
+        assert_eq!(tok.encode("hello world", false).unwrap(), vec![hello, world]);
         // Unknown characters fall back to byte tokens; "<s>" in text is the BOS token.
         let ids = tok.encode("hello 日</s>", false).unwrap();
         let byte = |b: u8| tok.token_id(&format!("<0x{b:02X}>")).unwrap();
         let space = tok.token_id("▁").unwrap();
-        assert_eq!(
-            ids,
-            vec![hello, space, byte(0xE6), byte(0x97), byte(0xA5), 2]
-        );
+        assert_eq!(ids, vec![hello, space, byte(0xE6), byte(0x97), byte(0xA5), 2]);
         assert_eq!(tok.decode(&ids, true).unwrap(), "hello 日");
         assert_eq!(tok.decode(&[1, hello, world], true).unwrap(), "hello world");
         let ids = tok.encode("hello 日本 world", false).unwrap();
@@ -643,14 +532,9 @@ mod tests {
     #[test]
     fn every_supported_pre_tokenizer_compiles() {
         for pre in gguf::SUPPORTED_PRE {
-            let tok =
-                Tokenizer::from_gguf(&synthetic_gguf(pre)).unwrap_or_else(|e| panic!("{pre}: {e}"));
+            let tok = Tokenizer::from_gguf(&synthetic_gguf(pre)).unwrap_or_else(|e| panic!("{pre}: {e}"));
             let s = "Hello, world! It's 12345 3.14\n\n  x 日本🎉";
-            assert_eq!(
-                tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(),
-                s,
-                "pre {pre}"
-            );
+            assert_eq!(tok.decode(&tok.encode(s, false).unwrap(), false).unwrap(), s, "pre {pre}");
         }
         let err = Tokenizer::from_gguf(&synthetic_gguf("no-such-pre")).unwrap_err();
         assert!(err.contains("tokenizer.ggml.pre"), "{err}");
@@ -659,22 +543,12 @@ mod tests {
     #[test]
     fn gguf_errors_name_the_field() {
         let mut md = synthetic_gguf("gpt-2");
-        md.insert(
-            "tokenizer.ggml.model".into(),
-            gguf_file::Value::String("bert".into()),
-        );
+        md.insert("tokenizer.ggml.model".into(), gguf_file::Value::String("bert".into()));
         let err = Tokenizer::from_gguf(&md).unwrap_err();
-        assert!(
-            err.contains("tokenizer.ggml.model") && err.contains("bert"),
-            "{err}"
-        );
+        assert!(err.contains("tokenizer.ggml.model") && err.contains("bert"), "{err}");
         let mut md = synthetic_gguf("gpt-2");
         md.remove("tokenizer.ggml.merges");
-        assert!(Tokenizer::from_gguf(&md)
-            .unwrap_err()
-            .contains("tokenizer.ggml.merges"));
-        assert!(Tokenizer::from_gguf(&HashMap::new())
-            .unwrap_err()
-            .contains("tokenizer.ggml.model"));
+        assert!(Tokenizer::from_gguf(&md).unwrap_err().contains("tokenizer.ggml.merges"));
+        assert!(Tokenizer::from_gguf(&HashMap::new()).unwrap_err().contains("tokenizer.ggml.model"));
     }
 }

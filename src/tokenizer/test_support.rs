@@ -13,16 +13,12 @@ use super::{IncrementalDecoder, Tokenizer};
 fn smollm2_path() -> Option<PathBuf> {
     let p = match std::env::var_os("EXPERT_RUNTIME_SMOLLM2") {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME")?)
-            .join(".cache/expert-runtime/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/expert-runtime/SmolLM2-135M-Instruct.Q4_1.gguf"),
     };
     if p.is_file() {
         Some(p)
     } else {
-        eprintln!(
-            "SKIP: SmolLM2 GGUF not found at {} (set EXPERT_RUNTIME_SMOLLM2 or run the asset fetch)",
-            p.display()
-        );
+        eprintln!("SKIP: SmolLM2 GGUF not found at {} (set EXPERT_RUNTIME_SMOLLM2 or run the asset fetch)", p.display());
         None
     }
 }
@@ -55,10 +51,7 @@ pub(super) fn check_incremental(tok: &Tokenizer, ids: &[u32], skip_special: bool
 
 /// GPT-2's byte → unicode map (printable bytes stay, others shift to U+0100+).
 fn byte_level_alphabet() -> Vec<String> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -76,22 +69,12 @@ fn byte_level_alphabet() -> Vec<String> {
 }
 
 /// `tokenizer.ggml.model`, `tokenizer.ggml.tokens` and `tokenizer.ggml.token_type`.
-pub(super) fn vocab_metadata(
-    model: &str,
-    tokens: Vec<String>,
-    types: Vec<i32>,
-) -> HashMap<String, gguf_file::Value> {
+pub(super) fn vocab_metadata(model: &str, tokens: Vec<String>, types: Vec<i32>) -> HashMap<String, gguf_file::Value> {
     use gguf_file::Value as V;
     let mut md = HashMap::new();
     md.insert("tokenizer.ggml.model".into(), V::String(model.into()));
-    md.insert(
-        "tokenizer.ggml.tokens".into(),
-        V::Array(tokens.into_iter().map(V::String).collect()),
-    );
-    md.insert(
-        "tokenizer.ggml.token_type".into(),
-        V::Array(types.into_iter().map(V::I32).collect()),
-    );
+    md.insert("tokenizer.ggml.tokens".into(), V::Array(tokens.into_iter().map(V::String).collect()));
+    md.insert("tokenizer.ggml.token_type".into(), V::Array(types.into_iter().map(V::I32).collect()));
     md
 }
 
@@ -113,10 +96,7 @@ pub(super) fn synthetic_gguf(pre: &str) -> HashMap<String, gguf_file::Value> {
     let n = tokens.len();
     let mut md = vocab_metadata("gpt2", tokens, types);
     md.insert("tokenizer.ggml.pre".into(), V::String(pre.into()));
-    md.insert(
-        "tokenizer.ggml.merges".into(),
-        V::Array(merges.iter().map(|m| V::String((*m).into())).collect()),
-    );
+    md.insert("tokenizer.ggml.merges".into(), V::Array(merges.iter().map(|m| V::String((*m).into())).collect()));
     md.insert("tokenizer.ggml.bos_token_id".into(), V::U32(n as u32 - 3));
     md.insert("tokenizer.ggml.eos_token_id".into(), V::U32(n as u32 - 2));
     md.insert("tokenizer.ggml.add_bos_token".into(), V::Bool(true));

@@ -100,21 +100,72 @@ fn pattern_regex(key: &str) -> Result<regex::Regex> {
         .map_err(|e| EngineError::InvalidAdapter(format!("adapter_config.json: pattern '{key}' is not a valid regex: {e}")))
 }
 
+fn peft_type(v: &Value) -> Result<PeftType> {
+    match v.get("peft_type").and_then(Value::as_str) {
+        Some("LORA") => Ok(PeftType::Lora),
+        Some("IA3") => Ok(PeftType::Ia3),
+        Some("LOKR") => Ok(PeftType::Lokr),
+        Some("PROMPT_TUNING") => Ok(PeftType::PromptTuning),
+        Some(other) => Err(EngineError::UnsupportedAdapter(format!(
+            "peft_type {other} (supported: LORA (incl. rsLoRA and DoRA), IA3, LOKR, PROMPT_TUNING)"
+        ))),
+        None => Err(EngineError::InvalidAdapter("adapter_config.json has no peft_type".into())),
+    }
+}
+
+/// Features whose tensors or semantics the runtime does not implement.
+fn refuse_unsupported(v: &Value, peft_type: PeftType) -> Result<()> {
+    let non_empty = |k: &str| v.get(k).is_some_and(|x| !x.is_null() && x != &Value::Array(vec![]) && x != &Value::Bool(false));
+    if non_empty("modules_to_save") {
+        return Err(EngineError::UnsupportedAdapter("modules_to_save (fully trained copies of base modules)".into()));
+    }
+    if peft_type == PeftType::Lora {
+        if v.get("bias").and_then(Value::as_str).is_some_and(|b| b != "none") {
+            return Err(EngineError::UnsupportedAdapter("LoRA with trained biases (bias != \"none\")".into()));
+        }
+        for k in ["lora_bias", "layer_replication", "trainable_token_indices"] {
+            if non_empty(k) {
+                return Err(EngineError::UnsupportedAdapter(format!("LoRA option {k}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `{ pattern: number }` maps (`rank_pattern`, `alpha_pattern`).
+fn patterns(v: &Value, k: &str) -> Result<Vec<(regex::Regex, String, f64)>> {
+    let Some(obj) = v.get(k).and_then(Value::as_object) else { return Ok(Vec::new()) };
+    obj.iter()
+        .map(|(key, val)| {
+            let x = val
+                .as_f64()
+                .ok_or_else(|| EngineError::InvalidAdapter(format!("adapter_config.json: {k}.{key} must be a number")))?;
+            Ok((pattern_regex(key)?, key.clone(), x))
+        })
+        .collect()
+}
+
+fn layers_to_transform(v: &Value) -> Result<Option<Vec<usize>>> {
+    Ok(match v.get("layers_to_transform") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => Some(vec![n.as_u64().unwrap_or(u64::MAX) as usize]),
+        Some(Value::Array(a)) => {
+            Some(a.iter().map(|x| x.as_u64().map(|n| n as usize)).collect::<Option<Vec<_>>>().ok_or_else(|| {
+                EngineError::InvalidAdapter("adapter_config.json: layers_to_transform must list integers".into())
+            })?)
+        }
+        Some(_) => {
+            return Err(EngineError::InvalidAdapter(
+                "adapter_config.json: layers_to_transform must be an integer or a list".into(),
+            ))
+        }
+    })
+}
+
 impl AdapterConfig {
     pub fn parse(text: &str) -> Result<Self> {
         let v: Value = serde_json::from_str(text).map_err(|e| EngineError::invalid_adapter("adapter_config.json", e))?;
-        let peft_type = match v.get("peft_type").and_then(Value::as_str) {
-            Some("LORA") => PeftType::Lora,
-            Some("IA3") => PeftType::Ia3,
-            Some("LOKR") => PeftType::Lokr,
-            Some("PROMPT_TUNING") => PeftType::PromptTuning,
-            Some(other) => {
-                return Err(EngineError::UnsupportedAdapter(format!(
-                    "peft_type {other} (supported: LORA (incl. rsLoRA and DoRA), IA3, LOKR, PROMPT_TUNING)"
-                )))
-            }
-            None => return Err(EngineError::InvalidAdapter("adapter_config.json has no peft_type".into())),
-        };
+        let peft_type = peft_type(&v)?;
         let num = |k: &str| v.get(k).and_then(Value::as_f64);
         let flag = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
         let r_raw = num("r").unwrap_or(8.0);
@@ -122,35 +173,8 @@ impl AdapterConfig {
             return Err(EngineError::InvalidAdapter(format!("adapter_config.json: r must be a positive integer, got {r_raw}")));
         }
         let alpha = num(if peft_type == PeftType::Lokr { "alpha" } else { "lora_alpha" }).unwrap_or(8.0);
-
-        // Features whose tensors or semantics the runtime does not implement.
-        let non_empty =
-            |k: &str| v.get(k).is_some_and(|x| !x.is_null() && x != &Value::Array(vec![]) && x != &Value::Bool(false));
-        if non_empty("modules_to_save") {
-            return Err(EngineError::UnsupportedAdapter("modules_to_save (fully trained copies of base modules)".into()));
-        }
-        if peft_type == PeftType::Lora {
-            if v.get("bias").and_then(Value::as_str).is_some_and(|b| b != "none") {
-                return Err(EngineError::UnsupportedAdapter("LoRA with trained biases (bias != \"none\")".into()));
-            }
-            for k in ["lora_bias", "layer_replication", "trainable_token_indices"] {
-                if non_empty(k) {
-                    return Err(EngineError::UnsupportedAdapter(format!("LoRA option {k}")));
-                }
-            }
-        }
-        let patterns = |k: &str| -> Result<Vec<(regex::Regex, String, f64)>> {
-            let Some(obj) = v.get(k).and_then(Value::as_object) else { return Ok(Vec::new()) };
-            obj.iter()
-                .map(|(key, val)| {
-                    let x = val
-                        .as_f64()
-                        .ok_or_else(|| EngineError::InvalidAdapter(format!("adapter_config.json: {k}.{key} must be a number")))?;
-                    Ok((pattern_regex(key)?, key.clone(), x))
-                })
-                .collect()
-        };
-        let rank_pattern = patterns("rank_pattern")?
+        refuse_unsupported(&v, peft_type)?;
+        let rank_pattern = patterns(&v, "rank_pattern")?
             .into_iter()
             .map(|(re, k, x)| {
                 if x < 1.0 || x.fract() != 0.0 {
@@ -161,20 +185,7 @@ impl AdapterConfig {
                 Ok((re, k, x as usize))
             })
             .collect::<Result<_>>()?;
-        let layers_to_transform = match v.get("layers_to_transform") {
-            None | Some(Value::Null) => None,
-            Some(Value::Number(n)) => Some(vec![n.as_u64().unwrap_or(u64::MAX) as usize]),
-            Some(Value::Array(a)) => {
-                Some(a.iter().map(|x| x.as_u64().map(|n| n as usize)).collect::<Option<Vec<_>>>().ok_or_else(|| {
-                    EngineError::InvalidAdapter("adapter_config.json: layers_to_transform must list integers".into())
-                })?)
-            }
-            Some(_) => {
-                return Err(EngineError::InvalidAdapter(
-                    "adapter_config.json: layers_to_transform must be an integer or a list".into(),
-                ))
-            }
-        };
+        let modules = |k: &str| Modules::parse(v.get(k).unwrap_or(&Value::Null), k);
         Ok(Self {
             peft_type,
             r: r_raw as usize,
@@ -182,11 +193,11 @@ impl AdapterConfig {
             use_rslora: flag("use_rslora"),
             use_dora: flag("use_dora"),
             rank_pattern,
-            alpha_pattern: patterns("alpha_pattern")?,
-            target_modules: Modules::parse(v.get("target_modules").unwrap_or(&Value::Null), "target_modules")?,
-            exclude_modules: Modules::parse(v.get("exclude_modules").unwrap_or(&Value::Null), "exclude_modules")?,
-            layers_to_transform,
-            feedforward_modules: Modules::parse(v.get("feedforward_modules").unwrap_or(&Value::Null), "feedforward_modules")?,
+            alpha_pattern: patterns(&v, "alpha_pattern")?,
+            target_modules: modules("target_modules")?,
+            exclude_modules: modules("exclude_modules")?,
+            layers_to_transform: layers_to_transform(&v)?,
+            feedforward_modules: modules("feedforward_modules")?,
             num_virtual_tokens: num("num_virtual_tokens").unwrap_or(0.0) as usize,
             num_transformer_submodules: num("num_transformer_submodules").unwrap_or(1.0) as usize,
             base_model_class: v.pointer("/auto_mapping/base_model_class").and_then(Value::as_str).map(String::from),

@@ -1,5 +1,6 @@
 import { bindingFor, type Variant } from './binding'
 import type * as N from '../native'
+import { isPositiveU32, isU32, optionsObject } from './checks'
 import { disposedError, invalidArgument, toError } from './errors'
 import { Expert } from './expert'
 import { Session, checkNames } from './session'
@@ -18,20 +19,20 @@ export class Runtime {
   }
 
   /** Loads an HF model directory (config.json + safetensors + tokenizer) or a GGUF file. */
-  static async load(path: string, options: LoadOptions = {}): Promise<Runtime> {
+  static async load(path: string, options?: LoadOptions): Promise<Runtime> {
     if (typeof path !== 'string' || path.length === 0) throw invalidArgument('path must be a non-empty string')
-    const { onProgress, ...rest } = options
+    const { onProgress, ...rest } = optionsObject(options)
     for (const k of ['contextLength', 'threads'] as const) {
       const v = rest[k]
-      if (v !== undefined && !(Number.isInteger(v) && v > 0)) throw invalidArgument(`${k} must be a positive integer`)
+      if (v !== undefined && !isPositiveU32(v)) throw invalidArgument(`${k} must be a positive integer below 2^32`)
     }
     if (onProgress !== undefined && typeof onProgress !== 'function') throw invalidArgument('onProgress must be a function')
     const kv = rest.kvCache
     if (kv !== undefined) {
       if (kv === null || typeof kv !== 'object') throw invalidArgument('kvCache must be an object')
-      for (const k of ['blockSize', 'maxTokens'] as const) {
-        const v = kv[k]
-        if (v !== undefined && !(Number.isSafeInteger(v) && v > 0)) throw invalidArgument(`kvCache.${k} must be a positive integer`)
+      if (kv.blockSize !== undefined && !isPositiveU32(kv.blockSize)) throw invalidArgument('kvCache.blockSize must be a positive integer')
+      if (kv.maxTokens !== undefined && !(Number.isSafeInteger(kv.maxTokens) && kv.maxTokens > 0)) {
+        throw invalidArgument('kvCache.maxTokens must be a positive integer')
       }
       if (kv.prefixCache !== undefined && typeof kv.prefixCache !== 'boolean') throw invalidArgument('kvCache.prefixCache must be a boolean')
     }
@@ -41,8 +42,22 @@ export class Runtime {
       throw invalidArgument(`unknown device '${String(device)}' (auto, cpu, cuda, cuda:N)`)
     }
     const { binding, variant } = bindingFor(device)
+    // A throwing onProgress must not reach the native callback (an exception there would end
+    // the process): the first one is kept and the load rejects with it once the engine is freed.
+    let progressError: { error: unknown } | undefined
+    const progress = onProgress
+      ? (p: N.LoadProgress) => {
+          if (progressError) return
+          try {
+            onProgress({ loadedBytes: p.loadedBytes, totalBytes: p.totalBytes })
+          } catch (error) {
+            progressError = { error }
+          }
+        }
+      : undefined
+    let n: N.NativeRuntime
     try {
-      const n = await binding.loadRuntime(
+      n = await binding.loadRuntime(
         path,
         {
           device,
@@ -51,12 +66,16 @@ export class Runtime {
           threads: rest.threads,
           kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, prefixCache: kv.prefixCache } : undefined,
         },
-        onProgress ? (p: N.LoadProgress) => onProgress({ loadedBytes: p.loadedBytes, totalBytes: p.totalBytes }) : undefined,
+        progress,
       )
-      return new Runtime(n, variant)
     } catch (e) {
       throw toError(e)
     }
+    if (progressError) {
+      await n.dispose()
+      throw progressError.error
+    }
+    return new Runtime(n, variant)
   }
 
   get info(): RuntimeInfo {
@@ -67,11 +86,13 @@ export class Runtime {
     if (this.#disposed) throw disposedError('runtime')
   }
 
-  tokenize(text: string, options: { addSpecialTokens?: boolean } = {}): number[] {
+  tokenize(text: string, options?: { addSpecialTokens?: boolean }): number[] {
     this.#check()
     if (typeof text !== 'string') throw invalidArgument('text must be a string')
+    const { addSpecialTokens } = optionsObject(options)
+    if (addSpecialTokens !== undefined && typeof addSpecialTokens !== 'boolean') throw invalidArgument('addSpecialTokens must be a boolean')
     try {
-      return this.#native.tokenize(text, options.addSpecialTokens)
+      return this.#native.tokenize(text, addSpecialTokens)
     } catch (e) {
       throw toError(e)
     }
@@ -79,7 +100,7 @@ export class Runtime {
 
   detokenize(ids: number[]): string {
     this.#check()
-    if (!Array.isArray(ids) || !ids.every((t) => Number.isInteger(t) && t >= 0)) throw invalidArgument('ids must be non-negative integers')
+    if (!Array.isArray(ids) || !ids.every(isU32)) throw invalidArgument('ids must be non-negative integers below 2^32')
     try {
       return this.#native.detokenize(ids)
     } catch (e) {
@@ -88,8 +109,9 @@ export class Runtime {
   }
 
   /** A new conversation. `experts` sets its default experts (each must be loaded). */
-  createSession(options: SessionOptions = {}): Session {
+  createSession(sessionOptions?: SessionOptions): Session {
     this.#check()
+    const options = optionsObject(sessionOptions)
     if (options.system !== undefined && typeof options.system !== 'string') throw invalidArgument('system must be a string')
     if (options.experts !== undefined) checkNames(options.experts)
     try {
@@ -107,8 +129,9 @@ export class Runtime {
    * path), `INVALID_ADAPTER` (bad or mismatched files), `UNSUPPORTED_ADAPTER` (another PEFT
    * type or feature), `INVALID_ARGUMENT` (a name already loaded).
    */
-  async loadExpert(path: string, options: LoadExpertOptions = {}): Promise<Expert> {
+  async loadExpert(path: string, expertOptions?: LoadExpertOptions): Promise<Expert> {
     this.#check()
+    const options = optionsObject(expertOptions)
     if (typeof path !== 'string' || path.length === 0) throw invalidArgument('path must be a non-empty string')
     if (options.name !== undefined && (typeof options.name !== 'string' || options.name.length === 0)) {
       throw invalidArgument('name must be a non-empty string')

@@ -1,4 +1,5 @@
 import type * as N from '../native'
+import { isAbortSignal, isU32, optionsObject } from './checks'
 import { ExpertRuntimeError, disposedError, invalidArgument, toError } from './errors'
 import type { ChatMessage, CompletionResult, FinishReason, GenerateInput, GenerateOptions, TokenChunk } from './types'
 
@@ -15,7 +16,7 @@ function toNativeInput(input: GenerateInput): N.NativeInput {
   if (input && typeof input === 'object') {
     if ('text' in input && typeof input.text === 'string') return { text: input.text }
     if ('tokens' in input && Array.isArray(input.tokens)) {
-      if (!input.tokens.every((t) => Number.isInteger(t) && t >= 0)) throw invalidArgument('tokens must be non-negative integers')
+      if (!input.tokens.every(isU32)) throw invalidArgument('tokens must be non-negative integers below 2^32')
       return { tokens: input.tokens }
     }
   }
@@ -24,6 +25,7 @@ function toNativeInput(input: GenerateInput): N.NativeInput {
 
 type Check = [test: (v: unknown) => boolean, what: string]
 const nonNegativeInteger: Check = [(v) => Number.isSafeInteger(v) && (v as number) >= 0, 'a non-negative integer']
+const u32: Check = [isU32, 'a non-negative integer below 2^32']
 const finiteNumber: Check = [(v) => typeof v === 'number' && Number.isFinite(v), 'a finite number']
 
 /**
@@ -32,9 +34,9 @@ const finiteNumber: Check = [(v) => typeof v === 'number' && Number.isFinite(v),
  * engine (`SamplingParams::validate`), not here.
  */
 const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
-  maxTokens: nonNegativeInteger,
+  maxTokens: u32,
   temperature: finiteNumber,
-  topK: nonNegativeInteger,
+  topK: u32,
   topP: finiteNumber,
   minP: finiteNumber,
   repetitionPenalty: finiteNumber,
@@ -42,7 +44,7 @@ const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
   presencePenalty: finiteNumber,
   seed: nonNegativeInteger,
   stop: [(v) => Array.isArray(v) && v.every((s) => typeof s === 'string'), 'an array of strings'],
-  topLogprobs: nonNegativeInteger,
+  topLogprobs: u32,
   enableThinking: [(v) => typeof v === 'boolean', 'a boolean'],
   experts: [(v) => Array.isArray(v) && v.every((n) => typeof n === 'string'), 'an array of expert names'],
 }
@@ -160,20 +162,24 @@ export class Session {
    * turns' KV cache is reused (`usage.cachedTokens`). A second concurrent call on the same
    * session fails with `SESSION_BUSY` (on the first iteration).
    */
-  generate(input: GenerateInput, options: GenerateOptions = {}): GenerationStream {
+  generate(input: GenerateInput, options?: GenerateOptions): GenerationStream {
     let native: N.TokenStream | undefined
     let error: ExpertRuntimeError | undefined
+    let signal: AbortSignal | undefined
     try {
       this.#check()
-      native = this.#native.generate(toNativeInput(input), toNativeOptions(options))
+      const o = optionsObject(options)
+      if (o.signal !== undefined && !isAbortSignal(o.signal)) throw invalidArgument('signal must be an AbortSignal')
+      signal = o.signal
+      native = this.#native.generate(toNativeInput(input), toNativeOptions(o))
     } catch (e) {
       error = toError(e)
     }
-    return new GenerationStream(native, error, options.signal, this)
+    return new GenerationStream(native, error, signal, this)
   }
 
   /** Runs `generate` to the end and returns the whole answer. An aborted signal resolves with `finishReason: 'cancelled'`. */
-  async complete(input: GenerateInput, options: GenerateOptions = {}): Promise<CompletionResult> {
+  async complete(input: GenerateInput, options?: GenerateOptions): Promise<CompletionResult> {
     const stream = this.generate(input, options)
     for await (const _ of stream) {
       /* the summary carries the text */

@@ -3,6 +3,7 @@ pub mod backend;
 pub mod engine;
 pub mod error;
 pub mod experts;
+pub mod files;
 pub mod gguf_meta;
 pub mod kv;
 pub mod model;

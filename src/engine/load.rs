@@ -7,12 +7,13 @@ use candle_core::{DType, Device};
 
 use super::device::device_memory;
 use crate::error::{EngineError, Result};
+use crate::files;
 use crate::kv::KvCacheOptions;
 use crate::model::config::token_id_list;
 use crate::model::loader::{self, ModelFormat};
 use crate::model::{Decoder, ModelConfig};
 use crate::sampling::SamplingOverrides;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{ChatMessage, Tokenizer};
 
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
@@ -83,12 +84,40 @@ fn context_length(opts: &LoadOptions, cfg: &ModelConfig) -> Result<usize> {
 
 fn read_generation_config(dir: &Path) -> Result<GenerationDefaults> {
     let p = dir.join("generation_config.json");
-    let Ok(text) = std::fs::read_to_string(&p) else { return Ok(GenerationDefaults::default()) };
+    let text = match files::read_text(&p) {
+        Ok(t) => t,
+        Err(files::ReadError::NotFound) => return Ok(GenerationDefaults::default()),
+        Err(e) => return Err(EngineError::invalid_model(p.display(), e)),
+    };
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::invalid_model(p.display(), e))?;
-    Ok(GenerationDefaults {
-        sampling: SamplingOverrides::from_generation_config(&v),
-        eos_token_ids: token_id_list(v.get("eos_token_id")),
-    })
+    let sampling = SamplingOverrides::from_generation_config(&v);
+    // Defaults every request would inherit: a bad one fails the load, not every request.
+    sampling.resolve(&SamplingOverrides::default()).map_err(|e| EngineError::invalid_model(p.display(), e))?;
+    Ok(GenerationDefaults { sampling, eos_token_ids: token_id_list(v.get("eos_token_id")) })
+}
+
+/// The tokenizer and chat template, tried once at load so that their defects are
+/// `INVALID_MODEL` now rather than a failure of every request: ids past the model's
+/// vocabulary, a tokenizer that fails (or panics) on plain text, a template that never ends
+/// or explodes on the simplest conversation.
+fn check_tokenizer(tokenizer: &Tokenizer, cfg: &ModelConfig) -> Result<()> {
+    if tokenizer.vocab_size() > cfg.vocab_size {
+        return Err(EngineError::InvalidModel(format!(
+            "the tokenizer has ids up to {} but the model's vocabulary has {} entries",
+            tokenizer.vocab_size() - 1,
+            cfg.vocab_size
+        )));
+    }
+    tokenizer.encode("Hello, world! 123 日本", true).map_err(EngineError::InvalidModel)?;
+    let hello = [ChatMessage { role: "user".into(), content: "Hello".into() }];
+    if let Err(e) = tokenizer.apply_chat_template(&hello, true, None) {
+        // Other template errors depend on the conversation (a template may insist on a system
+        // message, say) and are reported per request.
+        if e.contains("fuel") || e.contains("exceeds") {
+            return Err(EngineError::InvalidModel(e));
+        }
+    }
+    Ok(())
 }
 
 /// Reads a model directory or GGUF file (used by the engine thread and by tests/benches).
@@ -101,6 +130,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
             (Tokenizer::from_gguf(src.metadata()).map_err(EngineError::InvalidModel)?, GenerationDefaults::default())
         }
     };
+    check_tokenizer(&tokenizer, &files.config)?;
     let n = context_length(opts, &files.config)?;
     let (config, mut weights) = files.into_weights(device, progress)?;
     let model = Decoder::load(config, weights.as_mut(), dtype, device, n)?;
@@ -113,15 +143,35 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
 pub fn kv_memory_budget(device: &Device) -> usize {
     match device_memory(device) {
         Some(m) => usize::try_from(m.free / 2).unwrap_or(usize::MAX),
-        None => total_memory().unwrap_or(8 << 30) / 4,
+        None => usize::try_from(files::total_memory().unwrap_or(8 << 30) / 4).unwrap_or(usize::MAX),
     }
 }
 
-fn total_memory() -> Option<usize> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    kb.checked_mul(1024)
+/// The most the KV pool may take at all: the GPU's free memory on CUDA, the machine's memory
+/// on CPU (unknown: no limit).
+pub fn kv_memory_limit(device: &Device) -> u64 {
+    match device_memory(device) {
+        Some(m) => m.free,
+        None => files::total_memory().unwrap_or(u64::MAX),
+    }
+}
+
+/// Most threads a runtime may ask for per core of the machine: more only adds contention, and
+/// an absurd count (1e6) would spawn that many OS threads.
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// Option checks that must run before anything is started (threads are spawned from them).
+pub fn check_options(opts: &LoadOptions) -> Result<()> {
+    if let Some(n) = opts.threads {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let max = cores * MAX_THREADS_PER_CORE;
+        if n == 0 || n > max {
+            return Err(EngineError::InvalidArgument(format!(
+                "threads must be between 1 and {max} ({MAX_THREADS_PER_CORE} per core of this machine), got {n}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// candle sizes its global CPU pools (the quantized-matmul barrier pool and its rayon pool)

@@ -81,6 +81,10 @@ impl Engine {
         progress: Box<dyn Fn(u64, u64) + Send>,
     ) -> tokio::sync::oneshot::Receiver<Result<Arc<Engine>>> {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        if let Err(e) = load::check_options(&opts) {
+            let _ = ready_tx.send(Err(e));
+            return ready_rx;
+        }
         let path = path.to_path_buf();
         load::configure_candle_threads(opts.threads);
         let spawned = std::thread::Builder::new().name("expert-runtime-engine".into()).spawn(move || {
@@ -145,9 +149,10 @@ impl Engine {
         let stats = Arc::new(EngineStats::default());
         let bytes_per_token =
             crate::kv::store::bytes_per_token(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, model.dtype);
-        let (num_blocks, block_size) = crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, || {
-            load::kv_memory_budget(&model.device)
-        })?;
+        let budget = || load::kv_memory_budget(&model.device);
+        let limit = load::kv_memory_limit(&model.device);
+        let (num_blocks, block_size) =
+            crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, budget, limit)?;
         let cfg = SchedulerConfig {
             context_length,
             num_blocks,

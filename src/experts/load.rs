@@ -18,6 +18,7 @@ use super::manifest::{family, Manifest};
 use super::peft::{parse_key, read_safetensors, AdapterConfig, PeftType, RawTensor};
 use super::{Expert, ExpertKind, ModuleAdapter, Proj, Slot};
 use crate::error::{EngineError, Result};
+use crate::files;
 use crate::model::linear::Linear;
 use crate::model::Decoder;
 
@@ -86,17 +87,16 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
 /// `adapter_config.json`.
 fn read_config(dir: &Path) -> Result<AdapterConfig> {
     let cfg_path = dir.join("adapter_config.json");
-    let text =
-        std::fs::read_to_string(&cfg_path).map_err(|e| EngineError::InvalidAdapter(format!("{}: {e}", cfg_path.display())))?;
+    let text = files::read_text(&cfg_path).map_err(|e| EngineError::InvalidAdapter(format!("{}: {e}", cfg_path.display())))?;
     AdapterConfig::parse(&text)
 }
 
 /// `manifest.json` (optional), checked against the base model, and the base model class the
 /// adapter config names checked against the model's family.
 fn read_manifest(dir: &Path, cfg: &AdapterConfig, model: &Decoder) -> Result<Option<Manifest>> {
-    let manifest = match std::fs::read_to_string(dir.join("manifest.json")) {
+    let manifest = match files::read_text(&dir.join("manifest.json")) {
         Ok(t) => Some(Manifest::parse(&t)?),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(files::ReadError::NotFound) => None,
         Err(e) => return Err(EngineError::invalid_adapter("manifest.json", e)),
     };
     if let Some(m) = &manifest {

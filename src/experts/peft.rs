@@ -286,6 +286,7 @@ fn widen(name: &str, dtype: safetensors::Dtype, bytes: &[u8]) -> Result<Vec<f32>
 /// Every tensor of a safetensors file, keyed by name, widened to f32 in parallel.
 pub fn read_safetensors(path: &Path) -> Result<HashMap<String, RawTensor>> {
     use rayon::prelude::*;
+    crate::files::regular_file_len(path).map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
     let file = std::fs::File::open(path).map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
     // SAFETY: mapped read-only for the duration of this call; `safetensors` validates the header
     // and every tensor's byte range against the file length before any access.

@@ -62,6 +62,14 @@ pub struct ModelConfig {
     pub declared_dtype: Option<String>,
 }
 
+/// Most layers a config may declare (the largest open models have ~130).
+pub const MAX_LAYERS: usize = 1 << 12;
+/// Largest hidden, intermediate, head size or head count a config may declare.
+pub const MAX_DIM: usize = 1 << 20;
+/// Most positions (and vocabulary entries) a config may declare: positions are `u32` in the
+/// engine, and 16 M is far past any released model's context.
+pub const MAX_POSITIONS: usize = 1 << 24;
+
 /// The subset of HF `config.json` we read. Both the 4.x (`rope_theta`, `rope_scaling`,
 /// `torch_dtype`) and the 5.x (`rope_parameters`, `dtype`) spellings are accepted.
 #[derive(Deserialize)]
@@ -236,6 +244,31 @@ impl ModelConfig {
         if self.vocab_size == 0 || self.hidden_size == 0 || self.intermediate_size == 0 {
             return bad("vocab_size, hidden_size and intermediate_size must be positive".into());
         }
+        // Sizes come from a file we do not trust: bound them before anything is sized by them
+        // (the loader then checks every tensor against them, so a file must also hold them).
+        let limits = [
+            ("num_hidden_layers", self.num_layers, MAX_LAYERS),
+            ("num_attention_heads", self.num_heads, MAX_DIM),
+            ("head_dim", self.head_dim, MAX_DIM),
+            ("hidden_size", self.hidden_size, MAX_DIM),
+            ("intermediate_size", self.intermediate_size, MAX_DIM),
+            ("vocab_size", self.vocab_size, MAX_POSITIONS),
+            ("max_position_embeddings", self.max_position_embeddings, MAX_POSITIONS),
+        ];
+        for (name, v, max) in limits {
+            if v > max {
+                return bad(format!("{name} {v} is larger than this engine supports ({max})"));
+            }
+        }
+        if self.max_position_embeddings == 0 {
+            return bad("max_position_embeddings (context_length) must be positive".into());
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return bad(format!("rope_theta must be a finite positive number, got {}", self.rope_theta));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return bad(format!("rms_norm_eps must be a finite number >= 0, got {}", self.rms_norm_eps));
+        }
         Ok(())
     }
 }
@@ -250,6 +283,29 @@ mod tests {
             "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 6,
             "rms_norm_eps": 1e-6, "max_position_embeddings": 64, "eos_token_id": [3, 4], "bos_token_id": null
         })
+    }
+
+    #[test]
+    fn untrusted_sizes_and_values_are_refused() {
+        let bad: [(&str, serde_json::Value); 8] = [
+            ("num_hidden_layers", 1_000_000_000u64.into()),
+            ("max_position_embeddings", 1_000_000_000u64.into()),
+            ("max_position_embeddings", (1u64 << 63).into()),
+            ("max_position_embeddings", 0.into()),
+            ("hidden_size", (1u64 << 40).into()),
+            ("rope_theta", 0.0.into()),
+            ("rope_theta", (-1.0).into()),
+            ("rms_norm_eps", (-1e-6).into()),
+        ];
+        for (k, v) in bad {
+            let mut c = base();
+            c[k] = v.clone();
+            let e = ModelConfig::from_hf_json(&c.to_string()).unwrap_err();
+            assert!(matches!(e, EngineError::InvalidModel(_)), "{k} = {v}: {e:?}");
+        }
+        let mut c = base();
+        c["max_position_embeddings"] = MAX_POSITIONS.into();
+        assert!(ModelConfig::from_hf_json(&c.to_string()).is_ok());
     }
 
     #[test]

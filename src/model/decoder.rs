@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use super::config::ModelConfig;
 use super::linear::Linear;
 use super::loader::WeightSource;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use std::ops::Range;
 
 use super::adapt::{linear_segments, Adapters, NoAdapters, Proj, Segment, Slot};
@@ -100,7 +100,8 @@ impl Decoder {
         let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
         let eps = cfg.rms_norm_eps;
         let embed_tokens = src.linear("model.embed_tokens", cfg.vocab_size, h, false, dtype)?;
-        let mut layers = Vec::with_capacity(cfg.num_layers);
+        // Grown as layers are read (not sized by the declared count: the file must hold them).
+        let mut layers = Vec::new();
         for i in 0..cfg.num_layers {
             let p = format!("model.layers.{i}");
             let a = format!("{p}.self_attn");
@@ -373,8 +374,20 @@ impl Mlp {
 fn rope_tables(theta: f64, head_dim: usize, max_positions: usize, dtype: DType, device: &Device) -> Result<(Tensor, Tensor)> {
     let half = head_dim / 2;
     let inv_freq: Vec<f32> = (0..half).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
-    let mut cos = Vec::with_capacity(max_positions * half);
-    let mut sin = Vec::with_capacity(max_positions * half);
+    // Two f32 tables plus their copies in `dtype`: refuse what the machine cannot hold rather
+    // than abort in the allocator.
+    let n = max_positions.checked_mul(half).ok_or_else(|| EngineError::OutOfMemory("RoPE table size overflows".into()))?;
+    let bytes = (n as u64).saturating_mul(16);
+    if crate::files::total_memory().is_some_and(|m| bytes > m / 2) {
+        return Err(EngineError::OutOfMemory(format!(
+            "RoPE tables for {max_positions} positions need {bytes} bytes, more than half of this machine's memory; \
+             load with a smaller contextLength"
+        )));
+    }
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    let oom = |_| EngineError::OutOfMemory(format!("RoPE tables for {max_positions} positions"));
+    cos.try_reserve_exact(n).map_err(oom)?;
+    sin.try_reserve_exact(n).map_err(oom)?;
     for p in 0..max_positions {
         for f in &inv_freq {
             // HF computes the angle in f32 from f32 inverse frequencies; do the same.

@@ -18,6 +18,7 @@ use super::config::ModelConfig;
 use super::linear::{Linear, Weight};
 use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
+use crate::files;
 
 /// Reports `(loaded_bytes, total_bytes)` as tensors are read.
 pub type Progress<'a> = &'a dyn Fn(u64, u64);
@@ -55,8 +56,7 @@ pub fn open<'a>(path: &Path, device: &Device, progress: Progress<'a>, dequantize
     }
     if path.is_dir() {
         let cfg_path = path.join("config.json");
-        let text =
-            std::fs::read_to_string(&cfg_path).map_err(|e| EngineError::InvalidModel(format!("{}: {e}", cfg_path.display())))?;
+        let text = files::read_text(&cfg_path).map_err(|e| EngineError::InvalidModel(format!("{}: {e}", cfg_path.display())))?;
         let config = ModelConfig::from_hf_json(&text)?;
         Ok(ModelFiles { config, format: ModelFormat::HfDir(path.to_path_buf()) })
     } else if is_gguf(path) {
@@ -103,7 +103,7 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
             dir.display()
         )));
     }
-    let text = std::fs::read_to_string(&index).map_err(|e| EngineError::invalid_model(index.display(), e))?;
+    let text = files::read_text(&index).map_err(|e| EngineError::invalid_model(index.display(), e))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::invalid_model(index.display(), e))?;
     let map = v
         .get("weight_map")
@@ -127,6 +127,9 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
 
 impl<'a> SafetensorsSource<'a> {
     pub fn open(files: &[PathBuf], device: &Device, progress: Option<Progress<'a>>) -> Result<Self> {
+        for f in files {
+            files::regular_file_len(f).map_err(|e| EngineError::invalid_model(f.display(), e))?;
+        }
         // SAFETY: the files are mapped read-only; we require that nobody truncates or rewrites
         // a model file while it is loaded (the contract of every mmap-based loader). The
         // header and every tensor's byte range are validated against the file length by
@@ -175,7 +178,9 @@ const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 /// True when the file starts with the GGUF magic.
 pub fn is_gguf(path: &Path) -> bool {
     let mut m = [0u8; 4];
-    File::open(path).and_then(|mut f| f.read_exact(&mut m)).map(|_| m == GGUF_MAGIC).unwrap_or(false)
+    // Never open a pipe or a device: opening a FIFO blocks until someone writes to it.
+    files::regular_file_len(path).is_ok()
+        && File::open(path).and_then(|mut f| f.read_exact(&mut m)).map(|_| m == GGUF_MAGIC).unwrap_or(false)
 }
 
 pub struct GgufSource<'a> {
@@ -219,6 +224,7 @@ fn gguf_name(hf: &str) -> String {
 
 impl<'a> GgufSource<'a> {
     pub fn open(path: &Path, device: &Device, progress: Option<Progress<'a>>) -> Result<Self> {
+        files::regular_file_len(path).map_err(|e| EngineError::invalid_model(path.display(), e))?;
         let file = File::open(path).map_err(|e| EngineError::invalid_model(path.display(), e))?;
         let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
         let mut reader = BufReader::new(file);

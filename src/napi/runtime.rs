@@ -34,13 +34,10 @@ impl NativeRuntime {
 pub async fn load_runtime(
     path: String,
     options: Option<NativeLoadOptions>,
-    on_progress: Option<ProgressFn>,
+    #[napi(ts_arg_type = "((progress: LoadProgress) => void) | undefined | null")] on_progress: Option<ProgressFn>,
 ) -> Result<NativeRuntime> {
     let o =
         options.unwrap_or(NativeLoadOptions { device: None, dtype: None, context_length: None, threads: None, kv_cache: None });
-    if o.threads == Some(0) {
-        return Err(to_napi(EngineError::InvalidArgument("threads must be at least 1".into())));
-    }
     let opts = LoadOptions {
         device: o.device,
         dtype: o.dtype,

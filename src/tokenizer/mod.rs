@@ -22,6 +22,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::quantized::gguf_file;
+
+use crate::files;
 use serde::{Deserialize, Serialize};
 
 pub use detok::IncrementalDecoder;
@@ -103,7 +105,7 @@ fn config_template(cfg: &serde_json::Value, file: &Path) -> Result<Option<String
 }
 
 fn read_json(path: &Path) -> Result<serde_json::Value, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = files::read_text(path).map_err(|e| format!("{}: {e}", path.display()))?;
     serde_json::from_str(&text).map_err(|e| format!("{}: invalid JSON: {e}", path.display()))
 }
 
@@ -123,7 +125,8 @@ impl Tokenizer {
         if !tj.is_file() {
             return Err(format!("{}: tokenizer.json not found (required)", tj.display()));
         }
-        let inner = tokenizers::Tokenizer::from_file(&tj).map_err(|e| format!("{}: {e}", tj.display()))?;
+        let text = files::read_text(&tj).map_err(|e| format!("{}: {e}", tj.display()))?;
+        let inner: tokenizers::Tokenizer = text.parse().map_err(|e| format!("{}: {e}", tj.display()))?;
 
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg = if cfg_path.is_file() { Some(read_json(&cfg_path)?) } else { None };
@@ -131,7 +134,7 @@ impl Tokenizer {
         let jinja_path = dir.join("chat_template.jinja");
         let json_tmpl_path = dir.join("chat_template.json");
         let (source, origin) = if jinja_path.is_file() {
-            let s = std::fs::read_to_string(&jinja_path).map_err(|e| format!("{}: {e}", jinja_path.display()))?;
+            let s = files::read_text(&jinja_path).map_err(|e| format!("{}: {e}", jinja_path.display()))?;
             (Some(s), jinja_path)
         } else if let Some(t) = cfg.as_ref().map(|c| config_template(c, &cfg_path)).transpose()?.flatten() {
             (Some(t), cfg_path.clone())
@@ -174,7 +177,11 @@ impl Tokenizer {
     /// Token ids of `text`. Special-token text is always recognised; `add_special_tokens` adds
     /// BOS/EOS (GGUF flags, or the tokenizer.json post-processor).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
-        let enc = self.inner.encode_fast(text, add_special_tokens).map_err(|e| format!("tokenizer: encoding failed: {e}"))?;
+        // A tokenizer.json from an untrusted file can make the library panic (a `Replace`
+        // normalizer with an empty pattern): that is a failed encoding, not a dead thread.
+        let enc = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.inner.encode_fast(text, add_special_tokens)))
+            .map_err(|p| format!("tokenizer: encoding panicked: {}", crate::error::panic_message(&*p)))?
+            .map_err(|e| format!("tokenizer: encoding failed: {e}"))?;
         let ids = enc.get_ids();
         let mut out = Vec::with_capacity(ids.len() + 2);
         if add_special_tokens && self.add_bos {
@@ -190,7 +197,9 @@ impl Tokenizer {
     /// Text of `ids`; byte-level tokens are joined without added spaces. Incomplete UTF-8 at the
     /// end decodes to U+FFFD. Unknown ids are ignored.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, String> {
-        self.inner.decode(ids, skip_special_tokens).map_err(|e| format!("tokenizer: decoding failed: {e}"))
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.inner.decode(ids, skip_special_tokens)))
+            .map_err(|p| format!("tokenizer: decoding panicked: {}", crate::error::panic_message(&*p)))?
+            .map_err(|e| format!("tokenizer: decoding failed: {e}"))
     }
 
     /// Number of token ids (highest id + 1, added tokens included).

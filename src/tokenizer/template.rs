@@ -15,6 +15,9 @@
 //! * transformers' `{% generation %}`/`{% endgeneration %}` markers (assistant-mask extension)
 //!   are removed before compiling; they do not affect the rendered text.
 //! * Without a template, [`render_chatml`] is the fallback (plain ChatML).
+//! * Templates come from files we do not trust: each render has [`TEMPLATE_FUEL`] instructions
+//!   (a loop that never ends fails instead of freezing the caller) and its output is capped at
+//!   [`MAX_RENDERED_BYTES`].
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Kwargs, ValueKind};
@@ -23,6 +26,31 @@ use minijinja::{Environment, Error, ErrorKind, Value};
 use super::ChatMessage;
 
 const TEMPLATE_NAME: &str = "chat_template";
+
+/// Instructions one render may execute: a real template spends a few hundred per message, so
+/// this covers conversations far longer than any context, and an endless loop stops within
+/// about a second.
+pub const TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// Most bytes one render may produce (a prompt larger than this cannot fit any context).
+pub const MAX_RENDERED_BYTES: usize = 64 << 20;
+
+/// Collects rendered text, failing once it passes [`MAX_RENDERED_BYTES`].
+struct CappedOutput(Vec<u8>);
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_RENDERED_BYTES {
+            return Err(std::io::Error::other(format!("the rendered prompt exceeds {MAX_RENDERED_BYTES} bytes")));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// A compiled chat template.
 pub struct ChatTemplate {
@@ -54,6 +82,7 @@ impl ChatTemplate {
             .build()
             .map_err(|e| format!("chat template ({origin}): {e}"))?;
         env.set_syntax(syntax);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
@@ -67,7 +96,10 @@ impl ChatTemplate {
     /// Renders the conversation.
     pub fn render(&self, messages: &[ChatMessage], args: &RenderArgs<'_>) -> Result<String, String> {
         let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| format!("chat template: {}", describe(&e)))?;
-        tmpl.render(context(messages, args)).map_err(|e| format!("chat template rendering failed: {}", describe(&e)))
+        let mut out = CappedOutput(Vec::new());
+        tmpl.render_captured_to(context(messages, args), &mut out)
+            .map_err(|e| format!("chat template rendering failed: {}", describe(&e)))?;
+        String::from_utf8(out.0).map_err(|e| format!("chat template rendering failed: {e}"))
     }
 }
 
@@ -461,6 +493,23 @@ mod tests {
     fn render(src: &str, ctx: Value) -> String {
         let t = ChatTemplate::new(src, "test").unwrap();
         t.env.get_template(TEMPLATE_NAME).unwrap().render(ctx).unwrap()
+    }
+
+    #[test]
+    fn endless_and_exploding_templates_fail_instead_of_hanging() {
+        let user = [ChatMessage { role: "user".into(), content: "hi".into() }];
+        let args = RenderArgs { add_generation_prompt: true, enable_thinking: None, bos_token: None, eos_token: None };
+        // Nested loops over large ranges: far more instructions than the fuel allows.
+        let endless = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let e = ChatTemplate::new(endless, "test").unwrap().render(&user, &args).unwrap_err();
+        assert!(e.contains("fuel"), "{e}");
+        // Output past the cap: 90,000 iterations of 1,000 bytes (90 MB).
+        let big = format!("{{% for i in range(90000) %}}{}{{% endfor %}}", "x".repeat(1000));
+        let e = ChatTemplate::new(&big, "test").unwrap().render(&user, &args).unwrap_err();
+        assert!(e.contains("exceeds"), "{e}");
+        // A normal template is unaffected.
+        let ok = ChatTemplate::new("{% for m in messages %}{{ m.role }}: {{ m.content }}{% endfor %}", "test").unwrap();
+        assert_eq!(ok.render(&user, &args).unwrap(), "user: hi");
     }
 
     #[test]

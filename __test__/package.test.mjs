@@ -91,6 +91,13 @@ describe('npm packages installed into a fresh project', { skip }, () => {
     assert.equal(cuda.error?.code, 'NO_CUDA_DEVICE')
   })
 
+  it('without its platform package: NO_NATIVE_BINARY naming the package to install', () => {
+    const dir = install('bare', [tarballs.main])
+    const r = consumerRun(dir, 'auto')
+    assert.equal(r.error?.code, 'NO_NATIVE_BINARY', JSON.stringify(r.error))
+    assert.match(r.error.message, /expert-runtime-linux-x64-gnu/)
+  })
+
   it('with the CUDA package too: auto falls back (or takes the GPU), cuda explains, nothing aborts', (t) => {
     if (!tarballs.cuda) return t.skip('the CUDA build is absent (npm run build:cuda)')
     const dir = install('cuda', [tarballs.main, tarballs.cpu, tarballs.cuda])

@@ -16,6 +16,12 @@ export type Variant = 'cpu' | 'cuda'
 const CUDA_PACKAGE = 'expert-runtime-linux-x64-gnu-cuda'
 const CUDA_FILE = 'expert-runtime.linux-x64-gnu-cuda.node'
 
+/** The npm package holding the CPU build for this platform (napi's naming). */
+export function platformPackage(platform: string = process.platform, arch: string = process.arch): string {
+  const abi = platform === 'linux' ? '-gnu' : platform === 'win32' ? '-msvc' : ''
+  return `expert-runtime-${platform}-${arch}${abi}`
+}
+
 const loaded = new Map<Variant, Binding>()
 const failures = new Map<Variant, Error>()
 
@@ -69,6 +75,9 @@ export function bindingFor(device: string): { binding: Binding; variant: Variant
       + `(${errors[0]}). It needs ${CUDA_PACKAGE}, an NVIDIA driver and the CUDA 13 libraries (cudart, cuBLAS, cuRAND).`,
     { cause: failures.get('cuda') })
   }
-  throw new ExpertRuntimeError('INTERNAL', `no expert-runtime binary could be loaded for ${process.platform}-${process.arch}: ${errors.join('; ')}`,
-    { cause: failures.get('cpu') })
+  const pkg = platformPackage()
+  throw new ExpertRuntimeError('NO_NATIVE_BINARY', `no expert-runtime binary could be loaded for ${process.platform}-${process.arch}. `
+    + `Install ${pkg} (npm installs it with expert-runtime unless optional dependencies are omitted, e.g. --omit=optional; `
+    + `it may also not exist for this platform). Details: ${errors.join('; ')}`,
+  { cause: failures.get('cpu') })
 }

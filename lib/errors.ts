@@ -8,6 +8,7 @@ export type ErrorCode =
   | 'SESSION_BUSY'
   | 'DISPOSED'
   | 'NO_CUDA_DEVICE'
+  | 'NO_NATIVE_BINARY'
   | 'EXPERT_NOT_FOUND'
   | 'UNSUPPORTED_ADAPTER'
   | 'INVALID_ADAPTER'

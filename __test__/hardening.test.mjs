@@ -234,6 +234,16 @@ describe('misuse of the API gives coded errors, never a TypeError or INTERNAL', 
     await expectCode(Runtime.load(MODEL, { kvCache: { blockSize: 2 ** 32 + 16 } }), 'INVALID_ARGUMENT')
   })
 
+  it('return() before the first next() cancels the request and frees the session', async () => {
+    const s = rt.createSession()
+    const stream = s.generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: 100 })
+    const it = stream[Symbol.asyncIterator]()
+    assert.deepEqual(await it.return(), { done: true, value: undefined })
+    assert.equal(stream.result?.finishReason, 'cancelled')
+    const r = await s.complete('Hi', { ...GREEDY, maxTokens: 1 })
+    assert.equal(r.tokens.length, 1)
+  })
+
   it('afterwards the runtime still gives the reference output', async () => {
     const r = await rt.createSession().complete({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: 4 })
     assert.deepEqual(r.tokens, ref.f32.steps.slice(0, 4).map((s) => s.token))

@@ -103,7 +103,42 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
   [Symbol.asyncIterator](): AsyncIterator<TokenChunk> {
     if (this.#started) throw invalidArgument('a generation stream can be iterated only once')
     this.#started = true
-    return this.#iterate()
+    const gen = this.#iterate()
+    let running = false
+    // An async generator closed before its first `next()` never runs its body (nor its
+    // `finally`), so `return()` then would leave the request running: stop it here instead.
+    return {
+      next: (...args: [] | [undefined]) => {
+        running = true
+        return gen.next(...args)
+      },
+      return: async (value?: unknown) => {
+        if (!running) await this.#stopNative()
+        return gen.return(value as undefined)
+      },
+      throw: async (e?: unknown) => {
+        if (!running) await this.#stopNative()
+        return gen.throw(e)
+      },
+      [Symbol.asyncIterator]() {
+        return this
+      },
+    } as AsyncIterableIterator<TokenChunk>
+  }
+
+  /** Cancels the request and waits until the engine has ended it (the session is free). */
+  async #stopNative(): Promise<void> {
+    const native = this.#native
+    if (!native) return
+    this.cancel()
+    const it = native[Symbol.asyncIterator]()
+    try {
+      while (!(await it.next()).done) {
+        /* discard */
+      }
+    } catch {
+      /* moot after cancellation */
+    }
   }
 
   async *#iterate(): AsyncGenerator<TokenChunk, void, undefined> {

@@ -8,12 +8,13 @@ use candle_core::{DType, Device};
 use super::device::device_memory;
 use crate::error::{EngineError, Result};
 use crate::files;
+use crate::kv::sizing::KvMemory;
 use crate::kv::KvCacheOptions;
 use crate::model::config::token_id_list;
 use crate::model::loader::{self, ModelFormat};
 use crate::model::{Decoder, ModelConfig};
 use crate::sampling::SamplingOverrides;
-use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::tokenizer::Tokenizer;
 
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
@@ -109,15 +110,7 @@ fn check_tokenizer(tokenizer: &Tokenizer, cfg: &ModelConfig) -> Result<()> {
         )));
     }
     tokenizer.encode("Hello, world! 123 日本", true).map_err(EngineError::InvalidModel)?;
-    let hello = [ChatMessage { role: "user".into(), content: "Hello".into() }];
-    if let Err(e) = tokenizer.apply_chat_template(&hello, true, None) {
-        // Other template errors depend on the conversation (a template may insist on a system
-        // message, say) and are reported per request.
-        if e.contains("fuel") || e.contains("exceeds") {
-            return Err(EngineError::InvalidModel(e));
-        }
-    }
-    Ok(())
+    tokenizer.check_chat_template().map_err(EngineError::InvalidModel)
 }
 
 /// Reads a model directory or GGUF file (used by the engine thread and by tests/benches).
@@ -137,23 +130,19 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
     Ok(Loaded { model, tokenizer, defaults })
 }
 
-/// Bytes the KV pool may take by default: half of the GPU memory still free after the
-/// weights on CUDA, a quarter of the machine's memory on CPU (committed only as blocks are
-/// first written there; allocated at load on a GPU).
-pub fn kv_memory_budget(device: &Device) -> usize {
-    match device_memory(device) {
-        Some(m) => usize::try_from(m.free / 2).unwrap_or(usize::MAX),
-        None => usize::try_from(files::total_memory().unwrap_or(8 << 30) / 4).unwrap_or(usize::MAX),
-    }
-}
-
-/// The most the KV pool may take at all: the GPU's free memory on CUDA, the machine's memory
-/// on CPU (unknown: no limit).
-pub fn kv_memory_limit(device: &Device) -> u64 {
-    match device_memory(device) {
-        Some(m) => m.free,
-        None => files::total_memory().unwrap_or(u64::MAX),
-    }
+/// What the KV pool may take, from one query of the device. By default: half of the GPU
+/// memory still free after the weights on CUDA, a quarter of the machine's memory on CPU
+/// (committed only as blocks are first written there; allocated at load on a GPU). At most:
+/// the GPU's free memory, or the machine's memory (unknown: no limit).
+pub fn kv_memory(device: &Device) -> KvMemory {
+    let (budget, limit) = match device_memory(device) {
+        Some(m) => (m.free / 2, m.free),
+        None => match files::total_memory() {
+            Some(total) => (total / 4, total),
+            None => ((8u64 << 30) / 4, u64::MAX),
+        },
+    };
+    KvMemory { budget: usize::try_from(budget).unwrap_or(usize::MAX), limit }
 }
 
 /// Most threads a runtime may ask for per core of the machine: more only adds contention, and

@@ -149,10 +149,8 @@ impl Engine {
         let stats = Arc::new(EngineStats::default());
         let bytes_per_token =
             crate::kv::store::bytes_per_token(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, model.dtype);
-        let budget = || load::kv_memory_budget(&model.device);
-        let limit = load::kv_memory_limit(&model.device);
-        let (num_blocks, block_size) =
-            crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, budget, limit)?;
+        let memory = load::kv_memory(&model.device);
+        let (num_blocks, block_size) = crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, memory)?;
         let cfg = SchedulerConfig {
             context_length,
             num_blocks,

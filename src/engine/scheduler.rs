@@ -420,7 +420,7 @@ impl Scheduler {
         st.running = true;
         st.last_used = self.tick;
         seq.usage.cached_tokens = st.table.len().saturating_sub(n_v);
-        seq.limit = self.context_length.min(st.table.num_blocks() * self.kv.block_size());
+        seq.limit = self.context_length.min(st.table.capacity(self.kv.block_size()));
         seq.admitted = true;
         Ok(true)
     }

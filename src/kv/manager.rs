@@ -51,6 +51,13 @@ pub struct PrefixHit {
 #[must_use = "a pinned hit holds blocks until adopted or unpinned"]
 pub struct PinnedHit(PrefixHit);
 
+impl PrefixHit {
+    /// Every block the hit references: the full ones, then the partial match's source.
+    fn referenced_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.blocks.iter().copied().chain(self.partial.map(|(b, _)| b))
+    }
+}
+
 impl PinnedHit {
     pub fn tokens(&self) -> usize {
         self.0.tokens
@@ -143,13 +150,13 @@ impl KvManager {
 
     /// Pins the hit's blocks so that evicting other tables cannot recycle them.
     pub fn pin(&mut self, hit: PrefixHit) -> PinnedHit {
-        hit.blocks.iter().chain(hit.partial.iter().map(|(b, _)| b)).for_each(|&b| self.pool.retain(b));
+        hit.referenced_blocks().for_each(|b| self.pool.retain(b));
         PinnedHit(hit)
     }
 
     /// Drops the pins of a hit that will not be adopted.
     pub fn unpin(&mut self, hit: PinnedHit) {
-        hit.0.blocks.iter().chain(hit.0.partial.iter().map(|(b, _)| b)).for_each(|&b| self.pool.release(b));
+        hit.0.referenced_blocks().for_each(|b| self.pool.release(b));
     }
 
     /// Blocks [`Self::adopt`] allocates for a table of `need_blocks` blocks (its whole reserve).
@@ -184,20 +191,24 @@ impl KvManager {
     /// and returns how many blocks [`Self::resume`] will allocate (the rest of `need_blocks`,
     /// plus one if the last kept block is shared and must be copied before it is written).
     pub fn prepare_resume(&mut self, table: &mut BlockTable, keep: usize, need_blocks: usize) -> usize {
-        let kept = self.blocks_for(keep);
-        table.truncate_blocks(kept, &mut self.pool);
-        let cow = !keep.is_multiple_of(self.pool.block_size()) && self.pool.refs(table.blocks()[kept - 1]) > 1;
-        need_blocks - kept + cow as usize
+        table.truncate_blocks(self.blocks_for(keep), &mut self.pool);
+        self.resume_cost(table, keep, need_blocks)
+    }
+
+    /// Blocks that continuing `table` from `keep` positions with `need_blocks` in all
+    /// allocates: the missing ones, plus a copy of the last kept block when it is partial and
+    /// shared (it is about to be written).
+    fn resume_cost(&self, table: &BlockTable, keep: usize, need_blocks: usize) -> usize {
+        let kept = self.blocks_for(keep.min(table.len()));
+        let cow = !keep.is_multiple_of(self.pool.block_size()) && kept > 0 && self.pool.refs(table.blocks()[kept - 1]) > 1;
+        need_blocks.saturating_sub(kept) + cow as usize
     }
 
     /// Continues `table` from its first `keep` positions (copy-on-write of a shared last
     /// block) and grows it to `need_blocks`. False (nothing allocated) when the pool cannot
     /// supply what [`Self::prepare_resume`] said.
     pub fn resume(&mut self, table: &mut BlockTable, keep: usize, need_blocks: usize) -> Result<bool> {
-        let kept = self.blocks_for(keep.min(table.len()));
-        let more = need_blocks.saturating_sub(kept);
-        let cow = !keep.is_multiple_of(self.pool.block_size()) && kept > 0 && self.pool.refs(table.blocks()[kept - 1]) > 1;
-        if self.pool.available() < more + cow as usize {
+        if self.pool.available() < self.resume_cost(table, keep, need_blocks) {
             return Ok(false);
         }
         let ok = table.truncate_for_write(keep, &mut self.pool, &self.store)?;

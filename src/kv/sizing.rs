@@ -21,14 +21,21 @@ pub fn default_tokens(budget_bytes: usize, bytes_per_token: usize, context_lengt
     (budget_bytes / bytes_per_token.max(1)).min(64usize.saturating_mul(context_length))
 }
 
-/// `(blocks, block size)` of the pool. `budget_bytes` is asked only when `max_tokens` is unset;
-/// a pool larger than `limit_bytes` (what the device can hold at all) is refused.
+/// What the device offers the pool, in bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct KvMemory {
+    /// The default pool's size when `max_tokens` is unset.
+    pub budget: usize,
+    /// The most any pool may take (what the device can hold at all).
+    pub limit: u64,
+}
+
+/// `(blocks, block size)` of the pool; a pool larger than `memory.limit` is refused.
 pub fn pool_shape(
     opts: &KvCacheOptions,
     bytes_per_token: usize,
     context_length: usize,
-    budget_bytes: impl FnOnce() -> usize,
-    limit_bytes: u64,
+    memory: KvMemory,
 ) -> Result<(usize, usize)> {
     let bs = opts.block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
     if bs == 0 || bs > 1024 {
@@ -41,12 +48,13 @@ pub fn pool_shape(
             )))
         }
         Some(n) => n,
-        None => default_tokens(budget_bytes(), bytes_per_token, context_length).max(bs),
+        None => default_tokens(memory.budget, bytes_per_token, context_length).max(bs),
     };
     let bytes = (tokens as u64).saturating_mul(bytes_per_token as u64);
-    if bytes > limit_bytes {
+    if bytes > memory.limit {
         return Err(EngineError::InvalidArgument(format!(
-            "kvCache.maxTokens {tokens} needs {bytes} bytes of KV cache, more than this device's {limit_bytes}"
+            "kvCache.maxTokens {tokens} needs {bytes} bytes of KV cache, more than this device's {}",
+            memory.limit
         )));
     }
     // Block ids are u32.
@@ -61,18 +69,19 @@ mod tests {
     #[test]
     fn options_are_checked_and_the_default_follows_the_budget() {
         let opts = |block_size, max_tokens| KvCacheOptions { block_size, max_tokens, prefix_cache: None };
-        assert_eq!(pool_shape(&opts(None, Some(100)), 8, 64, || unreachable!(), u64::MAX).unwrap(), (6, 16));
-        assert!(pool_shape(&opts(Some(0), None), 8, 64, || 0, u64::MAX).is_err());
-        assert!(pool_shape(&opts(Some(2048), None), 8, 64, || 0, u64::MAX).is_err());
-        assert!(pool_shape(&opts(Some(32), Some(16)), 8, 64, || 0, u64::MAX).is_err());
+        let mem = |budget, limit| KvMemory { budget, limit };
+        assert_eq!(pool_shape(&opts(None, Some(100)), 8, 64, mem(0, u64::MAX)).unwrap(), (6, 16));
+        assert!(pool_shape(&opts(Some(0), None), 8, 64, mem(0, u64::MAX)).is_err());
+        assert!(pool_shape(&opts(Some(2048), None), 8, 64, mem(0, u64::MAX)).is_err());
+        assert!(pool_shape(&opts(Some(32), Some(16)), 8, 64, mem(0, u64::MAX)).is_err());
         // 1 MiB at 1 KiB per token: 1024 positions, capped at 64 contexts of 8.
-        assert_eq!(pool_shape(&opts(Some(4), None), 1024, 1 << 20, || 1 << 20, u64::MAX).unwrap(), (256, 4));
-        assert_eq!(pool_shape(&opts(Some(4), None), 1024, 8, || 1 << 20, u64::MAX).unwrap(), (128, 4));
+        assert_eq!(pool_shape(&opts(Some(4), None), 1024, 1 << 20, mem(1 << 20, u64::MAX)).unwrap(), (256, 4));
+        assert_eq!(pool_shape(&opts(Some(4), None), 1024, 8, mem(1 << 20, u64::MAX)).unwrap(), (128, 4));
         // A budget too small for one block still gives one block.
-        assert_eq!(pool_shape(&opts(None, None), 1 << 20, 64, || 10, u64::MAX).unwrap(), (1, 16));
+        assert_eq!(pool_shape(&opts(None, None), 1 << 20, 64, mem(10, u64::MAX)).unwrap(), (1, 16));
         // More than the device holds is refused before anything is allocated.
-        let e = pool_shape(&opts(None, Some(1_000_000_000_000)), 1024, 64, || 0, 1 << 34).unwrap_err();
+        let e = pool_shape(&opts(None, Some(1_000_000_000_000)), 1024, 64, mem(0, 1 << 34)).unwrap_err();
         assert!(matches!(e, EngineError::InvalidArgument(_)), "{e:?}");
-        assert!(pool_shape(&opts(None, Some(1 << 24)), 1024, 64, || 0, 1 << 34).is_ok());
+        assert!(pool_shape(&opts(None, Some(1 << 24)), 1024, 64, mem(0, 1 << 34)).is_ok());
     }
 }

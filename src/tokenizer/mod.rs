@@ -265,16 +265,23 @@ impl Tokenizer {
         enable_thinking: Option<bool>,
     ) -> Result<String, String> {
         match &self.template {
-            Some(t) => t.render(
-                messages,
-                &RenderArgs {
-                    add_generation_prompt,
-                    enable_thinking,
-                    bos_token: self.bos_token.as_deref(),
-                    eos_token: self.eos_token.as_deref(),
-                },
-            ),
+            Some(t) => t.render(messages, &self.render_args(add_generation_prompt, enable_thinking)),
             None => Ok(template::render_chatml(messages, add_generation_prompt)),
+        }
+    }
+
+    /// Fails when the chat template never ends or explodes on the simplest conversation
+    /// ([`template::ChatTemplate::check_bounded`]); used at load.
+    pub fn check_chat_template(&self) -> Result<(), String> {
+        self.template.as_ref().map_or(Ok(()), |t| t.check_bounded(&self.render_args(true, None)))
+    }
+
+    fn render_args(&self, add_generation_prompt: bool, enable_thinking: Option<bool>) -> RenderArgs<'_> {
+        RenderArgs {
+            add_generation_prompt,
+            enable_thinking,
+            bos_token: self.bos_token.as_deref(),
+            eos_token: self.eos_token.as_deref(),
         }
     }
 }

@@ -95,12 +95,37 @@ impl ChatTemplate {
 
     /// Renders the conversation.
     pub fn render(&self, messages: &[ChatMessage], args: &RenderArgs<'_>) -> Result<String, String> {
-        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| format!("chat template: {}", describe(&e)))?;
-        let mut out = CappedOutput(Vec::new());
-        tmpl.render_captured_to(context(messages, args), &mut out)
-            .map_err(|e| format!("chat template rendering failed: {}", describe(&e)))?;
-        String::from_utf8(out.0).map_err(|e| format!("chat template rendering failed: {e}"))
+        self.render_inner(messages, args).map_err(|e| e.message)
     }
+
+    /// Renders a one-message conversation and fails only when the template exhausted its fuel
+    /// or its output cap: a defect no conversation avoids. Other errors (a template that
+    /// insists on a system message, say) depend on the conversation and are left to requests.
+    pub fn check_bounded(&self, args: &RenderArgs<'_>) -> Result<(), String> {
+        let hello = [ChatMessage { role: "user".into(), content: "Hello".into() }];
+        match self.render_inner(&hello, args) {
+            Err(e) if e.exhausted => Err(e.message),
+            _ => Ok(()),
+        }
+    }
+
+    fn render_inner(&self, messages: &[ChatMessage], args: &RenderArgs<'_>) -> Result<String, RenderError> {
+        let failed = |e: Error| RenderError {
+            exhausted: matches!(e.kind(), ErrorKind::OutOfFuel | ErrorKind::WriteFailure),
+            message: format!("chat template rendering failed: {}", describe(&e)),
+        };
+        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(failed)?;
+        let mut out = CappedOutput(Vec::new());
+        tmpl.render_captured_to(context(messages, args), &mut out).map_err(failed)?;
+        String::from_utf8(out.0)
+            .map_err(|e| RenderError { exhausted: false, message: format!("chat template rendering failed: {e}") })
+    }
+}
+
+/// A failed render; `exhausted` when it ran out of fuel or output room.
+struct RenderError {
+    message: String,
+    exhausted: bool,
 }
 
 /// The template context: `messages` (list of `{role, content}` maps), `add_generation_prompt`,

@@ -283,7 +283,7 @@ describe('generation (qwen3-tiny)', () => {
     assert.ok(off.usage.promptTokens > on.usage.promptTokens, `${off.usage.promptTokens} vs ${on.usage.promptTokens}`)
     assert.equal(dflt.usage.promptTokens, on.usage.promptTokens)
     const base = '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n'
-    const count = (t) => rt.tokenize(t, { addSpecialTokens: false }).length
+    const count = (t) => rt.tokenize(t, { addSpecialTokens: false, parseSpecialTokens: true }).length
     assert.equal(on.usage.promptTokens, count(base))
     assert.equal(off.usage.promptTokens, count(base + '<think>\n\n</think>\n\n'))
   })

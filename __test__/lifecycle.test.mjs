@@ -357,11 +357,22 @@ describe('tokenizer round trip', () => {
     it(`tokenize/detokenize match the HF reference (${path.relative(FIXTURES, p)})`, async () => {
       const rt = await Runtime.load(p)
       try {
+        const control = rt.tokenize('<|im_start|><|im_end|><|endoftext|>', { addSpecialTokens: false, parseSpecialTokens: true })
+        assert.equal(control.length, 3)
         for (const e of encode) {
-          assert.deepEqual(rt.tokenize(e.text), e.ids, JSON.stringify(e.text))
-          assert.deepEqual(rt.tokenize(e.text, { addSpecialTokens: false }), e.ids, JSON.stringify(e.text))
+          // HF's encode reads special-token spellings as control tokens: parseSpecialTokens.
+          const parsed = { parseSpecialTokens: true }
+          assert.deepEqual(rt.tokenize(e.text, parsed), e.ids, JSON.stringify(e.text))
+          assert.deepEqual(rt.tokenize(e.text, { ...parsed, addSpecialTokens: false }), e.ids, JSON.stringify(e.text))
           assert.equal(rt.detokenize(e.ids), e.decoded, JSON.stringify(e.text))
-          assert.equal(rt.detokenize(rt.tokenize(e.text)), e.text, 'round trip')
+          assert.equal(rt.detokenize(rt.tokenize(e.text, parsed)), e.text, 'round trip')
+          // By default they are plain text: no control token, and the same text back.
+          const plain = rt.tokenize(e.text)
+          const hasSpecial = /<\|(im_start|im_end|endoftext)\|>/.test(e.text)
+          if (hasSpecial) assert.notDeepEqual(plain, e.ids, JSON.stringify(e.text))
+          else assert.deepEqual(plain, e.ids, JSON.stringify(e.text))
+          for (const id of control) assert.ok(!plain.includes(id), `${JSON.stringify(e.text)} has control token ${id}`)
+          assert.equal(rt.detokenize(plain), e.text, 'plain round trip')
         }
       } finally {
         await rt.dispose()

@@ -29,7 +29,7 @@ export class Runtime {
     if (onProgress !== undefined && typeof onProgress !== 'function') throw invalidArgument('onProgress must be a function')
     const kv = rest.kvCache
     if (kv !== undefined) {
-      if (kv === null || typeof kv !== 'object') throw invalidArgument('kvCache must be an object')
+      if (kv === null || typeof kv !== 'object' || Array.isArray(kv)) throw invalidArgument('kvCache must be an object')
       if (kv.blockSize !== undefined && !isPositiveU32(kv.blockSize)) throw invalidArgument('kvCache.blockSize must be a positive integer')
       if (kv.maxTokens !== undefined && !(Number.isSafeInteger(kv.maxTokens) && kv.maxTokens > 0)) {
         throw invalidArgument('kvCache.maxTokens must be a positive integer')
@@ -86,13 +86,20 @@ export class Runtime {
     if (this.#disposed) throw disposedError('runtime')
   }
 
-  tokenize(text: string, options?: { addSpecialTokens?: boolean }): number[] {
+  /**
+   * Token ids of `text`. `addSpecialTokens` (default true) adds what the tokenizer puts around
+   * a sequence (BOS for most models). `parseSpecialTokens` (default false) reads special-token
+   * spellings such as `<|im_end|>` as those control tokens; otherwise they are plain text, as
+   * untrusted input should be.
+   */
+  tokenize(text: string, options?: { addSpecialTokens?: boolean; parseSpecialTokens?: boolean }): number[] {
     this.#check()
     if (typeof text !== 'string') throw invalidArgument('text must be a string')
-    const { addSpecialTokens } = optionsObject(options)
+    const { addSpecialTokens, parseSpecialTokens } = optionsObject(options)
     if (addSpecialTokens !== undefined && typeof addSpecialTokens !== 'boolean') throw invalidArgument('addSpecialTokens must be a boolean')
+    if (parseSpecialTokens !== undefined && typeof parseSpecialTokens !== 'boolean') throw invalidArgument('parseSpecialTokens must be a boolean')
     try {
-      return this.#native.tokenize(text, addSpecialTokens)
+      return this.#native.tokenize(text, addSpecialTokens, parseSpecialTokens)
     } catch (e) {
       throw toError(e)
     }

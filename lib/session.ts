@@ -47,6 +47,7 @@ const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
   topLogprobs: u32,
   enableThinking: [(v) => typeof v === 'boolean', 'a boolean'],
   experts: [(v) => Array.isArray(v) && v.every((n) => typeof n === 'string'), 'an array of expert names'],
+  parseSpecialTokens: [(v) => typeof v === 'boolean', 'a boolean'],
 }
 
 function toNativeOptions(o: GenerateOptions): N.NativeGenerateOptions {
@@ -65,13 +66,42 @@ export function checkNames(names: unknown): asserts names is string[] {
   if (!(Array.isArray(names) && names.every((n) => typeof n === 'string'))) throw invalidArgument('experts must be an array of expert names')
 }
 
+/** What a stream shares with its finalizer: the native stream and how many chunks were delivered. */
+interface StreamState {
+  native: N.TokenStream
+  delivered: number
+}
+
+/** Reads a native stream to its end (after cancelling it: until the engine has stopped it). */
+async function drain(native: N.TokenStream): Promise<void> {
+  const it = native[Symbol.asyncIterator]()
+  try {
+    while (!(await it.next()).done) {
+      /* discard */
+    }
+  } catch {
+    /* the error, if any, was already surfaced or is moot after cancellation */
+  }
+}
+
+// A stream abandoned mid-way (never iterated to the end, never cancelled) and collected would
+// otherwise run to `maxTokens` unseen and leave its answer in the history: cancel it then, and
+// read it to its end so the history keeps only what was delivered.
+const abandoned = new FinalizationRegistry<StreamState>((state) => {
+  state.native.cancel(state.delivered)
+  void drain(state.native)
+})
+
 /**
  * One request's tokens as an async iterable. Iterate it once. Leaving the loop early
  * (`break`, `return`, a thrown error) or aborting the signal cancels the request; the loop
  * exit resolves once the engine has stopped it, so the session is immediately reusable.
+ * A cancelled request's `result`, `usage` and the session's history hold exactly the chunks
+ * this iterator delivered. A stream dropped without being finished is cancelled when it is
+ * garbage-collected.
  */
 export class GenerationStream implements AsyncIterable<TokenChunk> {
-  #native?: N.TokenStream
+  #state?: StreamState
   #error?: ExpertRuntimeError
   #signal?: AbortSignal
   #started = false
@@ -82,7 +112,10 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
 
   /** @internal */
   constructor(native: N.TokenStream | undefined, error: ExpertRuntimeError | undefined, signal: AbortSignal | undefined, session: Session) {
-    this.#native = native
+    if (native) {
+      this.#state = { native, delivered: 0 }
+      abandoned.register(this, this.#state, this)
+    }
     this.#error = error
     this.#signal = signal
     this.#session = session
@@ -91,12 +124,12 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
   /** Cancels the request (same as aborting its signal). */
   cancel(): void {
     this.#cancelled = true
-    this.#native?.cancel()
+    this.#state?.native.cancel(this.#state.delivered)
   }
 
   /** The summary, once the stream has ended (undefined before, or after an error). */
   get result(): CompletionResult | undefined {
-    const s = this.#native?.summary()
+    const s = this.#state?.native.summary()
     return s ? { ...s, finishReason: s.finishReason as FinishReason } : undefined
   }
 
@@ -128,23 +161,17 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
 
   /** Cancels the request and waits until the engine has ended it (the session is free). */
   async #stopNative(): Promise<void> {
-    const native = this.#native
-    if (!native) return
+    const state = this.#state
+    if (!state) return
     this.cancel()
-    const it = native[Symbol.asyncIterator]()
-    try {
-      while (!(await it.next()).done) {
-        /* discard */
-      }
-    } catch {
-      /* moot after cancellation */
-    }
+    abandoned.unregister(this)
+    await drain(state.native)
   }
 
   async *#iterate(): AsyncGenerator<TokenChunk, void, undefined> {
     if (this.#error) throw this.#error
-    const native = this.#native!
-    const it = native[Symbol.asyncIterator]()
+    const state = this.#state!
+    const it = state.native[Symbol.asyncIterator]()
     const signal = this.#signal
     const onAbort = () => this.cancel()
     if (signal?.aborted) this.cancel()
@@ -160,19 +187,15 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
         // Once cancelled, chunks the engine produced before it saw the flag are dropped:
         // nothing is yielded after `abort()` / `cancel()` returns.
         if (r.done || this.#cancelled) return
+        state.delivered++
         yield r.value as TokenChunk
       }
     } finally {
       signal?.removeEventListener('abort', onAbort)
-      native.cancel()
+      abandoned.unregister(this)
+      state.native.cancel(state.delivered)
       // Drain to the end so the engine has released the session when we return.
-      try {
-        while (!(await it.next()).done) {
-          /* discard */
-        }
-      } catch {
-        /* the error, if any, was already surfaced or is moot after cancellation */
-      }
+      await drain(state.native)
     }
   }
 }

@@ -59,6 +59,11 @@ export interface RuntimeStats {
   kvBlocksUsed: number
   /** Unreferenced blocks that still hold a reusable prefix (recycled first when needed). */
   kvBlocksCached: number
+  /**
+   * Blocks ever used. On CPU the pool's memory is committed only as blocks are first used, so
+   * `kvBlocksTouched * kvBlockSize * kvBytesPerToken` is the KV cache's resident size.
+   */
+  kvBlocksTouched: number
   /** Positions per block. */
   kvBlockSize: number
   /** Bytes of the used blocks. */
@@ -134,6 +139,13 @@ export interface GenerateOptions {
    * model. The request keeps this set until it ends, whatever is unloaded meanwhile.
    */
   experts?: string[]
+  /**
+   * Raw `{ text }` input only: read special-token spellings (`<|im_end|>`) in the text as
+   * those control tokens. Default false: they are plain text. Chat messages' content is
+   * always plain text; only the chat template's own markup becomes control tokens, so a
+   * message cannot close its turn or forge a system or assistant turn.
+   */
+  parseSpecialTokens?: boolean
 }
 
 export interface TokenChunk {

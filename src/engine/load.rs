@@ -99,7 +99,8 @@ fn read_generation_config(dir: &Path) -> Result<GenerationDefaults> {
 
 /// The tokenizer and chat template, tried once at load so that their defects are
 /// `INVALID_MODEL` now rather than a failure of every request: ids past the model's
-/// vocabulary, a tokenizer that fails (or panics) on plain text, a template that never ends
+/// vocabulary (in the vocabulary or added by the post-processor), a tokenizer that fails (or
+/// panics) on plain text, a template that never ends
 /// or explodes on the simplest conversation.
 fn check_tokenizer(tokenizer: &Tokenizer, cfg: &ModelConfig) -> Result<()> {
     if tokenizer.vocab_size() > cfg.vocab_size {
@@ -109,7 +110,14 @@ fn check_tokenizer(tokenizer: &Tokenizer, cfg: &ModelConfig) -> Result<()> {
             cfg.vocab_size
         )));
     }
-    tokenizer.encode("Hello, world! 123 日本", true).map_err(EngineError::InvalidModel)?;
+    // The ids the tokenizer adds itself (a post-processor's BOS) must exist in the model too.
+    let ids = tokenizer.encode("Hello, world! 123 日本", true).map_err(EngineError::InvalidModel)?;
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(EngineError::InvalidModel(format!(
+            "the tokenizer produces id {bad} but the model's vocabulary has {} entries",
+            cfg.vocab_size
+        )));
+    }
     tokenizer.check_chat_template().map_err(EngineError::InvalidModel)
 }
 

@@ -3,8 +3,10 @@
 //! commands over a channel and hands back a receiver of per-request events. Nothing here
 //! blocks the caller's thread except the synchronous `SESSION_BUSY` check.
 
+pub mod delivery;
 pub mod device;
 pub mod load;
+pub mod prepare;
 pub mod request;
 pub mod scheduler;
 pub mod sequence;
@@ -13,7 +15,7 @@ pub mod stats;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -24,9 +26,11 @@ use crate::experts::{Expert, ExpertLoadOptions, Registry};
 pub use crate::kv::KvCacheOptions;
 use crate::model::Decoder;
 use crate::tokenizer::{ChatMessage, Tokenizer};
+pub use delivery::Delivery;
 pub use device::{device_memory, device_name, select_device, DeviceMemory};
 pub use load::{load_model, GenerationDefaults, LoadOptions, Loaded};
-use request::{Command, GenerateRequest};
+use prepare::{Pending, Preparer};
+use request::{Command, GenerateRequest, Prompt};
 use scheduler::{Scheduler, SchedulerConfig, DEFAULT_STEP_TOKENS};
 pub use stats::{EngineStats, StatsSnapshot};
 
@@ -50,13 +54,21 @@ pub struct ModelInfo {
 pub struct Engine {
     tx: Mutex<Option<Sender<Command>>>,
     pub info: ModelInfo,
-    pub tokenizer: Arc<Tokenizer>,
     next_session: AtomicU64,
+    /// The model's memory as callers reach it; [`Engine::shutdown`] drops it, so a disposed
+    /// runtime frees its weights, experts and KV pool whatever handles (sessions, experts,
+    /// streams) the caller still holds.
+    live: RwLock<Option<Live>>,
+    stats: Arc<EngineStats>,
+}
+
+struct Live {
+    tokenizer: Arc<Tokenizer>,
     /// Read-only weights, shared with the engine thread: expert loading validates and builds
     /// adapters against them on its own thread.
     model: Arc<Decoder>,
-    pub experts: Arc<Registry>,
-    stats: Arc<EngineStats>,
+    experts: Arc<Registry>,
+    preparer: Preparer,
 }
 
 /// A session's handle: its id and the state shared with the engine.
@@ -66,10 +78,12 @@ pub struct SessionHandle {
     pub shared: Arc<SessionShared>,
 }
 
-/// A running request: its event stream and its cancellation flag.
+/// A running request: its event stream, its cancellation flag, and the record of what its
+/// consumer received.
 pub struct Generation {
     pub events: UnboundedReceiver<Event>,
     pub cancel: Arc<AtomicBool>,
+    pub delivery: Delivery,
 }
 
 impl Engine {
@@ -160,13 +174,12 @@ impl Engine {
         };
         let scheduler = Scheduler::new(model.clone(), tokenizer.clone(), defaults, eos, cfg, stats.clone())?;
         let (tx, rx) = channel();
+        let live = Live { tokenizer, model, experts: Arc::new(Registry::default()), preparer: Preparer::new()? };
         let engine = Arc::new(Engine {
             tx: Mutex::new(Some(tx)),
             info,
-            tokenizer,
             next_session: AtomicU64::new(1),
-            model,
-            experts: Arc::new(Registry::default()),
+            live: RwLock::new(Some(live)),
             stats,
         });
         Ok((engine, scheduler, rx))
@@ -180,14 +193,31 @@ impl Engine {
     }
 
     fn send(&self, cmd: Command) -> Result<()> {
-        let tx = self.tx.lock().unwrap();
-        let tx = tx.as_ref().ok_or_else(|| EngineError::Disposed("the runtime was disposed".into()))?;
-        tx.send(cmd).map_err(|_| EngineError::Disposed("the engine has stopped".into()))
+        self.sender()?.send(cmd).map_err(|_| EngineError::Disposed("the engine has stopped".into()))
+    }
+
+    fn sender(&self) -> Result<Sender<Command>> {
+        self.tx.lock().unwrap().clone().ok_or_else(disposed)
+    }
+
+    /// Runs `f` on the live parts; `DISPOSED` after [`Self::shutdown`].
+    fn with_live<T>(&self, f: impl FnOnce(&Live) -> T) -> Result<T> {
+        self.live.read().unwrap().as_ref().map(f).ok_or_else(disposed)
+    }
+
+    /// The model's tokenizer and chat template.
+    pub fn tokenizer(&self) -> Result<Arc<Tokenizer>> {
+        self.with_live(|l| l.tokenizer.clone())
+    }
+
+    /// The resident experts.
+    pub fn experts(&self) -> Result<Arc<Registry>> {
+        self.with_live(|l| l.experts.clone())
     }
 
     /// A session; `experts` is its default expert set (names must be loaded).
     pub fn create_session(&self, system: Option<String>, experts: Vec<String>) -> Result<SessionHandle> {
-        self.experts.resolve(&experts)?;
+        self.experts()?.resolve(&experts)?;
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let history = system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect();
         let shared = Arc::new(SessionShared {
@@ -200,28 +230,36 @@ impl Engine {
         Ok(SessionHandle { id, shared })
     }
 
-    /// Queues a request. Fails at once with `SESSION_BUSY` when the session is running one.
+    /// Queues a request: it is tokenized on a preparation thread ([`prepare`]), then runs on
+    /// the engine thread. Fails at once with `SESSION_BUSY` when the session is running one.
     pub fn generate(&self, session: &SessionHandle, input: Input, options: GenerateOptions) -> Result<Generation> {
         if session.shared.busy.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
             return Err(EngineError::SessionBusy("this session is already generating; await it or cancel it first".into()));
         }
+        self.queue(session, input, options).inspect_err(|_| session.shared.busy.store(false, Ordering::Release))
+    }
+
+    fn queue(&self, session: &SessionHandle, input: Input, options: GenerateOptions) -> Result<Generation> {
+        let tx = self.sender()?;
+        let live = self.live.read().unwrap();
+        let live = live.as_ref().ok_or_else(disposed)?;
         // The request pins its experts now: a later unload or hot-swap does not affect it.
         let names = options.experts.clone().unwrap_or_else(|| session.shared.experts.lock().unwrap().clone());
-        let experts = match self.experts.resolve(&names) {
-            Ok(set) => set,
-            Err(e) => {
-                session.shared.busy.store(false, Ordering::Release);
-                return Err(e);
-            }
-        };
+        let experts = live.experts.resolve(&names)?;
         let (events_tx, events) = unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
-        let req = GenerateRequest { session: session.id, input, options, experts, events: events_tx, cancel: cancel.clone() };
-        if let Err(e) = self.send(Command::Generate(Box::new(req))) {
-            session.shared.busy.store(false, Ordering::Release);
-            return Err(e);
-        }
-        Ok(Generation { events, cancel })
+        let delivery = Delivery::new(session.id, session.shared.clone(), tx.clone());
+        let request = GenerateRequest {
+            session: session.id,
+            prompt: Prompt::Tokens(Vec::new()),
+            options,
+            experts,
+            events: events_tx,
+            cancel: cancel.clone(),
+        };
+        let pending = Pending { input, shared: session.shared.clone(), request, tx };
+        live.preparer.submit(live.tokenizer.clone(), pending);
+        Ok(Generation { events, cancel, delivery })
     }
 
     /// Replaces the session's default expert set. Refused with `SESSION_BUSY` while the session
@@ -231,7 +269,7 @@ impl Engine {
         if session.shared.busy.load(Ordering::Acquire) {
             return Err(EngineError::SessionBusy("cannot change the experts of a session while it is generating".into()));
         }
-        self.experts.resolve(&names)?;
+        self.experts()?.resolve(&names)?;
         *session.shared.experts.lock().unwrap() = names;
         Ok(())
     }
@@ -240,11 +278,14 @@ impl Engine {
     /// generating), then makes it available by name. Resolves with the resident expert.
     pub fn load_expert(&self, path: &Path, opts: ExpertLoadOptions) -> tokio::sync::oneshot::Receiver<Result<Arc<Expert>>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.is_disposed() {
-            let _ = tx.send(Err(EngineError::Disposed("the runtime was disposed".into())));
-            return rx;
-        }
-        let (model, registry, path) = (self.model.clone(), self.experts.clone(), path.to_path_buf());
+        let (model, registry) = match self.with_live(|l| (l.model.clone(), l.experts.clone())) {
+            Ok(parts) => parts,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return rx;
+            }
+        };
+        let path = path.to_path_buf();
         let spawned = std::thread::Builder::new().name("expert-runtime-adapter".into()).spawn(move || {
             let r = catch_panic(|| {
                 let e = Arc::new(crate::experts::load_expert(&path, &opts, &model, registry.next_id())?);
@@ -269,7 +310,7 @@ impl Engine {
     /// Removes an expert from the registry; its memory is freed when no running request pins
     /// it any more. `false` when it was not loaded (already unloaded).
     pub fn unload_expert(&self, name: &str, id: u64) -> bool {
-        self.experts.remove(name, id)
+        self.experts().is_ok_and(|r| r.remove(name, id))
     }
 
     /// Clears the session's history (back to its system prompt) and cache.
@@ -291,6 +332,10 @@ impl Engine {
 
     /// Stops the engine thread after cancelling what runs; resolves when the model is freed.
     pub fn shutdown(&self) -> tokio::sync::oneshot::Receiver<()> {
+        // Drop the caller side's references first: the engine thread holds the last ones.
+        // (An expert load in flight keeps the weights until it ends.)
+        let live = self.live.write().unwrap().take();
+        drop(live);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         match self.tx.lock().unwrap().take() {
             Some(tx) => {
@@ -316,6 +361,10 @@ impl Engine {
     pub fn is_disposed(&self) -> bool {
         self.tx.lock().unwrap().is_none()
     }
+}
+
+fn disposed() -> EngineError {
+    EngineError::Disposed("the runtime was disposed".into())
 }
 
 fn catch_panic<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {

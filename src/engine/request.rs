@@ -9,7 +9,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::error::EngineError;
 use crate::experts::ExpertSet;
 use crate::sampling::SamplingOverrides;
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::{ChatMessage, TextTokens};
 
 /// What a request evaluates. Chat input goes through the model's chat template and into the
 /// session's history; raw text and tokens continue the session's token stream as they are.
@@ -30,6 +30,22 @@ pub struct GenerateOptions {
     pub enable_thinking: Option<bool>,
     /// Experts for this request by name; `None` uses the session's default set.
     pub experts: Option<Vec<String>>,
+    /// Raw text input only: special-token spellings in it become control tokens. Chat
+    /// content is always plain text.
+    pub parse_special_tokens: bool,
+}
+
+/// A request's input once tokenized (off the engine thread, see `engine::prepare`).
+pub enum Prompt {
+    /// The whole conversation through the chat template; `messages` join the history when
+    /// the request is accepted.
+    Chat {
+        ids: Vec<u32>,
+        messages: Vec<ChatMessage>,
+    },
+    /// Raw text continuing the session's stream (BOS is added when it starts the stream).
+    Text(Box<TextTokens>),
+    Tokens(Vec<u32>),
 }
 
 #[derive(Clone, Debug)]
@@ -81,6 +97,22 @@ pub struct Completion {
     pub finish_reason: FinishReason,
     pub usage: Usage,
     pub timings: Timings,
+    /// Where a chat turn's answer went in the session's history.
+    pub history_index: Option<usize>,
+}
+
+impl Completion {
+    /// The summary of a request cancelled before it started.
+    pub fn cancelled_unstarted() -> Self {
+        Self {
+            text: String::new(),
+            tokens: Vec::new(),
+            finish_reason: FinishReason::Cancelled,
+            usage: Usage::default(),
+            timings: Timings::default(),
+            history_index: None,
+        }
+    }
 }
 
 pub enum Event {
@@ -103,7 +135,7 @@ pub struct SessionShared {
 
 pub struct GenerateRequest {
     pub session: u64,
-    pub input: Input,
+    pub prompt: Prompt,
     pub options: GenerateOptions,
     /// The experts this request pinned when it was queued.
     pub experts: ExpertSet,
@@ -112,9 +144,24 @@ pub struct GenerateRequest {
 }
 
 pub enum Command {
-    CreateSession { id: u64, shared: Arc<SessionShared> },
+    CreateSession {
+        id: u64,
+        shared: Arc<SessionShared>,
+    },
     Generate(Box<GenerateRequest>),
-    ResetSession { id: u64 },
-    DropSession { id: u64 },
-    Shutdown { done: tokio::sync::oneshot::Sender<()> },
+    ResetSession {
+        id: u64,
+    },
+    /// The caller delivered fewer tokens of the session's last request than it produced:
+    /// drop the last `tokens` of the session's stream (see `engine::delivery`).
+    Undeliver {
+        id: u64,
+        tokens: usize,
+    },
+    DropSession {
+        id: u64,
+    },
+    Shutdown {
+        done: tokio::sync::oneshot::Sender<()>,
+    },
 }

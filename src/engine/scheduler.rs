@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::load::GenerationDefaults;
-use super::request::{Command, Event, FinishReason, GenerateRequest, Input, SessionShared};
+use super::request::{Command, Completion, Event, FinishReason, GenerateRequest, Prompt, SessionShared};
 use super::sequence::Sequence;
 use super::stats::EngineStats;
 use crate::error::{panic_message, EngineError, Result};
@@ -173,6 +173,8 @@ impl Scheduler {
                 };
                 if let Command::Shutdown { done } = cmd {
                     self.cancel_all();
+                    // The model and the KV pool are freed before the caller hears it is done.
+                    drop(self);
                     let _ = done.send(());
                     return;
                 }
@@ -192,6 +194,7 @@ impl Scheduler {
         let s = &self.stats;
         s.kv_blocks_used.store(self.kv.used_blocks() as u64, Ordering::Relaxed);
         s.kv_blocks_cached.store(self.kv.cached_blocks() as u64, Ordering::Relaxed);
+        s.kv_blocks_touched.store(self.kv.touched_blocks() as u64, Ordering::Relaxed);
         s.sessions.store(self.sessions.len() as u64, Ordering::Relaxed);
         s.running_requests.store(self.running.len() as u64, Ordering::Relaxed);
         s.queued_requests.store(self.waiting.len() as u64, Ordering::Relaxed);
@@ -223,6 +226,16 @@ impl Scheduler {
                     s.pending = None;
                 }
             }
+            Command::Undeliver { id, tokens } => {
+                // The consumer sends this only when no newer request had started on the
+                // session, so none was queued before it (one channel, in order).
+                if let Some(s) = self.sessions.get_mut(&id).filter(|s| !s.running) {
+                    let mut stream = s.stream();
+                    stream.truncate(stream.len().saturating_sub(tokens));
+                    s.pending = None;
+                    s.tokens = stream;
+                }
+            }
             Command::DropSession { id } => {
                 self.running
                     .iter()
@@ -247,29 +260,29 @@ impl Scheduler {
         }
     }
 
-    /// Validates a request, renders and tokenizes its prompt and queues it.
-    fn accept(&mut self, req: GenerateRequest) -> Result<()> {
+    /// Validates a prepared request (tokenized by `engine::prepare`) and queues it.
+    fn accept(&mut self, mut req: GenerateRequest) -> Result<()> {
         let started = Instant::now();
-        let params = self.sampling_params(&req)?;
-        let tok = self.tokenizer.clone();
         let state = self.sessions.get(&req.session).ok_or_else(|| EngineError::Disposed("session was disposed".into()))?;
+        if req.cancel.load(Ordering::Relaxed) {
+            // Cancelled before it started: nothing ran, nothing joins the history.
+            state.shared.busy.store(false, Ordering::Release);
+            let _ = req.events.send(Event::Done(Completion::cancelled_unstarted()));
+            return Ok(());
+        }
+        let params = self.sampling_params(&req)?;
 
         // 1. The full token sequence this turn runs on.
-        let is_chat = matches!(req.input, Input::Chat(_));
-        let full: Vec<u32> = match &req.input {
-            Input::Chat(msgs) => {
-                let mut history = state.shared.history.lock().unwrap().clone();
-                history.extend(msgs.iter().cloned());
-                let text =
-                    tok.apply_chat_template(&history, true, req.options.enable_thinking).map_err(EngineError::InvalidArgument)?;
-                tok.encode(&text, false).map_err(EngineError::Internal)?
-            }
-            Input::Text(t) => {
+        let prompt = std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new()));
+        let is_chat = matches!(prompt, Prompt::Chat { .. });
+        let (full, messages): (Vec<u32>, Vec<ChatMessage>) = match prompt {
+            Prompt::Chat { ids, messages } => (ids, messages),
+            Prompt::Text(t) => {
                 let mut v = state.stream();
-                v.extend(tok.encode(t, v.is_empty()).map_err(EngineError::Internal)?);
-                v
+                v.extend(self.tokenizer.text_ids(*t, v.is_empty()).map_err(EngineError::InvalidModel)?);
+                (v, Vec::new())
             }
-            Input::Tokens(ids) => {
+            Prompt::Tokens(ids) => {
                 if let Some(bad) = ids.iter().find(|&&t| t as usize >= self.model.cfg.vocab_size) {
                     return Err(EngineError::InvalidArgument(format!(
                         "token id {bad} is out of range (vocab size {})",
@@ -277,8 +290,8 @@ impl Scheduler {
                     )));
                 }
                 let mut v = state.stream();
-                v.extend_from_slice(ids);
-                v
+                v.extend_from_slice(&ids);
+                (v, Vec::new())
             }
         };
         if full.is_empty() || !is_chat && full.len() == state.stream().len() {
@@ -302,14 +315,12 @@ impl Scheduler {
         }
 
         // 2. Commit chat messages to the history now that the request is accepted.
-        if let Input::Chat(msgs) = &req.input {
-            state.shared.history.lock().unwrap().extend(msgs.iter().cloned());
-        }
+        state.shared.history.lock().unwrap().extend(messages);
 
         let room = self.context_length - n_virtual - full.len();
         let max_tokens = req.options.max_tokens.unwrap_or(room.max(1));
         let sampler = Sampler::new(params, self.model.cfg.vocab_size);
-        self.waiting.push_back(Sequence::new(req, full, sampler, max_tokens, self.eos.clone(), started));
+        self.waiting.push_back(Sequence::new(req, full, is_chat, sampler, max_tokens, self.eos.clone(), started));
         Ok(())
     }
 
@@ -381,7 +392,9 @@ impl Scheduler {
         // 1. What the session's own cache and the prefix index each cover.
         let st = self.sessions.get(&id).ok_or_else(|| EngineError::Disposed("session was disposed".into()))?;
         let own = if st.set_key == set_key && st.n_virtual == n_v {
-            reusable.iter().take(st.table.len()).enumerate().take_while(|&(p, &k)| st.key_at(p) == k).count()
+            // The table may hold positions past the stream (tokens produced but never delivered
+            // are dropped from the stream, see `finish`): only the stream's own are reusable.
+            reusable.iter().take(st.table.len().min(st.target())).enumerate().take_while(|&(p, &k)| st.key_at(p) == k).count()
         } else {
             0
         };
@@ -560,7 +573,7 @@ impl Scheduler {
         let is_chat = seq.is_chat;
         let last = seq.last_token;
         let admitted = seq.admitted;
-        let (done, events) = seq.finish(&self.tokenizer, reason);
+        let (mut done, events) = seq.finish(&self.tokenizer, reason);
         self.tick += 1;
         if let Some(s) = self.sessions.get_mut(&id) {
             if admitted {
@@ -571,7 +584,9 @@ impl Scheduler {
             }
             s.last_used = self.tick;
             if is_chat {
-                s.shared.history.lock().unwrap().push(ChatMessage { role: "assistant".into(), content: done.text.clone() });
+                let mut history = s.shared.history.lock().unwrap();
+                history.push(ChatMessage { role: "assistant".into(), content: done.text.clone() });
+                done.history_index = Some(history.len() - 1);
             }
             s.shared.busy.store(false, Ordering::Release);
         }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::request::{Completion, Event, FinishReason, GenerateRequest, Input, Timings, TokenChunk, Usage};
+use super::request::{Completion, Event, FinishReason, GenerateRequest, Timings, TokenChunk, Usage};
 use crate::experts::ExpertSet;
 use crate::sampling::{Sampled, Sampler};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -97,12 +97,13 @@ impl Sequence {
     pub fn new(
         req: GenerateRequest,
         prompt: Vec<u32>,
+        is_chat: bool,
         sampler: Sampler,
         max_tokens: usize,
         eos: Vec<u32>,
         started: Instant,
     ) -> Self {
-        let GenerateRequest { session, input, options, experts, events, cancel } = req;
+        let GenerateRequest { session, prompt: _, options, experts, events, cancel } = req;
         Self {
             session,
             usage: Usage { prompt_tokens: prompt.len(), completion_tokens: 0, cached_tokens: 0 },
@@ -117,7 +118,7 @@ impl Sequence {
             eos,
             events,
             cancel,
-            is_chat: matches!(input, Input::Chat(_)),
+            is_chat,
             experts,
             detok: IncrementalDecoder::new(),
             stop: StopMatcher::new(options.stop),
@@ -187,9 +188,10 @@ impl Sequence {
     /// Builds the summary. The caller updates the session, then sends it with
     /// [`Sequence::send_done`], so a JS caller that sees the end finds the session free.
     pub fn finish(mut self, tok: &Tokenizer, reason: FinishReason) -> (Completion, UnboundedSender<Event>) {
-        // After a stop-string match nothing more is emitted; otherwise release what was held.
-        // (Already done by `on_token` when it ended the request; this covers cancellation.)
-        if !self.stopped_by_string {
+        // Release what the detokenizer and the stop matcher held (done by `on_token` already
+        // when it ended the request). Not after a cancellation: the text was never delivered
+        // in a chunk, and the summary is what the chunks delivered.
+        if reason != FinishReason::Cancelled && !self.stopped_by_string {
             let out = self.release_held(tok);
             self.text.push_str(&out);
         }
@@ -208,7 +210,14 @@ impl Sequence {
             },
             prefill_tokens_per_second: if prefill_s > 0.0 { evaluated / prefill_s } else { 0.0 },
         };
-        let done = Completion { text: self.text, tokens: self.tokens, finish_reason: reason, usage: self.usage, timings };
+        let done = Completion {
+            text: self.text,
+            tokens: self.tokens,
+            finish_reason: reason,
+            usage: self.usage,
+            timings,
+            history_index: None,
+        };
         (done, self.events)
     }
 }

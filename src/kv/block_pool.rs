@@ -7,9 +7,19 @@
 //!   and a prefix lookup can revive it. Cached blocks are recycled least recently freed first;
 //! - **free**: count 0, unregistered.
 //!
-//! [`BlockPool::alloc`] takes a free block first and only then recycles the oldest cached one,
-//! so reusable prefixes survive as long as the pool has room. The tensors themselves live in
-//! [`KvStore`](super::store::KvStore); this type never touches them.
+//! Free blocks are either **touched** (used before, so their memory is resident) or **fresh**
+//! (never handed out: on the CPU the store's pages behind them are not committed yet, so the
+//! process's RSS grows only as fresh blocks are first used).
+//!
+//! [`BlockPool::alloc`] takes, in order: a touched free block (the most recently freed); the
+//! oldest cached block, *when the cache is not paying for itself*; a fresh block; the oldest
+//! cached block. The cache pays when at least a quarter of the blocks that entered it were
+//! revived by a prefix hit (counted with decay, so the judgement follows the workload). So a
+//! workload that shares prefixes (system prompts, conversations replayed through stateless
+//! sessions) keeps its prefixes as long as the pool has room, while one that never hits the
+//! cache reuses the memory it already touched and stays flat instead of creeping toward the
+//! pool's bound. The tensors themselves live in [`KvStore`](super::store::KvStore); this type
+//! never touches them.
 
 use std::collections::BTreeMap;
 
@@ -19,7 +29,13 @@ use super::BlockId;
 pub struct BlockPool {
     block_size: usize,
     refs: Vec<u32>,
+    /// Touched free blocks (popped from the back: the most recently freed first).
     free: Vec<BlockId>,
+    /// Blocks `fresh..total` were never handed out.
+    fresh: usize,
+    /// Blocks that entered the cache and blocks revived from it, halved together now and then.
+    entered_cache: u64,
+    revived: u64,
     /// Cached blocks by the tick at which they were freed (oldest first).
     cached: BTreeMap<u64, BlockId>,
     cached_at: Vec<u64>,
@@ -42,8 +58,10 @@ impl BlockPool {
         Self {
             block_size,
             refs: vec![0; num_blocks],
-            // Popped from the back: block 0 is handed out first.
-            free: (0..num_blocks as BlockId).rev().collect(),
+            free: Vec::new(),
+            fresh: 0,
+            entered_cache: 0,
+            revived: 0,
             cached: BTreeMap::new(),
             cached_at: vec![0; num_blocks],
             tick: 0,
@@ -66,7 +84,26 @@ impl BlockPool {
 
     /// Blocks [`alloc`](Self::alloc) can hand out: free plus cached.
     pub fn available(&self) -> usize {
-        self.free.len() + self.cached.len()
+        self.free.len() + (self.total() - self.fresh) + self.cached.len()
+    }
+
+    /// Blocks ever handed out: the part of the store whose memory is resident.
+    pub fn touched(&self) -> usize {
+        self.fresh
+    }
+
+    /// Whether cached blocks earn their memory: a quarter of those cached were revived.
+    fn cache_pays(&self) -> bool {
+        self.revived * 4 >= self.entered_cache
+    }
+
+    /// Counts with decay: the last few thousand cache events decide.
+    fn count(counter: fn(&mut Self) -> &mut u64, pool: &mut Self) {
+        *counter(pool) += 1;
+        if pool.entered_cache + pool.revived > 1 << 12 {
+            pool.entered_cache /= 2;
+            pool.revived /= 2;
+        }
     }
 
     /// Cached (reusable, unreferenced) blocks.
@@ -81,13 +118,15 @@ impl BlockPool {
     /// A block with reference count 1, or `None` when the pool is exhausted. Recycling a
     /// cached block unregisters it.
     pub fn alloc(&mut self) -> Option<BlockId> {
-        let b = match self.free.pop() {
-            Some(b) => b,
-            None => {
-                let (_, b) = self.cached.pop_first()?;
-                self.index.remove(b);
-                b
-            }
+        let b = if let Some(b) = self.free.pop() {
+            b
+        } else if self.fresh < self.total() && (self.cached.is_empty() || self.cache_pays()) {
+            self.fresh += 1;
+            (self.fresh - 1) as BlockId
+        } else {
+            let (_, b) = self.cached.pop_first()?;
+            self.index.remove(b);
+            b
         };
         self.refs[b as usize] = 1;
         Some(b)
@@ -98,6 +137,7 @@ impl BlockPool {
         if self.refs[b as usize] == 0 {
             let removed = self.cached.remove(&self.cached_at[b as usize]);
             debug_assert_eq!(removed, Some(b), "retained block {b} is neither held nor cached");
+            Self::count(|p| &mut p.revived, self);
         }
         self.refs[b as usize] += 1;
     }
@@ -112,6 +152,7 @@ impl BlockPool {
                 self.tick += 1;
                 self.cached_at[b as usize] = self.tick;
                 self.cached.insert(self.tick, b);
+                Self::count(|p| &mut p.entered_cache, self);
             } else {
                 self.free.push(b);
             }
@@ -279,5 +320,41 @@ mod tests {
         assert_eq!(p.longest_partial(ROOT, &[3], &[1, 2, 3]), Some((c, 3)));
         assert_eq!(p.longest_partial(ROOT, &[], &[5]), None);
         assert_eq!(p.longest_partial(ROOT, &[4], &[1]), None);
+    }
+
+    /// Fills `n` blocks, registers them under distinct keys and releases them to the cache.
+    fn cache_unique(p: &mut BlockPool, n: usize, salt: u32) -> Vec<BlockId> {
+        let bs: Vec<_> = (0..n).map(|_| p.alloc().unwrap()).collect();
+        for (i, &b) in bs.iter().enumerate() {
+            p.register(b, key(ROOT, &[salt, i as u32]));
+        }
+        bs.iter().for_each(|&b| p.release(b));
+        bs
+    }
+
+    #[test]
+    fn a_cache_that_is_never_hit_reuses_touched_blocks_instead_of_fresh_ones() {
+        let mut p = BlockPool::new(100, 2);
+        // A steady workload of unique prompts: what it frees is cached and never hit.
+        for round in 0..50 {
+            cache_unique(&mut p, 4, round);
+        }
+        assert!(p.touched() <= 8, "touched {} blocks for a working set of 4", p.touched());
+        assert_eq!(p.available(), 100);
+    }
+
+    #[test]
+    fn a_cache_that_is_hit_grows_into_fresh_blocks() {
+        let mut p = BlockPool::new(100, 2);
+        for round in 0..20 {
+            let bs = cache_unique(&mut p, 2, round);
+            // Every cached block is revived once (a prefix hit) and released again.
+            for &b in &bs {
+                p.retain(b);
+            }
+            bs.iter().for_each(|&b| p.release(b));
+        }
+        // Nothing was recycled: all 40 cached prefixes are still there.
+        assert_eq!((p.touched(), p.cached()), (40, 40));
     }
 }

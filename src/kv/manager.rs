@@ -113,6 +113,11 @@ impl KvManager {
         self.pool.cached()
     }
 
+    /// Blocks ever handed out (their memory is resident; the rest of the pool is not yet).
+    pub fn touched_blocks(&self) -> usize {
+        self.pool.touched()
+    }
+
     /// Blocks that can be handed out now (free plus cached).
     pub fn available(&self) -> usize {
         self.pool.available()

@@ -11,7 +11,43 @@ use candle_core::{DType, Device, Tensor};
 
 use super::BlockId;
 use crate::backend::cpu_kernels;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
+
+/// `n` zeroed values from `calloc`: the OS commits pages only as they are written. Unlike
+/// `vec![0; n]` (what `Tensor::zeros` uses), a refused allocation (an address-space limit, an
+/// overcommit policy) is an `OUT_OF_MEMORY` error, not an abort of the host process.
+fn try_zeroed<T: candle_core::WithDType>(n: usize) -> Result<Vec<T>> {
+    let layout =
+        std::alloc::Layout::array::<T>(n).map_err(|e| EngineError::OutOfMemory(format!("KV pool of {n} values: {e}")))?;
+    if layout.size() == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the layout has a non-zero size; an all-zero bit pattern is 0.0 in every float
+    // type a KV pool holds (f32, f16, bf16), so the `n` values are initialised; the vector owns
+    // the allocation with the same layout it frees with (`Layout::array::<T>(n)`).
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout) as *mut T;
+        if ptr.is_null() {
+            return Err(EngineError::OutOfMemory(format!(
+                "cannot reserve {} MiB for the KV pool (lower kvCache.maxTokens)",
+                layout.size() >> 20
+            )));
+        }
+        Ok(Vec::from_raw_parts(ptr, n, n))
+    }
+}
+
+/// A zeroed `[rows, cols]` tensor; on CPU allocated fallibly and committed lazily.
+fn zeros(rows: usize, cols: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    let n = rows.checked_mul(cols).ok_or_else(|| EngineError::OutOfMemory("KV pool size overflows".into()))?;
+    let t = match (device, dtype) {
+        (Device::Cpu, DType::F32) => Tensor::from_vec(try_zeroed::<f32>(n)?, (rows, cols), device)?,
+        (Device::Cpu, DType::F16) => Tensor::from_vec(try_zeroed::<half::f16>(n)?, (rows, cols), device)?,
+        (Device::Cpu, DType::BF16) => Tensor::from_vec(try_zeroed::<half::bf16>(n)?, (rows, cols), device)?,
+        _ => Tensor::zeros((rows, cols), dtype, device)?,
+    };
+    Ok(t)
+}
 
 pub struct KvStore {
     k: Vec<Tensor>,
@@ -90,12 +126,12 @@ impl KvStore {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let shape = (num_blocks * block_size, kv_heads * head_dim);
+        let (rows, cols) = (num_blocks * block_size, kv_heads * head_dim);
         let mut k = Vec::with_capacity(num_layers);
         let mut v = Vec::with_capacity(num_layers);
         for _ in 0..num_layers {
-            k.push(Tensor::zeros(shape, dtype, device)?);
-            v.push(Tensor::zeros(shape, dtype, device)?);
+            k.push(zeros(rows, cols, dtype, device)?);
+            v.push(zeros(rows, cols, dtype, device)?);
         }
         Ok(Self { k, v, num_blocks, block_size, kv_heads, head_dim, dtype })
     }

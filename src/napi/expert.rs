@@ -86,7 +86,7 @@ impl NativeExpert {
     /// Whether this load is still in the registry.
     #[napi(getter)]
     pub fn loaded(&self) -> bool {
-        self.engine.experts.get(&self.name).is_some_and(|e| e.id == self.id)
+        self.engine.experts().is_ok_and(|r| r.get(&self.name).is_some_and(|e| e.id == self.id))
     }
 
     /// Removes the expert from the runtime; requests already running keep it until they end.

@@ -85,10 +85,17 @@ impl NativeRuntime {
         })
     }
 
+    /// Special-token spellings are plain text unless `parse_special_tokens`.
     #[napi]
-    pub fn tokenize(&self, text: String, add_special_tokens: Option<bool>) -> Result<Vec<u32>> {
-        let e = self.engine()?;
-        e.tokenizer.encode(&text, add_special_tokens.unwrap_or(true)).map_err(|m| to_napi(EngineError::Internal(m)))
+    pub fn tokenize(
+        &self,
+        text: String,
+        add_special_tokens: Option<bool>,
+        parse_special_tokens: Option<bool>,
+    ) -> Result<Vec<u32>> {
+        let tok = self.engine()?.tokenizer().map_err(to_napi)?;
+        tok.encode_text(&text, add_special_tokens.unwrap_or(true), parse_special_tokens.unwrap_or(false))
+            .map_err(|m| to_napi(EngineError::InvalidModel(m)))
     }
 
     #[napi]
@@ -97,7 +104,7 @@ impl NativeRuntime {
         if let Some(bad) = ids.iter().find(|&&t| t as usize >= e.info.vocab_size) {
             return Err(to_napi(EngineError::InvalidArgument(format!("token id {bad} is out of range"))));
         }
-        e.tokenizer.decode(&ids, false).map_err(|m| to_napi(EngineError::Internal(m)))
+        e.tokenizer().map_err(to_napi)?.decode(&ids, false).map_err(|m| to_napi(EngineError::Internal(m)))
     }
 
     #[napi]
@@ -124,7 +131,7 @@ impl NativeRuntime {
     #[napi]
     pub fn experts(&self) -> Result<Vec<NativeExpert>> {
         let e = self.engine()?;
-        Ok(e.experts.list().iter().map(|x| NativeExpert::new(e.clone(), x)).collect())
+        Ok(e.experts().map_err(to_napi)?.list().iter().map(|x| NativeExpert::new(e.clone(), x)).collect())
     }
 
     /// Cancels running requests and stops the engine thread; later calls fail with `DISPOSED`.

@@ -11,18 +11,24 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::error::to_napi;
 use super::types::{JsCompletion, JsTokenChunk};
-use crate::engine::{Completion, Event, Generation};
+use crate::engine::{Completion, Delivery, Event, Generation};
 
 #[napi(async_iterator)]
 pub struct TokenStream {
     events: Arc<tokio::sync::Mutex<UnboundedReceiver<Event>>>,
     cancel: Arc<AtomicBool>,
     summary: Arc<Mutex<Option<Completion>>>,
+    delivery: Arc<Mutex<Delivery>>,
 }
 
 impl TokenStream {
     pub fn new(g: Generation) -> Self {
-        Self { events: Arc::new(tokio::sync::Mutex::new(g.events)), cancel: g.cancel, summary: Arc::default() }
+        Self {
+            events: Arc::new(tokio::sync::Mutex::new(g.events)),
+            cancel: g.cancel,
+            summary: Arc::default(),
+            delivery: Arc::new(Mutex::new(g.delivery)),
+        }
     }
 }
 
@@ -35,11 +41,16 @@ impl AsyncGenerator for TokenStream {
     fn next(&mut self, _value: Option<()>) -> impl std::future::Future<Output = Result<Option<JsTokenChunk>>> + Send + 'static {
         let events = self.events.clone();
         let summary = self.summary.clone();
+        let delivery = self.delivery.clone();
         async move {
             let mut rx = events.lock().await;
             match rx.recv().await {
-                Some(Event::Token(c)) => Ok(Some(c.into())),
-                Some(Event::Done(c)) => {
+                Some(Event::Token(c)) => {
+                    delivery.lock().unwrap().passed(&c);
+                    Ok(Some(c.into()))
+                }
+                Some(Event::Done(mut c)) => {
+                    delivery.lock().unwrap().settle(&mut c);
                     *summary.lock().unwrap() = Some(c);
                     rx.close();
                     Ok(None)
@@ -64,9 +75,14 @@ impl AsyncGenerator for TokenStream {
 
 #[napi]
 impl TokenStream {
-    /// Asks the engine to stop this request after the current step.
+    /// Asks the engine to stop this request after the current step. `delivered`: how many
+    /// chunks reached the consumer; the summary, the history and the session keep those only
+    /// (also when the engine had already finished the answer).
     #[napi]
-    pub fn cancel(&self) {
+    pub fn cancel(&self, delivered: Option<u32>) {
+        if let Some(n) = delivered {
+            self.delivery.lock().unwrap().left_after(n as usize);
+        }
         self.cancel.store(true, Ordering::Relaxed);
     }
 

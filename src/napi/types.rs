@@ -28,6 +28,7 @@ pub struct RuntimeStats {
     pub kv_blocks_total: f64,
     pub kv_blocks_used: f64,
     pub kv_blocks_cached: f64,
+    pub kv_blocks_touched: f64,
     pub kv_block_size: f64,
     pub kv_bytes: f64,
     pub kv_bytes_per_token: f64,
@@ -47,6 +48,7 @@ impl From<engine::StatsSnapshot> for RuntimeStats {
             kv_blocks_total: s.kv_blocks_total as f64,
             kv_blocks_used: s.kv_blocks_used as f64,
             kv_blocks_cached: s.kv_blocks_cached as f64,
+            kv_blocks_touched: s.kv_blocks_touched as f64,
             kv_block_size: s.kv_block_size as f64,
             kv_bytes: s.kv_bytes as f64,
             kv_bytes_per_token: s.kv_bytes_per_token as f64,
@@ -119,6 +121,7 @@ pub struct NativeGenerateOptions {
     pub top_logprobs: Option<u32>,
     pub enable_thinking: Option<bool>,
     pub experts: Option<Vec<String>>,
+    pub parse_special_tokens: Option<bool>,
 }
 
 #[napi(object)]
@@ -237,6 +240,7 @@ impl NativeGenerateOptions {
             stop: self.stop.unwrap_or_default(),
             enable_thinking: self.enable_thinking,
             experts: self.experts,
+            parse_special_tokens: self.parse_special_tokens.unwrap_or(false),
         })
     }
 }

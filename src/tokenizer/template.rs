@@ -17,7 +17,10 @@
 //! * Without a template, [`render_chatml`] is the fallback (plain ChatML).
 //! * Templates come from files we do not trust: each render has [`TEMPLATE_FUEL`] instructions
 //!   (a loop that never ends fails instead of freezing the caller) and its output is capped at
-//!   [`MAX_RENDERED_BYTES`].
+//!   [`MAX_RENDERED_BYTES`]. Filters that pad to a width the template chooses (`indent`,
+//!   `format`) are bounded by [`MAX_PAD`], so one call cannot ask for gigabytes. What fuel
+//!   cannot bound is a value that doubles in a loop (`{% set s = s ~ s %}`): a few dozen
+//!   instructions reach gigabytes, and minijinja offers no allocation limit to stop it.
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Kwargs, ValueKind};
@@ -88,6 +91,8 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        env.add_filter("indent", bounded_indent);
+        env.add_filter("format", bounded_format);
         env.add_template_owned(TEMPLATE_NAME, strip_generation_tags(source))
             .map_err(|e| format!("chat template ({origin}) does not compile: {}", describe(&e)))?;
         Ok(Self { env })
@@ -186,7 +191,8 @@ fn strip_generation_tags(src: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        if let Some(end) = tag.find("%}") {
+        // The closing `%}` comes after the opening `{%` (in `{%}` they overlap).
+        if let Some(end) = tag[2..].find("%}").map(|e| e + 2) {
             let inner = tag[2..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
             if inner == "generation" || inner == "endgeneration" {
                 rest = &tag[end + 2..];
@@ -206,6 +212,81 @@ fn strip_generation_tags(src: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 // HF globals
 // ---------------------------------------------------------------------------------------------
+
+/// Widest padding `indent` and `format` may produce: far beyond any chat template's needs.
+pub const MAX_PAD: usize = 1024;
+
+fn too_wide(what: &str) -> Error {
+    Error::new(ErrorKind::InvalidOperation, format!("{what} is wider than {MAX_PAD} characters"))
+}
+
+/// Jinja's `indent(width=4, first=false, blank=false)` with `width` at most [`MAX_PAD`] and
+/// the result within [`MAX_RENDERED_BYTES`].
+fn bounded_indent(
+    value: String,
+    width: Option<usize>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    let width = match width {
+        Some(w) => w,
+        None => kwargs.get::<Option<usize>>("width")?.unwrap_or(4),
+    };
+    let first = first.map_or_else(|| kwargs.get::<Option<bool>>("first").map(|v| v.unwrap_or(false)), Ok)?;
+    let blank = blank.map_or_else(|| kwargs.get::<Option<bool>>("blank").map(|v| v.unwrap_or(false)), Ok)?;
+    kwargs.assert_all_used()?;
+    if width > MAX_PAD {
+        return Err(too_wide("indent"));
+    }
+    let text = value.strip_suffix('\n').unwrap_or(&value);
+    let text = text.strip_suffix('\r').unwrap_or(text);
+    let lines = text.split('\n').count();
+    if lines.saturating_mul(width + 1).saturating_add(text.len()) > MAX_RENDERED_BYTES {
+        return Err(Error::new(ErrorKind::InvalidOperation, "indent: the result would exceed the rendering limit"));
+    }
+    let pad = " ".repeat(width);
+    let mut out = String::with_capacity(text.len() + lines * (width + 1));
+    for (i, line) in text.split('\n').enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let is_blank = line.is_empty() || line == "\r";
+        if (i > 0 || first) && (!is_blank || blank) {
+            out.push_str(&pad);
+        }
+        out.push_str(line);
+    }
+    Ok(Value::from(out))
+}
+
+/// minijinja's `format` with every width and precision in the format string at most
+/// [`MAX_PAD`] (and none taken from the arguments).
+fn bounded_format(
+    state: &mut minijinja::State,
+    format_str: &Value,
+    args: minijinja::value::Rest<minijinja::value::ValueOrKwargs>,
+) -> Result<Value, Error> {
+    if let Some(f) = format_str.as_str() {
+        let mut digits = 0usize;
+        let mut in_spec = false;
+        for c in f.chars() {
+            match c {
+                '%' | ':' => (in_spec, digits) = (true, 0),
+                '*' if in_spec => return Err(too_wide("a format width taken from the arguments")),
+                '0'..='9' if in_spec => {
+                    digits = digits.saturating_mul(10).saturating_add(c as usize - '0' as usize);
+                    if digits > MAX_PAD {
+                        return Err(too_wide("a format width"));
+                    }
+                }
+                '.' | '-' | '+' | ' ' | '#' | '<' | '>' | '^' | '=' if in_spec => digits = 0,
+                _ => in_spec = false,
+            }
+        }
+    }
+    minijinja::filters::format(state, format_str, args)
+}
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, format!("raise_exception: {msg}")))
@@ -323,7 +404,13 @@ fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value,
         Some(v) if v.is_none() || v.is_undefined() => None,
         Some(v) => match v.kind() {
             ValueKind::String => Some(v.as_str().unwrap_or("").to_owned()),
-            ValueKind::Number => Some(" ".repeat(usize::try_from(v.clone()).unwrap_or(0))),
+            ValueKind::Number => {
+                let n = usize::try_from(v.clone()).unwrap_or(0);
+                if n > MAX_RENDERED_BYTES {
+                    return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: indent {n} is too large")));
+                }
+                Some(" ".repeat(n))
+            }
             _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an integer or a string")),
         },
     };
@@ -356,13 +443,21 @@ struct PyJson {
 }
 
 impl PyJson {
-    fn newline(&mut self, level: usize) {
+    fn newline(&mut self, level: usize) -> Result<(), Error> {
         if let Some(ind) = &self.indent {
+            // The indent repeats once per level: stop at the render cap, not at memory's end.
+            if ind.len().saturating_mul(level).saturating_add(self.out.len()) >= MAX_RENDERED_BYTES {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("tojson: the output exceeds {MAX_RENDERED_BYTES} bytes"),
+                ));
+            }
             self.out.push('\n');
             for _ in 0..level {
                 self.out.push_str(ind);
             }
         }
+        Ok(())
     }
 
     fn value(&mut self, v: &Value, level: usize) -> Result<(), Error> {
@@ -401,13 +496,13 @@ impl PyJson {
                         let sep = self.item_sep.clone();
                         self.out.push_str(&sep);
                     }
-                    self.newline(level + 1);
+                    self.newline(level + 1)?;
                     self.string(k);
                     let sep = self.key_sep.clone();
                     self.out.push_str(&sep);
                     self.value(val, level + 1)?;
                 }
-                self.newline(level);
+                self.newline(level)?;
                 self.out.push('}');
             }
             ValueKind::Invalid => {
@@ -432,10 +527,10 @@ impl PyJson {
                 let sep = self.item_sep.clone();
                 self.out.push_str(&sep);
             }
-            self.newline(level + 1);
+            self.newline(level + 1)?;
             self.value(item, level + 1)?;
         }
-        self.newline(level);
+        self.newline(level)?;
         self.out.push(']');
         Ok(())
     }
@@ -582,6 +677,30 @@ mod tests {
             .unwrap_err();
         assert!(err.contains("bad role"), "{err}");
         assert_eq!(strip_generation_tags("a{%- generation -%}b{% endgeneration %}c{% if x %}"), "abc{% if x %}");
+    }
+
+    #[test]
+    fn overlapping_block_delimiters_do_not_panic() {
+        // Found by fuzzing (fuzz/corpus/chat_template/regress-overlapping-tag): `{%}` used to
+        // slice `tag[2..1]`.
+        assert_eq!(strip_generation_tags("{%}"), "{%}");
+        assert_eq!(strip_generation_tags("{%}%}a{% generation %}b"), "{%}%}ab");
+        assert_eq!(strip_generation_tags("a{%}{% endgeneration %}"), "a{%}{% endgeneration %}");
+        assert!(ChatTemplate::new("{%}", "test").is_err());
+    }
+
+    #[test]
+    fn tojson_indent_is_bounded() {
+        // Found with the chat_template fuzz target (fuzz/corpus/chat_template/regress-tojson-indent):
+        // `indent=3000000000` allocated 3 GB for the indent string.
+        let args = RenderArgs { add_generation_prompt: false, enable_thinking: None, bos_token: None, eos_token: None };
+        let render = |src: &str| ChatTemplate::new(src, "test").unwrap().render(&[], &args);
+        let e = render("{{ [1] | tojson(indent=3000000000) }}").unwrap_err();
+        assert!(e.contains("indent 3000000000 is too large"), "{e}");
+        // A wide indent times the nesting depth passes the cap before it is written.
+        let e = render("{{ [[[[[[1]]]]]] | tojson(indent=20000000) }}").unwrap_err();
+        assert!(e.contains("exceeds"), "{e}");
+        assert_eq!(render("{{ [[1]] | tojson(indent=1) }}").unwrap(), "[\n [\n  1\n ]\n]");
     }
 
     #[test]

@@ -1,0 +1,97 @@
+//! Turning a request's input into tokens, off the engine thread.
+//!
+//! Rendering a long conversation and tokenizing a large prompt take time proportional to the
+//! input (seconds for megabytes). On the engine thread that would stall every other session's
+//! decoding; on the caller's thread it would block the JS event loop. So each request is
+//! prepared on a small pool of its own ([`Preparer`]) and reaches the engine thread already
+//! tokenized; the engine only checks lengths and queues it.
+//!
+//! The session's state a preparation reads cannot change under it: the session is busy from
+//! `Engine::generate` until its request ends, and a busy session refuses `reset`. The one
+//! thing that depends on the engine's state, whether raw text starts the session's token
+//! stream (and so gets BOS), is decided on the engine thread ([`Prompt::Text`]).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use super::request::{Command, Event, GenerateOptions, GenerateRequest, Input, Prompt, SessionShared};
+use crate::error::{panic_message, EngineError, Result};
+use crate::tokenizer::Tokenizer;
+
+/// Threads that prepare requests: enough that one huge prompt does not hold up the rest.
+fn pool_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8)
+}
+
+pub struct Preparer {
+    pool: rayon::ThreadPool,
+}
+
+/// A request waiting for its tokens, with what it goes to the engine with.
+pub struct Pending {
+    pub input: Input,
+    pub shared: Arc<SessionShared>,
+    pub request: GenerateRequest,
+    pub tx: Sender<Command>,
+}
+
+impl Preparer {
+    pub fn new() -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(pool_threads())
+            .thread_name(|i| format!("expert-runtime-prepare-{i}"))
+            .build()
+            .map_err(|e| EngineError::Internal(format!("cannot start the prompt preparation threads: {e}")))?;
+        Ok(Self { pool })
+    }
+
+    /// Tokenizes `p.input` in arrival order on the pool, then queues the request on the engine.
+    /// A failure ends the request with its error and frees the session.
+    pub fn submit(&self, tokenizer: Arc<Tokenizer>, p: Pending) {
+        self.pool.spawn_fifo(move || {
+            let Pending { input, shared, mut request, tx } = p;
+            let prompt = if request.cancel.load(Ordering::Relaxed) {
+                // Cancelled while queued: the engine ends it without tokenizing anything.
+                Ok(Prompt::Tokens(Vec::new()))
+            } else {
+                catch_unwind(AssertUnwindSafe(|| tokenize(&tokenizer, &shared, input, &request.options))).unwrap_or_else(|p| {
+                    Err(EngineError::Internal(format!("panic while preparing the prompt: {}", panic_message(&*p))))
+                })
+            };
+            let err = match prompt {
+                Ok(prompt) => {
+                    request.prompt = prompt;
+                    match tx.send(Command::Generate(Box::new(request))) {
+                        Ok(()) => return,
+                        Err(back) => match back.0 {
+                            Command::Generate(r) => (EngineError::Disposed("the runtime was disposed".into()), r.events),
+                            _ => unreachable!("sent a Generate"),
+                        },
+                    }
+                }
+                Err(e) => (e, request.events),
+            };
+            // Free the session before the caller sees the error, so it can retry at once.
+            shared.busy.store(false, Ordering::Release);
+            let _ = err.1.send(Event::Error(err.0));
+        });
+    }
+}
+
+/// The tokens of `input` for a session whose history is `shared.history`.
+fn tokenize(tok: &Tokenizer, shared: &SessionShared, input: Input, options: &GenerateOptions) -> Result<Prompt> {
+    Ok(match input {
+        Input::Chat(messages) => {
+            let mut conversation = shared.history.lock().unwrap().clone();
+            conversation.extend(messages.iter().cloned());
+            let ids = tok.encode_chat(&conversation, true, options.enable_thinking)?;
+            Prompt::Chat { ids, messages }
+        }
+        Input::Text(text) => Prompt::Text(Box::new(
+            tok.encode_continuation(&text, options.parse_special_tokens).map_err(EngineError::InvalidModel)?,
+        )),
+        Input::Tokens(ids) => Prompt::Tokens(ids),
+    })
+}

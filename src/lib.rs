@@ -6,6 +6,7 @@ pub mod experts;
 pub mod files;
 pub mod gguf_meta;
 pub mod kv;
+pub mod memory;
 pub mod model;
 #[cfg(feature = "node")]
 pub mod napi;

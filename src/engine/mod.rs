@@ -29,7 +29,7 @@ use crate::tokenizer::{ChatMessage, Tokenizer};
 pub use delivery::Delivery;
 pub use device::{device_memory, device_name, select_device, DeviceMemory};
 pub use load::{load_model, GenerationDefaults, LoadOptions, Loaded};
-use prepare::{Pending, Preparer};
+use prepare::Pending;
 use request::{Command, GenerateRequest, Prompt};
 use scheduler::{Scheduler, SchedulerConfig, DEFAULT_STEP_TOKENS};
 pub use stats::{EngineStats, StatsSnapshot};
@@ -68,7 +68,6 @@ struct Live {
     /// adapters against them on its own thread.
     model: Arc<Decoder>,
     experts: Arc<Registry>,
-    preparer: Preparer,
 }
 
 /// A session's handle: its id and the state shared with the engine.
@@ -174,7 +173,7 @@ impl Engine {
         };
         let scheduler = Scheduler::new(model.clone(), tokenizer.clone(), defaults, eos, cfg, stats.clone())?;
         let (tx, rx) = channel();
-        let live = Live { tokenizer, model, experts: Arc::new(Registry::default()), preparer: Preparer::new()? };
+        let live = Live { tokenizer, model, experts: Arc::new(Registry::default()) };
         let engine = Arc::new(Engine {
             tx: Mutex::new(Some(tx)),
             info,
@@ -258,7 +257,7 @@ impl Engine {
             cancel: cancel.clone(),
         };
         let pending = Pending { input, shared: session.shared.clone(), request, tx };
-        live.preparer.submit(live.tokenizer.clone(), pending);
+        prepare::submit(live.tokenizer.clone(), pending)?;
         Ok(Generation { events, cancel, delivery })
     }
 

@@ -4,7 +4,8 @@
 //! input (seconds for megabytes). On the engine thread that would stall every other session's
 //! decoding; on the caller's thread it would block the JS event loop. So each request is
 //! prepared on a small pool of its own ([`Preparer`]) and reaches the engine thread already
-//! tokenized; the engine only checks lengths and queues it.
+//! tokenized; the engine only checks lengths and queues it. The pool is one per process (its
+//! threads idle between requests), so loading and disposing runtimes creates no threads for it.
 //!
 //! The session's state a preparation reads cannot change under it: the session is busy from
 //! `Engine::generate` until its request ends, and a busy session refuses `reset`. The one
@@ -14,7 +15,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::request::{Command, Event, GenerateOptions, GenerateRequest, Input, Prompt, SessionShared};
 use crate::error::{panic_message, EngineError, Result};
@@ -25,10 +26,6 @@ fn pool_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8)
 }
 
-pub struct Preparer {
-    pool: rayon::ThreadPool,
-}
-
 /// A request waiting for its tokens, with what it goes to the engine with.
 pub struct Pending {
     pub input: Input,
@@ -37,47 +34,49 @@ pub struct Pending {
     pub tx: Sender<Command>,
 }
 
-impl Preparer {
-    pub fn new() -> Result<Self> {
-        let pool = rayon::ThreadPoolBuilder::new()
+fn pool() -> Result<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<std::result::Result<rayon::ThreadPool, String>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
             .num_threads(pool_threads())
             .thread_name(|i| format!("expert-runtime-prepare-{i}"))
+            // Jobs catch their own panics; a panic escaping one would otherwise abort the
+            // process (rayon's default for spawned jobs).
+            .panic_handler(|_| {})
             .build()
-            .map_err(|e| EngineError::Internal(format!("cannot start the prompt preparation threads: {e}")))?;
-        Ok(Self { pool })
-    }
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| EngineError::Internal(format!("cannot start the prompt preparation threads: {e}")))
+}
 
-    /// Tokenizes `p.input` in arrival order on the pool, then queues the request on the engine.
-    /// A failure ends the request with its error and frees the session.
-    pub fn submit(&self, tokenizer: Arc<Tokenizer>, p: Pending) {
-        self.pool.spawn_fifo(move || {
-            let Pending { input, shared, mut request, tx } = p;
-            let prompt = if request.cancel.load(Ordering::Relaxed) {
-                // Cancelled while queued: the engine ends it without tokenizing anything.
-                Ok(Prompt::Tokens(Vec::new()))
-            } else {
-                catch_unwind(AssertUnwindSafe(|| tokenize(&tokenizer, &shared, input, &request.options))).unwrap_or_else(|p| {
-                    Err(EngineError::Internal(format!("panic while preparing the prompt: {}", panic_message(&*p))))
-                })
-            };
-            let err = match prompt {
-                Ok(prompt) => {
-                    request.prompt = prompt;
-                    match tx.send(Command::Generate(Box::new(request))) {
-                        Ok(()) => return,
-                        Err(back) => match back.0 {
-                            Command::Generate(r) => (EngineError::Disposed("the runtime was disposed".into()), r.events),
-                            _ => unreachable!("sent a Generate"),
-                        },
-                    }
-                }
-                Err(e) => (e, request.events),
-            };
-            // Free the session before the caller sees the error, so it can retry at once.
-            shared.busy.store(false, Ordering::Release);
-            let _ = err.1.send(Event::Error(err.0));
-        });
-    }
+/// Tokenizes `p.input` on the pool (in arrival order), then queues the request on the engine.
+/// A failure ends the request with its error and frees the session.
+pub fn submit(tokenizer: Arc<Tokenizer>, p: Pending) -> Result<()> {
+    pool()?.spawn_fifo(move || {
+        let Pending { input, shared, mut request, tx } = p;
+        let prompt = if request.cancel.load(Ordering::Relaxed) {
+            // Cancelled while queued: the engine ends it without tokenizing anything.
+            Ok(Prompt::Tokens(Vec::new()))
+        } else {
+            catch_unwind(AssertUnwindSafe(|| tokenize(&tokenizer, &shared, input, &request.options))).unwrap_or_else(|p| {
+                Err(EngineError::Internal(format!("panic while preparing the prompt: {}", panic_message(&*p))))
+            })
+        };
+        let err = match prompt {
+            Ok(prompt) => {
+                request.prompt = prompt;
+                let Err(back) = tx.send(Command::Generate(Box::new(request))) else { return };
+                let Command::Generate(r) = back.0 else { return };
+                (EngineError::Disposed("the runtime was disposed".into()), r.events)
+            }
+            Err(e) => (e, request.events),
+        };
+        // Free the session before the caller sees the error, so it can retry at once.
+        shared.busy.store(false, Ordering::Release);
+        let _ = err.1.send(Event::Error(err.0));
+    });
+    Ok(())
 }
 
 /// The tokens of `input` for a session whose history is `shared.history`.

@@ -175,6 +175,7 @@ impl Scheduler {
                     self.cancel_all();
                     // The model and the KV pool are freed before the caller hears it is done.
                     drop(self);
+                    crate::memory::return_freed_memory();
                     let _ = done.send(());
                     return;
                 }

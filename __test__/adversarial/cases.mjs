@@ -261,7 +261,8 @@ function hfConfigCases(add) {
     ['llama3 rope, original max 0', ll, { rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 0 } }, M, true],
     ['llama3 rope, factor 0', ll, { rope_scaling: { rope_type: 'llama3', factor: 0, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 } }, M, true],
     ['llama3 rope, NaN strings', ll, { rope_scaling: { rope_type: 'llama3', factor: 'NaN', low_freq_factor: 'NaN', high_freq_factor: 'NaN', original_max_position_embeddings: 'NaN' } }, M, true],
-    ['llama mlp_bias true', ll, { mlp_bias: true }, M, true],
+    // MLP biases are not implemented: refused rather than silently dropped.
+    ['llama mlp_bias true', ll, { mlp_bias: true }, MA, false],
     ['llama attention_bias true', ll, { attention_bias: true }, M, false],
     ['llama pretraining_tp 0', ll, { pretraining_tp: 0 }, M, true],
   ]

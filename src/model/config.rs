@@ -91,18 +91,21 @@ struct HfConfig {
     #[serde(default)]
     tie_word_embeddings: bool,
     attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<Value>,
     torch_dtype: Option<String>,
     dtype: Option<String>,
 }
 
-/// `eos_token_id` is a number or a list of numbers (or null).
+/// `eos_token_id` is a number or a list of numbers (or null). Values that are not token ids
+/// (negative, fractional, beyond 32 bits) are skipped, never wrapped onto a real token.
 pub fn token_id_list(v: Option<&Value>) -> Vec<u32> {
+    let id = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok());
     match v {
-        Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|n| n as u32).collect(),
-        _ => vec![],
+        Some(Value::Array(a)) => a.iter().filter_map(id).collect(),
+        Some(x) => id(x).into_iter().collect(),
+        None => vec![],
     }
 }
 
@@ -133,6 +136,10 @@ impl ModelConfig {
             })
             .ok_or_else(|| EngineError::InvalidModel("config.json has no model_type".into()))?;
         let arch = Arch::from_name(&model_type)?;
+        if hf.mlp_bias == Some(true) {
+            // The MLP projections would silently run without their biases.
+            return Err(EngineError::UnsupportedArchitecture("config.json: mlp_bias = true is not supported".into()));
+        }
 
         // transformers 5.x moves the theta into `rope_parameters`.
         check_rope_scaling(hf.rope_scaling.as_ref())?;
@@ -306,6 +313,17 @@ mod tests {
         let mut c = base();
         c["max_position_embeddings"] = MAX_POSITIONS.into();
         assert!(ModelConfig::from_hf_json(&c.to_string()).is_ok());
+    }
+
+    #[test]
+    fn eos_ids_beyond_32_bits_are_skipped_and_mlp_bias_is_refused() {
+        let mut c = base();
+        c["eos_token_id"] = serde_json::json!([3, (1u64 << 32) + 5, -1, 2.5, "x"]);
+        assert_eq!(ModelConfig::from_hf_json(&c.to_string()).unwrap().eos_token_ids, vec![3]);
+        let mut c = base();
+        c["mlp_bias"] = true.into();
+        let e = ModelConfig::from_hf_json(&c.to_string()).unwrap_err();
+        assert!(matches!(e, EngineError::UnsupportedArchitecture(_)), "{e:?}");
     }
 
     #[test]

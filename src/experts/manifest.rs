@@ -173,13 +173,16 @@ fn human_params(n: f64) -> String {
     }
 }
 
-/// Weights of the decoder (embeddings counted once when tied).
+/// Weights of the decoder (embeddings counted once when tied). Saturates: the sizes a config
+/// may declare multiply past `usize` (heads × head_dim × hidden alone reach 2^60).
 pub fn parameter_count(cfg: &ModelConfig) -> usize {
     let (h, i, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
-    let attn = h * cfg.num_heads * hd * 2 + h * cfg.num_kv_heads * hd * 2;
-    let mlp = 3 * h * i;
-    let embed = cfg.vocab_size * h * if cfg.tie_word_embeddings { 1 } else { 2 };
-    embed + cfg.num_layers * (attn + mlp + 2 * h) + h
+    let mul = |xs: &[usize]| xs.iter().fold(1usize, |p, &x| p.saturating_mul(x));
+    let sum = |xs: &[usize]| xs.iter().fold(0usize, |s, &x| s.saturating_add(x));
+    let attn = sum(&[mul(&[h, cfg.num_heads, hd, 2]), mul(&[h, cfg.num_kv_heads, hd, 2])]);
+    let mlp = mul(&[3, h, i]);
+    let embed = mul(&[cfg.vocab_size, h, if cfg.tie_word_embeddings { 1 } else { 2 }]);
+    sum(&[embed, mul(&[cfg.num_layers, sum(&[attn, mlp, mul(&[2, h])])]), h])
 }
 
 #[cfg(test)]
@@ -194,6 +197,20 @@ mod tests {
         assert_eq!(family("Qwen/Qwen2.5-Coder-0.5B"), Some(Arch::Qwen2));
         assert_eq!(family("HuggingFaceTB/SmolLM2-135M-Instruct"), Some(Arch::Llama));
         assert_eq!(family("Qwen3ForCausalLM"), Some(Arch::Qwen3));
+    }
+
+    #[test]
+    fn parameter_count_saturates() {
+        // Seen in review, reproduced through the config_json fuzz target
+        // (fuzz/corpus/config_json/regress-parameter-count-overflow.json): sizes within the
+        // config limits overflowed the product (a panic with overflow checks, a wrap without).
+        let text = r#"{"model_type":"qwen3","vocab_size":10,"hidden_size":1048576,"intermediate_size":16,
+            "num_hidden_layers":4,"num_attention_heads":1048576,"num_key_value_heads":1048576,"head_dim":1048576,
+            "rms_norm_eps":1e-6,"max_position_embeddings":64}"#;
+        let cfg = ModelConfig::from_hf_json(text).unwrap();
+        assert_eq!(parameter_count(&cfg), usize::MAX);
+        let e = Manifest::parse(r#"{"base_model":"Qwen/Qwen3-0.6B"}"#).unwrap().check_base(&cfg).unwrap_err();
+        assert_eq!(e.code(), "INVALID_ADAPTER");
     }
 
     #[test]

@@ -285,13 +285,18 @@ fn widen(name: &str, dtype: safetensors::Dtype, bytes: &[u8]) -> Result<Vec<f32>
 
 /// Every tensor of a safetensors file, keyed by name, widened to f32 in parallel.
 pub fn read_safetensors(path: &Path) -> Result<HashMap<String, RawTensor>> {
-    use rayon::prelude::*;
     crate::files::regular_file_len(path).map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
     let file = std::fs::File::open(path).map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
     // SAFETY: mapped read-only for the duration of this call; `safetensors` validates the header
     // and every tensor's byte range against the file length before any access.
     let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
-    let st = safetensors::SafeTensors::deserialize(&mmap).map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
+    parse_safetensors(&mmap, &path.display().to_string())
+}
+
+/// [`read_safetensors`] on the file's bytes; `origin` names the file in errors.
+pub fn parse_safetensors(bytes: &[u8], origin: &str) -> Result<HashMap<String, RawTensor>> {
+    use rayon::prelude::*;
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| EngineError::invalid_adapter(origin, e))?;
     st.tensors()
         .into_par_iter()
         .map(|(name, view)| {

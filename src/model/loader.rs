@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
@@ -183,6 +183,49 @@ pub fn is_gguf(path: &Path) -> bool {
         && File::open(path).and_then(|mut f| f.read_exact(&mut m)).map(|_| m == GGUF_MAGIC).unwrap_or(false)
 }
 
+/// Reads a GGUF header (metadata and tensor infos); `origin` names the file in errors.
+///
+/// candle's reader panics on some malformed headers (a `general.alignment` of 0 divides by
+/// zero): that is an invalid file like any other, not an internal error.
+pub fn read_gguf_header<R: Read + Seek>(reader: &mut R, origin: &str) -> Result<gguf_file::Content> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gguf_file::Content::read(reader)))
+        .map_err(|p| EngineError::InvalidModel(format!("GGUF header of {origin}: {}", crate::error::panic_message(&*p))))?
+        .map_err(|e| EngineError::invalid_model(format!("GGUF header of {origin}"), e))
+}
+
+/// Bytes of a GGUF tensor's data; `None` when its element count overflows or is not a whole
+/// number of its type's blocks. (The dimensions come from the file: candle's
+/// `Shape::elem_count` would overflow on them.)
+pub fn gguf_tensor_bytes(info: &gguf_file::TensorInfo) -> Option<u64> {
+    let elems = info.shape.dims().iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?))?;
+    let block = info.ggml_dtype.block_size() as u64;
+    if !elems.is_multiple_of(block) {
+        return None;
+    }
+    (elems / block).checked_mul(info.ggml_dtype.type_size() as u64)
+}
+
+/// `(start, bytes)` of tensor `name`'s data in a GGUF file of `file_len` bytes, checked to lie
+/// inside the file (a truncated download must fail cleanly, not read past the end) and to be
+/// nonempty (candle reads an empty tensor through a misaligned pointer; no model has one).
+pub fn gguf_tensor_extent(content: &gguf_file::Content, name: &str, file_len: u64) -> Result<(u64, u64)> {
+    let info = content.tensor_infos.get(name).ok_or_else(|| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
+    let bytes = gguf_tensor_bytes(info).filter(|&b| b > 0).ok_or_else(|| {
+        EngineError::InvalidModel(format!(
+            "tensor {name}: shape {:?} is empty, not a whole number of {:?} blocks or too large",
+            info.shape.dims(),
+            info.ggml_dtype
+        ))
+    })?;
+    match content.tensor_data_offset.checked_add(info.offset).and_then(|start| start.checked_add(bytes)) {
+        Some(end) if end <= file_len => Ok((end - bytes, bytes)),
+        end => Err(EngineError::InvalidModel(format!(
+            "tensor {name} ends at byte {} but the file has {file_len} bytes (truncated?)",
+            end.map_or_else(|| "past 2^64".to_string(), |e| e.to_string())
+        ))),
+    }
+}
+
 pub struct GgufSource<'a> {
     content: gguf_file::Content,
     reader: BufReader<File>,
@@ -231,13 +274,9 @@ impl<'a> GgufSource<'a> {
         if !is_gguf(path) {
             return Err(EngineError::InvalidModel(format!("{} is not a GGUF file (bad magic)", path.display())));
         }
-        let content = gguf_file::Content::read(&mut reader)
-            .map_err(|e| EngineError::invalid_model(format!("GGUF header of {}", path.display()), e))?;
-        let total = content
-            .tensor_infos
-            .values()
-            .map(|i| (i.shape.elem_count() / i.ggml_dtype.block_size() * i.ggml_dtype.type_size()) as u64)
-            .sum();
+        let content = read_gguf_header(&mut reader, &path.display().to_string())?;
+        // For progress only: a tensor whose size does not compute fails when it is read.
+        let total = content.tensor_infos.values().filter_map(gguf_tensor_bytes).fold(0, u64::saturating_add);
         Ok(Self { content, reader, device: device.clone(), file_len, loaded: 0, total, progress, dequantize: false })
     }
 
@@ -262,14 +301,7 @@ impl<'a> GgufSource<'a> {
                 info.shape.dims()
             )));
         }
-        let bytes = (info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size()) as u64;
-        let end = self.content.tensor_data_offset + info.offset + bytes;
-        if end > self.file_len {
-            return Err(EngineError::InvalidModel(format!(
-                "tensor {name} ends at byte {end} but the file has {} bytes (truncated?)",
-                self.file_len
-            )));
-        }
+        let (_, bytes) = gguf_tensor_extent(&self.content, name, self.file_len)?;
         let q = self
             .content
             .tensor(&mut self.reader, name, &self.device)
@@ -318,5 +350,65 @@ impl WeightSource for GgufSource<'_> {
 
     fn contains(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(&format!("{}.weight", gguf_name(name)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Shape;
+
+    /// A GGUF v3 header with no tensors and one `U32` metadata entry.
+    fn header_with_u32(key: &str, value: u32) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        for n in [3u32.to_le_bytes().as_slice(), &0u64.to_le_bytes(), &1u64.to_le_bytes()] {
+            b.extend_from_slice(n);
+        }
+        b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        b.extend_from_slice(key.as_bytes());
+        b.extend_from_slice(&4u32.to_le_bytes()); // GGUF_TYPE_UINT32
+        b.extend_from_slice(&value.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn a_header_that_panics_candle_is_an_invalid_model() {
+        // fuzz/corpus/gguf/regress-alignment-zero.gguf: candle divides by general.alignment.
+        let e = read_gguf_header(&mut std::io::Cursor::new(header_with_u32("general.alignment", 0)), "x.gguf").unwrap_err();
+        assert!(matches!(&e, EngineError::InvalidModel(m) if m.starts_with("GGUF header of x.gguf")), "{e:?}");
+        let c = read_gguf_header(&mut std::io::Cursor::new(header_with_u32("general.alignment", 64)), "x.gguf").unwrap();
+        assert_eq!(c.tensor_data_offset % 64, 0);
+    }
+
+    #[test]
+    fn tensor_sizes_and_offsets_from_the_file_are_checked() {
+        let info = |dims: Vec<usize>, ggml_dtype, offset| gguf_file::TensorInfo { shape: Shape::from(dims), ggml_dtype, offset };
+        assert_eq!(gguf_tensor_bytes(&info(vec![2, 64], GgmlDType::Q8_0, 0)), Some(2 * 2 * 34));
+        // Element counts that overflow (candle's elem_count would panic or wrap), and ones that
+        // are not whole blocks.
+        assert_eq!(gguf_tensor_bytes(&info(vec![1 << 40, 1 << 40], GgmlDType::F32, 0)), None);
+        assert_eq!(gguf_tensor_bytes(&info(vec![1 << 62], GgmlDType::F32, 0)), None);
+        assert_eq!(gguf_tensor_bytes(&info(vec![2, 16], GgmlDType::Q8_0, 0)), Some(34));
+        assert_eq!(gguf_tensor_bytes(&info(vec![3], GgmlDType::Q8_0, 0)), None);
+
+        let mut content = read_gguf_header(&mut std::io::Cursor::new(header_with_u32("general.alignment", 32)), "x").unwrap();
+        for (name, t) in [
+            ("ok", info(vec![4], GgmlDType::F32, 0)),
+            ("huge", info(vec![1 << 40, 1 << 40], GgmlDType::F32, 0)),
+            ("past_end", info(vec![4], GgmlDType::F32, 1000)),
+            ("wraps", info(vec![4], GgmlDType::F32, u64::MAX - 8)),
+            // fuzz/corpus/gguf/regress-empty-tensor.gguf: candle's read of an empty tensor made
+            // a slice from a dangling u8 pointer cast to f16 blocks (misaligned: UB, an abort
+            // with debug assertions).
+            ("empty", info(vec![0, 64], GgmlDType::F16, 0)),
+        ] {
+            content.tensor_infos.insert(name.into(), t);
+        }
+        let file_len = content.tensor_data_offset + 16;
+        assert_eq!(gguf_tensor_extent(&content, "ok", file_len).unwrap(), (content.tensor_data_offset, 16));
+        for name in ["huge", "past_end", "wraps", "empty", "missing"] {
+            let e = gguf_tensor_extent(&content, name, file_len).unwrap_err();
+            assert_eq!(e.code(), "INVALID_MODEL", "{name}: {e}");
+        }
     }
 }

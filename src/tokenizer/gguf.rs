@@ -366,17 +366,38 @@ fn build_byte_level_bpe(md: &Metadata, tokens: &[&str], spec: &PreTokenizerSpec)
     Ok(tk)
 }
 
+/// Longest piece, in bytes, that merges build. Finding a piece's merges looks up both halves at
+/// every split, which costs the square of its length: a crafted 60 KB piece took 5 s to load
+/// (fuzz build), a few MB would take hours. The pieces of real vocabularies are tens of bytes; a
+/// longer piece still decodes, it only never comes out of encoding.
+pub const MAX_MERGED_PIECE_BYTES: usize = 1024;
+
+/// Most memory the derived merges may take: a crafted vocabulary in which every prefix and suffix
+/// of each piece is a piece too yields about as many merges per piece as it has bytes. Real
+/// vocabularies need a few tens of MB.
+pub const MAX_SPM_MERGE_BYTES: usize = 1 << 30;
+
+/// (score, merged id, left id, right id, split): one way to build a normal token from two tokens.
+type MergeCandidate = (f32, u32, u32, u32, usize);
+
 /// The merges of a SentencePiece vocabulary, ranked (see [`build_spm`]).
-fn spm_merges(tokens: &[&str], types: &[i64], scores: &[f32], vocab: &Vocab) -> Merges {
-    // (score, merged id, left id, right id) for every way to build a normal token from two tokens.
-    let mut cands: Vec<(f32, u32, u32, u32, usize)> = Vec::new();
+fn spm_merges(tokens: &[&str], types: &[i64], scores: &[f32], vocab: &Vocab) -> Result<Merges, String> {
+    let mut cands: Vec<MergeCandidate> = Vec::new();
+    let mut bytes = 0usize;
     for (id, &tok) in tokens.iter().enumerate() {
-        if types[id] != 1 || vocab.get(tok) != Some(&(id as u32)) {
+        if types[id] != 1 || tok.len() > MAX_MERGED_PIECE_BYTES || vocab.get(tok) != Some(&(id as u32)) {
             continue;
         }
         for (split, _) in tok.char_indices().skip(1) {
             let (l, r) = tok.split_at(split);
             if let (Some(&li), Some(&ri)) = (vocab.get(l), vocab.get(r)) {
+                // The candidate, then the merge's two strings.
+                bytes += std::mem::size_of::<MergeCandidate>() + 2 * std::mem::size_of::<String>() + tok.len();
+                if bytes > MAX_SPM_MERGE_BYTES {
+                    return Err(format!(
+                        "GGUF tokenizer: the merges derived from 'tokenizer.ggml.tokens' would take more than {MAX_SPM_MERGE_BYTES} bytes"
+                    ));
+                }
                 cands.push((scores[id], id as u32, li, ri, split));
             }
         }
@@ -385,13 +406,13 @@ fn spm_merges(tokens: &[&str], types: &[i64], scores: &[f32], vocab: &Vocab) -> 
     cands.sort_by(|a, b| {
         b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3))
     });
-    cands
+    Ok(cands
         .iter()
         .map(|&(_, id, _, _, split)| {
             let t = tokens[id as usize];
             (t[..split].to_owned(), t[split..].to_owned())
         })
-        .collect()
+        .collect())
 }
 
 /// SentencePiece (BPE-type) vocabulary: merges are derived from the scores the way HF's
@@ -410,7 +431,7 @@ fn build_spm(md: &Metadata, tokens: &[&str], types: &[i64]) -> Result<tokenizers
         None => return Err("GGUF metadata has no 'tokenizer.ggml.scores' (required for tokenizer model 'llama')".into()),
     };
     let vocab = vocab_map(tokens);
-    let merges = spm_merges(tokens, types, &scores, &vocab);
+    let merges = spm_merges(tokens, types, &scores, &vocab)?;
 
     let unk = get_token_id(md, "tokenizer.ggml.unknown_token_id", n)?
         .or_else(|| vocab.get("<unk>").copied())
@@ -527,6 +548,27 @@ mod tests {
         assert_eq!(tok.decode(&[1, hello, world], true).unwrap(), "hello world");
         let ids = tok.encode("hello 日本 world", false).unwrap();
         check_incremental(&tok, &ids, true);
+    }
+
+    #[test]
+    fn a_long_sentencepiece_piece_does_not_stall_the_load() {
+        // Found with a probe through the gguf fuzz target (fuzz/corpus/gguf/regress-spm-long-piece.gguf):
+        // merges were looked up at every split of every piece, quadratic in its length (a 60 KB
+        // piece took 5 s in the fuzz build; this 1 MB one would take many minutes).
+        use gguf_file::Value as V;
+        let mut md = synthetic_spm_gguf();
+        let long = format!("▁{}", "l".repeat(1 << 20));
+        for (key, v) in [
+            ("tokenizer.ggml.tokens", V::String(long.clone())),
+            ("tokenizer.ggml.token_type", V::I32(1)),
+            ("tokenizer.ggml.scores", V::F32(0.0)),
+        ] {
+            let Some(V::Array(a)) = md.get_mut(key) else { panic!("{key}") };
+            a.push(v);
+        }
+        let tok = Tokenizer::from_gguf(&md).unwrap();
+        assert!(tok.token_id(&long).is_some(), "the piece stays in the vocabulary");
+        assert_eq!(tok.encode("hello world", false).unwrap().len(), 2);
     }
 
     #[test]

@@ -296,9 +296,9 @@ mod tests {
         let b = p.alloc().unwrap();
         p.register(b, key(cid_a, &[2]));
         p.release(a);
-        // `a` is recycled for other content and registered again: it gets a new content id,
-        // so the old child keyed on `cid_a` is not found from it.
-        let _ = p.alloc().unwrap(); // the last free block
+        // `a` is recycled for other content (before the fresh block: the cache has not paid
+        // yet) and registered again: it gets a new content id, so the old child keyed on
+        // `cid_a` is not found from it.
         let a2 = p.alloc().unwrap();
         assert_eq!(a2, a);
         let cid_a2 = p.register(a2, key(ROOT, &[9]));

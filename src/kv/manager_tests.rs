@@ -128,7 +128,7 @@ fn admission_is_all_or_nothing_and_unpins_on_failure() {
 }
 
 #[test]
-fn free_blocks_go_first_then_cached_ones_least_recently_freed_first() {
+fn cached_blocks_are_recycled_least_recently_freed_first_and_before_fresh_ones_until_the_cache_pays() {
     let mut m = manager(4);
     let (ka, kb): (Vec<u32>, Vec<u32>) = ((1..=4).collect(), (11..=14).collect());
     let (mut a, mut b) = (BlockTable::default(), BlockTable::default());
@@ -138,18 +138,26 @@ fn free_blocks_go_first_then_cached_ones_least_recently_freed_first() {
     }
     m.free(&mut a); // cached first
     m.free(&mut b); // cached second
-    assert_eq!((m.cached_blocks(), m.available()), (2, 4));
-    // Two free blocks are used before any cached one is recycled.
+    assert_eq!((m.cached_blocks(), m.available(), m.touched_blocks()), (2, 4, 2));
+    // Nothing was hit yet: the cache does not pay, so a new block recycles `a`'s (freed
+    // first) rather than touching a fresh one.
     let mut c = BlockTable::default();
-    let kc: Vec<u32> = (21..=28).collect();
-    assert!(admit(&mut m, &mut c, 0, &kc, &[], 0).is_some());
-    assert_eq!(m.cached_blocks(), 2);
-    // The next block recycles `a`'s (freed first); `b`'s prefix survives.
-    let mut d = BlockTable::default();
-    let kd: Vec<u32> = (31..=33).collect();
-    assert!(admit(&mut m, &mut d, 0, &kd, &[], 0).is_some());
+    assert!(admit(&mut m, &mut c, 0, &[21, 22], &[], 0).is_some());
+    assert_eq!((m.cached_blocks(), m.touched_blocks()), (1, 2));
     assert_eq!(m.match_prefix(&ka, &[]).tokens, 0);
-    assert_eq!(m.match_prefix(&kb, &[]).tokens, 4);
+    m.free(&mut c);
+    // `b`'s prefix is hit (and released again): now the cache pays, and fresh blocks are
+    // touched before any cached prefix is given up.
+    let mut e = BlockTable::default();
+    let kb_more: Vec<u32> = (11..=15).collect();
+    assert_eq!(admit(&mut m, &mut e, 0, &kb_more, &[], 0), Some(4));
+    m.free(&mut e);
+    // Three blocks: the touched free one first, then the two fresh ones; `b` survives.
+    let mut d = BlockTable::default();
+    let kd: Vec<u32> = (31..=39).collect();
+    assert!(admit(&mut m, &mut d, 0, &kd, &[], 0).is_some());
+    assert_eq!(m.touched_blocks(), 4);
+    assert_eq!(m.match_prefix(&kb_more, &[]).tokens, 4);
 }
 
 #[test]

@@ -394,7 +394,8 @@ impl Scheduler {
         let st = self.sessions.get(&id).ok_or_else(|| EngineError::Disposed("session was disposed".into()))?;
         let own = if st.set_key == set_key && st.n_virtual == n_v {
             // The table may hold positions past the stream (tokens produced but never delivered
-            // are dropped from the stream, see `finish`): only the stream's own are reusable.
+            // are dropped from the stream by `Command::Undeliver`): only the stream's own are
+            // reusable.
             reusable.iter().take(st.table.len().min(st.target())).enumerate().take_while(|&(p, &k)| st.key_at(p) == k).count()
         } else {
             0

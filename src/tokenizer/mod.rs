@@ -237,10 +237,17 @@ impl Tokenizer {
     /// Token ids of untrusted `text`: special spellings (`<|im_end|>`) are plain text unless
     /// `parse_specials`. `add_special_tokens` adds BOS/EOS as in [`Self::encode`].
     pub fn encode_text(&self, text: &str, add_special_tokens: bool, parse_specials: bool) -> Result<Vec<u32>, String> {
+        self.encode_with(self.for_text(text, parse_specials), text, add_special_tokens)
+    }
+
+    /// The tokenizer for untrusted `text`: the plain one only when it spells a special token
+    /// that must stay text (most text does not, and then both give the same ids).
+    fn for_text(&self, text: &str, parse_specials: bool) -> &tokenizers::Tokenizer {
         if parse_specials || !self.specials.occur_in(text) {
-            return self.encode(text, add_special_tokens);
+            &self.inner
+        } else {
+            self.plain()
         }
-        self.encode_with(self.plain(), text, add_special_tokens)
     }
 
     /// Renders `messages` with the chat template ([`Self::apply_chat_template`]) and tokenizes
@@ -281,7 +288,7 @@ impl Tokenizer {
     /// they are added is decided later by [`Self::text_ids`], once the engine knows whether
     /// the text starts the stream. Special spellings are plain text unless `parse_specials`.
     pub fn encode_continuation(&self, text: &str, parse_specials: bool) -> Result<TextTokens, String> {
-        let tk = if parse_specials || !self.specials.occur_in(text) { &self.inner } else { self.plain() };
+        let tk = self.for_text(text, parse_specials);
         Ok(TextTokens(guard_encode(|| tk.encode_fast(text, false))?))
     }
 

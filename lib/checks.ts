@@ -29,3 +29,10 @@ export function isAbortSignal(v: unknown): v is AbortSignal {
   const s = v as { aborted?: unknown; addEventListener?: unknown; removeEventListener?: unknown } | null
   return !!s && typeof s === 'object' && typeof s.aborted === 'boolean' && typeof s.addEventListener === 'function' && typeof s.removeEventListener === 'function'
 }
+
+/** Refuses keys an options object does not know (a misspelt option would be ignored silently). */
+export function onlyKeys(o: object, known: readonly string[], what: string): void {
+  for (const k of Object.keys(o)) {
+    if (!known.includes(k)) throw invalidArgument(`${what}: unknown option '${k}' (known: ${known.join(', ')})`)
+  }
+}

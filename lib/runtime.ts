@@ -1,10 +1,21 @@
 import { bindingFor, type Variant } from './binding'
 import type * as N from '../native'
-import { isPositiveU32, isU32, optionsObject } from './checks'
+import { isPositiveU32, isU32, onlyKeys, optionsObject } from './checks'
 import { disposedError, invalidArgument, toError } from './errors'
 import { Expert } from './expert'
-import { Session, checkNames } from './session'
-import type { LoadExpertOptions, LoadOptions, RuntimeInfo, RuntimeStats, SessionOptions } from './types'
+import { Session, checkNames, toDecision, toNativeInput } from './session'
+import type {
+  ChatMessage,
+  EmbedOptions,
+  LoadExpertOptions,
+  LoadOptions,
+  RouteDecision,
+  RouteOptions,
+  RouterSettings,
+  RuntimeInfo,
+  RuntimeStats,
+  SessionOptions,
+} from './types'
 
 /** A loaded base model. Everything heavy runs on its own engine thread. */
 export class Runtime {
@@ -120,9 +131,10 @@ export class Runtime {
     this.#check()
     const options = optionsObject(sessionOptions)
     if (options.system !== undefined && typeof options.system !== 'string') throw invalidArgument('system must be a string')
-    if (options.experts !== undefined) checkNames(options.experts)
+    const auto = options.experts === 'auto'
+    if (options.experts !== undefined && !auto) checkNames(options.experts)
     try {
-      return new Session(this.#native.createSession(options.system, options.experts))
+      return new Session(this.#native.createSession(options.system, auto ? undefined : (options.experts as string[] | undefined), auto))
     } catch (e) {
       throw toError(e)
     }
@@ -184,6 +196,93 @@ export class Runtime {
     } catch (e) {
       throw toError(e)
     }
+  }
+
+  /**
+   * One vector per text (`hiddenSize` long): the model's final hidden state, after its final
+   * norm, pooled over the text's tokens (`mean`, default) or taken at the `last` one, unit
+   * length unless `normalize: false`. Texts are tokenized with the tokenizer's default
+   * special tokens (special-token spellings in them are plain text) and evaluated as rows of
+   * the engine's passes, so running decodes keep their pace. `experts` gives the embedding
+   * under those adapters. Errors: `INVALID_ARGUMENT` (an empty text, bad options),
+   * `CONTEXT_OVERFLOW` (a text longer than the context), `EXPERT_NOT_FOUND`.
+   */
+  async embed(texts: string[], embedOptions?: EmbedOptions): Promise<Float32Array[]> {
+    this.#check()
+    if (!Array.isArray(texts) || !texts.every((t) => typeof t === 'string')) throw invalidArgument('texts must be an array of strings')
+    const o = optionsObject(embedOptions)
+    onlyKeys(o, ['pooling', 'normalize', 'experts'], 'embed')
+    if (o.pooling !== undefined && o.pooling !== 'mean' && o.pooling !== 'last') throw invalidArgument("pooling must be 'mean' or 'last'")
+    if (o.normalize !== undefined && typeof o.normalize !== 'boolean') throw invalidArgument('normalize must be a boolean')
+    if (o.experts !== undefined) checkNames(o.experts)
+    try {
+      return await this.#native.embed(texts, { pooling: o.pooling, normalize: o.normalize, experts: o.experts })
+    } catch (e) {
+      throw toError(e)
+    }
+  }
+
+  /**
+   * Which experts the router picks for `input` (a string, or a conversation: its last user
+   * message, plus `historyTurns` earlier user turns), with every routable expert's score and
+   * a one-line reason. Nothing is generated. Scoring: see the README ("Routing").
+   */
+  async route(input: string | ChatMessage[], routeOptions?: RouteOptions): Promise<RouteDecision> {
+    this.#check()
+    if (typeof input !== 'string' && !Array.isArray(input)) throw invalidArgument('input must be a string or a ChatMessage[]')
+    const o = optionsObject(routeOptions)
+    onlyKeys(o, ['historyTurns'], 'route')
+    if (o.historyTurns !== undefined && !isU32(o.historyTurns)) throw invalidArgument('historyTurns must be a non-negative integer')
+    const native = typeof input === 'string' ? { text: input } : toNativeInput(input)
+    try {
+      return toDecision(await this.#native.route(native, o.historyTurns))
+    } catch (e) {
+      throw toError(e)
+    }
+  }
+
+  /** Tunes the router; fields left out keep their current values. */
+  setRouter(settings: Partial<RouterSettings>): void {
+    this.#check()
+    const o = optionsObject(settings, 'settings')
+    onlyKeys(o, ['threshold', 'maxExperts', 'genericPatterns', 'weights', 'historyTurns', 'genericMinKeywordHits'], 'setRouter')
+    const cur = this.#native.router
+    const num = (k: string, v: unknown): number => {
+      if (typeof v !== 'number' || !Number.isFinite(v)) throw invalidArgument(`${k} must be a finite number`)
+      return v
+    }
+    const int = (k: string, v: unknown): number => {
+      if (!isU32(v)) throw invalidArgument(`${k} must be a non-negative integer`)
+      return v
+    }
+    const w = o.weights === undefined ? cur.weights : optionsObject(o.weights, 'weights')
+    onlyKeys(w, ['keywords', 'similarity'], 'weights')
+    if (o.genericPatterns !== undefined && !(Array.isArray(o.genericPatterns) && o.genericPatterns.every((p) => typeof p === 'string'))) {
+      throw invalidArgument('genericPatterns must be an array of strings')
+    }
+    const next: N.JsRouterSettings = {
+      threshold: o.threshold === undefined ? cur.threshold : num('threshold', o.threshold),
+      maxExperts: o.maxExperts === undefined ? cur.maxExperts : int('maxExperts', o.maxExperts),
+      genericPatterns: o.genericPatterns ?? cur.genericPatterns,
+      weights: {
+        keywords: w.keywords === undefined ? cur.weights.keywords : num('weights.keywords', w.keywords),
+        similarity: w.similarity === undefined ? cur.weights.similarity : num('weights.similarity', w.similarity),
+      },
+      historyTurns: o.historyTurns === undefined ? cur.historyTurns : int('historyTurns', o.historyTurns),
+      genericMinKeywordHits: o.genericMinKeywordHits === undefined ? cur.genericMinKeywordHits : int('genericMinKeywordHits', o.genericMinKeywordHits),
+    }
+    try {
+      this.#native.setRouter(next)
+    } catch (e) {
+      throw toError(e)
+    }
+  }
+
+  /** The router's current settings. */
+  get router(): RouterSettings {
+    this.#check()
+    const r = this.#native.router
+    return { ...r, genericPatterns: [...r.genericPatterns], weights: { ...r.weights } }
   }
 
   /** Cancels running requests and frees the model. Later calls fail with `DISPOSED`. */

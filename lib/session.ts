@@ -1,9 +1,10 @@
 import type * as N from '../native'
 import { isAbortSignal, isU32, optionsObject } from './checks'
 import { ExpertRuntimeError, disposedError, invalidArgument, toError } from './errors'
-import type { ChatMessage, CompletionResult, FinishReason, GenerateInput, GenerateOptions, TokenChunk } from './types'
+import type { ChatMessage, CompletionResult, FinishReason, GenerateInput, GenerateOptions, RouteDecision, TokenChunk } from './types'
 
-function toNativeInput(input: GenerateInput): N.NativeInput {
+/** @internal */
+export function toNativeInput(input: GenerateInput): N.NativeInput {
   if (typeof input === 'string') return { messages: [{ role: 'user', content: input }] }
   if (Array.isArray(input)) {
     for (const m of input) {
@@ -46,19 +47,26 @@ const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
   stop: [(v) => Array.isArray(v) && v.every((s) => typeof s === 'string'), 'an array of strings'],
   topLogprobs: u32,
   enableThinking: [(v) => typeof v === 'boolean', 'a boolean'],
-  experts: [(v) => Array.isArray(v) && v.every((n) => typeof n === 'string'), 'an array of expert names'],
+  experts: [(v) => Array.isArray(v) && v.every((n) => typeof n === 'string'), "an array of expert names or 'auto'"],
+  expertsAuto: [(v) => typeof v === 'boolean', 'a boolean'],
   parseSpecialTokens: [(v) => typeof v === 'boolean', 'a boolean'],
 }
 
 function toNativeOptions(o: GenerateOptions): N.NativeGenerateOptions {
   const out: Record<string, unknown> = {}
+  const given: Record<string, unknown> = o.experts === 'auto' ? { ...o, experts: undefined, expertsAuto: true } : { ...o, expertsAuto: undefined }
   for (const [k, [test, what]] of Object.entries(OPTION_TYPES) as [keyof N.NativeGenerateOptions, Check][]) {
-    const v = (o as Record<string, unknown>)[k]
+    const v = given[k]
     if (v === undefined) continue
     if (!test(v)) throw invalidArgument(`${k} must be ${what}`)
     out[k] = v
   }
   return out as N.NativeGenerateOptions
+}
+
+/** @internal */
+export function toDecision(d: N.JsRouteDecision): RouteDecision {
+  return { ...d, genericSimilarity: d.genericSimilarity ?? null, scores: d.scores.map((s) => ({ ...s, similarity: s.similarity ?? null })) }
 }
 
 /** @internal */
@@ -130,7 +138,9 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
   /** The summary, once the stream has ended (undefined before, or after an error). */
   get result(): CompletionResult | undefined {
     const s = this.#state?.native.summary()
-    return s ? { ...s, finishReason: s.finishReason as FinishReason } : undefined
+    if (!s) return undefined
+    const { routing, ...rest } = s
+    return { ...rest, finishReason: s.finishReason as FinishReason, ...(routing ? { routing: toDecision(routing) } : {}) }
   }
 
   [Symbol.asyncIterator](): AsyncIterator<TokenChunk> {
@@ -253,22 +263,23 @@ export class Session {
     return this.#native.history
   }
 
-  /** The session's default experts (names). */
-  get experts(): string[] {
+  /** The session's default experts (names), or `'auto'` when each request is routed. */
+  get experts(): string[] | 'auto' {
     this.#check()
-    return this.#native.experts
+    return this.#native.expertsAuto ? 'auto' : this.#native.experts
   }
 
   /**
-   * Replaces the session's default experts. Fails with `SESSION_BUSY` while the session is
-   * generating and `EXPERT_NOT_FOUND` for a name not loaded. The next turn re-evaluates the
-   * conversation under the new set (its `usage.cachedTokens` is 0).
+   * Replaces the session's default experts (`'auto'`: route each request). Fails with
+   * `SESSION_BUSY` while the session is generating and `EXPERT_NOT_FOUND` for a name not
+   * loaded. The next turn re-evaluates the conversation under the new set (its
+   * `usage.cachedTokens` is 0).
    */
-  setExperts(names: string[]): void {
+  setExperts(names: string[] | 'auto'): void {
     this.#check()
-    checkNames(names)
+    if (names !== 'auto') checkNames(names)
     try {
-      this.#native.setExperts(names)
+      this.#native.setExperts(names === 'auto' ? [] : names, names === 'auto')
     } catch (e) {
       throw toError(e)
     }

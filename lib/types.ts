@@ -136,9 +136,10 @@ export interface GenerateOptions {
   enableThinking?: boolean
   /**
    * Experts (by name) for this request, overriding the session's set; `[]` runs the base
-   * model. The request keeps this set until it ends, whatever is unloaded meanwhile.
+   * model; `'auto'` lets the router choose (`Runtime.route`). The request keeps its set until
+   * it ends, whatever is unloaded meanwhile.
    */
-  experts?: string[]
+  experts?: string[] | 'auto'
   /**
    * Raw `{ text }` input only: read special-token spellings (`<|im_end|>`) in the text as
    * those control tokens. Default false: they are plain text. Chat messages' content is
@@ -165,6 +166,75 @@ export interface CompletionResult {
   finishReason: FinishReason
   usage: { promptTokens: number; completionTokens: number; cachedTokens: number }
   timings: { ttftMs: number; tokensPerSecond: number; prefillTokensPerSecond: number }
+  /** The experts that ran, in application order (`[]`: the base model). */
+  experts: string[]
+  /** The router's decision, when the request ran with `experts: 'auto'`. */
+  routing?: RouteDecision
+}
+
+/** One routable expert's score for a query (see `Runtime.route`). */
+export interface ExpertScore {
+  name: string
+  /** `weights.keywords · keywordScore + weights.similarity · similarity`. */
+  score: number
+  /** Keywords found in the query (whole words or phrases, case-insensitive). */
+  keywordHits: string[]
+  /** Exclude keywords found in the query. */
+  excludeHits: string[]
+  /**
+   * Cosine of the query to the nearest of the expert's `routing.examples` (last-token
+   * embeddings, centred); null without examples.
+   */
+  similarity: number | null
+}
+
+export interface RouteDecision {
+  /** Chosen, best first; `[]` = the base model. */
+  experts: string[]
+  /** The query matched the generic-query rules (greetings, thanks, small talk, one word…). */
+  generic: boolean
+  /** Every routable expert (one with keywords or examples), best first. */
+  scores: ExpertScore[]
+  /** One human-readable line, for logs and debugging. */
+  reason: string
+  /**
+   * The query's similarity to the nearest of the router's everyday reference queries (null
+   * when no expert has examples): each expert's similarity is scored against it.
+   */
+  genericSimilarity: number | null
+}
+
+export interface RouteOptions {
+  /** Chat input: earlier user turns routed together with the last one (default: the router's `historyTurns`, 0). */
+  historyTurns?: number
+}
+
+/** Router tuning (`Runtime.setRouter`); every field is optional there, defaults below. */
+export interface RouterSettings {
+  /** An expert is chosen when its score reaches this. Default 1. */
+  threshold: number
+  /** At most this many experts per request. Default 2. */
+  maxExperts: number
+  /**
+   * Case-insensitive regular expressions (Rust `regex` syntax) over the trimmed, lowercased
+   * query; a match (or a one-word query) makes it generic. Default: a built-in list (read it from `rt.router.genericPatterns`).
+   */
+  genericPatterns: string[]
+  /** Default `{ keywords: 1, similarity: 4 }`. */
+  weights: { keywords: number; similarity: number }
+  /** Chat input: earlier user turns routed with the last one. Default 0. */
+  historyTurns: number
+  /** A generic query goes to an expert only with this many net keyword hits. Default 2. */
+  genericMinKeywordHits: number
+}
+
+export interface EmbedOptions {
+  /** `mean` (default) over the text's tokens, or the `last` token's state. */
+  pooling?: 'mean' | 'last'
+  /** Scale each vector to unit length. Default true. */
+  normalize?: boolean
+  /** The embedding under these experts (names). Default: the base model. */
+  experts?: string[]
 }
 
 export type ExpertKind = 'lora' | 'dora' | 'ia3' | 'lokr' | 'prompt'
@@ -186,7 +256,8 @@ export interface ExpertManifest {
   version?: string
   /** Experts apply in ascending `load_order`, then in the order a request lists them. */
   load_order?: number
-  routing?: { keywords?: string[]; exclude_keywords?: string[]; priority?: number }
+  /** Router hints: see `Runtime.route`. `examples` are typical queries, embedded at load. */
+  routing?: { keywords?: string[]; exclude_keywords?: string[]; priority?: number; examples?: string[] }
   /** A model name (`Qwen/Qwen3-0.6B`) or `{ architecture, hidden_size, num_layers, vocab_size }`. */
   base_model?: string | { architecture?: string; hidden_size?: number; num_layers?: number; vocab_size?: number }
   [key: string]: unknown
@@ -194,6 +265,6 @@ export interface ExpertManifest {
 
 export interface SessionOptions {
   system?: string
-  /** The session's default experts, by name. */
-  experts?: string[]
+  /** The session's default experts, by name, or `'auto'`: every request is routed. */
+  experts?: string[] | 'auto'
 }

@@ -176,7 +176,7 @@ fn expert_metadata() {
     let per_layer = 4 * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h));
     assert_eq!(e.bytes, cfg.num_layers * per_layer * 4);
     let manifest = e.manifest.as_ref().unwrap();
-    assert_eq!(manifest.routing.keywords, ["sql"]);
+    assert_eq!(manifest.routing.keywords.iter().map(|k| k.text.as_str()).collect::<Vec<_>>(), ["sql"]);
 
     let p = load_expert(&fixture("adapters/prompt"), &ExpertLoadOptions { name: Some("p".into()), scale: 1.0 }, &m, 2).unwrap();
     assert_eq!((p.name.as_str(), p.kind.as_str(), p.rank, p.num_virtual_tokens()), ("p", "prompt", None, 4));

@@ -5,9 +5,11 @@
 
 pub mod delivery;
 pub mod device;
+pub mod embedding;
 pub mod load;
 pub mod prepare;
 pub mod request;
+pub mod routing;
 pub mod scheduler;
 pub mod sequence;
 pub mod stats;
@@ -19,7 +21,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-pub use request::{Completion, Event, FinishReason, GenerateOptions, Input, SessionShared, TokenChunk};
+pub use request::{Completion, Event, ExpertChoice, FinishReason, GenerateOptions, Input, Pooling, SessionShared, TokenChunk};
+pub use routing::EmbedOptions;
 
 use crate::error::{EngineError, Result};
 use crate::experts::{Expert, ExpertLoadOptions, Registry};
@@ -60,7 +63,13 @@ pub struct Engine {
     /// streams) the caller still holds.
     live: RwLock<Option<Live>>,
     stats: Arc<EngineStats>,
+    router: RwLock<Arc<crate::experts::router::Router>>,
+    /// The router's generic reference queries, embedded when the first expert with routing
+    /// examples loads.
+    generic_reference: GenericReference,
 }
+
+type GenericReference = Arc<Mutex<Option<Arc<Vec<Vec<f32>>>>>>;
 
 struct Live {
     tokenizer: Arc<Tokenizer>,
@@ -180,6 +189,8 @@ impl Engine {
             next_session: AtomicU64::new(1),
             live: RwLock::new(Some(live)),
             stats,
+            router: RwLock::new(Arc::new(crate::experts::router::Router::new(Default::default())?)),
+            generic_reference: GenericReference::default(),
         });
         Ok((engine, scheduler, rx))
     }
@@ -214,9 +225,11 @@ impl Engine {
         self.with_live(|l| l.experts.clone())
     }
 
-    /// A session; `experts` is its default expert set (names must be loaded).
-    pub fn create_session(&self, system: Option<String>, experts: Vec<String>) -> Result<SessionHandle> {
-        self.experts()?.resolve(&experts)?;
+    /// A session; `experts` is its default expert set (names must be loaded) or `Auto`.
+    pub fn create_session(&self, system: Option<String>, experts: ExpertChoice) -> Result<SessionHandle> {
+        if let ExpertChoice::Named(names) = &experts {
+            self.experts()?.resolve(names)?;
+        }
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let history = system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect();
         let shared = Arc::new(SessionShared {
@@ -242,9 +255,13 @@ impl Engine {
         let tx = self.sender()?;
         let live = self.live.read().unwrap();
         let live = live.as_ref().ok_or_else(disposed)?;
-        // The request pins its experts now: a later unload or hot-swap does not affect it.
-        let names = options.experts.clone().unwrap_or_else(|| session.shared.experts.lock().unwrap().clone());
-        let experts = live.experts.resolve(&names)?;
+        // The request pins its experts now (or when the router has chosen them): a later
+        // unload or hot-swap does not affect it.
+        let choice = options.experts.clone().unwrap_or_else(|| session.shared.experts.lock().unwrap().clone());
+        let experts = match &choice {
+            ExpertChoice::Named(names) => live.experts.resolve(names)?,
+            ExpertChoice::Auto => crate::experts::ExpertSet::none(),
+        };
         let (events_tx, events) = unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let delivery = Delivery::new(session.id, session.shared.clone(), tx.clone());
@@ -253,23 +270,29 @@ impl Engine {
             prompt: Prompt::Tokens(Vec::new()),
             options,
             experts,
+            routing: None,
             events: events_tx,
             cancel: cancel.clone(),
         };
         let pending = Pending { input, shared: session.shared.clone(), request, tx };
-        prepare::submit(live.tokenizer.clone(), pending)?;
+        match choice {
+            ExpertChoice::Named(_) => prepare::submit(live.tokenizer.clone(), pending)?,
+            ExpertChoice::Auto => self.route_and_submit(live, pending)?,
+        }
         Ok(Generation { events, cancel, delivery })
     }
 
     /// Replaces the session's default expert set. Refused with `SESSION_BUSY` while the session
     /// generates (a running request keeps the set it started with); the next request
     /// re-evaluates the session's history under the new set.
-    pub fn set_session_experts(&self, session: &SessionHandle, names: Vec<String>) -> Result<()> {
+    pub fn set_session_experts(&self, session: &SessionHandle, experts: ExpertChoice) -> Result<()> {
         if session.shared.busy.load(Ordering::Acquire) {
             return Err(EngineError::SessionBusy("cannot change the experts of a session while it is generating".into()));
         }
-        self.experts()?.resolve(&names)?;
-        *session.shared.experts.lock().unwrap() = names;
+        if let ExpertChoice::Named(names) = &experts {
+            self.experts()?.resolve(names)?;
+        }
+        *session.shared.experts.lock().unwrap() = experts;
         Ok(())
     }
 
@@ -277,7 +300,9 @@ impl Engine {
     /// generating), then makes it available by name. Resolves with the resident expert.
     pub fn load_expert(&self, path: &Path, opts: ExpertLoadOptions) -> tokio::sync::oneshot::Receiver<Result<Arc<Expert>>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (model, registry) = match self.with_live(|l| (l.model.clone(), l.experts.clone())) {
+        let parts =
+            self.with_live(|l| (l.model.clone(), l.experts.clone(), l.tokenizer.clone())).and_then(|p| Ok((p, self.sender()?)));
+        let ((model, registry, tok), sender) = match parts {
             Ok(parts) => parts,
             Err(e) => {
                 let _ = tx.send(Err(e));
@@ -285,9 +310,14 @@ impl Engine {
             }
         };
         let path = path.to_path_buf();
+        let generic = self.generic_reference.clone();
         let spawned = std::thread::Builder::new().name("expert-runtime-adapter".into()).spawn(move || {
             let r = catch_panic(|| {
-                let e = Arc::new(crate::experts::load_expert(&path, &opts, &model, registry.next_id())?);
+                let mut e = crate::experts::load_expert(&path, &opts, &model, registry.next_id())?;
+                // The manifest's routing examples, embedded by the base model on the engine
+                // thread (this thread waits; generation goes on).
+                routing::embed_examples(&tok, &sender, &generic, &mut e)?;
+                let e = Arc::new(e);
                 registry.insert(e.clone())?;
                 Ok(e)
             });

@@ -50,6 +50,13 @@ fn pool() -> Result<&'static rayon::ThreadPool> {
     .map_err(|e| EngineError::Internal(format!("cannot start the prompt preparation threads: {e}")))
 }
 
+/// Runs `job` on the pool (after what was submitted before it). The job catches its own
+/// panics.
+pub fn spawn(job: impl FnOnce() + Send + 'static) -> Result<()> {
+    pool()?.spawn_fifo(job);
+    Ok(())
+}
+
 /// Tokenizes `p.input` on the pool (in arrival order), then queues the request on the engine.
 /// A failure ends the request with its error and frees the session.
 pub fn submit(tokenizer: Arc<Tokenizer>, p: Pending) -> Result<()> {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::EngineError;
+use crate::experts::router::Decision;
 use crate::experts::ExpertSet;
 use crate::sampling::SamplingOverrides;
 use crate::tokenizer::{ChatMessage, TextTokens};
@@ -20,6 +21,21 @@ pub enum Input {
     Tokens(Vec<u32>),
 }
 
+/// Which experts a request runs under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExpertChoice {
+    /// These, by name (empty: the base model).
+    Named(Vec<String>),
+    /// Whatever the router picks for the request (`Engine::route`).
+    Auto,
+}
+
+impl Default for ExpertChoice {
+    fn default() -> Self {
+        Self::Named(Vec::new())
+    }
+}
+
 /// Per-request options; `None` falls back to `generation_config.json`, then to library defaults.
 #[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
@@ -28,8 +44,8 @@ pub struct GenerateOptions {
     pub sampling: SamplingOverrides,
     pub stop: Vec<String>,
     pub enable_thinking: Option<bool>,
-    /// Experts for this request by name; `None` uses the session's default set.
-    pub experts: Option<Vec<String>>,
+    /// Experts for this request; `None` uses the session's default.
+    pub experts: Option<ExpertChoice>,
     /// Raw text input only: special-token spellings in it become control tokens. Chat
     /// content is always plain text.
     pub parse_special_tokens: bool,
@@ -99,6 +115,10 @@ pub struct Completion {
     pub timings: Timings,
     /// Where a chat turn's answer went in the session's history.
     pub history_index: Option<usize>,
+    /// The experts that ran, in application order.
+    pub experts: Vec<String>,
+    /// The router's decision, when the request asked for `auto`.
+    pub routing: Option<Decision>,
 }
 
 impl Completion {
@@ -111,6 +131,8 @@ impl Completion {
             usage: Usage::default(),
             timings: Timings::default(),
             history_index: None,
+            experts: Vec::new(),
+            routing: None,
         }
     }
 }
@@ -129,18 +151,43 @@ pub struct SessionShared {
     pub busy: AtomicBool,
     pub history: Mutex<Vec<ChatMessage>>,
     pub system: Option<String>,
-    /// The session's default expert names (a request may override them).
-    pub experts: Mutex<Vec<String>>,
+    /// The session's default experts (a request may override them).
+    pub experts: Mutex<ExpertChoice>,
 }
 
 pub struct GenerateRequest {
     pub session: u64,
     pub prompt: Prompt,
     pub options: GenerateOptions,
-    /// The experts this request pinned when it was queued.
+    /// The experts this request pinned when it was queued (or when the router chose them).
     pub experts: ExpertSet,
+    /// The router's decision, for `auto`.
+    pub routing: Option<Decision>,
     pub events: UnboundedSender<Event>,
     pub cancel: Arc<AtomicBool>,
+}
+
+/// How an embedding pools the final hidden states of a text's tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Pooling {
+    /// The mean over every token (special tokens the tokenizer adds included).
+    #[default]
+    Mean,
+    /// The last token's state.
+    Last,
+}
+
+/// Called once, on the engine thread, with one un-normalized vector per text (or the error):
+/// it must return quickly.
+pub type EmbedReply = Box<dyn FnOnce(Result<Vec<Vec<f32>>, EngineError>) + Send>;
+
+/// Texts to embed (already tokenized), as rows of the engine's passes.
+pub struct EmbedRequest {
+    pub texts: Vec<Vec<u32>>,
+    pub pooling: Pooling,
+    /// The adapters the texts run under (the embedding under those experts).
+    pub experts: ExpertSet,
+    pub reply: EmbedReply,
 }
 
 pub enum Command {
@@ -149,6 +196,7 @@ pub enum Command {
         shared: Arc<SessionShared>,
     },
     Generate(Box<GenerateRequest>),
+    Embed(Box<EmbedRequest>),
     ResetSession {
         id: u64,
     },

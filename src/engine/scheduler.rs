@@ -31,6 +31,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::embedding::{Embeddings, TextJob};
 use super::load::GenerationDefaults;
 use super::request::{Command, Completion, Event, FinishReason, GenerateRequest, Prompt, SessionShared};
 use super::sequence::Sequence;
@@ -38,7 +39,7 @@ use super::stats::EngineStats;
 use crate::error::{panic_message, EngineError, Result};
 use crate::kv::manager::virtual_key;
 use crate::kv::{BlockTable, KvManager};
-use crate::model::decoder::{Logits, SeqChunk};
+use crate::model::decoder::{Logits, PassOutput, SeqChunk};
 use crate::model::Decoder;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{ChatMessage, Tokenizer};
@@ -88,6 +89,22 @@ impl SessionState {
     }
 }
 
+/// Whose rows a planned chunk holds: a generation request (index into `running`) or an
+/// embedding text (index into `embeds.running`).
+#[derive(Clone, Copy, Debug)]
+enum Row {
+    Generate(usize),
+    Embed(usize),
+}
+
+/// One chunk of a step: `n` rows of `row` from position `pos`.
+#[derive(Clone, Copy, Debug)]
+struct Planned {
+    row: Row,
+    pos: usize,
+    n: usize,
+}
+
 pub struct SchedulerConfig {
     pub context_length: usize,
     pub num_blocks: usize,
@@ -110,6 +127,8 @@ pub struct Scheduler {
     waiting: VecDeque<Sequence>,
     /// Admitted (admission order).
     running: Vec<Sequence>,
+    /// Embedding requests: their texts are evaluated as rows of the same passes.
+    embeds: Embeddings,
     tick: u64,
     stats: Arc<EngineStats>,
     last_memory_probe: std::time::Instant,
@@ -146,6 +165,7 @@ impl Scheduler {
             sessions: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            embeds: Embeddings::default(),
             tick: 0,
             stats,
             last_memory_probe: std::time::Instant::now(),
@@ -157,7 +177,7 @@ impl Scheduler {
         loop {
             // 1. Commands: block while idle, otherwise drain what arrived since the last round.
             loop {
-                let idle = self.running.is_empty() && self.waiting.is_empty();
+                let idle = self.running.is_empty() && self.waiting.is_empty() && self.embeds.is_idle();
                 let cmd = if idle {
                     self.publish();
                     match rx.recv() {
@@ -184,7 +204,8 @@ impl Scheduler {
             // 2–4. Cancellations, admissions, one batched step.
             self.reap_cancelled();
             self.admit_waiting();
-            if !self.running.is_empty() {
+            self.admit_embeds();
+            if !self.running.is_empty() || !self.embeds.running.is_empty() {
                 self.step_guarded();
             }
             self.publish();
@@ -255,6 +276,11 @@ impl Scheduler {
                         s.shared.busy.store(false, Ordering::Release);
                     }
                     let _ = events.send(Event::Error(e));
+                }
+            }
+            Command::Embed(req) => {
+                if let Err((e, reply)) = self.embeds.submit(*req, self.context_length, self.kv.total_positions()) {
+                    super::embedding::call(reply, Err(e));
                 }
             }
             Command::Shutdown { .. } => unreachable!("handled by run"),
@@ -460,6 +486,30 @@ impl Scheduler {
         true
     }
 
+    /// Admits queued embedding texts in arrival order while their blocks can be found.
+    fn admit_embeds(&mut self) {
+        while let Some(mut job) = self.embeds.waiting.pop_front() {
+            let need = self.kv.blocks_for(job.target());
+            let new = self.kv.prepare_resume(&mut job.table, 0, need);
+            let admitted = self.make_room(new, 0) && self.kv.resume(&mut job.table, 0, need).unwrap_or(false);
+            if admitted {
+                self.embeds.running.push(job);
+                continue;
+            }
+            let request = job.request;
+            self.embeds.waiting.push_front(job);
+            if self.running.is_empty() && self.embeds.running.is_empty() {
+                // Nothing will free blocks: cannot happen when accounting is right.
+                let e = EngineError::KvCacheExhausted("no KV blocks could be found for this text".into());
+                for mut j in self.embeds.fail(request, e) {
+                    self.kv.free(&mut j.table);
+                }
+                continue;
+            }
+            return;
+        }
+    }
+
     /// One batched step; a failure fails the requests of the batch.
     fn step_guarded(&mut self) {
         let outcome = catch_unwind(AssertUnwindSafe(|| self.step()));
@@ -471,48 +521,65 @@ impl Scheduler {
         for seq in std::mem::take(&mut self.running) {
             self.fail(seq, err.clone());
         }
+        for id in Embeddings::requests_of(&self.embeds.running) {
+            for mut j in self.embeds.fail(id, err.clone()) {
+                self.kv.free(&mut j.table);
+            }
+        }
     }
 
     /// One forward pass over every running request, then sampling where a prompt or a decode
-    /// row completed.
+    /// row completed, and pooling for the embedding rows.
     fn step(&mut self) -> Result<()> {
         let plan = self.plan_step();
 
         // 2. The batched forward pass.
-        let logits = {
+        let out = {
             let chunks: Vec<SeqChunk> = plan
                 .iter()
-                .map(|&(i, pos, n)| {
-                    let seq = &self.running[i];
-                    let st = &self.sessions[&seq.session];
-                    let nv = st.n_virtual;
-                    let virtual_rows = pos.min(nv)..(pos + n).min(nv);
-                    let t0 = pos.max(nv) - nv;
-                    let t1 = pos + n - nv;
-                    SeqChunk {
-                        tokens: &st.tokens[t0..t1],
-                        virtual_rows,
-                        pos,
-                        blocks: st.table.blocks(),
-                        logits: if pos + n == st.target() { Logits::Last } else { Logits::None },
-                        experts: &seq.experts,
-                    }
+                .map(|&Planned { row, pos, n }| {
+                    let (tokens, n_virtual, blocks, target, experts): (&[u32], _, _, _, _) = match row {
+                        Row::Generate(i) => {
+                            let seq = &self.running[i];
+                            let st = &self.sessions[&seq.session];
+                            (&st.tokens, st.n_virtual, st.table.blocks(), st.target(), &seq.experts)
+                        }
+                        Row::Embed(j) => {
+                            let job = &self.embeds.running[j];
+                            (&job.tokens, job.n_virtual, job.table.blocks(), job.target(), &job.experts)
+                        }
+                    };
+                    let logits = match row {
+                        Row::Embed(_) => Logits::Hidden,
+                        Row::Generate(_) if pos + n == target => Logits::Last,
+                        Row::Generate(_) => Logits::None,
+                    };
+                    let virtual_rows = pos.min(n_virtual)..(pos + n).min(n_virtual);
+                    let t0 = pos.max(n_virtual) - n_virtual;
+                    let t1 = pos + n - n_virtual;
+                    SeqChunk { tokens: &tokens[t0..t1], virtual_rows, pos, blocks, logits, experts }
                 })
                 .collect();
             self.model.forward_batch(&chunks, self.kv.store())?
         };
+        let PassOutput { logits, hidden } = out;
         let rows: Vec<Vec<f32>> = match logits {
             Some(l) => l.to_vec2()?,
             None => Vec::new(),
         };
+        let hidden: Vec<Vec<f32>> = match hidden {
+            Some(h) => h.to_vec2()?,
+            None => Vec::new(),
+        };
+        self.pool_embeddings(&plan, &hidden);
         self.advance_and_sample(&plan, &rows);
         Ok(())
     }
 
-    /// Step 1: a row for each decoding request, then prompt chunks within the per-step token
-    /// budget, as `(index into running, first position, rows)`, grouped by expert set (each
-    /// set is one adapter segment).
-    fn plan_step(&mut self) -> Vec<(usize, usize, usize)> {
+    /// Step 1: a row for each decoding request, then embedding texts and prompt chunks within
+    /// the per-step token budget, grouped by expert set (each set is one adapter segment).
+    /// Embedding texts take at most half the budget while a prompt is being read.
+    fn plan_step(&mut self) -> Vec<Planned> {
         let mut decoding = 0;
         for seq in &self.running {
             let st = self.sessions.get_mut(&seq.session).expect("reaped");
@@ -522,7 +589,21 @@ impl Scheduler {
             decoding += (st.target() - st.table.len() == 1) as usize;
         }
         let mut budget = self.step_tokens.saturating_sub(decoding).max(self.kv.block_size());
-        let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(self.running.len());
+        let mut plan: Vec<Planned> = Vec::with_capacity(self.running.len() + self.embeds.running.len());
+        let prefilling = self.running.iter().any(|seq| {
+            let st = &self.sessions[&seq.session];
+            st.target() - st.table.len() > 1
+        });
+        let mut embed_budget = if prefilling { budget / 2 } else { budget };
+        for (j, job) in self.embeds.running.iter().enumerate() {
+            let n = (job.target() - job.table.len()).min(embed_budget);
+            if n == 0 {
+                break;
+            }
+            embed_budget -= n;
+            budget -= n;
+            plan.push(Planned { row: Row::Embed(j), pos: job.table.len(), n });
+        }
         for (i, seq) in self.running.iter().enumerate() {
             let st = &self.sessions[&seq.session];
             let left = st.target() - st.table.len();
@@ -533,18 +614,46 @@ impl Scheduler {
             if left > 1 {
                 budget -= n;
             }
-            plan.push((i, st.table.len(), n));
+            plan.push(Planned { row: Row::Generate(i), pos: st.table.len(), n });
         }
-        plan.sort_by_cached_key(|&(i, _, _)| self.running[i].experts.key());
+        plan.sort_by_cached_key(|p| match p.row {
+            Row::Generate(i) => self.running[i].experts.key(),
+            Row::Embed(j) => self.embeds.running[j].experts.key(),
+        });
         plan
     }
 
-    /// Step 3: advance the tables, register filled blocks, sample where logits came back
+    /// Step 3a: advance the embedding texts' tables and pool their hidden rows (`hidden`, in
+    /// plan order); a finished text frees its blocks.
+    fn pool_embeddings(&mut self, plan: &[Planned], hidden: &[Vec<f32>]) {
+        let mut next_row = 0;
+        let mut finished = Vec::new();
+        for &Planned { row, pos, n } in plan {
+            let Row::Embed(j) = row else { continue };
+            let job = &mut self.embeds.running[j];
+            let token_rows = pos + n - pos.max(job.n_virtual).min(pos + n);
+            job.absorb(&hidden[next_row..next_row + token_rows]);
+            next_row += token_rows;
+            job.table.advance(pos + n);
+            if job.is_done() {
+                finished.push(j);
+            }
+        }
+        finished.sort_unstable_by(|a, b| b.cmp(a));
+        for j in finished {
+            let mut job: TextJob = self.embeds.running.remove(j);
+            self.kv.free(&mut job.table);
+            self.embeds.complete(job);
+        }
+    }
+
+    /// Step 3b: advance the tables, register filled blocks, sample where logits came back
     /// (`rows`, in plan order), and finish the requests that ended.
-    fn advance_and_sample(&mut self, plan: &[(usize, usize, usize)], rows: &[Vec<f32>]) {
+    fn advance_and_sample(&mut self, plan: &[Planned], rows: &[Vec<f32>]) {
         let mut next_row = 0;
         let mut done = Vec::new();
-        for &(i, pos, n) in plan {
+        for &Planned { row, pos, n } in plan {
+            let Row::Generate(i) = row else { continue };
             let seq = &mut self.running[i];
             let st = self.sessions.get_mut(&seq.session).expect("reaped");
             st.table.advance(pos + n);
@@ -613,5 +722,6 @@ impl Scheduler {
         for seq in self.running.drain(..).chain(self.waiting.drain(..)) {
             let _ = seq.events.send(Event::Error(EngineError::Disposed("the runtime was disposed".into())));
         }
+        self.embeds.fail_all(EngineError::Disposed("the runtime was disposed".into()));
     }
 }

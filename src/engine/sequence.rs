@@ -9,6 +9,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::request::{Completion, Event, FinishReason, GenerateRequest, Timings, TokenChunk, Usage};
+use crate::experts::router::Decision;
 use crate::experts::ExpertSet;
 use crate::sampling::{Sampled, Sampler};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -79,6 +80,7 @@ pub struct Sequence {
     pub is_chat: bool,
     /// The experts pinned for the whole request.
     pub experts: ExpertSet,
+    routing: Option<Decision>,
     detok: IncrementalDecoder,
     stop: StopMatcher,
     want_top: bool,
@@ -103,7 +105,7 @@ impl Sequence {
         eos: Vec<u32>,
         started: Instant,
     ) -> Self {
-        let GenerateRequest { session, prompt: _, options, experts, events, cancel } = req;
+        let GenerateRequest { session, prompt: _, options, experts, routing, events, cancel } = req;
         Self {
             session,
             usage: Usage { prompt_tokens: prompt.len(), completion_tokens: 0, cached_tokens: 0 },
@@ -120,6 +122,7 @@ impl Sequence {
             cancel,
             is_chat,
             experts,
+            routing,
             detok: IncrementalDecoder::new(),
             stop: StopMatcher::new(options.stop),
             stopped_by_string: false,
@@ -217,6 +220,8 @@ impl Sequence {
             usage: self.usage,
             timings,
             history_index: None,
+            experts: self.experts.experts().iter().map(|e| e.name.clone()).collect(),
+            routing: self.routing,
         };
         (done, self.events)
     }

@@ -72,6 +72,7 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     let build = ModuleBuilder { cfg: &cfg, model, dtype: model.dtype, device: &model.device, scale: opts.scale };
     let built = build.modules(targeted, by_slot)?;
     Ok(Expert {
+        examples: Vec::new(),
         id,
         name,
         kind,
@@ -154,6 +155,7 @@ fn prompt_expert(
     let prompt = super::prompt::load(cfg, tensors, model.cfg.hidden_size, dtype, &model.device)?;
     let bytes = prompt.elem_count() * dtype.size_in_bytes();
     Ok(Expert {
+        examples: Vec::new(),
         id,
         name,
         kind: ExpertKind::Prompt,

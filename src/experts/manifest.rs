@@ -8,14 +8,40 @@
 
 use serde_json::Value;
 
+use super::router::Keyword;
 use crate::error::{EngineError, Result};
 use crate::model::config::{Arch, ModelConfig};
 
+/// Routing hints for the router (`experts::router`).
 #[derive(Clone, Debug, Default)]
 pub struct Routing {
-    pub keywords: Vec<String>,
-    pub exclude_keywords: Vec<String>,
+    pub keywords: Vec<Keyword>,
+    pub exclude_keywords: Vec<Keyword>,
+    /// Multiplies the keyword score; 1 when the manifest does not say.
     pub priority: f64,
+    /// Typical queries: embedded when the expert loads, compared with each routed query.
+    pub examples: Vec<String>,
+}
+
+/// Bounds on a manifest's routing data (a manifest is untrusted input).
+const MAX_KEYWORDS: usize = 1024;
+const MAX_EXAMPLES: usize = 256;
+const MAX_ROUTING_TEXT_BYTES: usize = 4096;
+
+fn bounded(v: Vec<String>, field: &str, max: usize) -> Result<Vec<String>> {
+    if v.len() > max {
+        return Err(EngineError::InvalidAdapter(format!("manifest.json: {field} lists {} entries (at most {max})", v.len())));
+    }
+    if let Some(s) = v.iter().find(|s| s.len() > MAX_ROUTING_TEXT_BYTES) {
+        return Err(EngineError::InvalidAdapter(format!(
+            "manifest.json: an entry of {field} is {} bytes long (at most {MAX_ROUTING_TEXT_BYTES})",
+            s.len()
+        )));
+    }
+    if v.iter().any(|s| s.trim().is_empty()) {
+        return Err(EngineError::InvalidAdapter(format!("manifest.json: {field} has an empty entry")));
+    }
+    Ok(v)
 }
 
 #[derive(Clone, Debug, Default)]
@@ -62,10 +88,25 @@ impl Manifest {
             }
         };
         let r = raw.get("routing");
+        if r.is_some_and(|r| !r.is_object() && !r.is_null()) {
+            return Err(EngineError::InvalidAdapter("manifest.json: routing must be an object".into()));
+        }
+        let list = |field: &str, max: usize| -> Result<Vec<String>> {
+            bounded(strings(r.and_then(|r| r.get(field)), &format!("routing.{field}"))?, &format!("routing.{field}"), max)
+        };
+        let keywords =
+            |field: &str| -> Result<Vec<Keyword>> { Ok(list(field, MAX_KEYWORDS)?.iter().map(|k| Keyword::new(k)).collect()) };
+        let priority = match r.and_then(|r| r.get("priority")) {
+            None | Some(Value::Null) => 1.0,
+            Some(v) => v.as_f64().filter(|p| p.is_finite() && (0.0..=1e6).contains(p)).ok_or_else(|| {
+                EngineError::InvalidAdapter("manifest.json: routing.priority must be a number from 0 to 1e6".into())
+            })?,
+        };
         let routing = Routing {
-            keywords: strings(r.and_then(|r| r.get("keywords")), "routing.keywords")?,
-            exclude_keywords: strings(r.and_then(|r| r.get("exclude_keywords")), "routing.exclude_keywords")?,
-            priority: r.and_then(|r| r.get("priority")).and_then(Value::as_f64).unwrap_or(0.0),
+            keywords: keywords("keywords")?,
+            exclude_keywords: keywords("exclude_keywords")?,
+            priority,
+            examples: list("examples", MAX_EXAMPLES)?,
         };
         Ok(Self {
             name: string("name")?,
@@ -219,5 +260,19 @@ mod tests {
         assert_eq!((m.name.as_deref(), m.load_order, m.routing.priority), (Some("sql"), 2, 3.0));
         assert_eq!(Manifest::parse(r#"{"load_order":"x"}"#).unwrap_err().code(), "INVALID_ADAPTER");
         assert_eq!(Manifest::parse("[1]").unwrap_err().code(), "INVALID_ADAPTER");
+        assert_eq!(Manifest::parse("{}").unwrap().routing.priority, 1.0, "priority defaults to 1");
+        for bad in [
+            r#"{"routing":[]}"#,
+            r#"{"routing":{"priority":"high"}}"#,
+            r#"{"routing":{"priority":-1}}"#,
+            r#"{"routing":{"keywords":[""]}}"#,
+            r#"{"routing":{"examples":[1]}}"#,
+        ] {
+            assert_eq!(Manifest::parse(bad).unwrap_err().code(), "INVALID_ADAPTER", "{bad}");
+        }
+        let many = format!(r#"{{"routing":{{"examples":{}}}}}"#, serde_json::to_string(&vec!["q"; 257]).unwrap());
+        assert_eq!(Manifest::parse(&many).unwrap_err().code(), "INVALID_ADAPTER");
+        let long = format!(r#"{{"routing":{{"keywords":["{}"]}}}}"#, "k".repeat(4097));
+        assert_eq!(Manifest::parse(&long).unwrap_err().code(), "INVALID_ADAPTER");
     }
 }

@@ -31,6 +31,7 @@ pub mod manifest;
 pub mod peft;
 pub mod prompt;
 pub mod registry;
+pub mod router;
 
 use std::sync::Arc;
 
@@ -89,6 +90,9 @@ pub struct Expert {
     /// Device memory held by its tensors.
     pub bytes: usize,
     pub manifest: Option<Manifest>,
+    /// The manifest's `routing.examples`, embedded with the base model (mean-pooled, unit
+    /// length), in the manifest's order.
+    pub examples: Vec<Vec<f32>>,
     /// Indexed by [`Slot::index`].
     modules: Vec<Option<ModuleAdapter>>,
     /// Prompt tuning: `[num_virtual_tokens, hidden]` in the model dtype.

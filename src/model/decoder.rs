@@ -61,15 +61,25 @@ struct DecoderLayer {
     mlp: Mlp,
 }
 
-/// Which positions' logits a forward pass returns.
+/// What a forward pass returns for a chunk's rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
-    /// None (a prompt chunk that does not reach the end of the prompt).
+    /// Nothing (a prompt chunk that does not reach the end of the prompt).
     None,
     /// `[vocab]` for the last position only (generation: skips the lm_head for the rest).
     Last,
     /// `[seq, vocab]` for every position.
     All,
+    /// No logits: the final hidden state (after the final norm, f32) of every token row
+    /// (embeddings; virtual rows excluded).
+    Hidden,
+}
+
+/// What one batched pass returns: logits and hidden states for the rows the chunks asked for,
+/// in chunk order.
+pub struct PassOutput {
+    pub logits: Option<Tensor>,
+    pub hidden: Option<Tensor>,
 }
 
 pub struct Decoder {
@@ -190,9 +200,9 @@ impl Decoder {
         let rows = virtual_rows.len() + tokens.len();
         assert!(!tokens.is_empty() && pos + rows <= cache.max_len().min(self.max_positions()), "positions checked by the caller");
         let chunk = SeqChunk { tokens, virtual_rows, pos, blocks: &cache.blocks, logits: which, experts };
-        let logits = self.forward_batch(&[chunk], &cache.store)?;
+        let out = self.forward_batch(&[chunk], &cache.store)?;
         cache.advance(rows);
-        let logits = logits.expect("logits were requested");
+        let logits = out.logits.or(out.hidden).expect("an output was requested");
         Ok(match which {
             Logits::Last => logits.squeeze(0)?,
             _ => logits,
@@ -204,9 +214,9 @@ impl Decoder {
     /// already list blocks for positions `..pos + rows`. Chunks whose expert sets are equal
     /// should be adjacent: each run of equal sets is one adapter segment.
     ///
-    /// Returns f32 logits for the rows the chunks asked for, in chunk order (`None` when no
-    /// chunk asked).
-    pub fn forward_batch(&self, chunks: &[SeqChunk], store: &KvStore) -> Result<Option<Tensor>> {
+    /// Returns f32 logits and hidden states for the rows the chunks asked for, in chunk order
+    /// (`None` where no chunk asked).
+    pub fn forward_batch(&self, chunks: &[SeqChunk], store: &KvStore) -> Result<PassOutput> {
         // 0. Row layout: each chunk is `virtual_rows` then `tokens`, at consecutive positions.
         let mut spans = Vec::with_capacity(chunks.len());
         let mut runs = Vec::with_capacity(chunks.len());
@@ -267,23 +277,32 @@ impl Decoder {
             x = (x + layer.mlp.forward(&h, i, &segments)?)?;
         }
 
-        // 4. Final norm and output projection, only for the rows whose logits are wanted.
-        let mut want = Vec::new();
+        // 4. Final norm and output projection, only for the rows whose logits are wanted;
+        //    the final norm alone for the rows whose hidden states are.
+        let (mut want, mut hidden) = (Vec::new(), Vec::new());
         for (c, s) in chunks.iter().zip(&spans) {
+            let token_rows = (s.row + c.virtual_rows.len()..s.row + s.len).map(|r| r as u32);
             match c.logits {
                 Logits::None => {}
                 Logits::Last => want.push((s.row + s.len - 1) as u32),
-                Logits::All => want.extend((s.row + c.virtual_rows.len()..s.row + s.len).map(|r| r as u32)),
+                Logits::All => want.extend(token_rows),
+                Logits::Hidden => hidden.extend(token_rows),
             }
         }
-        if want.is_empty() {
-            return Ok(None);
-        }
-        let n = want.len();
-        let x = if n == rows { x } else { x.index_select(&Tensor::from_vec(want, n, &self.device)?, 0)? };
-        let x = self.norm.forward(&x)?;
-        let logits = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).forward(&x)?.to_dtype(DType::F32)?;
-        Ok(Some(logits))
+        let select = |rows_wanted: Vec<u32>| -> Result<Option<Tensor>> {
+            if rows_wanted.is_empty() {
+                return Ok(None);
+            }
+            let n = rows_wanted.len();
+            let x = if n == rows { x.clone() } else { x.index_select(&Tensor::from_vec(rows_wanted, n, &self.device)?, 0)? };
+            Ok(Some(self.norm.forward(&x)?))
+        };
+        let hidden = select(hidden)?.map(|h| h.to_dtype(DType::F32)).transpose()?;
+        let logits = match select(want)? {
+            Some(x) => Some(self.lm_head.as_ref().unwrap_or(&self.embed_tokens).forward(&x)?.to_dtype(DType::F32)?),
+            None => None,
+        };
+        Ok(PassOutput { logits, hidden })
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Tensor> {

@@ -10,8 +10,11 @@ use napi_derive::napi;
 use super::error::{disposed, to_napi};
 use super::expert::NativeExpert;
 use super::session::NativeSession;
-use super::types::{LoadProgress, NativeExpertOptions, NativeLoadOptions, RuntimeInfo, RuntimeStats};
-use crate::engine::{Engine, KvCacheOptions, LoadOptions};
+use super::types::{
+    JsRouteDecision, JsRouterSettings, LoadProgress, NativeEmbedOptions, NativeExpertOptions, NativeInput, NativeLoadOptions,
+    RuntimeInfo, RuntimeStats,
+};
+use crate::engine::{EmbedOptions, Engine, ExpertChoice, KvCacheOptions, LoadOptions, Pooling};
 use crate::error::EngineError;
 use crate::experts::ExpertLoadOptions;
 
@@ -107,11 +110,54 @@ impl NativeRuntime {
         e.tokenizer().map_err(to_napi)?.decode(&ids, false).map_err(|m| to_napi(EngineError::Internal(m)))
     }
 
+    /// `auto`: each request of the session is routed (then `experts` is ignored).
     #[napi]
-    pub fn create_session(&self, system: Option<String>, experts: Option<Vec<String>>) -> Result<NativeSession> {
+    pub fn create_session(
+        &self,
+        system: Option<String>,
+        experts: Option<Vec<String>>,
+        auto: Option<bool>,
+    ) -> Result<NativeSession> {
         let e = self.engine()?;
-        let handle = e.create_session(system, experts.unwrap_or_default()).map_err(to_napi)?;
+        let choice = if auto == Some(true) { ExpertChoice::Auto } else { ExpertChoice::Named(experts.unwrap_or_default()) };
+        let handle = e.create_session(system, choice).map_err(to_napi)?;
         Ok(NativeSession::new(e, handle))
+    }
+
+    /// One vector per text: the final hidden state (after the final norm) pooled over the
+    /// text's tokens, computed as rows of the engine's passes.
+    #[napi]
+    pub async fn embed(&self, texts: Vec<String>, options: Option<NativeEmbedOptions>) -> Result<Vec<Float32Array>> {
+        let e = self.engine()?;
+        let o = options.unwrap_or(NativeEmbedOptions { pooling: None, normalize: None, experts: None });
+        let pooling = match o.pooling.as_deref() {
+            None | Some("mean") => Pooling::Mean,
+            Some("last") => Pooling::Last,
+            Some(p) => return Err(to_napi(EngineError::InvalidArgument(format!("unknown pooling '{p}' (mean, last)")))),
+        };
+        let opts = EmbedOptions { pooling, normalize: o.normalize.unwrap_or(true), experts: o.experts.unwrap_or_default() };
+        let rx = e.embed(texts, opts);
+        let v = rx.await.map_err(|_| disposed("runtime"))?.map_err(to_napi)?;
+        Ok(v.into_iter().map(Float32Array::new).collect())
+    }
+
+    /// The router's decision for `input` (without running it).
+    #[napi]
+    pub async fn route(&self, input: NativeInput, history_turns: Option<u32>) -> Result<JsRouteDecision> {
+        let e = self.engine()?;
+        let input = input.into_engine()?;
+        let rx = e.route(input, history_turns.map(|n| n as usize));
+        Ok(rx.await.map_err(|_| disposed("runtime"))?.map_err(to_napi)?.into())
+    }
+
+    #[napi]
+    pub fn set_router(&self, settings: JsRouterSettings) -> Result<()> {
+        self.engine()?.set_router(settings.into()).map_err(to_napi)
+    }
+
+    #[napi(getter)]
+    pub fn router(&self) -> Result<JsRouterSettings> {
+        Ok(self.engine()?.router_settings().into())
     }
 
     /// Reads, validates and makes resident a PEFT adapter directory, off the JS thread and

@@ -9,7 +9,7 @@ use napi_derive::napi;
 use super::error::{disposed, to_napi};
 use super::stream::TokenStream;
 use super::types::{JsChatMessage, NativeGenerateOptions, NativeInput};
-use crate::engine::{Engine, SessionHandle};
+use crate::engine::{Engine, ExpertChoice, SessionHandle};
 
 #[napi]
 pub struct NativeSession {
@@ -57,18 +57,28 @@ impl NativeSession {
         self.handle.shared.busy.load(Ordering::Acquire)
     }
 
-    /// The session's default expert names.
+    /// The session's default expert names (empty when it routes automatically).
     #[napi(getter)]
     pub fn experts(&self) -> Vec<String> {
-        self.handle.shared.experts.lock().unwrap().clone()
+        match &*self.handle.shared.experts.lock().unwrap() {
+            ExpertChoice::Named(names) => names.clone(),
+            ExpertChoice::Auto => Vec::new(),
+        }
     }
 
-    /// Replaces the default expert set; `SESSION_BUSY` while generating, `EXPERT_NOT_FOUND`
-    /// for a name not loaded.
+    /// Whether the session routes each request (`experts: 'auto'`).
+    #[napi(getter)]
+    pub fn experts_auto(&self) -> bool {
+        *self.handle.shared.experts.lock().unwrap() == ExpertChoice::Auto
+    }
+
+    /// Replaces the default expert set (`auto`: routed per request); `SESSION_BUSY` while
+    /// generating, `EXPERT_NOT_FOUND` for a name not loaded.
     #[napi]
-    pub fn set_experts(&self, names: Vec<String>) -> Result<()> {
+    pub fn set_experts(&self, names: Vec<String>, auto: Option<bool>) -> Result<()> {
         self.check()?;
-        self.engine.set_session_experts(&self.handle, names).map_err(to_napi)
+        let choice = if auto == Some(true) { ExpertChoice::Auto } else { ExpertChoice::Named(names) };
+        self.engine.set_session_experts(&self.handle, choice).map_err(to_napi)
     }
 
     #[napi]

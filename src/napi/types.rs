@@ -4,6 +4,7 @@ use napi_derive::napi;
 
 use super::error::invalid;
 use crate::engine::{self, Completion, TokenChunk};
+use crate::experts::router::{Decision, RouterSettings, Weights};
 use crate::sampling::SamplingOverrides;
 use crate::tokenizer::ChatMessage;
 
@@ -121,6 +122,8 @@ pub struct NativeGenerateOptions {
     pub top_logprobs: Option<u32>,
     pub enable_thinking: Option<bool>,
     pub experts: Option<Vec<String>>,
+    /// `experts: 'auto'` (then `experts` is unset): the router picks the set.
+    pub experts_auto: Option<bool>,
     pub parse_special_tokens: Option<bool>,
 }
 
@@ -159,6 +162,103 @@ pub struct JsCompletion {
     pub finish_reason: String,
     pub usage: JsUsage,
     pub timings: JsTimings,
+    /// The experts that ran, in application order.
+    pub experts: Vec<String>,
+    /// The router's decision when the request asked for `auto`.
+    pub routing: Option<JsRouteDecision>,
+}
+
+#[napi(object)]
+pub struct JsExpertScore {
+    pub name: String,
+    pub score: f64,
+    pub keyword_hits: Vec<String>,
+    pub exclude_hits: Vec<String>,
+    pub similarity: Option<f64>,
+}
+
+#[napi(object)]
+pub struct JsRouteDecision {
+    /// The query's similarity to the nearest generic reference query (null without an
+    /// embedding).
+    pub generic_similarity: Option<f64>,
+    pub experts: Vec<String>,
+    pub generic: bool,
+    pub scores: Vec<JsExpertScore>,
+    pub reason: String,
+}
+
+impl From<Decision> for JsRouteDecision {
+    fn from(d: Decision) -> Self {
+        Self {
+            generic_similarity: d.generic_similarity,
+            experts: d.experts,
+            generic: d.generic,
+            scores: d
+                .scores
+                .into_iter()
+                .map(|s| JsExpertScore {
+                    name: s.name,
+                    // -Infinity (a score that overflowed) crosses as the most negative number.
+                    score: if s.score.is_finite() { s.score } else { f64::MIN },
+                    keyword_hits: s.keyword_hits,
+                    exclude_hits: s.exclude_hits,
+                    similarity: s.similarity,
+                })
+                .collect(),
+            reason: d.reason,
+        }
+    }
+}
+
+#[napi(object)]
+pub struct NativeEmbedOptions {
+    /// `mean` | `last`.
+    pub pooling: Option<String>,
+    pub normalize: Option<bool>,
+    pub experts: Option<Vec<String>>,
+}
+
+#[napi(object)]
+pub struct JsRouterWeights {
+    pub keywords: f64,
+    pub similarity: f64,
+}
+
+#[napi(object)]
+pub struct JsRouterSettings {
+    pub threshold: f64,
+    pub max_experts: u32,
+    pub generic_patterns: Vec<String>,
+    pub weights: JsRouterWeights,
+    pub history_turns: u32,
+    pub generic_min_keyword_hits: u32,
+}
+
+impl From<RouterSettings> for JsRouterSettings {
+    fn from(s: RouterSettings) -> Self {
+        Self {
+            threshold: s.threshold,
+            max_experts: s.max_experts as u32,
+            generic_patterns: s.generic_patterns,
+            weights: JsRouterWeights { keywords: s.weights.keywords, similarity: s.weights.similarity },
+            history_turns: s.history_turns.min(u32::MAX as usize) as u32,
+            generic_min_keyword_hits: s.generic_min_keyword_hits.min(u32::MAX as usize) as u32,
+        }
+    }
+}
+
+impl From<JsRouterSettings> for RouterSettings {
+    fn from(s: JsRouterSettings) -> Self {
+        Self {
+            threshold: s.threshold,
+            max_experts: s.max_experts as usize,
+            generic_patterns: s.generic_patterns,
+            weights: Weights { keywords: s.weights.keywords, similarity: s.weights.similarity },
+            history_turns: s.history_turns as usize,
+            generic_min_keyword_hits: s.generic_min_keyword_hits as usize,
+        }
+    }
 }
 
 impl From<ChatMessage> for JsChatMessage {
@@ -202,6 +302,8 @@ impl From<Completion> for JsCompletion {
                 tokens_per_second: c.timings.tokens_per_second,
                 prefill_tokens_per_second: c.timings.prefill_tokens_per_second,
             },
+            experts: c.experts,
+            routing: c.routing.map(Into::into),
         }
     }
 }
@@ -239,7 +341,11 @@ impl NativeGenerateOptions {
             },
             stop: self.stop.unwrap_or_default(),
             enable_thinking: self.enable_thinking,
-            experts: self.experts,
+            experts: match (self.experts_auto, self.experts) {
+                (Some(true), None) => Some(engine::ExpertChoice::Auto),
+                (Some(true), Some(_)) => return Err(invalid("experts is either 'auto' or a list of names")),
+                (_, names) => names.map(engine::ExpertChoice::Named),
+            },
             parse_special_tokens: self.parse_special_tokens.unwrap_or(false),
         })
     }

@@ -16,7 +16,8 @@ What it does
   3. Saves the adapter with save_pretrained to experts/sql-smollm2/, rewrites
      adapter_model.safetensors with the same keys in float16 (small committed file) and sets
      base_model_name_or_path to "HuggingFaceTB/SmolLM2-135M-Instruct".
-  4. Writes experts/sql-smollm2/manifest.json (routing keywords, schema) and eval.json.
+  4. Writes experts/sql-smollm2/manifest.json (MANIFEST below: routing keywords, exclude keywords,
+     examples, schema) and eval.json.
   5. Evaluates 5 held-out questions (not in the training set) with greedy decoding (48 new
      tokens): the base model, base + LoRA (the fp16 adapter loaded back with PEFT), and base +
      LoRA where the base's linear weights were first round-tripped through Q8_0 (blocks of 32,
@@ -26,6 +27,9 @@ What it does
 The base model is the GGUF file SmolLM2-135M-Instruct.Q4_1.gguf, loaded by transformers with its
 weights dequantized to f32 (transformers un-permutes the GGUF q/k rows, so training happens in
 HF space; the runtime handles the GGUF permutation when it applies the adapter).
+
+The training and evaluation live in train_expert(), which scripts/train_shell_lora.py imports to
+train the shell expert the same way.
 
 Usage
   python scripts/train_sql_lora.py [path/to/SmolLM2-135M-Instruct.Q4_1.gguf]
@@ -74,6 +78,33 @@ HELD_OUT = [
     "Show the 3 most expensive products.",
     "What is the total amount of all orders placed by the user named 'Alice'?",
 ]
+
+# manifest.json, as committed in experts/sql-smollm2/. Routing: case-insensitive whole-word or
+# whole-phrase matches, +1 per keyword, -2 per exclude keyword, times priority; examples are
+# typical requests (none of them held out) for a router that compares requests with them.
+MANIFEST = {
+    "name": "sql",
+    "description": "Answers questions about a users/orders/products database with a single SQL query.",
+    "version": "1.0.0",
+    "load_order": 0,
+    "routing": {
+        "keywords": ["sql", "query", "database", "table", "select", "rows"],
+        "exclude_keywords": ["shell", "bash", "terminal", "command line", "grep"],
+        "priority": 10,
+        "examples": [
+            "Which users are from Berlin?",
+            "Show the 5 oldest users.",
+            "How many products are out of stock?",
+            "Count the orders for each status.",
+            "What is the average age of users in Tokyo?",
+            "List the orders placed by users from London.",
+            "Which products cost less than 50?",
+            "Write an SQL query that lists the products in the 'toys' category.",
+        ],
+    },
+    "base_model": BASE_ID,
+    "schema": SCHEMA,
+}
 
 CITIES = ["Paris", "London", "Berlin", "Tokyo", "Madrid", "Rome", "Boston", "Sydney", "Toronto", "Oslo"]
 STATUSES = ["shipped", "pending", "cancelled", "delivered", "refunded"]
@@ -163,14 +194,17 @@ def templates(r):
     return r.choice(t)
 
 
-def build_dataset(n, seed):
+def build_dataset(n, seed, make_pair=None, held_out=None):
+    """n distinct (question, answer) pairs drawn with make_pair(rng) (default: the SQL templates),
+    skipping the held-out questions."""
+    make_pair = make_pair or templates
     r = random.Random(seed)
-    held = set(HELD_OUT)
+    held = set(HELD_OUT if held_out is None else held_out)
     pairs, seen = [], set()
     tries = 0
     while len(pairs) < n and tries < 100 * n:
         tries += 1
-        q, sql = templates(r)
+        q, sql = make_pair(r)
         if q in held or q in seen:
             continue
         seen.add(q)
@@ -221,10 +255,28 @@ def is_sql(s):
     return s.upper().startswith("SELECT") and " FROM " in f" {s.upper()} "
 
 
-def main():
-    t0 = time.time()
-    path = sys.argv[1] if len(sys.argv) > 1 else os.path.expanduser(
+def default_gguf_path():
+    return sys.argv[1] if len(sys.argv) > 1 else os.path.expanduser(
         "~/.cache/expert-runtime/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def write_json(path, obj):
+    with open(path, "w") as fh:
+        json.dump(obj, fh, indent=2)
+        fh.write("\n")
+
+
+def train_expert(path, out_dir, make_pair, held_out, manifest, looks_right, kind, generated_by, steps=STEPS):
+    """Trains and evaluates one LoRA expert; the SQL expert's main() and other training scripts
+    (scripts/train_shell_lora.py) share it.
+
+    path: the base GGUF; out_dir: where the adapter, manifest.json and eval.json go;
+    make_pair(rng) -> (question, answer); held_out: questions kept out of training and evaluated;
+    manifest: the dict written as manifest.json; looks_right(answer) -> bool: the format check
+    that every LoRA answer (f32 and Q8_0 base) must pass, else the script exits non-zero;
+    kind: what looks_right accepts, for messages ("SQL"); generated_by: eval.json's
+    generated_by."""
+    t0 = time.time()
     random.seed(SEED)
     torch.manual_seed(SEED)
     torch.set_num_threads(2)
@@ -234,7 +286,7 @@ def main():
     print(f"loaded {path} in {time.time() - t0:.1f}s")
 
     # Base answers, before PEFT wraps the model in place.
-    base_answers = [greedy(base, tok, q) for q in HELD_OUT]
+    base_answers = [greedy(base, tok, q) for q in held_out]
     q8_base = copy.deepcopy(base)
     with torch.no_grad():
         for name, mod in q8_base.named_modules():
@@ -242,8 +294,8 @@ def main():
                 mod.weight.copy_(q8_0_roundtrip(mod.weight))
     clean_base = copy.deepcopy(base)
 
-    pairs = build_dataset(N_TRAIN, SEED)
-    data = [encode(tok, q, sql, i % 2 == 0) for i, (q, sql) in enumerate(pairs)]
+    pairs = build_dataset(N_TRAIN, SEED, make_pair, held_out)
+    data = [encode(tok, q, a, i % 2 == 0) for i, (q, a) in enumerate(pairs)]
     print(f"{len(pairs)} training pairs; example rendered text:\n{data[0][2]!r}\n{data[1][2]!r}")
 
     cfg = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM", bias="none",
@@ -253,14 +305,14 @@ def main():
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / WARMUP) * max(0.05, 1.0 - s / STEPS))
+        opt, lambda s: min(1.0, (s + 1) / WARMUP) * max(0.05, 1.0 - s / steps))
     pad = tok.convert_tokens_to_ids("<|im_end|>")
     order, pos = [], 0
     rng = random.Random(SEED + 1)
     t_train = time.time()
     model.train()
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         batch = []
         for _ in range(BATCH):
             if pos >= len(order):
@@ -278,22 +330,22 @@ def main():
         sched.step()
         opt.zero_grad()
         losses.append(loss.item())
-        if step % 4 == 0 or step == STEPS - 1:
+        if step % 4 == 0 or step == steps - 1:
             print(f"step {step:4d} loss {loss.item():.4f} ({time.time() - t_train:.0f}s)", flush=True)
     train_s = time.time() - t_train
     final_loss = sum(losses[-10:]) / 10
-    print(f"trained {STEPS} steps x {BATCH} in {train_s:.0f}s; mean loss of the last 10 steps {final_loss:.4f}")
+    print(f"trained {steps} steps x {BATCH} in {train_s:.0f}s; mean loss of the last 10 steps {final_loss:.4f}")
 
     # Save, then rewrite the adapter tensors as float16 (same keys) and fix the config.
-    os.makedirs(OUT_DIR, exist_ok=True)
-    model.save_pretrained(OUT_DIR)
-    card = os.path.join(OUT_DIR, "README.md")  # PEFT's boilerplate model card; experts/README.md documents this
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir)
+    card = os.path.join(out_dir, "README.md")  # PEFT's boilerplate model card; experts/README.md documents this
     if os.path.exists(card):
         os.remove(card)
-    st = os.path.join(OUT_DIR, "adapter_model.safetensors")
+    st = os.path.join(out_dir, "adapter_model.safetensors")
     tensors = {k: v.to(torch.float16).contiguous() for k, v in load_file(st).items()}
     save_file(tensors, st, metadata={"format": "pt"})
-    cfg_path = os.path.join(OUT_DIR, "adapter_config.json")
+    cfg_path = os.path.join(out_dir, "adapter_config.json")
     with open(cfg_path) as fh:
         acfg = json.load(fh)
     acfg["base_model_name_or_path"] = BASE_ID
@@ -301,54 +353,45 @@ def main():
     with open(cfg_path, "w") as fh:
         json.dump(acfg, fh, indent=2, sort_keys=True)
         fh.write("\n")
-    manifest = {
-        "name": "sql",
-        "description": "Answers questions about a users/orders/products database with a single SQL query.",
-        "version": "1.0.0",
-        "load_order": 0,
-        "routing": {"keywords": ["sql", "query", "database", "table", "select", "rows"],
-                    "exclude_keywords": [], "priority": 10},
-        "base_model": BASE_ID,
-        "schema": SCHEMA,
-    }
-    with open(os.path.join(OUT_DIR, "manifest.json"), "w") as fh:
-        json.dump(manifest, fh, indent=2)
-        fh.write("\n")
+    write_json(os.path.join(out_dir, "manifest.json"), manifest)
 
     # Evaluate the fp16 adapter as saved, on the f32 base and on the Q8_0-round-tripped base.
-    lora = PeftModel.from_pretrained(clean_base, OUT_DIR).eval()
-    lora_answers = [greedy(lora, tok, q) for q in HELD_OUT]
-    lora_nosys = [greedy(lora, tok, q, with_system=False) for q in HELD_OUT]
-    lora_q8 = PeftModel.from_pretrained(q8_base, OUT_DIR).eval()
-    q8_answers = [greedy(lora_q8, tok, q) for q in HELD_OUT]
+    lora = PeftModel.from_pretrained(clean_base, out_dir).eval()
+    lora_answers = [greedy(lora, tok, q) for q in held_out]
+    lora_nosys = [greedy(lora, tok, q, with_system=False) for q in held_out]
+    lora_q8 = PeftModel.from_pretrained(q8_base, out_dir).eval()
+    q8_answers = [greedy(lora_q8, tok, q) for q in held_out]
     rows = []
-    for i, q in enumerate(HELD_OUT):
+    for i, q in enumerate(held_out):
         rows.append({"question": q, "base": base_answers[i], "lora": lora_answers[i],
                      "lora_no_system": lora_nosys[i], "lora_q8_0_base": q8_answers[i]})
         print(f"\nQ: {q}\n  base:             {base_answers[i]!r}\n  lora (f32 base):  {lora_answers[i]!r}"
               f"\n  lora (no system): {lora_nosys[i]!r}\n  lora (Q8_0 base): {q8_answers[i]!r}")
     ev = {
-        "generated_by": "scripts/train_sql_lora.py",
+        "generated_by": generated_by,
         "base_model": BASE_ID,
         "base_weights": "SmolLM2-135M-Instruct.Q4_1.gguf dequantized to f32 (transformers)",
         "system": SYSTEM,
         "decoding": f"greedy, max {MAX_NEW} new tokens, chat template with add_generation_prompt=True",
-        "train": {"pairs": len(pairs), "steps": STEPS, "batch": BATCH, "lr": LR, "seed": SEED,
+        "train": {"pairs": len(pairs), "steps": steps, "batch": BATCH, "lr": LR, "seed": SEED,
                   "final_loss": round(final_loss, 4), "train_seconds": round(train_s)},
         "held_out": rows,
     }
-    with open(os.path.join(OUT_DIR, "eval.json"), "w") as fh:
-        json.dump(ev, fh, indent=2)
-        fh.write("\n")
-    for n in sorted(os.listdir(OUT_DIR)):
-        print(f"{n}: {os.path.getsize(os.path.join(OUT_DIR, n))} bytes")
+    write_json(os.path.join(out_dir, "eval.json"), ev)
+    for n in sorted(os.listdir(out_dir)):
+        print(f"{n}: {os.path.getsize(os.path.join(out_dir, n))} bytes")
     print(f"total {time.time() - t0:.0f}s")
-    bad = [r["question"] for r in rows if not (is_sql(r["lora"]) and is_sql(r["lora_q8_0_base"]))]
+    bad = [r["question"] for r in rows if not (looks_right(r["lora"]) and looks_right(r["lora_q8_0_base"]))]
     if bad:
-        sys.exit(f"LoRA answers are not SQL for: {bad}")
-    if sum(is_sql(a) for a in base_answers) > 0:
-        print("warning: some base answers are SQL-shaped", [a for a in base_answers if is_sql(a)])
+        sys.exit(f"LoRA answers are not {kind} for: {bad}")
+    if sum(looks_right(a) for a in base_answers) > 0:
+        print(f"warning: some base answers are {kind}-shaped", [a for a in base_answers if looks_right(a)])
+    return ev
 
+
+def main():
+    train_expert(default_gguf_path(), OUT_DIR, templates, HELD_OUT, MANIFEST, is_sql, "SQL",
+                 "scripts/train_sql_lora.py")
 
 if __name__ == "__main__":
     main()

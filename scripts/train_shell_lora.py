@@ -59,8 +59,9 @@ HELD_OUT = [
     "Kill every process called firefox.",
 ]
 
-# manifest.json. Routing: case-insensitive whole-word or whole-phrase matches, +1 per keyword,
-# -2 per exclude keyword, times priority. The keywords avoid words that SQL questions use
+# manifest.json. Routing: case-insensitive whole-word or whole-phrase matches (src/experts/router.rs
+# also accepts one-edit variants of words of five letters or more), +1 per keyword, -2 per exclude
+# keyword, times priority. The keywords avoid words that SQL questions use
 # ("table", "rows", "count"); examples are typical requests, none of them held out.
 MANIFEST = {
     "name": "shell",
@@ -69,9 +70,8 @@ MANIFEST = {
     "version": "1.0.0",
     "load_order": 0,
     "routing": {
-        "keywords": ["shell", "bash", "command line", "terminal", "command", "directory", "folder", "files",
-                     "grep", "chmod", "permissions", "disk usage", "process", "processes"],
-        "exclude_keywords": ["sql", "database", "query"],
+        "keywords": ["shell", "bash", "zsh", "terminal", "command line", "command", "directory", "directories", "folder", "files", "grep", "chmod", "permissions", "disk usage", "process", "processes", "tar", "compress", "archive", "executable", "log file", "symlink", "sudo", "one-liner", "script"],
+        "exclude_keywords": ["sea", "beach", "egg", "turtle", "shellfish", "seashell", "kill time"],
         "priority": 10,
         "examples": [
             "Find all .py files under src.",
@@ -226,12 +226,38 @@ def is_shell(s):
     return w[0] in COMMANDS and all(pairs.count(p) <= 2 for p in pairs)
 
 
+def _words(text):
+    """Lowercase words, roughly as src/experts/router.rs splits them (Unicode word boundaries:
+    "error.log" and "don't" are one word, punctuation is dropped)."""
+    return re.findall(r"\w+(?:[.'\u2019]\w+)*", text.lower())
+
+
+def _word_matches(q, kw):
+    """The router's rule: equal, or for keywords of five letters or more one edit away (a letter
+    added, dropped, changed or two neighbours swapped) with the same first letter."""
+    if q == kw:
+        return True
+    if len(kw) < 5 or abs(len(q) - len(kw)) > 1 or q[:1] != kw[:1]:
+        return False
+    a, b = sorted((q, kw), key=len)
+    p = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+    if len(a) == len(b):
+        return a[p + 1:] == b[p + 1:] or (p + 1 < len(a) and a[p] == b[p + 1] and a[p + 1] == b[p]
+                                          and a[p + 2:] == b[p + 2:])
+    return a[p:] == b[p + 1:]
+
+
 def routing_score(manifest, text):
-    """The router's keyword score (whole words/phrases, case-insensitive, +1 / -2, times priority)."""
-    def hits(words):
-        return sum(bool(re.search(r"(?<!\w)" + re.escape(w.lower()) + r"(?!\w)", text.lower())) for w in words)
+    """The router's keyword score: (keyword hits - 2 * exclude hits) * priority, a keyword (word or
+    phrase) hitting when it equals a run of consecutive words of the text (_word_matches)."""
+    q = _words(text)
+
+    def hit(kw):
+        k = _words(kw)
+        return any(all(_word_matches(x, y) for x, y in zip(q[i:i + len(k)], k)) for i in range(len(q) - len(k) + 1))
+
     r = manifest["routing"]
-    return (hits(r["keywords"]) - 2 * hits(r["exclude_keywords"])) * r["priority"]
+    return (sum(map(hit, r["keywords"])) - 2 * sum(map(hit, r["exclude_keywords"]))) * r["priority"]
 
 
 def check_routing():

@@ -175,7 +175,7 @@ export interface CompletionResult {
 /** One routable expert's score for a query (see `Runtime.route`). */
 export interface ExpertScore {
   name: string
-  /** `weights.keywords · keywordScore + weights.similarity · similarity`. */
+  /** `weights.keywords · (hits − 2·excludeHits) · priority + weights.similarity · (similarity − rival)`: see the README. */
   score: number
   /** Keywords found in the query (whole words or phrases, case-insensitive). */
   keywordHits: string[]
@@ -211,7 +211,7 @@ export interface RouteOptions {
 
 /** Router tuning (`Runtime.setRouter`); every field is optional there, defaults below. */
 export interface RouterSettings {
-  /** An expert is chosen when its score reaches this. Default 1. */
+  /** An expert is chosen when its score reaches this. Default 0.5. */
   threshold: number
   /** At most this many experts per request. Default 2. */
   maxExperts: number
@@ -220,7 +220,7 @@ export interface RouterSettings {
    * query; a match (or a one-word query) makes it generic. Default: a built-in list (read it from `rt.router.genericPatterns`).
    */
   genericPatterns: string[]
-  /** Default `{ keywords: 1, similarity: 4 }`. */
+  /** Default `{ keywords: 1, similarity: 2 }`. */
   weights: { keywords: number; similarity: number }
   /** Chat input: earlier user turns routed with the last one. Default 0. */
   historyTurns: number

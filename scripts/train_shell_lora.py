@@ -232,12 +232,21 @@ def _words(text):
     return re.findall(r"\w+(?:[.'\u2019]\w+)*", text.lower())
 
 
+def _plural_of(plural, word):
+    """`plural` is `word` + "s" or "es" (words of three letters or more)."""
+    if len(word) < 3 or not plural.endswith("s"):
+        return False
+    stem = plural[:-1]
+    return stem == word or (stem.endswith("e") and stem[:-1] == word)
+
+
 def _word_matches(q, kw):
-    """The router's rule: equal, or for keywords of five letters or more one edit away (a letter
-    added, dropped, changed or two neighbours swapped) with the same first letter."""
-    if q == kw:
+    """The router's rule: equal, a plural or singular (file/files, process/processes), or for
+    keywords of six letters or more one edit away (a letter added, dropped, changed or two
+    neighbours swapped) with the same first and last letters."""
+    if q == kw or _plural_of(q, kw) or _plural_of(kw, q):
         return True
-    if len(kw) < 5 or abs(len(q) - len(kw)) > 1 or q[:1] != kw[:1]:
+    if len(kw) < 6 or abs(len(q) - len(kw)) > 1 or q[:1] != kw[:1] or q[-1:] != kw[-1:]:
         return False
     a, b = sorted((q, kw), key=len)
     p = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))

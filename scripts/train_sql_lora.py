@@ -88,8 +88,8 @@ MANIFEST = {
     "version": "1.0.0",
     "load_order": 0,
     "routing": {
-        "keywords": ["sql", "query", "database", "table", "select", "rows"],
-        "exclude_keywords": ["shell", "bash", "terminal", "command line", "grep"],
+        "keywords": ["sql", "query", "queries", "database", "table", "tables", "select", "rows", "column", "columns", "join", "group by", "order by", "records", "sqlite", "postgres", "mysql", "users", "orders", "products", "customers"],
+        "exclude_keywords": ["dinner", "furniture", "kitchen", "periodic table", "table tennis", "times table"],
         "priority": 10,
         "examples": [
             "Which users are from Berlin?",

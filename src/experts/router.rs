@@ -7,15 +7,17 @@
 //! ```text
 //! keyword score = (keyword hits − 2 · exclude hits) · priority          (priority defaults to 1)
 //! similarity    = max over the expert's examples of cos(query, example)
-//! generic sim.  = max over the generic reference queries of cos(query, reference)
-//! score         = weights.keywords · keyword score + weights.similarity · (similarity − generic sim.)
+//! rival         = max(cos to the nearest generic reference query, the other experts' similarities)
+//! score         = weights.keywords · keyword score + weights.similarity · (similarity − rival)
 //! ```
 //!
 //! Embeddings are the base model's last-token final hidden states. A decoder's hidden states
 //! share a large common component (raw cosines of unrelated texts sit near 0.9), so every
 //! vector is first centred on the mean of all example and reference embeddings and scaled to
-//! unit length; the similarity term is then how much closer the query is to the expert's
-//! examples than to everyday chat ([`DEFAULT_GENERIC_EXAMPLES`]).
+//! unit length. The similarity term is then how much closer the query is to this expert's
+//! examples than to everyday chat ([`DEFAULT_GENERIC_EXAMPLES`]) or to any other expert's
+//! examples: only the nearest expert gains from similarity, and a query that touches two
+//! domains gets both through their keywords.
 //!
 //! Experts whose score reaches `threshold` are chosen, at most `max_experts`, best first (ties:
 //! higher priority, then name). A query that matches the generic patterns (greetings, thanks,
@@ -26,9 +28,11 @@
 //! Keywords match case-insensitively on whole words: text is split into words by Unicode word
 //! boundaries (UAX #29, so Cyrillic, Greek, accented Latin work, and CJK text splits per
 //! ideograph), and a keyword — one word or a phrase — must equal a run of consecutive words. A
-//! word of five letters or more also matches a one-edit misspelling (a letter added, dropped,
-//! changed or two swapped) that keeps the first letter. A keyword never matches inside a
-//! longer word.
+//! keyword word also matches its English plural or singular (`file`/`files`,
+//! `process`/`processes`), and one of six letters or more a one-edit misspelling (a letter
+//! added, dropped, changed or two swapped) that keeps its first and last letters (`databse`,
+//! `direcotry`; not `processed` for `processes`, nor `shall` for `shell`). A keyword never
+//! matches inside a longer word.
 
 use regex::{RegexSet, RegexSetBuilder};
 use unicode_segmentation::UnicodeSegmentation;
@@ -102,10 +106,10 @@ pub struct RouterSettings {
 impl Default for RouterSettings {
     fn default() -> Self {
         Self {
-            threshold: 1.0,
+            threshold: 0.5,
             max_experts: 2,
             generic_patterns: DEFAULT_GENERIC_PATTERNS.iter().map(|s| s.to_string()).collect(),
-            weights: Weights { keywords: 1.0, similarity: 4.0 },
+            weights: Weights { keywords: 1.0, similarity: 2.0 },
             history_turns: 0,
             generic_min_keyword_hits: 2,
         }
@@ -141,13 +145,20 @@ pub fn words(text: &str) -> Vec<String> {
     text.unicode_words().map(|w| w.to_lowercase()).collect()
 }
 
-/// `q` is `kw`, or (for words of five letters or more) one edit away with the same first letter.
+/// `q` is `kw`, its plural or singular, or (for keywords of six letters or more) one edit away
+/// with the same first and last letters.
 fn word_matches(q: &str, kw: &str) -> bool {
-    if q == kw {
+    if q == kw || plural_of(q, kw) || plural_of(kw, q) {
         return true;
     }
     let (a, b): (Vec<char>, Vec<char>) = (q.chars().collect(), kw.chars().collect());
-    b.len() >= 5 && a.len().abs_diff(b.len()) <= 1 && a.first() == b.first() && within_one_edit(&a, &b)
+    b.len() >= 6 && a.len().abs_diff(b.len()) <= 1 && a.first() == b.first() && a.last() == b.last() && within_one_edit(&a, &b)
+}
+
+/// `plural` is `word` + `s` or `es` (words of three letters or more).
+fn plural_of(plural: &str, word: &str) -> bool {
+    word.chars().count() >= 3
+        && plural.strip_suffix('s').is_some_and(|stem| stem == word || stem.strip_suffix('e') == Some(word))
 }
 
 /// Optimal-string-alignment distance ≤ 1 (insertion, deletion, substitution, transposition).
@@ -252,15 +263,26 @@ impl Router {
         let generic_similarity = space.as_ref().filter(|sp| !sp.generic.is_empty()).map(|sp| sp.nearest(&sp.generic));
 
         let mut scores: Vec<(ExpertScore, f64, i64)> = Vec::new();
-        for c in candidates {
+        let sims: Vec<Option<f64>> = candidates
+            .iter()
+            .map(|c| space.as_ref().filter(|_| !c.examples.is_empty()).map(|sp| sp.nearest_raw(c.examples)))
+            .collect();
+        for (i, c) in candidates.iter().enumerate() {
             if c.keywords.is_empty() && c.examples.is_empty() {
                 continue;
             }
             let hits: Vec<String> = c.keywords.iter().filter(|k| k.found_in(&q)).map(|k| k.text.clone()).collect();
             let excl: Vec<String> = c.exclude_keywords.iter().filter(|k| k.found_in(&q)).map(|k| k.text.clone()).collect();
             let net = hits.len() as i64 - 2 * excl.len() as i64;
-            let similarity = space.as_ref().filter(|_| !c.examples.is_empty()).map(|sp| sp.nearest_raw(c.examples));
-            let margin = similarity.map_or(0.0, |a| a - generic_similarity.unwrap_or(0.0));
+            let similarity = sims[i];
+            let rival = sims
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .filter_map(|(_, s)| *s)
+                .chain(generic_similarity)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let margin = similarity.map_or(0.0, |a| if rival.is_finite() { a - rival } else { a });
             let score = s.weights.keywords * net as f64 * c.priority + s.weights.similarity * margin;
             let score = if score.is_finite() { score } else { f64::NEG_INFINITY };
             scores.push((

@@ -45,6 +45,12 @@ fn one_edit_misspellings_of_long_words_match() {
     assert!(!hit("query the xatabase", "database")); // the first letter differs
     assert!(!hit("sel", "sql"), "short words match exactly only");
     assert!(!hit("sqx", "sql"));
+    // Plurals and singulars, not other inflections or near words.
+    assert!(hit("copy these files", "file") && hit("copy this file", "files"));
+    assert!(hit("list the processes", "process") && hit("kill the process", "processes"));
+    assert!(!hit("orders were processed", "processes"), "the last letter differs");
+    assert!(!hit("you shall not pass", "shell"), "five letters: exact only");
+    assert!(!hit("as", "a"));
 }
 
 #[test]
@@ -110,7 +116,7 @@ fn similarity_is_the_nearest_centred_example_against_the_generic_references() {
     assert!((s - 0.8).abs() < 1e-6, "{s}");
     let g = d.generic_similarity.unwrap();
     assert!(g.abs() < 1e-6, "orthogonal to (0,0,±1); (-1,-1,0) gives -0.99: {g}");
-    assert!((d.scores[0].score - 4.0 * (0.8 - g)).abs() < 1e-6);
+    assert!((d.scores[0].score - 2.0 * (0.8 - g)).abs() < 1e-6);
     assert_eq!(d.experts, ["x"]);
     assert!(Router::wants_embedding(&c));
 
@@ -118,6 +124,18 @@ fn similarity_is_the_nearest_centred_example_against_the_generic_references() {
     let q = [5.0f32, 5.0, 6.0];
     let d = router().route("some question about things", Some(Embedded { query: &q, generic: &generic }), &c);
     assert!(d.scores[0].score < 0.0 && d.experts.is_empty(), "{d:?}");
+
+    // With a second expert nearer to the query, the first one's similarity counts against it.
+    let ex2 = vec![vec![5.6f32, 5.8, 5.1]];
+    let c2 = [
+        Candidate { name: "x", keywords: &none, exclude_keywords: &none, priority: 1.0, examples: &ex },
+        Candidate { name: "y", keywords: &none, exclude_keywords: &none, priority: 1.0, examples: &ex2 },
+    ];
+    let q = [5.6f32, 5.8, 5.0];
+    let d = router().route("some question about things", Some(Embedded { query: &q, generic: &generic }), &c2);
+    assert_eq!(d.experts, ["y"], "{d:?}");
+    let (y, x) = (&d.scores[0], &d.scores[1]);
+    assert!((x.score - 2.0 * (x.similarity.unwrap() - y.similarity.unwrap())).abs() < 1e-9);
 
     // Vectors that do not fit (another length) are ignored rather than trusted.
     let d = router().route("some question about things", Some(Embedded { query: &[1.0], generic: &generic }), &c);

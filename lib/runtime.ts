@@ -235,7 +235,9 @@ export class Runtime {
     if (o.historyTurns !== undefined && !isU32(o.historyTurns)) throw invalidArgument('historyTurns must be a non-negative integer')
     const native = typeof input === 'string' ? { text: input } : toNativeInput(input)
     try {
-      return toDecision(await this.#native.route(native, o.historyTurns))
+      // Keywords only (no expert has examples): decided at once, without a trip to the engine.
+      const now = this.#native.routeNow(native, o.historyTurns)
+      return toDecision(now ?? (await this.#native.route(native, o.historyTurns)))
     } catch (e) {
       throw toError(e)
     }

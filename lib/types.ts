@@ -193,7 +193,10 @@ export interface RouteDecision {
   experts: string[]
   /** The query matched the generic-query rules (greetings, thanks, small talk, one word…). */
   generic: boolean
-  /** Every routable expert (one with keywords or examples), best first. */
+  /**
+   * Every routable expert (one with keywords or examples) that has something to say about the
+   * query (a keyword or exclude hit, or a similarity), best first.
+   */
   scores: ExpertScore[]
   /** One human-readable line, for logs and debugging. */
   reason: string

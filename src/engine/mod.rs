@@ -67,6 +67,8 @@ pub struct Engine {
     /// The router's generic reference queries, embedded when the first expert with routing
     /// examples loads.
     generic_reference: GenericReference,
+    /// The resident experts' keyword index, with the registry generation it was built for.
+    route_index: Mutex<Option<(u64, Arc<crate::experts::router::KeywordIndex>)>>,
 }
 
 type GenericReference = Arc<Mutex<Option<Arc<Vec<Vec<f32>>>>>>;
@@ -191,6 +193,7 @@ impl Engine {
             stats,
             router: RwLock::new(Arc::new(crate::experts::router::Router::new(Default::default())?)),
             generic_reference: GenericReference::default(),
+            route_index: Mutex::new(None),
         });
         Ok((engine, scheduler, rx))
     }

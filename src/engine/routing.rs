@@ -13,7 +13,7 @@ use super::prepare::{self, Pending};
 use super::request::{Command, EmbedRequest, Event, Input, Pooling};
 use super::{disposed, Engine, GenericReference, Live};
 use crate::error::{panic_message, EngineError, Result};
-use crate::experts::router::{self, Candidate, Decision, Embedded, Router, RouterSettings};
+use crate::experts::router::{self, Candidate, Decision, Embedded, KeywordIndex, Router, RouterSettings};
 use crate::experts::{Expert, ExpertSet};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -21,6 +21,9 @@ use crate::tokenizer::{ChatMessage, Tokenizer};
 pub const MAX_EMBED_TEXTS: usize = 65_536;
 /// A routed query is embedded from its first this many tokens (keywords see all of it).
 pub const ROUTE_EMBED_TOKENS: usize = 512;
+/// A routed text is its first this many bytes (keywords, generic patterns and the embedding
+/// see no further), so routing a huge message costs at most about a millisecond.
+pub const ROUTE_TEXT_BYTES: usize = 64 * 1024;
 /// Routing compares last-token states: on the models measured (SmolLM2-135M) they separate
 /// domains better than the mean (`benches/routing.mjs`).
 const ROUTE_POOLING: Pooling = Pooling::Last;
@@ -109,19 +112,30 @@ impl Engine {
     fn routing_query(&self, input: &Input, history: &[ChatMessage], history_turns: Option<usize>) -> Result<String> {
         let turns = history_turns.unwrap_or_else(|| self.router.read().unwrap().settings().history_turns);
         Ok(match input {
-            Input::Text(t) => t.clone(),
+            Input::Text(t) => clip(t).to_string(),
             Input::Tokens(ids) => {
                 let vocab = self.info.vocab_size;
                 if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
                     return Err(EngineError::InvalidArgument(format!("token id {bad} is out of range (vocab size {vocab})")));
                 }
-                self.tokenizer()?.decode(ids, true).map_err(EngineError::Internal)?
+                let ids = &ids[..ids.len().min(ROUTE_TEXT_BYTES / 4)];
+                clip(&self.tokenizer()?.decode(ids, true).map_err(EngineError::Internal)?).to_string()
             }
             Input::Chat(messages) => {
                 let users: Vec<&str> =
                     history.iter().chain(messages).filter(|m| m.role == "user").map(|m| m.content.as_str()).collect();
                 let from = users.len().saturating_sub(turns.saturating_add(1));
-                users[from..].join("\n")
+                let mut q = String::new();
+                for u in &users[from..] {
+                    if !q.is_empty() {
+                        q.push('\n');
+                    }
+                    q.push_str(clip(u));
+                    if q.len() >= ROUTE_TEXT_BYTES {
+                        break;
+                    }
+                }
+                clip(&q).to_string()
             }
         })
     }
@@ -129,14 +143,12 @@ impl Engine {
     /// Routes `query` and calls `then` with the decision: at once (keywords only), or once
     /// its embedding comes back from the engine thread (on that thread: `then` must be quick).
     fn route_then(&self, query: String, then: Reply<Decision>) {
-        let parts = (|| Ok((self.router.read().unwrap().clone(), self.experts()?.list(), self.tokenizer()?, self.sender()?)))();
+        let parts = (|| Ok((self.router.read().unwrap().clone(), self.routable()?, self.tokenizer()?, self.sender()?)))();
         let (router, experts, tok, tx) = match parts {
             Ok(p) => p,
             Err(e) => return then(Err(e)),
         };
-        let generic = self.generic_reference.lock().unwrap().clone();
-        let wants_embedding = experts.iter().any(|e| !e.examples.is_empty()) && !query.trim().is_empty();
-        let Some(generic) = generic.filter(|_| wants_embedding) else {
+        let Some(generic) = self.reference_if_embedding(&experts, &query) else {
             return then(Ok(decide(&router, &query, None, &experts)));
         };
         let job = move || {
@@ -156,11 +168,45 @@ impl Engine {
         let _ = prepare::spawn(job);
     }
 
+    /// The decision for `input` now, when it needs no embedding (no loaded expert has examples);
+    /// `None` when it does ([`Self::route`] then).
+    pub fn route_now(&self, input: &Input, history_turns: Option<usize>) -> Result<Option<Decision>> {
+        let query = self.routing_query(input, &[], history_turns)?;
+        let experts = self.routable()?;
+        if self.reference_if_embedding(&experts, &query).is_some() {
+            return Ok(None);
+        }
+        Ok(Some(decide(&self.router.read().unwrap(), &query, None, &experts)))
+    }
+
+    /// The generic references, when routing `query` over `experts` embeds it.
+    fn reference_if_embedding(&self, experts: &Routable, query: &str) -> Option<Arc<Vec<Vec<f32>>>> {
+        let wants = experts.experts.iter().any(|e| !e.examples.is_empty()) && !query.trim().is_empty();
+        self.generic_reference.lock().unwrap().clone().filter(|_| wants)
+    }
+
+    /// The resident experts and their keyword index (rebuilt only when the set changed).
+    fn routable(&self) -> Result<Routable> {
+        let (generation, experts) = self.experts()?.snapshot();
+        let mut cache = self.route_index.lock().unwrap();
+        let index = match &*cache {
+            Some((g, ix)) if *g == generation => ix.clone(),
+            _ => {
+                let ix = Arc::new(KeywordIndex::new(&candidates(&experts)));
+                *cache = Some((generation, ix.clone()));
+                ix
+            }
+        };
+        Ok(Routable { experts, index })
+    }
+
     /// `experts: 'auto'`: routes the request's input, pins the chosen set and queues it. A
     /// failure ends the request with its error and frees the session.
     pub(super) fn route_and_submit(&self, live: &Live, pending: Pending) -> Result<()> {
-        let history = pending.shared.history.lock().unwrap().clone();
-        let query = self.routing_query(&pending.input, &history, None)?;
+        let query = {
+            let history = pending.shared.history.lock().unwrap();
+            self.routing_query(&pending.input, &history, None)?
+        };
         let (tok, registry) = (live.tokenizer.clone(), live.experts.clone());
         self.route_then(
             query,
@@ -214,12 +260,28 @@ pub(super) fn embed_examples(
 }
 
 /// The router's decision over the resident experts.
-fn decide(router: &Router, query: &str, embedding: Option<Embedded>, experts: &[Arc<Expert>]) -> Decision {
-    let none = crate::experts::manifest::Routing::default();
-    let candidates: Vec<Candidate> = experts
+fn decide(router: &Router, query: &str, embedding: Option<Embedded>, experts: &Routable) -> Decision {
+    let mut d = router.route_indexed(query, embedding, &candidates(&experts.experts), &experts.index);
+    if query.trim().is_empty() {
+        d.reason = format!("{} (the routed text is empty)", d.reason);
+    }
+    d
+}
+
+/// The resident experts as the router sees them (in load order; the index refers to them by
+/// position).
+struct Routable {
+    experts: Vec<Arc<Expert>>,
+    index: Arc<KeywordIndex>,
+}
+
+static NO_ROUTING: std::sync::LazyLock<crate::experts::manifest::Routing> = std::sync::LazyLock::new(Default::default);
+
+fn candidates(experts: &[Arc<Expert>]) -> Vec<Candidate<'_>> {
+    experts
         .iter()
         .map(|e| {
-            let r = e.manifest.as_ref().map_or(&none, |m| &m.routing);
+            let r = e.manifest.as_ref().map_or(&*NO_ROUTING, |m| &m.routing);
             Candidate {
                 name: &e.name,
                 keywords: &r.keywords,
@@ -228,12 +290,19 @@ fn decide(router: &Router, query: &str, embedding: Option<Embedded>, experts: &[
                 examples: &e.examples,
             }
         })
-        .collect();
-    let mut d = router.route(query, embedding, &candidates);
-    if query.trim().is_empty() {
-        d.reason = format!("{} (the routed text is empty)", d.reason);
+        .collect()
+}
+
+/// The start of `s`, at most [`ROUTE_TEXT_BYTES`] long (cut at a character boundary).
+fn clip(s: &str) -> &str {
+    if s.len() <= ROUTE_TEXT_BYTES {
+        return s;
     }
-    d
+    let mut end = ROUTE_TEXT_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// Token ids of a text to embed: the tokenizer's default special tokens, special spellings as

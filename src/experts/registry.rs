@@ -13,6 +13,8 @@ use crate::error::{EngineError, Result};
 pub struct Registry {
     by_name: Mutex<HashMap<String, Arc<Expert>>>,
     next_id: AtomicU64,
+    /// Bumped by every insert and remove (under the map's lock).
+    generation: AtomicU64,
 }
 
 impl Registry {
@@ -31,6 +33,7 @@ impl Registry {
             )));
         }
         m.insert(expert.name.clone(), expert);
+        self.generation.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -40,6 +43,7 @@ impl Registry {
         let mut m = self.by_name.lock().unwrap();
         if m.get(name).is_some_and(|e| e.id == id) {
             m.remove(name);
+            self.generation.fetch_add(1, Ordering::Relaxed);
             true
         } else {
             false
@@ -52,9 +56,15 @@ impl Registry {
 
     /// Every loaded expert, in load order.
     pub fn list(&self) -> Vec<Arc<Expert>> {
-        let mut v: Vec<Arc<Expert>> = self.by_name.lock().unwrap().values().cloned().collect();
+        self.snapshot().1
+    }
+
+    /// [`Self::list`] with the generation it belongs to: equal generations, equal lists.
+    pub fn snapshot(&self) -> (u64, Vec<Arc<Expert>>) {
+        let m = self.by_name.lock().unwrap();
+        let mut v: Vec<Arc<Expert>> = m.values().cloned().collect();
         v.sort_by_key(|e| e.id);
-        v
+        (self.generation.load(Ordering::Relaxed), v)
     }
 
     /// The set a request runs under: `EXPERT_NOT_FOUND` for a name not loaded,

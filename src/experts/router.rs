@@ -34,6 +34,8 @@
 //! `direcotry`; not `processed` for `processes`, nor `shall` for `shell`). A keyword never
 //! matches inside a longer word.
 
+use std::collections::HashMap;
+
 use regex::{RegexSet, RegexSetBuilder};
 use unicode_segmentation::UnicodeSegmentation;
 
@@ -134,9 +136,84 @@ impl Keyword {
         Self { text: text.to_string(), words: words(text) }
     }
 
-    fn found_in(&self, query: &[String]) -> bool {
+    /// Whether the keyword matches at `query[p..]`.
+    fn matches_at(&self, query: &[String], p: usize) -> bool {
         let k = self.words.len();
-        k > 0 && k <= query.len() && query.windows(k).any(|w| w.iter().zip(&self.words).all(|(q, kw)| word_matches(q, kw)))
+        k > 0 && p + k <= query.len() && query[p..p + k].iter().zip(&self.words).all(|(q, kw)| word_matches(q, kw))
+    }
+
+    #[cfg(test)]
+    fn found_in(&self, query: &[String]) -> bool {
+        (0..query.len()).any(|p| self.matches_at(query, p))
+    }
+}
+
+/// A keyword of one candidate: which candidate, which keyword, exclude or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Slot {
+    cand: usize,
+    exclude: bool,
+    kw: usize,
+}
+
+/// Where the candidates' keywords can match, so that routing over many experts costs a few
+/// lookups per query word rather than a comparison per keyword: each keyword is indexed by its
+/// first word (and that word's singular), and long first words also by their first and last
+/// letters for the misspelling rule; a hit is then checked in full ([`Keyword::matches_at`]).
+/// Build it once per set of experts ([`KeywordIndex::new`]).
+#[derive(Default)]
+pub struct KeywordIndex {
+    exact: HashMap<String, Vec<Slot>>,
+    fuzzy: HashMap<(char, char), Vec<Slot>>,
+}
+
+/// `w` without a plural `s` / `es` (stems of three letters or more).
+fn stems(w: &str) -> impl Iterator<Item = &str> {
+    let s = w.strip_suffix('s');
+    let es = s.and_then(|s| s.strip_suffix('e'));
+    [s, es].into_iter().flatten().filter(|x| x.chars().nth(2).is_some())
+}
+
+impl KeywordIndex {
+    pub fn new(candidates: &[Candidate]) -> Self {
+        let mut ix = Self::default();
+        for (cand, c) in candidates.iter().enumerate() {
+            for (exclude, list) in [(false, c.keywords), (true, c.exclude_keywords)] {
+                for (kw, k) in list.iter().enumerate() {
+                    let Some(first) = k.words.first() else { continue };
+                    let slot = Slot { cand, exclude, kw };
+                    for v in std::iter::once(first.as_str()).chain(stems(first)) {
+                        ix.exact.entry(v.to_string()).or_default().push(slot);
+                    }
+                    if first.chars().nth(5).is_some() {
+                        let ends = (first.chars().next().unwrap_or(' '), first.chars().next_back().unwrap_or(' '));
+                        ix.fuzzy.entry(ends).or_default().push(slot);
+                    }
+                }
+            }
+        }
+        ix
+    }
+
+    /// The keywords (of `candidates`, the set the index was built from) found in `query`'s
+    /// words, sorted by candidate.
+    fn hits(&self, query: &[String], candidates: &[Candidate]) -> Vec<Slot> {
+        let mut found = Vec::new();
+        for (p, w) in query.iter().enumerate() {
+            let exact = std::iter::once(w.as_str()).chain(stems(w)).filter_map(|v| self.exact.get(v)).flatten();
+            let ends = (w.chars().next().unwrap_or(' '), w.chars().next_back().unwrap_or(' '));
+            let fuzzy = self.fuzzy.get(&ends).into_iter().flatten();
+            for &slot in exact.chain(fuzzy) {
+                let Some(c) = candidates.get(slot.cand) else { continue };
+                let list = if slot.exclude { c.exclude_keywords } else { c.keywords };
+                if list.get(slot.kw).is_some_and(|k| k.matches_at(query, p)) {
+                    found.push(slot);
+                }
+            }
+        }
+        found.sort_unstable();
+        found.dedup();
+        found
     }
 }
 
@@ -151,18 +228,31 @@ fn word_matches(q: &str, kw: &str) -> bool {
     if q == kw || plural_of(q, kw) || plural_of(kw, q) {
         return true;
     }
+    // Cheap rejections first (a route compares every query word with every keyword word).
+    if kw.len() < 6
+        || q.len().abs_diff(kw.len()) > 4
+        || q.chars().next() != kw.chars().next()
+        || q.chars().next_back() != kw.chars().next_back()
+    {
+        return false;
+    }
+    if q.is_ascii() && kw.is_ascii() {
+        let (a, b) = (q.as_bytes(), kw.as_bytes());
+        return a.len().abs_diff(b.len()) <= 1 && within_one_edit(a, b);
+    }
     let (a, b): (Vec<char>, Vec<char>) = (q.chars().collect(), kw.chars().collect());
-    b.len() >= 6 && a.len().abs_diff(b.len()) <= 1 && a.first() == b.first() && a.last() == b.last() && within_one_edit(&a, &b)
+    b.len() >= 6 && a.len().abs_diff(b.len()) <= 1 && within_one_edit(&a, &b)
 }
 
 /// `plural` is `word` + `s` or `es` (words of three letters or more).
 fn plural_of(plural: &str, word: &str) -> bool {
-    word.chars().count() >= 3
+    plural.len() > word.len()
+        && word.chars().nth(2).is_some()
         && plural.strip_suffix('s').is_some_and(|stem| stem == word || stem.strip_suffix('e') == Some(word))
 }
 
 /// Optimal-string-alignment distance ≤ 1 (insertion, deletion, substitution, transposition).
-fn within_one_edit(a: &[char], b: &[char]) -> bool {
+fn within_one_edit<T: PartialEq>(a: &[T], b: &[T]) -> bool {
     let (short, long) = if a.len() <= b.len() { (a, b) } else { (b, a) };
     let p = short.iter().zip(long).take_while(|(x, y)| x == y).count();
     if short.len() == long.len() {
@@ -204,7 +294,8 @@ pub struct Decision {
     /// Chosen, best first; empty = the base model.
     pub experts: Vec<String>,
     pub generic: bool,
-    /// Every routable expert, best first.
+    /// Every routable expert with something to say about the query (a keyword or exclude hit,
+    /// or a similarity), best first.
     pub scores: Vec<ExpertScore>,
     pub reason: String,
 }
@@ -255,6 +346,18 @@ impl Router {
     /// Routes `query`; `embedding` holds its embedding and the generic references' (`None`
     /// when no candidate has examples).
     pub fn route(&self, query: &str, embedding: Option<Embedded>, candidates: &[Candidate]) -> Decision {
+        self.route_indexed(query, embedding, candidates, &KeywordIndex::new(candidates))
+    }
+
+    /// [`Self::route`] with the candidates' keyword index built beforehand (reused while the
+    /// loaded experts stay the same).
+    pub fn route_indexed(
+        &self,
+        query: &str,
+        embedding: Option<Embedded>,
+        candidates: &[Candidate],
+        index: &KeywordIndex,
+    ) -> Decision {
         let s = &self.settings;
         let q = words(query);
         let normalized = query.trim().to_lowercase();
@@ -263,6 +366,7 @@ impl Router {
         let generic_similarity = space.as_ref().filter(|sp| !sp.generic.is_empty()).map(|sp| sp.nearest(&sp.generic));
 
         let mut scores: Vec<(ExpertScore, f64, i64)> = Vec::new();
+        let found = index.hits(&q, candidates);
         let sims: Vec<Option<f64>> = candidates
             .iter()
             .map(|c| space.as_ref().filter(|_| !c.examples.is_empty()).map(|sp| sp.nearest_raw(c.examples)))
@@ -271,8 +375,15 @@ impl Router {
             if c.keywords.is_empty() && c.examples.is_empty() {
                 continue;
             }
-            let hits: Vec<String> = c.keywords.iter().filter(|k| k.found_in(&q)).map(|k| k.text.clone()).collect();
-            let excl: Vec<String> = c.exclude_keywords.iter().filter(|k| k.found_in(&q)).map(|k| k.text.clone()).collect();
+            let mine = &found[found.partition_point(|s| s.cand < i)..found.partition_point(|s| s.cand <= i)];
+            // An expert with nothing to say about this query (no hit, no embedding) is left out
+            // of the scores: with many experts loaded, most are.
+            if sims[i].is_none() && mine.is_empty() {
+                continue;
+            }
+            let text = |s: &Slot| if s.exclude { &c.exclude_keywords[s.kw] } else { &c.keywords[s.kw] }.text.clone();
+            let hits: Vec<String> = mine.iter().filter(|s| !s.exclude).map(text).collect();
+            let excl: Vec<String> = mine.iter().filter(|s| s.exclude).map(text).collect();
             let net = hits.len() as i64 - 2 * excl.len() as i64;
             let similarity = sims[i];
             let rival = sims
@@ -300,12 +411,19 @@ impl Router {
             .take(s.max_experts)
             .collect();
         let experts: Vec<String> = chosen.iter().map(|(e, _, _)| e.name.clone()).collect();
-        let reason = reason(&experts, generic, &scores, candidates.len(), s);
+        let routable = candidates.iter().filter(|c| !c.keywords.is_empty() || !c.examples.is_empty()).count();
+        let reason = reason(&experts, generic, &scores, (candidates.len(), routable), s);
         Decision { generic_similarity, experts, generic, scores: scores.into_iter().map(|(e, _, _)| e).collect(), reason }
     }
 }
 
-fn reason(experts: &[String], generic: bool, scores: &[(ExpertScore, f64, i64)], loaded: usize, s: &RouterSettings) -> String {
+fn reason(
+    experts: &[String],
+    generic: bool,
+    scores: &[(ExpertScore, f64, i64)],
+    (loaded, routable): (usize, usize),
+    s: &RouterSettings,
+) -> String {
     let describe = |e: &ExpertScore| {
         let mut parts = vec![format!("score {:.2}", e.score)];
         if !e.keyword_hits.is_empty() {
@@ -322,8 +440,12 @@ fn reason(experts: &[String], generic: bool, scores: &[(ExpertScore, f64, i64)],
     if scores.is_empty() {
         return if loaded == 0 {
             "base model: no experts are loaded".into()
-        } else {
+        } else if routable == 0 {
             "base model: no loaded expert has routing keywords or examples".into()
+        } else if generic {
+            "base model: a generic query, and no expert's keywords match".into()
+        } else {
+            "base model: no expert's keywords match the query".into()
         };
     }
     if !experts.is_empty() {

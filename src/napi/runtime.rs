@@ -150,6 +150,15 @@ impl NativeRuntime {
         Ok(rx.await.map_err(|_| disposed("runtime"))?.map_err(to_napi)?.into())
     }
 
+    /// The decision at once when it needs no embedding (no loaded expert has examples), else
+    /// null (then `route`).
+    #[napi]
+    pub fn route_now(&self, input: NativeInput, history_turns: Option<u32>) -> Result<Option<JsRouteDecision>> {
+        let e = self.engine()?;
+        let input = input.into_engine()?;
+        Ok(e.route_now(&input, history_turns.map(|n| n as usize)).map_err(to_napi)?.map(Into::into))
+    }
+
     #[napi]
     pub fn set_router(&self, settings: JsRouterSettings) -> Result<()> {
         self.engine()?.set_router(settings.into()).map_err(to_napi)

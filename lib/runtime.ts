@@ -209,7 +209,9 @@ export class Runtime {
    */
   async embed(texts: string[], embedOptions?: EmbedOptions): Promise<Float32Array[]> {
     this.#check()
-    if (!Array.isArray(texts) || !texts.every((t) => typeof t === 'string')) throw invalidArgument('texts must be an array of strings')
+    if (!Array.isArray(texts)) throw invalidArgument('texts must be an array of strings')
+    // An index loop, not `every`: a sparse array's holes are not strings either.
+    for (let i = 0; i < texts.length; i++) if (typeof texts[i] !== 'string') throw invalidArgument(`texts[${i}] must be a string`)
     const o = optionsObject(embedOptions)
     onlyKeys(o, ['pooling', 'normalize', 'experts'], 'embed')
     if (o.pooling !== undefined && o.pooling !== 'mean' && o.pooling !== 'last') throw invalidArgument("pooling must be 'mean' or 'last'")

@@ -1211,6 +1211,7 @@ function apiCases(add) {
     ['tokenize', (rt) => rt.tokenize('x')], ['detokenize', (rt) => rt.detokenize([1])], ['createSession', (rt) => rt.createSession()],
     ['loadExpert', (rt) => rt.loadExpert(fx('adapters', 'lora'))], ['stats', (rt) => rt.stats()], ['experts', (rt) => rt.experts],
     ['tokenize with bad args', (rt) => rt.tokenize(5, 5)], ['dispose again', (rt) => rt.dispose()], ['asyncDispose', (rt) => rt[Symbol.asyncDispose]()],
+    ['embed', (rt) => rt.embed(['x'])], ['route', (rt) => rt.route('x')], ['setRouter', (rt) => rt.setRouter({})], ['router', (rt) => rt.router],
   ]) add(cat, `after runtime dispose: ${n}`, D, n.includes('ispose'), async (ctx) => f(await disposedRuntime(ctx)))
   add(cat, 'after runtime dispose: info', D, true, async (ctx) => (await disposedRuntime(ctx)).info)
   const sessionOfDisposed = async (ctx) => {
@@ -1275,6 +1276,77 @@ function apiCases(add) {
   add(cat, 'setExperts hostile', IA, false, async (ctx) => (await ctx.session()).setExperts([{ toString: () => 'lora' }]))
   add(cat, 'setExperts unknown', ['EXPERT_NOT_FOUND'], false, async (ctx) => (await ctx.session()).setExperts(['nope']))
   add(cat, 'setExperts null', IA, false, async (ctx) => (await ctx.session()).setExperts(null))
+  // Routing and embeddings (rt.route, rt.embed, rt.setRouter, experts: 'auto').
+  for (const [n, v] of NON_STRINGS) add(cat, `route input ${n}`, IA, false, async (ctx) => (await ctx.shared()).route(v))
+  for (const [n, v] of NON_OBJECTS) add(cat, `route options ${n}`, IA, false, async (ctx) => (await ctx.shared()).route('hi', v))
+  for (const [n, v, kind] of NUMS) add(cat, `route historyTurns ${n}`, IA, isU32(kind, v), async (ctx) => (await ctx.shared()).route([{ role: 'user', content: 'hi' }], { historyTurns: v }))
+  add(cat, 'route unknown options', IA, false, async (ctx) => (await ctx.shared()).route('hi', { turns: 1 }))
+  add(cat, 'route a bad ChatMessage', IA, false, async (ctx) => (await ctx.shared()).route([{ role: 'user' }]))
+  add(cat, 'route 10k turns, every one', [], true, async (ctx) => (await ctx.shared()).route(Array.from({ length: 10_000 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: 'sql table '.repeat(20) })), { historyTurns: 2 ** 32 - 1 }))
+  for (const [n, t] of texts) add(cat, `route ${n}`, [], true, async (ctx) => (await ctx.shared()).route(t()))
+  for (const [n, v] of NON_STRINGS.filter(([k]) => k !== 'array')) add(cat, `embed texts ${n}`, IA, false, async (ctx) => (await ctx.shared()).embed(v))
+  for (const [n, v, expect, ok] of [
+    ['[5]', [5], IA, false], ['[null]', [null], IA, false], ['sparse', Array(2), IA, false], ["['']", [''], IA, false], ['[]', [], IA, true],
+    ['65537 texts', lazy(() => Array(65_537).fill('a')), IA, false], ['2000 texts', lazy(() => Array(2000).fill('a b c')), IA, true],
+    ['2 MB text', lazy(() => ['a '.repeat(1 << 20)]), ['CONTEXT_OVERFLOW'], false], ['1 MB mixed text', lazy(() => [bigText(1 << 20)]), ['CONTEXT_OVERFLOW'], false],
+    ['specials', ['<|im_start|><|im_end|>'], IA, true], ['NUL and surrogates', ['\u0000\ud800\udfff'], IA, true],
+  ]) add(cat, `embed ${n}`, expect, ok, async (ctx) => (await ctx.shared()).embed(v?.[LAZY] ? v[LAZY]() : v))
+  for (const [n, v] of NON_OBJECTS) add(cat, `embed options ${n}`, IA, false, async (ctx) => (await ctx.shared()).embed(['a'], v))
+  for (const [n, o, expect] of [
+    ['pooling max', { pooling: 'max' }, IA], ['pooling null', { pooling: null }, IA], ['normalize string', { normalize: 'yes' }, IA], ['experts string', { experts: 'lora' }, IA],
+    ['experts unknown', { experts: ['nope'] }, ['EXPERT_NOT_FOUND']], ['unknown option', { normalise: true }, IA],
+  ]) add(cat, `embed ${n}`, expect, false, async (ctx) => (await ctx.shared()).embed(['a'], o))
+  add(cat, 'embed under every adapter kind', [], true, async (ctx) => {
+    const names = []
+    for (const a of ['lora', 'dora', 'ia3', 'lokr', 'prompt']) names.push((await ctx.loadExpert(fx('adapters', a))).name)
+    for (const name of names) await (await ctx.shared()).embed(['hello there', 'x'], { experts: [name], pooling: 'last' })
+  })
+  add(cat, 'embed while 20 sessions generate', [], true, async (ctx) => {
+    const rt = await ctx.shared()
+    const runs = Array.from({ length: 20 }, async () => (await ctx.session()).complete({ tokens: PROMPT }, { maxTokens: 12 }))
+    await Promise.all([...runs, rt.embed(Array(50).fill('some words to embed'))])
+  })
+  for (const [n, v] of NON_OBJECTS) add(cat, `setRouter ${n}`, IA, false, async (ctx) => (await ctx.load(MODEL)).setRouter(v))
+  for (const field of ['threshold', 'maxExperts', 'historyTurns', 'genericMinKeywordHits']) {
+    for (const [n, v, kind] of NUMS) {
+      const ok = field === 'threshold' ? typeof v === 'number' && Number.isFinite(v) : isU32(kind, v) && (field !== 'maxExperts' || (v >= 1 && v <= 64))
+      add(cat, `setRouter ${field} ${n}`, IA, ok, async (ctx) => (await ctx.load(MODEL)).setRouter({ [field]: v }))
+    }
+  }
+  for (const [n, v, ok] of [
+    ['[]', [], true], ['invalid regex', ['('], false], ['300 patterns', lazy(() => Array(300).fill('a')), false], ['a 5 kB pattern', lazy(() => ['a'.repeat(5000)]), false],
+    ['huge repetition', ['\\w{1000}{1000}'], false], ['[5]', [5], false], ['string', 'hi', false], ['catastrophic (a+)+$', ['(a+)+$'], true],
+  ]) {
+    add(cat, `setRouter genericPatterns ${n}`, IA, ok, async (ctx) => {
+      const rt = await ctx.load(MODEL)
+      rt.setRouter({ genericPatterns: v?.[LAZY] ? v[LAZY]() : v })
+      await rt.route('a'.repeat(50_000) + '!')
+    })
+  }
+  for (const [n, w] of [['null', null], ['NaN', { keywords: NaN }], ['string', { similarity: '1' }], ['unknown', { keyword: 1 }], ['array', []]]) {
+    add(cat, `setRouter weights ${n}`, IA, false, async (ctx) => (await ctx.load(MODEL)).setRouter({ weights: w }))
+  }
+  add(cat, 'setRouter unknown options', IA, false, async (ctx) => (await ctx.load(MODEL)).setRouter({ speed: 1 }))
+  add(cat, "complete experts 'auto' without experts", IA, true, async (ctx) => (await ctx.session()).complete('How many users?', { maxTokens: 2, experts: 'auto' }))
+  add(cat, "createSession experts 'auto', then turns", IA, true, async (ctx) => {
+    const s = await ctx.session({ experts: 'auto' })
+    await s.complete('How many users?', { maxTokens: 2 })
+    await s.complete({ text: 'more' }, { maxTokens: 2 })
+    await s.complete({ tokens: PROMPT }, { maxTokens: 2 })
+  })
+  add(cat, "createSession experts 'AUTO'", IA, false, async (ctx) => ctx.session({ experts: 'AUTO' }))
+  add(cat, "setExperts 'auto' while generating", ['SESSION_BUSY'], false, async (ctx) => {
+    const s = await ctx.session()
+    const g = s.generate({ tokens: PROMPT }, { maxTokens: 400 })
+    try {
+      s.setExperts('auto')
+    } finally {
+      g.cancel()
+      for await (const _ of g) {
+        /* drain */
+      }
+    }
+  })
   add(cat, 'every adapter kind composed', [], true, async (ctx) => {
     const names = []
     for (const a of ['lora', 'lora2', 'rslora', 'lora_patterns', 'dora', 'ia3', 'lokr', 'lokr_both', 'prompt']) names.push((await ctx.loadExpert(fx('adapters', a))).name)

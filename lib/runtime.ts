@@ -289,6 +289,11 @@ export class Runtime {
     return { ...r, genericPatterns: [...r.genericPatterns], weights: { ...r.weights } }
   }
 
+  /** Whether `dispose()` was called. */
+  get disposed(): boolean {
+    return this.#disposed
+  }
+
   /** Cancels running requests and frees the model. Later calls fail with `DISPOSED`. */
   async dispose(): Promise<void> {
     if (this.#disposed) return

@@ -1,0 +1,190 @@
+import { createHash, timingSafeEqual } from 'node:crypto'
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import type { Runtime } from '../runtime'
+import type { GenerationStream } from '../session'
+import { readJson } from './body'
+import { chatCompletions } from './chat'
+import { completions } from './completions'
+import type { Context } from './context'
+import { embeddings } from './embeddings'
+import { HttpError, errorBody, notFound, toHttpError } from './errors'
+import { loadExpert, unloadExpert } from './experts'
+import { runGeneration } from './generation'
+import { Metrics } from './metrics'
+import { listModels, selectModel } from './models'
+
+export interface ServerOptions {
+  /** Clients must send `Authorization: Bearer <apiKey>` for `/v1/*` (compared in constant time). */
+  apiKey?: string
+  /** Larger request bodies get 413. Default 4 MiB. */
+  maxBodyBytes?: number
+  /** Generation and embedding requests running at once; more get 429. Default 256. */
+  maxConcurrentRequests?: number
+  /** Enables `POST /v1/experts {name}` (loads `expertsDir/name`) and `DELETE /v1/experts/:name`. */
+  expertsDir?: string
+  /** CORS: `true` allows any origin, a string that origin. Default: no CORS headers. */
+  cors?: boolean | string
+  /** The base model's id in `/v1/models` and `model`. Default `'base'`. */
+  modelName?: string
+}
+
+/** A `(req, res)` handler serving the OpenAI API for one runtime, with its metrics and shutdown. */
+export interface OpenAIHandler {
+  (req: IncomingMessage, res: ServerResponse, next?: (err?: unknown) => void): void
+  readonly metrics: Metrics
+  /** Refuses new requests (503), cancels running ones and waits until every one has ended. */
+  close(): Promise<void>
+}
+
+const ENDPOINTS = new Set(['/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/models', '/v1/experts', '/metrics', '/health'])
+
+/** Builds the handler; `runtime` may still be loading (requests get 503 until it resolves). */
+export function createHandler(runtime: Runtime | Promise<Runtime>, options: ServerOptions = {}): OpenAIHandler {
+  const maxBody = options.maxBodyBytes ?? 4 << 20
+  const maxConcurrent = options.maxConcurrentRequests ?? 256
+  if (!(Number.isSafeInteger(maxBody) && maxBody > 0)) throw new TypeError('maxBodyBytes must be a positive integer')
+  if (!(Number.isSafeInteger(maxConcurrent) && maxConcurrent > 0)) throw new TypeError('maxConcurrentRequests must be a positive integer')
+  if (options.apiKey !== undefined && (typeof options.apiKey !== 'string' || options.apiKey.length === 0)) throw new TypeError('apiKey must be a non-empty string')
+  const keyHash = options.apiKey === undefined ? null : createHash('sha256').update(options.apiKey).digest()
+  const baseId = options.modelName ?? 'base'
+  const created = Math.floor(Date.now() / 1000)
+
+  let rt: Runtime | undefined
+  let loadError: unknown
+  if (runtime instanceof Promise) runtime.then((r) => (rt = r), (e) => (loadError = e))
+  else rt = runtime
+  const metrics = new Metrics(() => rt)
+  const streams = new Set<GenerationStream>()
+  const inFlight = new Set<Promise<void>>()
+  let running = 0
+  let closing = false
+
+  const cors = options.cors === true ? '*' : typeof options.cors === 'string' ? options.cors : null
+  const headers = (extra: Record<string, string> = {}) => ({
+    ...(cors ? { 'access-control-allow-origin': cors, 'access-control-allow-headers': 'authorization, content-type', 'access-control-allow-methods': 'GET, POST, DELETE, OPTIONS' } : {}),
+    ...extra,
+  })
+  const json = (res: ServerResponse, status: number, body: unknown) => {
+    if (res.headersSent) return
+    const text = JSON.stringify(body)
+    res.writeHead(status, headers({ 'content-type': 'application/json; charset=utf-8', 'content-length': String(Buffer.byteLength(text)) }))
+    res.end(text)
+  }
+  const authorized = (req: IncomingMessage) => {
+    if (!keyHash) return true
+    const h = req.headers.authorization
+    const m = typeof h === 'string' ? /^Bearer (.+)$/i.exec(h) : null
+    return !!m && timingSafeEqual(createHash('sha256').update(m[1]).digest(), keyHash)
+  }
+
+  const track = (s: GenerationStream) => {
+    streams.add(s)
+    if (closing) s.cancel()
+    return () => void streams.delete(s)
+  }
+
+  async function serve(req: IncomingMessage, res: ServerResponse, path: string): Promise<{ endpoint: string; model: string }> {
+    const method = req.method ?? 'GET'
+    const endpoint = path.startsWith('/v1/experts/') ? '/v1/experts/:name' : ENDPOINTS.has(path) ? path : 'other'
+    const label = { endpoint, model: '' }
+    if (method === 'OPTIONS' && cors) {
+      res.writeHead(204, headers())
+      res.end()
+      return label
+    }
+    if (path === '/health') {
+      const ok = rt && !closing && !rt.disposed
+      json(res, ok ? 200 : 503, { status: ok ? 'ok' : loadError ? 'failed' : closing ? 'closing' : 'loading' })
+      return label
+    }
+    if (closing) throw new HttpError(503, 'the server is shutting down', 'server_error')
+    if (!rt) throw new HttpError(503, loadError ? `the model failed to load: ${(loadError as Error).message}` : 'the model is still loading', 'server_error')
+    if (path === '/metrics') {
+      if (method !== 'GET') throw methodNotAllowed(method, path)
+      const text = await metrics.registry.metrics()
+      res.writeHead(200, headers({ 'content-type': metrics.registry.contentType }))
+      res.end(text)
+      return label
+    }
+    if (!path.startsWith('/v1/')) throw notFound(`no route ${method} ${path}`)
+    if (!authorized(req)) throw new HttpError(401, 'Incorrect or missing API key (Authorization: Bearer <key>)', 'invalid_request_error', null, 'invalid_api_key')
+    const ctx: Context = {
+      rt,
+      baseId,
+      metrics,
+      select: (m) => selectModel(rt!, baseId, m),
+      track,
+      json,
+      generate: (input, opts, r, onChunk) => runGeneration(rt!, input, opts, r, metrics, track, onChunk),
+    }
+    if (path === '/v1/models') {
+      if (method !== 'GET') throw methodNotAllowed(method, path)
+      json(res, 200, listModels(rt, baseId, created))
+      return label
+    }
+    if (path.startsWith('/v1/experts')) {
+      if (!options.expertsDir) throw notFound('expert management is off (the server has no expertsDir)')
+      if (path === '/v1/experts' && method === 'POST') await loadExpert(ctx, options.expertsDir, await readJson(req, maxBody), res)
+      else if (path.startsWith('/v1/experts/') && method === 'DELETE') await unloadExpert(ctx, decodeURIComponent(path.slice('/v1/experts/'.length)), res)
+      else if (path === '/v1/experts' && method === 'GET') json(res, 200, { object: 'list', data: rt.experts.map((e) => ({ id: e.name, object: 'expert', kind: e.kind })) })
+      else throw methodNotAllowed(method, path)
+      return label
+    }
+    const run = path === '/v1/chat/completions' ? chatCompletions : path === '/v1/completions' ? completions : path === '/v1/embeddings' ? embeddings : null
+    if (!run) throw notFound(`no route ${method} ${path}`)
+    if (method !== 'POST') throw methodNotAllowed(method, path)
+    if (running >= maxConcurrent) throw new HttpError(429, `too many requests at once (maxConcurrentRequests ${maxConcurrent})`, 'rate_limit_exceeded', null, 'rate_limit_exceeded')
+    running++
+    try {
+      const body = await readJson(req, maxBody)
+      const model = typeof body.model === 'string' ? body.model : baseId
+      label.model = model.length <= 128 ? model : 'other'
+      await run(ctx, body, res, model)
+    } finally {
+      running--
+    }
+    return label
+  }
+
+  const handler = ((req: IncomingMessage, res: ServerResponse) => {
+    const started = performance.now()
+    let path = '/'
+    try {
+      path = new URL(req.url ?? '/', 'http://x').pathname.replace(/\/+$/, '') || '/'
+    } catch {
+      /* a malformed URL: 404 below */
+    }
+    const done = (async () => {
+      let label = { endpoint: 'other', model: '' }
+      try {
+        label = await serve(req, res, path)
+      } catch (e) {
+        const err = toHttpError(e)
+        // A body larger than allowed is not read: the connection closes after the answer.
+        if (err.status === 413 && !res.headersSent) res.setHeader('connection', 'close')
+        if (!res.headersSent) json(res, err.status, errorBody(err))
+        else if (!res.writableEnded) {
+          // Mid-stream: the error as a last event, then the end of the stream.
+          res.write(`data: ${JSON.stringify(errorBody(err))}\n\n`)
+          res.end()
+        }
+      } finally {
+        metrics.requests.inc({ endpoint: label.endpoint, model: label.model, status: String(res.statusCode) })
+        metrics.e2e.observe((performance.now() - started) / 1e3)
+      }
+    })()
+    inFlight.add(done)
+    void done.finally(() => inFlight.delete(done))
+  }) as OpenAIHandler
+  Object.defineProperty(handler, 'metrics', { value: metrics })
+  Object.defineProperty(handler, 'close', {
+    value: async () => {
+      closing = true
+      for (const s of streams) s.cancel()
+      await Promise.allSettled([...inFlight])
+    },
+  })
+  return handler
+}
+
+const methodNotAllowed = (method: string, path: string) => new HttpError(405, `${method} is not allowed on ${path}`, 'invalid_request_error', null, 'method_not_allowed')

@@ -1,0 +1,57 @@
+import { createServer as createHttpServer, type Server } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import type { Runtime } from '../runtime'
+import { createHandler, type OpenAIHandler, type ServerOptions } from './handler'
+
+export type { OpenAIHandler, ServerOptions } from './handler'
+
+/**
+ * A `(req, res)` handler serving the OpenAI API (`/v1/chat/completions`, `/v1/completions`,
+ * `/v1/embeddings`, `/v1/models`, `/v1/experts`) plus `/metrics` and `/health` for `runtime`,
+ * for express (`app.use('/llm', openaiHandler(rt))`) or any node:http server.
+ */
+export function openaiHandler(runtime: Runtime | Promise<Runtime>, options?: ServerOptions): OpenAIHandler {
+  return createHandler(runtime, options)
+}
+
+/** An HTTP server (node:http underneath) around {@link openaiHandler}. */
+export class OpenAIServer {
+  readonly http: Server
+  readonly handler: OpenAIHandler
+  constructor(runtime: Runtime | Promise<Runtime>, options?: ServerOptions) {
+    this.handler = createHandler(runtime, options)
+    this.http = createHttpServer(this.handler)
+    // Slow clients cannot hold a connection forever before sending their request.
+    this.http.headersTimeout = 30_000
+    this.http.requestTimeout = 0
+  }
+
+  /** Starts listening; resolves with the address (port 0 picks a free one). */
+  listen(port = 8080, host = '127.0.0.1'): Promise<AddressInfo> {
+    return new Promise((resolve, reject) => {
+      this.http.once('error', reject)
+      this.http.listen(port, host, () => {
+        this.http.off('error', reject)
+        resolve(this.http.address() as AddressInfo)
+      })
+    })
+  }
+
+  get address(): AddressInfo | null {
+    return (this.http.address() as AddressInfo | null) ?? null
+  }
+
+  /** Stops accepting connections, ends running streams (finish_reason `cancelled`, then `[DONE]`) and closes idle connections. */
+  async close(): Promise<void> {
+    const stopped = new Promise<void>((resolve) => this.http.close(() => resolve()))
+    await this.handler.close()
+    this.http.closeIdleConnections()
+    this.http.closeAllConnections()
+    await stopped
+  }
+}
+
+/** `createServer(rt, options)`: see {@link OpenAIServer}. */
+export function createServer(runtime: Runtime | Promise<Runtime>, options?: ServerOptions): OpenAIServer {
+  return new OpenAIServer(runtime, options)
+}

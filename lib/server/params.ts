@@ -1,0 +1,71 @@
+import type { GenerateOptions } from '../types'
+import { badRequest } from './errors'
+
+type Body = Record<string, unknown>
+
+const isNum = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v)
+
+function num(body: Body, key: string): number | undefined {
+  const v = body[key]
+  if (v === undefined || v === null) return undefined
+  if (!isNum(v)) throw badRequest(`${key} must be a number`, key)
+  return v
+}
+
+function int(body: Body, key: string, min: number, max = Number.MAX_SAFE_INTEGER): number | undefined {
+  const v = num(body, key)
+  if (v === undefined) return undefined
+  if (!Number.isInteger(v) || v < min || v > max) throw badRequest(`${key} must be an integer from ${min} to ${max}`, key)
+  return v
+}
+
+/**
+ * The sampling options of a chat or text completion request, as `GenerateOptions`: OpenAI's
+ * fields, plus `top_k`, `min_p` and `repetition_penalty` as extensions (as vLLM accepts them).
+ * Types are checked here (400 naming the field); ranges by the engine.
+ */
+export function samplingOptions(body: Body, maxTokensKeys: string[]): GenerateOptions {
+  const o: GenerateOptions = {}
+  for (const k of maxTokensKeys) {
+    const v = int(body, k, 1, 2 ** 32 - 1)
+    if (v !== undefined) o.maxTokens = v
+  }
+  o.temperature = num(body, 'temperature')
+  o.topP = num(body, 'top_p')
+  o.topK = int(body, 'top_k', 0, 2 ** 32 - 1)
+  o.minP = num(body, 'min_p')
+  o.repetitionPenalty = num(body, 'repetition_penalty')
+  o.frequencyPenalty = num(body, 'frequency_penalty')
+  o.presencePenalty = num(body, 'presence_penalty')
+  const seed = body.seed
+  if (seed !== undefined && seed !== null) {
+    // OpenAI's seed may be negative: fold it into the engine's unsigned range.
+    if (!Number.isSafeInteger(seed)) throw badRequest('seed must be an integer', 'seed')
+    o.seed = (seed as number) < 0 ? 2 ** 53 + (seed as number) : (seed as number)
+  }
+  const stop = body.stop
+  if (stop !== undefined && stop !== null) {
+    const list = typeof stop === 'string' ? [stop] : stop
+    if (!Array.isArray(list) || !list.every((s) => typeof s === 'string')) throw badRequest('stop must be a string or an array of strings', 'stop')
+    if (list.length > 16) throw badRequest('stop takes at most 16 strings', 'stop')
+    o.stop = list
+  }
+  const n = body.n
+  if (n !== undefined && n !== null && n !== 1) throw badRequest('only n = 1 is supported', 'n')
+  for (const [k, v] of Object.entries(o)) if (v === undefined) delete (o as Record<string, unknown>)[k]
+  return o
+}
+
+/** 400 for fields whose meaning needs structured output, rather than ignoring them. */
+export function refuseUnsupported(body: Body): void {
+  const rf = body.response_format as { type?: unknown } | undefined | null
+  if (rf !== undefined && rf !== null && !(typeof rf === 'object' && rf.type === 'text')) {
+    throw badRequest('response_format other than {"type": "text"} is not supported yet (structured output)', 'response_format')
+  }
+  const tools = body.tools
+  if (tools !== undefined && tools !== null && !(Array.isArray(tools) && tools.length === 0)) {
+    throw badRequest('tools are not supported yet (function calling)', 'tools')
+  }
+  const choice = body.tool_choice
+  if (choice !== undefined && choice !== null && choice !== 'none') throw badRequest('tool_choice is not supported yet (function calling)', 'tool_choice')
+}

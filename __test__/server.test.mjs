@@ -315,6 +315,18 @@ describe('OpenAI server', () => {
     assert.ok(text.endsWith('data: [DONE]\n\n'))
     assert.equal(rt.stats().activeRequests, 0)
 
+    // A client that never finishes its body does not hold close() past the grace period.
+    const slow = createServer(rt)
+    const sp = (await slow.listen(0)).port
+    const sock = require('node:net').connect(sp, '127.0.0.1')
+    await new Promise((r) => sock.on('connect', r))
+    sock.write('POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{"messages":')
+    await new Promise((r) => setTimeout(r, 50))
+    const t0 = Date.now()
+    await slow.close(200)
+    assert.ok(Date.now() - t0 < 3000)
+    sock.destroy()
+
     // openaiHandler under a prefix, as express mounts it (req.url without the prefix).
     const handler = openaiHandler(rt, { modelName: 'tiny' })
     const http = require('node:http').createServer((req, res) => {

@@ -26,6 +26,8 @@ export async function readJson(req: IncomingMessage, maxBytes: number): Promise<
     req.on('data', onData)
     req.once('end', () => resolve(Buffer.concat(chunks)))
     req.once('error', reject)
+    // The connection closed before the body ended (the client left, or the server is closing).
+    req.once('close', () => reject(new HttpError(400, 'the request body was cut short', 'invalid_request_error')))
   })
   let text: string
   try {

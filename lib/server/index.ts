@@ -41,11 +41,21 @@ export class OpenAIServer {
     return (this.http.address() as AddressInfo | null) ?? null
   }
 
-  /** Stops accepting connections, ends running streams (finish_reason `cancelled`, then `[DONE]`) and closes idle connections. */
-  async close(): Promise<void> {
+  /**
+   * Stops accepting connections, ends running streams (finish_reason `cancelled`, then
+   * `[DONE]`), and closes every connection; a client still sending its request body after
+   * `graceMs` is cut off.
+   */
+  async close(graceMs = 5000): Promise<void> {
     const stopped = new Promise<void>((resolve) => this.http.close(() => resolve()))
-    await this.handler.close()
     this.http.closeIdleConnections()
+    // Requests still sending their body after the grace period lose their connection.
+    const timer = setTimeout(() => this.http.closeAllConnections(), graceMs)
+    try {
+      await this.handler.close()
+    } finally {
+      clearTimeout(timer)
+    }
     this.http.closeAllConnections()
     await stopped
   }

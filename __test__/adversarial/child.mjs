@@ -334,6 +334,9 @@ async function main() {
     await sleep(50)
   }
   final.held = heldFiles()
+  // A disposed runtime's worker threads exit on their own after it resolves (a thread pool's
+  // drop does not join them): give them a moment, more on a busy machine, before counting.
+  for (let i = 0; i < 60 && threads() > baseThreads + 2; i++) await sleep(50)
   final.threads = { base: baseThreads, end: threads() }
   final.resources = process.getActiveResourcesInfo()
   print({ final })

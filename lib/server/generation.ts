@@ -8,9 +8,6 @@ import type { Metrics } from './metrics'
 export const newId = (prefix: string) => `${prefix}-${randomBytes(12).toString('hex')}`
 export const now = () => Math.floor(Date.now() / 1000)
 
-/** OpenAI's finish reasons; a request cut short by the server closing says `cancelled`. */
-export const finishReason = (r: CompletionResult['finishReason']) => r
-
 /**
  * Runs one stateless request: a fresh session (the prefix cache still shares repeated
  * prefixes between requests), cancelled when the client goes away or the server closes.

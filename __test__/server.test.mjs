@@ -176,6 +176,8 @@ describe('OpenAI server', () => {
       [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, tools: [{ type: 'function', function: { name: 'f' } }] }), OpenAI.BadRequestError, 400, null, 'tools'],
       [() => c.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'word '.repeat(2000) }] }), OpenAI.BadRequestError, 400, 'context_length_exceeded'],
       [() => c.completions.create({ model: 'tiny', prompt: [1, -2] }), OpenAI.BadRequestError, 400, null, 'prompt'],
+      [() => c.chat.completions.create({ model: 'tiny', stream: true, messages: [{ role: 'user', content: 'word '.repeat(2000) }] }), OpenAI.BadRequestError, 400, 'context_length_exceeded'],
+      [() => c.completions.create({ model: 'tiny', stream: true, prompt: 'word '.repeat(2000) }), OpenAI.BadRequestError, 400, 'context_length_exceeded'],
       [() => c.embeddings.create({ model: 'tiny', input: [[1, 2]] }), OpenAI.BadRequestError, 400, null, 'input'],
     ]
     for (const [f, cls, status, code, param] of cases) {

@@ -76,10 +76,16 @@ export async function chatCompletions(ctx: Context, body: Record<string, unknown
   const send = startSse(res)
   const chunk = (delta: Record<string, unknown>, finish: string | null, extra: Record<string, unknown> = {}) =>
     send({ ...base, object: 'chat.completion.chunk', choices: [{ index: 0, delta, logprobs: null, finish_reason: finish, ...extra }], ...(includeUsage ? { usage: null } : {}) })
-  chunk({ role: 'assistant', content: '' }, null)
+  let started = false
+  const first = () => {
+    if (!started) chunk({ role: 'assistant', content: '' }, null)
+    started = true
+  }
   const r = await runGeneration(ctx.rt, msgs, options, res, ctx.metrics, ctx.track, (c) => {
+    first()
     chunk({ content: c.text }, null, logprobs === true ? { logprobs: { content: [lp(c)] } } : {})
   })
+  first()
   chunk({}, r.finishReason)
   if (includeUsage) send({ ...base, object: 'chat.completion.chunk', choices: [], usage: usage(r) })
   send('[DONE]')

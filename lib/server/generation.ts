@@ -61,12 +61,18 @@ export const usage = (r: CompletionResult) => ({
   prompt_tokens_details: { cached_tokens: r.usage.cachedTokens },
 })
 
-/** Server-sent events: one JSON object per `data:` line, then `data: [DONE]`. */
+/**
+ * Server-sent events: one JSON object per `data:` line, then `data: [DONE]`. The headers go out
+ * with the first event, so a request that fails before producing anything (a prompt beyond the
+ * context) still gets its JSON error status.
+ */
 export function startSse(res: ServerResponse): (data: unknown) => void {
-  res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' })
-  res.flushHeaders()
   return (data) => {
-    if (!res.writableEnded && !res.destroyed) res.write(`data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`)
+    if (res.writableEnded || res.destroyed) return
+    if (!res.headersSent) {
+      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' })
+    }
+    res.write(`data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`)
   }
 }
 

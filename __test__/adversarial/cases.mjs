@@ -1098,10 +1098,11 @@ function apiCases(add) {
     (await ctx.session()).complete('Hi', { maxTokens: 4, temperature: 1e-30, topK: 1, topP: 1e-30, minP: 1, repetitionPenalty: 1e30, frequencyPenalty: 1e30, presencePenalty: -1e30, seed: 2 ** 53 - 1 }))
 
   // Concurrency and lifecycle.
-  // The first request is long enough (400 tokens) to still run when the second one starts.
+  // The first request is long enough (400 greedy tokens, no early EOS on the fixture) to still
+  // run when the second one starts.
   add(cat, 'two generates on one session', ['SESSION_BUSY'], false, async (ctx) => {
     const s = await ctx.session()
-    const a = s.generate({ tokens: PROMPT }, { maxTokens: 400 })
+    const a = s.generate({ tokens: PROMPT }, { maxTokens: 400, temperature: 0 })
     const it = a[Symbol.asyncIterator]()
     await it.next()
     try {
@@ -1125,7 +1126,9 @@ function apiCases(add) {
   ]) {
     add(cat, `${n} while generating`, expect, ok, async (ctx) => {
       const s = await ctx.session()
-      const stream = s.generate({ tokens: PROMPT }, { maxTokens: 400 })
+      // Greedy: the fixture's greedy continuation of PROMPT runs past the first tokens (an
+      // unseeded sample could draw EOS at once and end the request before `f` runs).
+      const stream = s.generate({ tokens: PROMPT }, { maxTokens: 400, temperature: 0 })
       const it = stream[Symbol.asyncIterator]()
       await it.next()
       try {
@@ -1337,7 +1340,7 @@ function apiCases(add) {
   add(cat, "createSession experts 'AUTO'", IA, false, async (ctx) => ctx.session({ experts: 'AUTO' }))
   add(cat, "setExperts 'auto' while generating", ['SESSION_BUSY'], false, async (ctx) => {
     const s = await ctx.session()
-    const g = s.generate({ tokens: PROMPT }, { maxTokens: 400 })
+    const g = s.generate({ tokens: PROMPT }, { maxTokens: 400, temperature: 0 })
     try {
       s.setExperts('auto')
     } finally {

@@ -9,7 +9,8 @@
 //!   field defaults, see [`SamplingParams::default`]); [`SamplingParams::validate`]
 //!   is meant to run once at request admission so the hot path never checks.
 //! * Pipeline (see `sampler.rs`): NaN → -inf, penalties (`penalties.rs`:
-//!   repetition → frequency → presence) → greedy argmax when `temperature == 0`,
+//!   repetition → frequency → presence) → a grammar's mask when the request has one
+//!   (`constraint.rs`) → greedy argmax when `temperature == 0`,
 //!   otherwise temperature → top-k → top-p → min-p → softmax → one seeded draw.
 //! * Reported `logprob`/`top_logprobs` always come from the log-softmax of the
 //!   RAW logits (what HF / OpenAI-style references report), never from the
@@ -19,11 +20,13 @@
 //!   orderings use a total order (logit desc, id asc), so the same seed and the
 //!   same logits sequence reproduce the same tokens.
 
+pub mod constraint;
 mod math;
 mod overrides;
 mod penalties;
 mod sampler;
 
+pub use constraint::{Constraint, GrammarCompiler, ResponseFormat, TokenVocab};
 pub use overrides::SamplingOverrides;
 pub use penalties::{apply_frequency_presence_penalty, apply_repetition_penalty, DistinctMarker, TokenCounts};
 pub use sampler::Sampler;

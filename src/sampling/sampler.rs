@@ -49,7 +49,14 @@ use super::math::{
     weights_into, BLOCK, EXP_MIN_ARG, TOP_P_BINS,
 };
 use super::penalties::{apply_frequency_presence_penalty, apply_repetition_penalty, DistinctMarker, TokenCounts};
+use super::constraint::apply_mask;
 use super::{Sampled, SamplingParams};
+use llguidance::toktrie::SimpleVob;
+
+/// The lowest id below `n` the mask allows (0 when it allows none).
+fn first_allowed(mask: &SimpleVob, n: usize) -> u32 {
+    mask.first_bit_set().filter(|&i| i < n).unwrap_or(0) as u32
+}
 
 /// Per-sequence sampler. One per sequence; not shared between threads.
 pub struct Sampler {
@@ -366,6 +373,14 @@ impl Sampler {
     /// penalty looks at (prompt + generated so far, managed by the caller).
     /// Generated-token counts for frequency/presence come from `accept`.
     pub fn sample(&mut self, logits: &[f32], context: &[u32]) -> Sampled {
+        self.sample_masked(logits, context, None)
+    }
+
+    /// [`Self::sample`] among the tokens `allowed` permits (a grammar's mask): the others are
+    /// dropped before penalties' results are tempered and filtered. `logprob` and
+    /// `top_logprobs` still come from the raw logits (the model's own distribution). When the
+    /// mask leaves nothing with a finite logit, the first allowed id is chosen.
+    pub fn sample_masked(&mut self, logits: &[f32], context: &[u32], allowed: Option<&SimpleVob>) -> Sampled {
         let n_top = self.params.top_logprobs.min(logits.len());
         let (raw_max, log_sum, has_pos_inf) = log_softmax_norm(logits);
 
@@ -379,9 +394,12 @@ impl Sampler {
         }
 
         // The cleaned copy also removes +inf, which the weight math must not see.
-        let copy = has_pos_inf || self.penalties_active(context);
+        let copy = has_pos_inf || allowed.is_some() || self.penalties_active(context);
         if copy {
             self.penalise(logits, context);
+            if let Some(mask) = allowed {
+                apply_mask(mask, &mut self.penalised);
+            }
         }
 
         let token = {
@@ -395,8 +413,12 @@ impl Sampler {
                 draw(sel, scratch, rng)
             }
         };
-        // Fallback (penalties overflowed everything to -inf): raw argmax.
-        let token = token.unwrap_or_else(|| argmax(logits).0 as u32);
+        // Fallback (penalties overflowed everything to -inf): raw argmax, or the first token
+        // the mask allows.
+        let token = token.unwrap_or_else(|| match allowed {
+            Some(mask) => first_allowed(mask, logits.len()),
+            None => argmax(logits).0 as u32,
+        });
 
         let lp = |x: f32| {
             let x = clean(x);

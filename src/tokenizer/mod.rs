@@ -19,6 +19,7 @@ pub mod detok;
 pub mod gguf;
 pub mod specials;
 pub mod template;
+pub mod tools;
 mod vocab;
 #[cfg(test)]
 mod test_support;

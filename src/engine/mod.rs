@@ -234,7 +234,7 @@ impl Engine {
             self.experts()?.resolve(names)?;
         }
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let history = system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect();
+        let history = system.iter().map(|s| ChatMessage::new("system", s.clone())).collect();
         let shared = Arc::new(SessionShared {
             busy: AtomicBool::new(false),
             history: Mutex::new(history),
@@ -353,7 +353,7 @@ impl Engine {
         let mut h = session.shared.history.lock().unwrap();
         h.clear();
         if let Some(s) = &session.shared.system {
-            h.push(ChatMessage { role: "system".into(), content: s.clone() });
+            h.push(ChatMessage::new("system", s.clone()));
         }
         self.send(Command::ResetSession { id: session.id })
     }

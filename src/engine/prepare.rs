@@ -92,7 +92,7 @@ fn tokenize(tok: &Tokenizer, shared: &SessionShared, input: Input, options: &Gen
         Input::Chat(messages) => {
             let mut conversation = shared.history.lock().unwrap().clone();
             conversation.extend(messages.iter().cloned());
-            let ids = tok.encode_chat(&conversation, true, options.enable_thinking)?;
+            let ids = tok.encode_chat(&conversation, true, options.enable_thinking, &[])?;
             Prompt::Chat { ids, messages }
         }
         Input::Text(text) => Prompt::Text(Box::new(

@@ -696,7 +696,7 @@ impl Scheduler {
             s.last_used = self.tick;
             if is_chat {
                 let mut history = s.shared.history.lock().unwrap();
-                history.push(ChatMessage { role: "assistant".into(), content: done.text.clone() });
+                history.push(ChatMessage::new("assistant", done.text.clone()));
                 done.history_index = Some(history.len() - 1);
             }
             s.shared.busy.store(false, Ordering::Release);

@@ -230,6 +230,11 @@ impl Constraint {
         Ok(self.matcher.is_stopped())
     }
 
+    /// Why the last [`Self::compute_mask`] failed, if it did (then there is no mask).
+    pub fn has_mask(&self) -> bool {
+        self.mask.is_some()
+    }
+
     /// Whether the output so far is a complete match (EOS would be allowed now).
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)

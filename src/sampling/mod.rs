@@ -25,6 +25,7 @@ mod math;
 mod overrides;
 mod penalties;
 mod sampler;
+pub mod tool_grammar;
 
 pub use constraint::{Constraint, GrammarCompiler, ResponseFormat, TokenVocab};
 pub use overrides::SamplingOverrides;

@@ -58,6 +58,7 @@ impl std::io::Write for CappedOutput {
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -72,6 +73,8 @@ pub struct RenderArgs<'a> {
     pub enable_thinking: Option<bool>,
     pub bos_token: Option<&'a str>,
     pub eos_token: Option<&'a str>,
+    /// The request's tools in OpenAI form (`[{type: 'function', function: {…}}]`).
+    pub tools: Option<serde_json::Value>,
 }
 
 impl ChatTemplate {
@@ -95,7 +98,12 @@ impl ChatTemplate {
         env.add_filter("format", bounded_format);
         env.add_template_owned(TEMPLATE_NAME, strip_generation_tags(source))
             .map_err(|e| format!("chat template ({origin}) does not compile: {}", describe(&e)))?;
-        Ok(Self { env })
+        Ok(Self { env, source: source.to_string() })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders the conversation.
@@ -107,7 +115,7 @@ impl ChatTemplate {
     /// or its output cap: a defect no conversation avoids. Other errors (a template that
     /// insists on a system message, say) depend on the conversation and are left to requests.
     pub fn check_bounded(&self, args: &RenderArgs<'_>) -> Result<(), String> {
-        let hello = [ChatMessage { role: "user".into(), content: "Hello".into() }];
+        let hello = [ChatMessage::new("user", "Hello")];
         match self.render_inner(&hello, args) {
             Err(e) if e.exhausted => Err(e.message),
             _ => Ok(()),
@@ -136,10 +144,7 @@ struct RenderError {
 /// The template context: `messages` (list of `{role, content}` maps), `add_generation_prompt`,
 /// `bos_token`/`eos_token` when known, and `enable_thinking` when given.
 fn context(messages: &[ChatMessage], args: &RenderArgs<'_>) -> Value {
-    let msgs: Value = messages
-        .iter()
-        .map(|m| Value::from_pairs([("role", Value::from(m.role.as_str())), ("content", Value::from(m.content.as_str()))]))
-        .collect();
+    let msgs: Value = messages.iter().map(message_value).collect();
     let mut pairs: Vec<(&str, Value)> =
         vec![("messages", msgs), ("add_generation_prompt", Value::from(args.add_generation_prompt))];
     if let Some(b) = args.bos_token {
@@ -150,6 +155,33 @@ fn context(messages: &[ChatMessage], args: &RenderArgs<'_>) -> Value {
     }
     if let Some(t) = args.enable_thinking {
         pairs.push(("enable_thinking", Value::from(t)));
+    }
+    if let Some(tools) = &args.tools {
+        pairs.push(("tools", Value::from(minijinja::value::Serde(tools))));
+    }
+    Value::from_pairs(pairs)
+}
+
+/// `{role, content}`, plus `tool_calls` (`[{id, type: 'function', function: {name,
+/// arguments}}]`, arguments as an object, as HF templates expect) and `tool_call_id` when set.
+fn message_value(m: &ChatMessage) -> Value {
+    let mut pairs = vec![("role", Value::from(m.role.as_str())), ("content", Value::from(m.content.as_str()))];
+    if !m.tool_calls.is_empty() {
+        let calls: Value = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let args = serde_json::from_str::<serde_json::Value>(&c.arguments)
+                    .map(|v| Value::from(minijinja::value::Serde(&v)))
+                    .unwrap_or_else(|_| Value::from(c.arguments.as_str()));
+                let function = Value::from_pairs([("name", Value::from(c.name.as_str())), ("arguments", args)]);
+                Value::from_pairs([("id", Value::from(c.id.as_str())), ("type", Value::from("function")), ("function", function)])
+            })
+            .collect();
+        pairs.push(("tool_calls", calls));
+    }
+    if let Some(id) = &m.tool_call_id {
+        pairs.push(("tool_call_id", Value::from(id.as_str())));
     }
     Value::from_pairs(pairs)
 }
@@ -617,8 +649,8 @@ mod tests {
 
     #[test]
     fn endless_and_exploding_templates_fail_instead_of_hanging() {
-        let user = [ChatMessage { role: "user".into(), content: "hi".into() }];
-        let args = RenderArgs { add_generation_prompt: true, enable_thinking: None, bos_token: None, eos_token: None };
+        let user = [ChatMessage::new("user", "hi")];
+        let args = RenderArgs { add_generation_prompt: true, enable_thinking: None, bos_token: None, eos_token: None, tools: None };
         // Nested loops over large ranges: far more instructions than the fuel allows.
         let endless = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
         let e = ChatTemplate::new(endless, "test").unwrap().render(&user, &args).unwrap_err();
@@ -673,7 +705,7 @@ mod tests {
         assert_eq!(render(src, ctx), "HI|True\n"); // Python-style bool printing, as jinja2
         let t = ChatTemplate::new("{{ raise_exception('bad role') }}", "test").unwrap();
         let err = t
-            .render(&[], &RenderArgs { add_generation_prompt: false, enable_thinking: None, bos_token: None, eos_token: None })
+            .render(&[], &RenderArgs { add_generation_prompt: false, enable_thinking: None, bos_token: None, eos_token: None, tools: None })
             .unwrap_err();
         assert!(err.contains("bad role"), "{err}");
         assert_eq!(strip_generation_tags("a{%- generation -%}b{% endgeneration %}c{% if x %}"), "abc{% if x %}");
@@ -693,7 +725,7 @@ mod tests {
     fn tojson_indent_is_bounded() {
         // Found with the chat_template fuzz target (fuzz/corpus/chat_template/regress-tojson-indent):
         // `indent=3000000000` allocated 3 GB for the indent string.
-        let args = RenderArgs { add_generation_prompt: false, enable_thinking: None, bos_token: None, eos_token: None };
+        let args = RenderArgs { add_generation_prompt: false, enable_thinking: None, bos_token: None, eos_token: None, tools: None };
         let render = |src: &str| ChatTemplate::new(src, "test").unwrap().render(&[], &args);
         let e = render("{{ [1] | tojson(indent=3000000000) }}").unwrap_err();
         assert!(e.contains("indent 3000000000 is too large"), "{e}");
@@ -716,7 +748,7 @@ mod tests {
 
     #[test]
     fn chatml_fallback() {
-        let msgs = [ChatMessage { role: "user".into(), content: "hi".into() }];
+        let msgs = [ChatMessage::new("user", "hi")];
         assert_eq!(render_chatml(&msgs, true), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     }
 }

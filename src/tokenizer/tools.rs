@@ -125,6 +125,53 @@ pub fn tool_instructions(tools: &[ToolSpec]) -> String {
     s
 }
 
+/// The conversation for a template that knows no tools: the tool instructions join the
+/// system message (one is added when there is none), an assistant turn's calls are written
+/// out in the Hermes syntax, and a `tool` message becomes a user turn holding
+/// `<tool_response>…</tool_response>`.
+pub fn as_plain_chat(messages: &[super::ChatMessage], tools: &[ToolSpec]) -> Vec<super::ChatMessage> {
+    let mut out: Vec<super::ChatMessage> = messages
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if m.role == "tool" {
+                m.role = "user".into();
+                m.content = format!("<tool_response>\n{}\n</tool_response>", m.content);
+                m.tool_call_id = None;
+            }
+            for c in std::mem::take(&mut m.tool_calls) {
+                if !m.content.is_empty() {
+                    m.content.push('\n');
+                }
+                let body = serde_json::json!({ "name": c.name, "arguments": serde_json::from_str::<Value>(&c.arguments).unwrap_or(Value::String(c.arguments.clone())) });
+                m.content.push_str(&format!("{}{}{}", HERMES.open, body, HERMES.close));
+            }
+            m
+        })
+        .collect();
+    if !tools.is_empty() {
+        let text = tool_instructions(tools);
+        match out.first_mut() {
+            Some(first) if first.role == "system" => {
+                first.content.push_str("\n\n");
+                first.content.push_str(&text);
+            }
+            _ => out.insert(0, super::ChatMessage::new("system", text)),
+        }
+    }
+    out
+}
+
+/// `v` with `f` applied to every string in it (keys included).
+pub fn escape_strings(v: Value, f: &impl Fn(&str) -> String) -> Value {
+    match v {
+        Value::String(s) => Value::String(f(&s)),
+        Value::Array(a) => Value::Array(a.into_iter().map(|x| escape_strings(x, f)).collect()),
+        Value::Object(o) => Value::Object(o.into_iter().map(|(k, x)| (f(&k), escape_strings(x, f))).collect()),
+        other => other,
+    }
+}
+
 /// One tool call the model made.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ToolCall {

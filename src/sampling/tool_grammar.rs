@@ -1,0 +1,108 @@
+//! The grammar that forces a tool call: `toolChoice: 'required'` or a named tool.
+//!
+//! A call is the family's opening marker, a JSON object `{"name": <tool>, "<args key>":
+//! <arguments valid against the tool's parameters schema>}` and the closing marker. The
+//! object is a JSON-schema sub-grammar per tool (llguidance `@name` references from a Lark
+//! top level), written compactly like every constrained JSON value (`constraint::json_grammar`).
+
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
+use serde_json::{json, Value};
+
+use super::constraint::json_grammar;
+
+/// How the calls are written (from the template family's syntax).
+pub struct CallLayout<'a> {
+    pub open: &'a str,
+    pub close: &'a str,
+    pub separator: &'a str,
+    pub args_key: &'a str,
+    /// Several calls may follow each other.
+    pub parallel: bool,
+}
+
+/// Lark string literal (JSON string escapes are valid Lark escapes).
+fn lit(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// The grammar of one or more calls to any of `tools` (`(name, parameters schema)`).
+pub fn tool_call_grammar(layout: &CallLayout<'_>, tools: &[(&str, &Value)]) -> TopLevelGrammar {
+    let bodies: Vec<String> = (0..tools.len()).map(|i| format!("@tool_{i}")).collect();
+    let mut call = String::new();
+    if !layout.open.is_empty() {
+        call.push_str(&lit(layout.open));
+        call.push(' ');
+    }
+    call.push_str("body");
+    if !layout.close.is_empty() {
+        call.push(' ');
+        call.push_str(&lit(layout.close));
+    }
+    let start = if layout.parallel && !layout.separator.is_empty() {
+        format!("start: call ({} call)*\n", lit(layout.separator))
+    } else {
+        "start: call\n".to_string()
+    };
+    let lark = format!("{start}call: {call}\nbody: {}\n", bodies.join(" | "));
+    let mut grammars = vec![GrammarWithLexer::from_lark(lark)];
+    for (i, (name, params)) in tools.iter().enumerate() {
+        let params = if params.is_object() || params.is_boolean() { (*params).clone() } else { json!({ "type": "object" }) };
+        let schema = json!({
+            "type": "object",
+            "properties": { "name": { "const": name }, layout.args_key: params },
+            "required": ["name", layout.args_key],
+            "additionalProperties": false,
+        });
+        let mut g = json_grammar(schema).grammars.remove(0);
+        g.name = Some(format!("tool_{i}"));
+        grammars.push(g);
+    }
+    TopLevelGrammar { grammars, max_tokens: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::constraint::{GrammarCompiler, ResponseFormat, TokenVocab};
+
+    #[test]
+    fn forced_calls_accept_valid_calls_only() {
+        let mut bytes: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        bytes.push(b"\xff<eos>".to_vec());
+        let eos = 256;
+        let comp = GrammarCompiler::new(TokenVocab { bytes, eos: vec![eos], tokenize: Box::new(|s: &[u8]| s.iter().map(|&b| b as u32).collect()) }).unwrap();
+        let params = json!({ "type": "object", "properties": { "city": { "type": "string" } }, "required": ["city"], "additionalProperties": false });
+        let empty = json!({ "type": "object", "properties": {}, "additionalProperties": false });
+        let layout = CallLayout { open: "<tool_call>\n", close: "\n</tool_call>", separator: "\n", args_key: "arguments", parallel: true };
+        let g = tool_call_grammar(&layout, &[("get_weather", &params), ("now", &empty)]);
+        let accepts = |text: &str| {
+            let mut c = comp.compile(&ResponseFormat::Compiled(g.clone())).unwrap().unwrap();
+            for b in text.bytes() {
+                c.compute_mask().unwrap();
+                if !c.mask().unwrap().is_allowed(b as u32) {
+                    return false;
+                }
+                c.commit(b as u32).unwrap();
+            }
+            c.is_accepting()
+        };
+        assert!(accepts("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"));
+        assert!(accepts(
+            "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>"
+        ));
+        assert!(!accepts("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"), "city is required");
+        assert!(!accepts("<tool_call>\n{\"name\": \"other\""));
+        assert!(!accepts("Sure! <tool_call>"));
+        let single = CallLayout { parallel: false, ..layout };
+        let g1 = tool_call_grammar(&single, &[("now", &empty)]);
+        let mut c = comp.compile(&ResponseFormat::Compiled(g1)).unwrap().unwrap();
+        for b in "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>".bytes() {
+            c.compute_mask().unwrap();
+            assert!(c.mask().unwrap().is_allowed(b as u32));
+            c.commit(b as u32).unwrap();
+        }
+        c.compute_mask().unwrap();
+        assert!(c.mask().unwrap().is_allowed(eos));
+        assert!(!c.mask().unwrap().is_allowed(b'\n' as u32), "one call only");
+    }
+}

@@ -1,7 +1,7 @@
 import type * as N from '../native'
 import { isAbortSignal, isU32, optionsObject } from './checks'
 import { ExpertRuntimeError, disposedError, invalidArgument, toError } from './errors'
-import type { ChatMessage, CompletionResult, FinishReason, GenerateInput, GenerateOptions, RouteDecision, TokenChunk } from './types'
+import type { ChatMessage, CompletionResult, FinishReason, GenerateInput, GenerateOptions, RouteDecision, TokenChunk, ToolCall } from './types'
 
 /** @internal */
 export function toNativeInput(input: GenerateInput): N.NativeInput {
@@ -12,7 +12,7 @@ export function toNativeInput(input: GenerateInput): N.NativeInput {
         throw invalidArgument('each ChatMessage needs a string role and content')
       }
     }
-    return { messages: input.map((m) => ({ role: m.role, content: m.content })) }
+    return { messages: input.map(toNativeMessage) }
   }
   if (input && typeof input === 'object') {
     if ('text' in input && typeof input.text === 'string') return { text: input.text }
@@ -22,6 +22,77 @@ export function toNativeInput(input: GenerateInput): N.NativeInput {
     }
   }
   throw invalidArgument('input must be a string, a ChatMessage[], { text } or { tokens }')
+}
+
+function toNativeMessage(m: ChatMessage): N.JsChatMessage {
+  const out: N.JsChatMessage = { role: m.role, content: m.content }
+  if (m.toolCallId !== undefined) {
+    if (typeof m.toolCallId !== 'string') throw invalidArgument('toolCallId must be a string')
+    out.toolCallId = m.toolCallId
+  }
+  if (m.toolCalls !== undefined) {
+    if (!Array.isArray(m.toolCalls)) throw invalidArgument('toolCalls must be an array of tool calls')
+    out.toolCalls = m.toolCalls.map((c) => {
+      const f = c?.function
+      if (!c || typeof c.id !== 'string' || !f || typeof f.name !== 'string' || typeof f.arguments !== 'string') {
+        throw invalidArgument("each tool call needs a string id and function { name, arguments } (arguments: JSON text)")
+      }
+      return { id: c.id, type: 'function', function: { name: f.name, arguments: f.arguments } }
+    })
+  }
+  return out
+}
+
+/** JSON text of a schema given by the caller (cycles, BigInts and the like are refused). */
+function schemaText(what: string, schema: unknown): string {
+  if (!(schema === true || schema === false || (schema !== null && typeof schema === 'object' && !Array.isArray(schema)))) {
+    throw invalidArgument(`${what} must be a JSON schema object`)
+  }
+  try {
+    return JSON.stringify(schema)
+  } catch (e) {
+    throw invalidArgument(`${what} cannot be written as JSON: ${(e as Error)?.message ?? e}`)
+  }
+}
+
+function toNativeFormat(f: unknown): N.NativeResponseFormat {
+  if (!f || typeof f !== 'object') throw invalidArgument('responseFormat must be an object with a type')
+  const r = f as Record<string, unknown>
+  if (typeof r.type !== 'string') throw invalidArgument('responseFormat.type must be a string')
+  const out: N.NativeResponseFormat = { type: r.type }
+  if (r.type === 'json_schema') out.schema = schemaText('responseFormat.schema', r.schema)
+  if (r.type === 'regex') {
+    if (typeof r.pattern !== 'string') throw invalidArgument('responseFormat.pattern must be a string')
+    out.pattern = r.pattern
+  }
+  if (r.type === 'grammar') {
+    if (typeof r.grammar !== 'string') throw invalidArgument('responseFormat.grammar must be a string')
+    out.grammar = r.grammar
+  }
+  return out
+}
+
+function toNativeTools(tools: unknown): N.NativeTool[] {
+  if (!Array.isArray(tools)) throw invalidArgument('tools must be an array')
+  return tools.map((t) => {
+    const f = t?.function
+    if (!t || t.type !== 'function' || !f || typeof f.name !== 'string') {
+      throw invalidArgument("each tool must be { type: 'function', function: { name, description?, parameters? } }")
+    }
+    if (f.description !== undefined && typeof f.description !== 'string') throw invalidArgument('a tool description must be a string')
+    const out: N.NativeTool = { name: f.name }
+    if (f.description !== undefined) out.description = f.description
+    if (f.parameters !== undefined) out.parameters = schemaText(`the parameters of tool ${JSON.stringify(f.name)}`, f.parameters)
+    return out
+  })
+}
+
+function toolChoiceFields(c: unknown): Pick<N.NativeGenerateOptions, 'toolChoice' | 'toolChoiceName'> {
+  if (c === undefined) return {}
+  if (typeof c === 'string') return { toolChoice: c }
+  const name = (c as { function?: { name?: unknown } })?.function?.name
+  if (c && typeof c === 'object' && (c as { type?: unknown }).type === 'function' && typeof name === 'string') return { toolChoiceName: name }
+  throw invalidArgument("toolChoice must be 'auto', 'none', 'required' or { type: 'function', function: { name } }")
 }
 
 type Check = [test: (v: unknown) => boolean, what: string]
@@ -50,11 +121,21 @@ const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
   experts: [(v) => Array.isArray(v) && v.every((n) => typeof n === 'string'), "an array of expert names or 'auto'"],
   expertsAuto: [(v) => typeof v === 'boolean', 'a boolean'],
   parseSpecialTokens: [(v) => typeof v === 'boolean', 'a boolean'],
+  // Converted by toNativeFormat / toNativeTools / toolChoiceFields before the checks.
+  responseFormat: [(v) => typeof v === 'object' && v !== null, 'an object'],
+  tools: [Array.isArray, 'an array'],
+  toolChoice: [(v) => typeof v === 'string', 'a string'],
+  toolChoiceName: [(v) => typeof v === 'string', 'a string'],
+  parallelToolCalls: [(v) => typeof v === 'boolean', 'a boolean'],
 }
 
 function toNativeOptions(o: GenerateOptions): N.NativeGenerateOptions {
   const out: Record<string, unknown> = {}
   const given: Record<string, unknown> = o.experts === 'auto' ? { ...o, experts: undefined, expertsAuto: true } : { ...o, expertsAuto: undefined }
+  given.toolChoiceName = undefined
+  if (o.responseFormat !== undefined) given.responseFormat = toNativeFormat(o.responseFormat)
+  if (o.tools !== undefined) given.tools = toNativeTools(o.tools)
+  Object.assign(given, { toolChoice: undefined }, toolChoiceFields(o.toolChoice))
   for (const [k, [test, what]] of Object.entries(OPTION_TYPES) as [keyof N.NativeGenerateOptions, Check][]) {
     const v = given[k]
     if (v === undefined) continue
@@ -139,8 +220,13 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
   get result(): CompletionResult | undefined {
     const s = this.#state?.native.summary()
     if (!s) return undefined
-    const { routing, ...rest } = s
-    return { ...rest, finishReason: s.finishReason as FinishReason, ...(routing ? { routing: toDecision(routing) } : {}) }
+    const { routing, toolCalls, ...rest } = s
+    return {
+      ...rest,
+      finishReason: s.finishReason as FinishReason,
+      ...(routing ? { routing: toDecision(routing) } : {}),
+      ...(toolCalls ? { toolCalls: toolCalls as ToolCall[] } : {}),
+    }
   }
 
   [Symbol.asyncIterator](): AsyncIterator<TokenChunk> {
@@ -260,7 +346,11 @@ export class Session {
   /** The chat so far (system prompt first, if any). */
   get history(): ChatMessage[] {
     this.#check()
-    return this.#native.history
+    return this.#native.history.map(({ toolCalls, toolCallId, ...m }) => ({
+      ...m,
+      ...(toolCalls ? { toolCalls: toolCalls as ToolCall[] } : {}),
+      ...(toolCallId != null ? { toolCallId } : {}),
+    }))
   }
 
   /** The session's default experts (names), or `'auto'` when each request is routed. */

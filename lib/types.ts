@@ -1,6 +1,48 @@
 export interface ChatMessage {
   role: 'system' | 'user' | 'assistant' | 'tool' | (string & {})
   content: string
+  /** The calls an assistant turn made (in `session.history` after a `'tool_calls'` answer). */
+  toolCalls?: ToolCall[]
+  /** For a `role: 'tool'` message: the `id` of the call this is the result of. */
+  toolCallId?: string
+}
+
+/** A JSON schema (a plain JSON object; `$ref`/`$defs`, `anyOf`, formats… as llguidance reads them). */
+export type JsonSchema = { [key: string]: unknown } | boolean
+
+/**
+ * What the answer must look like. The constraint masks the tokens the format does not allow
+ * before temperature, top-k and top-p; `logprob` stays the model's own.
+ */
+export type ResponseFormat =
+  | { type: 'text' }
+  | { type: 'json_object' }
+  | { type: 'json_schema'; schema: JsonSchema; name?: string; strict?: boolean }
+  | { type: 'regex'; pattern: string }
+  /** Lark syntax, as llguidance reads it (`%json { … }` and `@name` sub-grammars included). */
+  | { type: 'grammar'; grammar: string }
+
+/** A function the model may call. */
+export interface Tool {
+  type: 'function'
+  function: { name: string; description?: string; parameters?: JsonSchema; strict?: boolean }
+}
+
+export type ToolChoice = 'auto' | 'none' | 'required' | { type: 'function'; function: { name: string } }
+
+/** A call the model made; `arguments` is JSON text valid against the tool's `parameters`. */
+export interface ToolCall {
+  id: string
+  type: 'function'
+  function: { name: string; arguments: string }
+}
+
+/** A piece of a tool call as it streams (OpenAI's delta shape): the first piece of a call carries `id`, `type` and `function.name`. */
+export interface ToolCallDelta {
+  index: number
+  id?: string
+  type?: 'function'
+  function: { name?: string; arguments: string }
 }
 
 export type Device = 'auto' | 'cpu' | 'cuda' | `cuda:${number}`
@@ -147,6 +189,22 @@ export interface GenerateOptions {
    * message cannot close its turn or forge a system or assistant turn.
    */
   parseSpecialTokens?: boolean
+  /**
+   * Constrain the answer: JSON (any object, or valid against a schema), a regex or a Lark
+   * grammar. A format the engine cannot use fails with `INVALID_ARGUMENT` and the reason. An
+   * answer cut by `maxTokens` ends with `finishReason: 'length'` (and may be incomplete).
+   */
+  responseFormat?: ResponseFormat
+  /** Functions the model may call, rendered through the model's chat template. */
+  tools?: Tool[]
+  /**
+   * `'auto'` (default): the model decides, and a malformed call comes back as text with
+   * `finishReason: 'stop'`; `'none'`: tools are not offered; `'required'` or a named function:
+   * the answer is constrained to valid calls.
+   */
+  toolChoice?: ToolChoice
+  /** Allow several calls in one answer where the template family does (default true). */
+  parallelToolCalls?: boolean
 }
 
 export interface TokenChunk {
@@ -156,9 +214,13 @@ export interface TokenChunk {
   /** Log-probability of this token under the model (before sampling filters). */
   logprob: number
   topLogprobs?: { tokenId: number; logprob: number }[]
+  /** A piece of a tool call this token wrote (the call's text is not in `text`). */
+  toolCallDelta?: ToolCallDelta
+  /** Every piece this token wrote, when it wrote more than one. */
+  toolCallDeltas?: ToolCallDelta[]
 }
 
-export type FinishReason = 'stop' | 'length' | 'cancelled'
+export type FinishReason = 'stop' | 'length' | 'cancelled' | 'tool_calls'
 
 export interface CompletionResult {
   text: string
@@ -170,6 +232,8 @@ export interface CompletionResult {
   experts: string[]
   /** The router's decision, when the request ran with `experts: 'auto'`. */
   routing?: RouteDecision
+  /** The calls the answer made (`finishReason: 'tool_calls'`); `text` is then what the model wrote outside them. */
+  toolCalls?: ToolCall[]
 }
 
 /** One routable expert's score for a query (see `Runtime.route`). */

@@ -13,6 +13,7 @@ pub mod routing;
 pub mod scheduler;
 pub mod sequence;
 pub mod stats;
+pub mod structured;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,7 +22,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-pub use request::{Completion, Event, ExpertChoice, FinishReason, GenerateOptions, Input, Pooling, SessionShared, TokenChunk};
+pub use request::{
+    Completion, Event, ExpertChoice, FinishReason, GenerateOptions, Input, Pooling, SessionShared, TokenChunk, ToolChoice,
+};
 pub use routing::EmbedOptions;
 
 use crate::error::{EngineError, Result};
@@ -75,6 +78,8 @@ type GenericReference = Arc<Mutex<Option<Arc<Vec<Vec<f32>>>>>>;
 
 struct Live {
     tokenizer: Arc<Tokenizer>,
+    /// The tokenizer with its grammar compiler, for preparing requests.
+    formats: Arc<structured::Formats>,
     /// Read-only weights, shared with the engine thread: expert loading validates and builds
     /// adapters against them on its own thread.
     model: Arc<Decoder>,
@@ -184,7 +189,8 @@ impl Engine {
         };
         let scheduler = Scheduler::new(model.clone(), tokenizer.clone(), defaults, eos, cfg, stats.clone())?;
         let (tx, rx) = channel();
-        let live = Live { tokenizer, model, experts: Arc::new(Registry::default()) };
+        let formats = Arc::new(structured::Formats::new(tokenizer.clone(), model.cfg.vocab_size, info.eos_token_ids.clone()));
+        let live = Live { tokenizer, formats, model, experts: Arc::new(Registry::default()) };
         let engine = Arc::new(Engine {
             tx: Mutex::new(Some(tx)),
             info,
@@ -276,10 +282,11 @@ impl Engine {
             routing: None,
             events: events_tx,
             cancel: cancel.clone(),
+            structured: Default::default(),
         };
         let pending = Pending { input, shared: session.shared.clone(), request, tx };
         match choice {
-            ExpertChoice::Named(_) => prepare::submit(live.tokenizer.clone(), pending)?,
+            ExpertChoice::Named(_) => prepare::submit(live.formats.clone(), pending)?,
             ExpertChoice::Auto => self.route_and_submit(live, pending)?,
         }
         Ok(Generation { events, cancel, delivery })

@@ -18,8 +18,9 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 
 use super::request::{Command, Event, GenerateOptions, GenerateRequest, Input, Prompt, SessionShared};
+use super::structured::{Formats, Structured};
 use crate::error::{panic_message, EngineError, Result};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, ToolSpec};
 
 /// Threads that prepare requests: enough that one huge prompt does not hold up the rest.
 fn pool_threads() -> usize {
@@ -34,7 +35,7 @@ pub struct Pending {
     pub tx: Sender<Command>,
 }
 
-fn pool() -> Result<&'static rayon::ThreadPool> {
+pub(super) fn pool() -> Result<&'static rayon::ThreadPool> {
     static POOL: OnceLock<std::result::Result<rayon::ThreadPool, String>> = OnceLock::new();
     POOL.get_or_init(|| {
         rayon::ThreadPoolBuilder::new()
@@ -59,20 +60,25 @@ pub fn spawn(job: impl FnOnce() + Send + 'static) -> Result<()> {
 
 /// Tokenizes `p.input` on the pool (in arrival order), then queues the request on the engine.
 /// A failure ends the request with its error and frees the session.
-pub fn submit(tokenizer: Arc<Tokenizer>, p: Pending) -> Result<()> {
+pub fn submit(formats: Arc<Formats>, p: Pending) -> Result<()> {
     pool()?.spawn_fifo(move || {
         let Pending { input, shared, mut request, tx } = p;
-        let prompt = if request.cancel.load(Ordering::Relaxed) {
+        let prepared = if request.cancel.load(Ordering::Relaxed) {
             // Cancelled while queued: the engine ends it without tokenizing anything.
-            Ok(Prompt::Tokens(Vec::new()))
+            Ok((Prompt::Tokens(Vec::new()), Structured::default()))
         } else {
-            catch_unwind(AssertUnwindSafe(|| tokenize(&tokenizer, &shared, input, &request.options))).unwrap_or_else(|p| {
-                Err(EngineError::Internal(format!("panic while preparing the prompt: {}", panic_message(&*p))))
-            })
+            catch_unwind(AssertUnwindSafe(|| {
+                // The format first: a bad schema fails before a long prompt is tokenized.
+                let structured = formats.prepare(&request.options)?;
+                let tools: &[ToolSpec] = if structured.tools.is_some() { &request.options.tools } else { &[] };
+                Ok((tokenize(&formats.tokenizer, &shared, input, &request.options, tools)?, structured))
+            }))
+            .unwrap_or_else(|p| Err(EngineError::Internal(format!("panic while preparing the prompt: {}", panic_message(&*p)))))
         };
-        let err = match prompt {
-            Ok(prompt) => {
+        let err = match prepared {
+            Ok((prompt, structured)) => {
                 request.prompt = prompt;
+                request.structured = structured;
                 let Err(back) = tx.send(Command::Generate(Box::new(request))) else { return };
                 let Command::Generate(r) = back.0 else { return };
                 (EngineError::Disposed("the runtime was disposed".into()), r.events)
@@ -87,12 +93,18 @@ pub fn submit(tokenizer: Arc<Tokenizer>, p: Pending) -> Result<()> {
 }
 
 /// The tokens of `input` for a session whose history is `shared.history`.
-fn tokenize(tok: &Tokenizer, shared: &SessionShared, input: Input, options: &GenerateOptions) -> Result<Prompt> {
+fn tokenize(
+    tok: &Tokenizer,
+    shared: &SessionShared,
+    input: Input,
+    options: &GenerateOptions,
+    tools: &[ToolSpec],
+) -> Result<Prompt> {
     Ok(match input {
         Input::Chat(messages) => {
             let mut conversation = shared.history.lock().unwrap().clone();
             conversation.extend(messages.iter().cloned());
-            let ids = tok.encode_chat(&conversation, true, options.enable_thinking, &[])?;
+            let ids = tok.encode_chat(&conversation, true, options.enable_thinking, tools)?;
             Prompt::Chat { ids, messages }
         }
         Input::Text(text) => Prompt::Text(Box::new(

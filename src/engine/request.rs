@@ -9,8 +9,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::error::EngineError;
 use crate::experts::router::Decision;
 use crate::experts::ExpertSet;
-use crate::sampling::SamplingOverrides;
-use crate::tokenizer::{ChatMessage, TextTokens};
+use crate::sampling::{ResponseFormat, SamplingOverrides};
+use crate::tokenizer::tools::ToolCallDelta;
+use crate::tokenizer::{ChatMessage, TextTokens, ToolCall, ToolSpec};
 
 /// What a request evaluates. Chat input goes through the model's chat template and into the
 /// session's history; raw text and tokens continue the session's token stream as they are.
@@ -36,6 +37,20 @@ impl Default for ExpertChoice {
     }
 }
 
+/// Whether and which tool the model calls (OpenAI's `tool_choice`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum ToolChoice {
+    /// The model decides; a malformed call is returned as text.
+    #[default]
+    Auto,
+    /// Tools are not offered.
+    None,
+    /// The answer is one or more calls (constrained).
+    Required,
+    /// The answer is a call to this tool (constrained).
+    Named(String),
+}
+
 /// Per-request options; `None` falls back to `generation_config.json`, then to library defaults.
 #[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
@@ -49,6 +64,13 @@ pub struct GenerateOptions {
     /// Raw text input only: special-token spellings in it become control tokens. Chat
     /// content is always plain text.
     pub parse_special_tokens: bool,
+    /// What the output must look like (`None`: free text).
+    pub response_format: Option<ResponseFormat>,
+    /// Functions the model may call.
+    pub tools: Vec<ToolSpec>,
+    pub tool_choice: ToolChoice,
+    /// Several calls in one answer (where the template family allows it); default true.
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// A request's input once tokenized (off the engine thread, see `engine::prepare`).
@@ -70,6 +92,8 @@ pub struct TokenChunk {
     pub text: String,
     pub logprob: f32,
     pub top_logprobs: Option<Vec<(u32, f32)>>,
+    /// Pieces of tool calls this token wrote (its call markup is not in `text`).
+    pub tool_call_deltas: Vec<ToolCallDelta>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +101,8 @@ pub enum FinishReason {
     Stop,
     Length,
     Cancelled,
+    /// The answer is tool calls.
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -85,6 +111,7 @@ impl FinishReason {
             Self::Stop => "stop",
             Self::Length => "length",
             Self::Cancelled => "cancelled",
+            Self::ToolCalls => "tool_calls",
         }
     }
 }
@@ -119,6 +146,8 @@ pub struct Completion {
     pub experts: Vec<String>,
     /// The router's decision, when the request asked for `auto`.
     pub routing: Option<Decision>,
+    /// The tool calls the answer made (then `text` is the text outside them).
+    pub tool_calls: Vec<ToolCall>,
 }
 
 impl Completion {
@@ -133,6 +162,7 @@ impl Completion {
             history_index: None,
             experts: Vec::new(),
             routing: None,
+            tool_calls: Vec::new(),
         }
     }
 }
@@ -165,6 +195,8 @@ pub struct GenerateRequest {
     pub routing: Option<Decision>,
     pub events: UnboundedSender<Event>,
     pub cancel: Arc<AtomicBool>,
+    /// The grammar and tool-call splitter (set when the request is prepared).
+    pub structured: super::structured::Structured,
 }
 
 /// How an embedding pools the final hidden states of a text's tokens.

@@ -207,7 +207,7 @@ impl Engine {
             let history = pending.shared.history.lock().unwrap();
             self.routing_query(&pending.input, &history, None)?
         };
-        let (tok, registry) = (live.tokenizer.clone(), live.experts.clone());
+        let (formats, registry) = (live.formats.clone(), live.experts.clone());
         self.route_then(
             query,
             Box::new(move |decision| {
@@ -218,7 +218,7 @@ impl Engine {
                         pending.request.experts = set;
                         pending.request.routing = Some(d);
                         let (shared, events) = (pending.shared.clone(), pending.request.events.clone());
-                        match prepare::submit(tok, pending) {
+                        match prepare::submit(formats, pending) {
                             Ok(()) => return,
                             Err(e) => (e, shared, events),
                         }

@@ -41,7 +41,7 @@ use crate::kv::manager::virtual_key;
 use crate::kv::{BlockTable, KvManager};
 use crate::model::decoder::{Logits, PassOutput, SeqChunk};
 use crate::model::Decoder;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Constraint, Sampler, SamplingParams};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// Rows one forward pass evaluates at most (decode rows first, then prompt chunks). Large
@@ -533,8 +533,12 @@ impl Scheduler {
     fn step(&mut self) -> Result<()> {
         let plan = self.plan_step();
 
-        // 2. The batched forward pass.
-        let out = {
+        // 2. The batched forward pass, while a worker computes the grammar masks of the
+        //    constrained requests (they depend only on the tokens already sampled).
+        let mut constrained: Vec<(usize, Box<Constraint>)> =
+            self.running.iter_mut().enumerate().filter_map(|(i, seq)| seq.constraint.take().map(|c| (i, c))).collect();
+        let mut out = None;
+        let forward = || {
             let chunks: Vec<SeqChunk> = plan
                 .iter()
                 .map(|&Planned { row, pos, n }| {
@@ -560,9 +564,25 @@ impl Scheduler {
                     SeqChunk { tokens: &tokens[t0..t1], virtual_rows, pos, blocks, logits, experts }
                 })
                 .collect();
-            self.model.forward_batch(&chunks, self.kv.store())?
+            self.model.forward_batch(&chunks, self.kv.store())
         };
-        let PassOutput { logits, hidden } = out;
+        if constrained.is_empty() {
+            out = Some(forward());
+        } else {
+            super::prepare::pool()?.in_place_scope(|scope| {
+                scope.spawn(|_| {
+                    for (_, c) in constrained.iter_mut() {
+                        // A failure leaves the constraint without a mask: that request fails below.
+                        let _ = c.compute_mask();
+                    }
+                });
+                out = Some(forward());
+            });
+        }
+        for (i, c) in constrained {
+            self.running[i].constraint = Some(c);
+        }
+        let PassOutput { logits, hidden } = out.expect("the forward pass ran")?;
         let rows: Vec<Vec<f32>> = match logits {
             Some(l) => l.to_vec2()?,
             None => Vec::new(),
@@ -652,6 +672,7 @@ impl Scheduler {
     fn advance_and_sample(&mut self, plan: &[Planned], rows: &[Vec<f32>]) {
         let mut next_row = 0;
         let mut done = Vec::new();
+        let mut failed = Vec::new();
         for &Planned { row, pos, n } in plan {
             let Row::Generate(i) = row else { continue };
             let seq = &mut self.running[i];
@@ -666,16 +687,32 @@ impl Scheduler {
             if seq.last_token.is_none() {
                 seq.mark_prefill_done();
             }
-            let sampled = seq.sampler.sample(row, &st.tokens);
+            let mask = match &seq.constraint {
+                Some(c) if !c.has_mask() => {
+                    failed.push(i);
+                    continue;
+                }
+                Some(c) => c.mask(),
+                None => None,
+            };
+            let sampled = seq.sampler.sample_masked(row, &st.tokens, mask);
             let room_left = st.table.len() < seq.limit;
             if let Some(reason) = seq.on_token(&self.tokenizer, sampled, room_left) {
                 done.push((i, reason));
             }
         }
-        done.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
-        for (i, reason) in done {
+        let mut ended: Vec<(usize, Option<FinishReason>)> =
+            done.into_iter().map(|(i, r)| (i, Some(r))).chain(failed.into_iter().map(|i| (i, None))).collect();
+        ended.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, reason) in ended {
             let seq = self.running.remove(i);
-            self.finish(seq, reason);
+            match reason {
+                Some(reason) => self.finish(seq, reason),
+                None => {
+                    let e = EngineError::Internal("the output constraint failed to compute the allowed tokens".into());
+                    self.fail(seq, e)
+                }
+            }
         }
     }
 
@@ -696,7 +733,9 @@ impl Scheduler {
             s.last_used = self.tick;
             if is_chat {
                 let mut history = s.shared.history.lock().unwrap();
-                history.push(ChatMessage::new("assistant", done.text.clone()));
+                let mut turn = ChatMessage::new("assistant", done.text.clone());
+                turn.tool_calls.clone_from(&done.tool_calls);
+                history.push(turn);
                 done.history_index = Some(history.len() - 1);
             }
             s.shared.busy.store(false, Ordering::Release);

@@ -11,8 +11,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::request::{Completion, Event, FinishReason, GenerateRequest, Timings, TokenChunk, Usage};
 use crate::experts::router::Decision;
 use crate::experts::ExpertSet;
-use crate::sampling::{Sampled, Sampler};
-use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+use crate::sampling::{Constraint, Sampled, Sampler};
+use crate::tokenizer::tools::{ToolOutcome, ToolStream};
+use crate::tokenizer::{IncrementalDecoder, Tokenizer, ToolCall};
 
 /// Holds back text that could still become a stop string, across token boundaries.
 pub struct StopMatcher {
@@ -81,6 +82,11 @@ pub struct Sequence {
     /// The experts pinned for the whole request.
     pub experts: ExpertSet,
     routing: Option<Decision>,
+    /// The grammar the output obeys (its mask is computed by the scheduler each step).
+    pub constraint: Option<Box<Constraint>>,
+    /// Splits the text into plain text and tool calls, when the request offers tools.
+    tools: Option<ToolStream>,
+    tool_calls: Vec<ToolCall>,
     detok: IncrementalDecoder,
     stop: StopMatcher,
     want_top: bool,
@@ -105,7 +111,7 @@ impl Sequence {
         eos: Vec<u32>,
         started: Instant,
     ) -> Self {
-        let GenerateRequest { session, prompt: _, options, experts, routing, events, cancel } = req;
+        let GenerateRequest { session, prompt: _, options, experts, routing, events, cancel, structured } = req;
         Self {
             session,
             usage: Usage { prompt_tokens: prompt.len(), completion_tokens: 0, cached_tokens: 0 },
@@ -123,6 +129,9 @@ impl Sequence {
             is_chat,
             experts,
             routing,
+            constraint: structured.constraint,
+            tools: structured.tools,
+            tool_calls: Vec::new(),
             detok: IncrementalDecoder::new(),
             stop: StopMatcher::new(options.stop),
             stopped_by_string: false,
@@ -159,7 +168,13 @@ impl Sequence {
             self.stop.push(&delta)
         };
         self.stopped_by_string = stopped;
-        let reason = if is_eos || stopped {
+        // The grammar advances past the token; once it is complete the answer is over. (A
+        // failure here cannot come from a token the mask allowed; it ends the answer.)
+        let grammar_done = match (&mut self.constraint, is_eos) {
+            (Some(c), false) => c.commit(s.token).unwrap_or(true),
+            _ => false,
+        };
+        let reason = if is_eos || stopped || grammar_done {
             Some(FinishReason::Stop)
         } else if self.usage.completion_tokens >= self.max_tokens || !room_left {
             Some(FinishReason::Length)
@@ -171,12 +186,35 @@ impl Sequence {
         if reason.is_some() && !stopped {
             text.push_str(&self.release_held(tok));
         }
+        let (mut text, tool_call_deltas) = match &mut self.tools {
+            Some(t) => t.push(&text),
+            None => (text, Vec::new()),
+        };
+        if reason.is_some() {
+            text.push_str(&self.finish_tools());
+        }
         self.text.push_str(&text);
-        let chunk =
-            TokenChunk { token_id: s.token, text, logprob: s.logprob, top_logprobs: self.want_top.then_some(s.top_logprobs) };
+        let chunk = TokenChunk {
+            token_id: s.token,
+            text,
+            logprob: s.logprob,
+            top_logprobs: self.want_top.then_some(s.top_logprobs),
+            tool_call_deltas,
+        };
         let _ = self.events.send(Event::Token(chunk));
         self.last_token = Some(s.token);
         reason
+    }
+
+    /// Ends the tool-call splitter (once): records the calls and returns the text it still
+    /// held (all of a malformed call's text).
+    fn finish_tools(&mut self) -> String {
+        let Some(mut t) = self.tools.take() else { return String::new() };
+        let (rest, outcome) = t.finish();
+        if let ToolOutcome::Calls(calls) = outcome {
+            self.tool_calls = calls;
+        }
+        rest
     }
 
     /// Flushes the detokenizer and the stop matcher (lossy: an incomplete character becomes
@@ -196,8 +234,17 @@ impl Sequence {
         // in a chunk, and the summary is what the chunks delivered.
         if reason != FinishReason::Cancelled && !self.stopped_by_string {
             let out = self.release_held(tok);
+            let out = match &mut self.tools {
+                Some(t) => t.push(&out).0,
+                None => out,
+            };
             self.text.push_str(&out);
         }
+        if reason != FinishReason::Cancelled {
+            let rest = self.finish_tools();
+            self.text.push_str(&rest);
+        }
+        let reason = if reason == FinishReason::Stop && !self.tool_calls.is_empty() { FinishReason::ToolCalls } else { reason };
         let now = Instant::now();
         let first = self.first_token.unwrap_or(now);
         let decode_n = self.usage.completion_tokens.saturating_sub(1) as f64;
@@ -222,6 +269,7 @@ impl Sequence {
             history_index: None,
             experts: self.experts.experts().iter().map(|e| e.name.clone()).collect(),
             routing: self.routing,
+            tool_calls: self.tool_calls,
         };
         (done, self.events)
     }

@@ -5,4 +5,5 @@ mod expert;
 mod runtime;
 mod session;
 mod stream;
+mod structured;
 mod types;

@@ -3,6 +3,7 @@
 use napi_derive::napi;
 
 use super::error::invalid;
+use super::structured::{tool_choice, JsToolCall, JsToolCallDelta, NativeResponseFormat, NativeTool};
 use crate::engine::{self, Completion, TokenChunk};
 use crate::experts::router::{Decision, RouterSettings, Weights};
 use crate::sampling::SamplingOverrides;
@@ -96,6 +97,10 @@ pub struct RuntimeInfo {
 pub struct JsChatMessage {
     pub role: String,
     pub content: String,
+    /// The calls an assistant turn made.
+    pub tool_calls: Option<Vec<JsToolCall>>,
+    /// For a `tool` message: the id of the call it answers.
+    pub tool_call_id: Option<String>,
 }
 
 /// The normalised input: exactly one of the fields is set (lib/session.ts builds it).
@@ -125,6 +130,12 @@ pub struct NativeGenerateOptions {
     /// `experts: 'auto'` (then `experts` is unset): the router picks the set.
     pub experts_auto: Option<bool>,
     pub parse_special_tokens: Option<bool>,
+    pub response_format: Option<NativeResponseFormat>,
+    pub tools: Option<Vec<NativeTool>>,
+    /// 'auto' | 'none' | 'required' (a named tool is `toolChoiceName`).
+    pub tool_choice: Option<String>,
+    pub tool_choice_name: Option<String>,
+    pub parallel_tool_calls: Option<bool>,
 }
 
 #[napi(object)]
@@ -139,6 +150,10 @@ pub struct JsTokenChunk {
     pub text: String,
     pub logprob: f64,
     pub top_logprobs: Option<Vec<TopLogprob>>,
+    /// The first piece of a tool call this token wrote (`toolCallDeltas` has them all).
+    pub tool_call_delta: Option<JsToolCallDelta>,
+    /// Every piece of tool calls this token wrote (rarely more than one).
+    pub tool_call_deltas: Option<Vec<JsToolCallDelta>>,
 }
 
 #[napi(object)]
@@ -166,6 +181,8 @@ pub struct JsCompletion {
     pub experts: Vec<String>,
     /// The router's decision when the request asked for `auto`.
     pub routing: Option<JsRouteDecision>,
+    /// The tool calls of the answer (`finishReason: 'tool_calls'`).
+    pub tool_calls: Option<Vec<JsToolCall>>,
 }
 
 #[napi(object)]
@@ -263,13 +280,23 @@ impl From<JsRouterSettings> for RouterSettings {
 
 impl From<ChatMessage> for JsChatMessage {
     fn from(m: ChatMessage) -> Self {
-        Self { role: m.role, content: m.content }
+        Self {
+            role: m.role,
+            content: m.content,
+            tool_calls: (!m.tool_calls.is_empty()).then(|| m.tool_calls.into_iter().map(Into::into).collect()),
+            tool_call_id: m.tool_call_id,
+        }
     }
 }
 
 impl From<JsChatMessage> for ChatMessage {
     fn from(m: JsChatMessage) -> Self {
-        Self { role: m.role, content: m.content }
+        Self {
+            role: m.role,
+            content: m.content,
+            tool_calls: m.tool_calls.unwrap_or_default().into_iter().map(Into::into).collect(),
+            tool_call_id: m.tool_call_id,
+        }
     }
 }
 
@@ -282,6 +309,8 @@ impl From<TokenChunk> for JsTokenChunk {
             top_logprobs: c
                 .top_logprobs
                 .map(|v| v.into_iter().map(|(token_id, lp)| TopLogprob { token_id, logprob: lp as f64 }).collect()),
+            tool_call_delta: c.tool_call_deltas.first().cloned().map(Into::into),
+            tool_call_deltas: (!c.tool_call_deltas.is_empty()).then(|| c.tool_call_deltas.into_iter().map(Into::into).collect()),
         }
     }
 }
@@ -304,6 +333,7 @@ impl From<Completion> for JsCompletion {
             },
             experts: c.experts,
             routing: c.routing.map(Into::into),
+            tool_calls: (!c.tool_calls.is_empty()).then(|| c.tool_calls.into_iter().map(Into::into).collect()),
         }
     }
 }
@@ -347,6 +377,10 @@ impl NativeGenerateOptions {
                 (_, names) => names.map(engine::ExpertChoice::Named),
             },
             parse_special_tokens: self.parse_special_tokens.unwrap_or(false),
+            response_format: self.response_format.map(NativeResponseFormat::into_engine).transpose()?,
+            tools: self.tools.unwrap_or_default().into_iter().map(NativeTool::into_engine).collect::<napi::Result<_>>()?,
+            tool_choice: tool_choice(self.tool_choice, self.tool_choice_name)?,
+            parallel_tool_calls: self.parallel_tool_calls,
         })
     }
 }

@@ -172,9 +172,9 @@ fn check_size(what: &str, n: usize) -> Result<(), String> {
 /// own `x-guidance` settings win.
 pub fn json_grammar(mut schema: Value) -> TopLevelGrammar {
     if let Some(obj) = schema.as_object_mut() {
-        obj.entry("x-guidance").or_insert_with(|| {
-            serde_json::json!({ "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": " })
-        });
+        obj.entry("x-guidance").or_insert_with(
+            || serde_json::json!({ "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": " }),
+        );
     }
     TopLevelGrammar::from_grammar(GrammarWithLexer::from_json_schema(schema))
 }

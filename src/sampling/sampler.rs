@@ -44,12 +44,12 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::constraint::apply_mask;
 use super::math::{
     argmax, bucket, clean, cmp_desc, collect_top_k, fast_exp, inv_temperature, log_softmax_norm, max_of, min_finite_of, top_n,
     weights_into, BLOCK, EXP_MIN_ARG, TOP_P_BINS,
 };
 use super::penalties::{apply_frequency_presence_penalty, apply_repetition_penalty, DistinctMarker, TokenCounts};
-use super::constraint::apply_mask;
 use super::{Sampled, SamplingParams};
 use llguidance::toktrie::SimpleVob;
 

@@ -70,10 +70,16 @@ mod tests {
         let mut bytes: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
         bytes.push(b"\xff<eos>".to_vec());
         let eos = 256;
-        let comp = GrammarCompiler::new(TokenVocab { bytes, eos: vec![eos], tokenize: Box::new(|s: &[u8]| s.iter().map(|&b| b as u32).collect()) }).unwrap();
+        let comp = GrammarCompiler::new(TokenVocab {
+            bytes,
+            eos: vec![eos],
+            tokenize: Box::new(|s: &[u8]| s.iter().map(|&b| b as u32).collect()),
+        })
+        .unwrap();
         let params = json!({ "type": "object", "properties": { "city": { "type": "string" } }, "required": ["city"], "additionalProperties": false });
         let empty = json!({ "type": "object", "properties": {}, "additionalProperties": false });
-        let layout = CallLayout { open: "<tool_call>\n", close: "\n</tool_call>", separator: "\n", args_key: "arguments", parallel: true };
+        let layout =
+            CallLayout { open: "<tool_call>\n", close: "\n</tool_call>", separator: "\n", args_key: "arguments", parallel: true };
         let g = tool_call_grammar(&layout, &[("get_weather", &params), ("now", &empty)]);
         let accepts = |text: &str| {
             let mut c = comp.compile(&ResponseFormat::Compiled(g.clone())).unwrap().unwrap();

@@ -19,10 +19,10 @@ pub mod detok;
 pub mod gguf;
 pub mod specials;
 pub mod template;
-pub mod tools;
-mod vocab;
 #[cfg(test)]
 mod test_support;
+pub mod tools;
+mod vocab;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -35,9 +35,9 @@ use crate::files;
 use serde::{Deserialize, Serialize};
 
 pub use detok::IncrementalDecoder;
-pub use tools::{ToolCall, ToolFormat, ToolSpec};
 use specials::{Piece, Specials};
 use template::{ChatTemplate, RenderArgs};
+pub use tools::{ToolCall, ToolFormat, ToolSpec};
 
 /// One chat message (`role`: "system" | "user" | "assistant" | "tool" | ...).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
@@ -275,7 +275,9 @@ impl Tokenizer {
     ) -> Result<Vec<u32>, EngineError> {
         let format = self.tool_format();
         let owned;
-        let messages = if format.native { messages } else {
+        let messages = if format.native {
+            messages
+        } else {
             owned = tools::as_plain_chat(messages, tools);
             &owned[..]
         };
@@ -295,9 +297,8 @@ impl Tokenizer {
             .collect();
         let tools_json = (format.native && !tools.is_empty())
             .then(|| serde_json::Value::Array(tools.iter().map(|t| tools::escape_strings(t.to_json(), &esc)).collect()));
-        let text = self
-            .render(&escaped, add_generation_prompt, enable_thinking, tools_json)
-            .map_err(EngineError::InvalidArgument)?;
+        let text =
+            self.render(&escaped, add_generation_prompt, enable_thinking, tools_json).map_err(EngineError::InvalidArgument)?;
         let mut ids = Vec::new();
         for piece in self.specials.split(&text) {
             ids.extend(

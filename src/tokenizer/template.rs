@@ -650,7 +650,8 @@ mod tests {
     #[test]
     fn endless_and_exploding_templates_fail_instead_of_hanging() {
         let user = [ChatMessage::new("user", "hi")];
-        let args = RenderArgs { add_generation_prompt: true, enable_thinking: None, bos_token: None, eos_token: None, tools: None };
+        let args =
+            RenderArgs { add_generation_prompt: true, enable_thinking: None, bos_token: None, eos_token: None, tools: None };
         // Nested loops over large ranges: far more instructions than the fuel allows.
         let endless = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
         let e = ChatTemplate::new(endless, "test").unwrap().render(&user, &args).unwrap_err();
@@ -705,7 +706,16 @@ mod tests {
         assert_eq!(render(src, ctx), "HI|True\n"); // Python-style bool printing, as jinja2
         let t = ChatTemplate::new("{{ raise_exception('bad role') }}", "test").unwrap();
         let err = t
-            .render(&[], &RenderArgs { add_generation_prompt: false, enable_thinking: None, bos_token: None, eos_token: None, tools: None })
+            .render(
+                &[],
+                &RenderArgs {
+                    add_generation_prompt: false,
+                    enable_thinking: None,
+                    bos_token: None,
+                    eos_token: None,
+                    tools: None,
+                },
+            )
             .unwrap_err();
         assert!(err.contains("bad role"), "{err}");
         assert_eq!(strip_generation_tags("a{%- generation -%}b{% endgeneration %}c{% if x %}"), "abc{% if x %}");
@@ -725,7 +735,8 @@ mod tests {
     fn tojson_indent_is_bounded() {
         // Found with the chat_template fuzz target (fuzz/corpus/chat_template/regress-tojson-indent):
         // `indent=3000000000` allocated 3 GB for the indent string.
-        let args = RenderArgs { add_generation_prompt: false, enable_thinking: None, bos_token: None, eos_token: None, tools: None };
+        let args =
+            RenderArgs { add_generation_prompt: false, enable_thinking: None, bos_token: None, eos_token: None, tools: None };
         let render = |src: &str| ChatTemplate::new(src, "test").unwrap().render(&[], &args);
         let e = render("{{ [1] | tojson(indent=3000000000) }}").unwrap_err();
         assert!(e.contains("indent 3000000000 is too large"), "{e}");

@@ -64,7 +64,8 @@ pub const LLAMA3_JSON: ToolSyntax = ToolSyntax {
 };
 
 /// (text in the template source → family), first match wins.
-const FAMILIES: &[(&str, &ToolSyntax)] = &[("<tool_call>", &HERMES), ("<|python_tag|>", &LLAMA3_JSON), ("\"parameters\"", &LLAMA3_JSON)];
+const FAMILIES: &[(&str, &ToolSyntax)] =
+    &[("<tool_call>", &HERMES), ("<|python_tag|>", &LLAMA3_JSON), ("\"parameters\"", &LLAMA3_JSON)];
 
 /// A tool the model may call (OpenAI's `{type: 'function', function: {…}}`).
 #[derive(Clone, Debug, PartialEq)]
@@ -111,9 +112,8 @@ impl ToolFormat {
 /// The system-prompt text that teaches a template without tool support the tools and the
 /// Hermes call syntax.
 pub fn tool_instructions(tools: &[ToolSpec]) -> String {
-    let mut s = String::from(
-        "You can call functions to help answer. The available functions, one JSON signature per line:\n<tools>\n",
-    );
+    let mut s =
+        String::from("You can call functions to help answer. The available functions, one JSON signature per line:\n<tools>\n");
     for t in tools {
         s.push_str(&serde_json::to_string(&t.to_json()).unwrap_or_default());
         s.push('\n');
@@ -480,7 +480,12 @@ impl ToolStream {
             }
             None => {
                 let id = new_call_id();
-                deltas.push(ToolCallDelta { index, id: Some(id.clone()), name: Some(name.clone()), arguments: arguments.clone() });
+                deltas.push(ToolCallDelta {
+                    index,
+                    id: Some(id.clone()),
+                    name: Some(name.clone()),
+                    arguments: arguments.clone(),
+                });
                 id
             }
         };

@@ -10,6 +10,7 @@ import os from 'node:os'
 import path from 'node:path'
 import { createRequire } from 'node:module'
 import { LOGPROB_TOL, fixture } from './helpers.mjs'
+import { smolLM2OrSkip } from '../scripts/assets.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
@@ -172,8 +173,13 @@ describe('OpenAI server', () => {
       [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, n: 2 }), OpenAI.BadRequestError, 400, null, 'n'],
       [() => c.chat.completions.create({ model: 'tiny', messages: [] }), OpenAI.BadRequestError, 400, null, 'messages'],
       [() => c.chat.completions.create({ model: 'tiny', messages: [{ role: 'wizard', content: 'x' }] }), OpenAI.BadRequestError, 400, null, 'messages[0].role'],
-      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, response_format: { type: 'json_object' } }), OpenAI.BadRequestError, 400, null, 'response_format'],
-      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, tools: [{ type: 'function', function: { name: 'f' } }] }), OpenAI.BadRequestError, 400, null, 'tools'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, response_format: { type: 'xml' } }), OpenAI.BadRequestError, 400, null, 'response_format'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, response_format: { type: 'json_schema', json_schema: { name: 'n', schema: { type: 'integer', minimum: 5, maximum: 1 } } } }), OpenAI.BadRequestError, 400, 'INVALID_ARGUMENT'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, tools: [{ type: 'function', function: { name: 'bad name!' } }] }), OpenAI.BadRequestError, 400, 'INVALID_ARGUMENT'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, tools: 'f' }), OpenAI.BadRequestError, 400, null, 'tools'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, tool_choice: 'required' }), OpenAI.BadRequestError, 400, null, 'tool_choice'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: [{ role: 'tool', content: 'x' }] }), OpenAI.BadRequestError, 400, null, 'messages[0].tool_call_id'],
+      [() => c.completions.create({ model: 'tiny', prompt: 'x', tools: [{ type: 'function', function: { name: 'f' } }] }), OpenAI.BadRequestError, 400, null, 'tools'],
       [() => c.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'word '.repeat(2000) }] }), OpenAI.BadRequestError, 400, 'context_length_exceeded'],
       [() => c.completions.create({ model: 'tiny', prompt: [1, -2] }), OpenAI.BadRequestError, 400, null, 'prompt'],
       [() => c.chat.completions.create({ model: 'tiny', stream: true, messages: [{ role: 'user', content: 'word '.repeat(2000) }] }), OpenAI.BadRequestError, 400, 'context_length_exceeded'],
@@ -202,6 +208,30 @@ describe('OpenAI server', () => {
     assert.equal((await fetch(`${srv.base}/v1/chat/completions`)).status, 405)
     assert.equal((await fetch(`${srv.base}/v1/nothing`)).status, 404)
     assert.equal((await fetch(`${srv.base}/%zz`)).status, 404)
+  })
+
+  it('structured output: response_format and tools through the openai client helpers', async () => {
+    const schema = {
+      type: 'object',
+      properties: { colour: { type: 'string', enum: ['red', 'green', 'blue'] }, size: { type: 'integer', minimum: 1, maximum: 9 } },
+      required: ['colour', 'size'],
+      additionalProperties: false,
+    }
+    const parsed = await srv.client.beta.chat.completions.parse({
+      model: 'tiny',
+      messages: MSGS,
+      max_tokens: 40,
+      temperature: 0,
+      response_format: { type: 'json_schema', json_schema: { name: 'thing', schema, strict: true } },
+    })
+    const msg = parsed.choices[0].message
+    assert.equal(parsed.choices[0].finish_reason, 'stop')
+    assert.deepEqual(msg.parsed, JSON.parse(msg.content))
+    assert.ok(['red', 'green', 'blue'].includes(msg.parsed.colour) && msg.parsed.size >= 1 && msg.parsed.size <= 9, msg.content)
+    // The same request in process gives the same text.
+    const mine = await rt.createSession().complete(MSGS, { ...GREEDY, maxTokens: 40, responseFormat: { type: 'json_schema', schema } })
+    assert.equal(msg.content, mine.text)
+
   })
 
   it('manages experts by name inside expertsDir only', async () => {
@@ -383,5 +413,58 @@ describe('expert-runtime serve (CLI)', () => {
       assert.equal(code, 2, args.join(' '))
       assert.match(err, /usage: expert-runtime serve/)
     }
+  })
+})
+
+describe('OpenAI server: tool calls on SmolLM2', { skip: smolLM2OrSkip().skip }, () => {
+  let rt, smol
+  before(async () => {
+    rt = await Runtime.load(smolLM2OrSkip().modelPath, { threads: 2 })
+    smol = await start(rt, { modelName: 'smol' })
+  })
+  after(async () => {
+    await smol?.server.close()
+    await rt?.dispose()
+  })
+
+  it('forced calls parse with the openai client helpers, stream as deltas, and take a tool result back', async () => {
+    const params = { type: 'object', properties: { colour: { type: 'string', enum: ['red', 'green', 'blue'] } }, required: ['colour'], additionalProperties: false }
+    const tools = [{ type: 'function', function: { name: 'paint', parameters: params, strict: true } }]
+    const ask = [{ role: 'user', content: 'Paint.' }]
+    const called = await smol.client.beta.chat.completions.parse({ model: 'smol', messages: ask, max_tokens: 60, temperature: 0, tools, tool_choice: 'required', parallel_tool_calls: false })
+    const choice = called.choices[0]
+    assert.equal(choice.finish_reason, 'tool_calls')
+    assert.equal(choice.message.tool_calls.length, 1)
+    const call = choice.message.tool_calls[0]
+    assert.equal(call.type, 'function')
+    assert.equal(call.function.name, 'paint')
+    assert.deepEqual(call.function.parsed_arguments, JSON.parse(call.function.arguments))
+    assert.ok(['red', 'green', 'blue'].includes(call.function.parsed_arguments.colour))
+
+    // Streamed: the tool-call deltas add up to the same call.
+    const stream = await smol.client.chat.completions.create({ model: 'smol', messages: ask, max_tokens: 60, temperature: 0, tools, tool_choice: 'required', parallel_tool_calls: false, stream: true })
+    let args = ''
+    let name
+    let finish
+    for await (const ch of stream) {
+      const d = ch.choices[0]?.delta
+      for (const t of d?.tool_calls ?? []) {
+        assert.equal(t.index, 0)
+        if (t.function?.name) name = t.function.name
+        args += t.function?.arguments ?? ''
+      }
+      finish = ch.choices[0]?.finish_reason ?? finish
+    }
+    assert.equal(name, 'paint')
+    assert.equal(args, call.function.arguments)
+    assert.equal(finish, 'tool_calls')
+
+    // A tool result goes back as a tool message; the answer continues the conversation.
+    const next = await smol.client.chat.completions.create({
+      model: 'smol',
+      max_tokens: 4,
+      messages: [...ask, choice.message, { role: 'tool', tool_call_id: call.id, content: '{"ok": true}' }],
+    })
+    assert.equal(next.choices[0].message.role, 'assistant')
   })
 })

@@ -3,7 +3,8 @@ import type { ChatMessage, TokenChunk } from '../types'
 import { badRequest } from './errors'
 import { newId, now, runGeneration, startSse, tokenInfo, usage } from './generation'
 import type { Context } from './context'
-import { refuseUnsupported, samplingOptions } from './params'
+import { samplingOptions } from './params'
+import { assistantMessage, structuredOptions, toolCalls } from './structured'
 
 /** OpenAI message content: a string, or text parts. */
 function content(v: unknown, i: number): string {
@@ -24,20 +25,28 @@ function messages(v: unknown): ChatMessage[] {
   if (!Array.isArray(v) || v.length === 0) throw badRequest('messages must be a non-empty array', 'messages')
   return v.map((m, i) => {
     if (!m || typeof m !== 'object') throw badRequest(`messages[${i}] must be an object`, `messages[${i}]`)
-    const role = (m as { role?: unknown }).role
-    if (role === 'tool' || role === 'function') throw badRequest('tool messages are not supported yet (function calling)', `messages[${i}].role`)
-    if (role !== 'system' && role !== 'developer' && role !== 'user' && role !== 'assistant') {
-      throw badRequest(`messages[${i}].role must be system, developer, user or assistant`, `messages[${i}].role`)
+    const msg = m as { role?: unknown; content?: unknown; tool_calls?: unknown; tool_call_id?: unknown }
+    const role = msg.role
+    if (role !== 'system' && role !== 'developer' && role !== 'user' && role !== 'assistant' && role !== 'tool') {
+      throw badRequest(`messages[${i}].role must be system, developer, user, assistant or tool`, `messages[${i}].role`)
     }
-    return { role: role === 'developer' ? 'system' : role, content: content((m as { content?: unknown }).content, i) }
+    const out: ChatMessage = { role: role === 'developer' ? 'system' : role, content: content(msg.content, i) }
+    if (role === 'assistant') {
+      const calls = toolCalls(msg.tool_calls, i)
+      if (calls) out.toolCalls = calls
+    }
+    if (role === 'tool') {
+      if (typeof msg.tool_call_id !== 'string') throw badRequest(`messages[${i}].tool_call_id must be a string`, `messages[${i}].tool_call_id`)
+      out.toolCallId = msg.tool_call_id
+    }
+    return out
   })
 }
 
 /** `POST /v1/chat/completions`. */
 export async function chatCompletions(ctx: Context, body: Record<string, unknown>, res: ServerResponse, model: string): Promise<void> {
-  refuseUnsupported(body)
   const msgs = messages(body.messages)
-  const options = samplingOptions(body, ['max_tokens', 'max_completion_tokens'])
+  const options = { ...samplingOptions(body, ['max_tokens', 'max_completion_tokens']), ...structuredOptions(body, true) }
   const logprobs = body.logprobs
   if (logprobs !== undefined && logprobs !== null && typeof logprobs !== 'boolean') throw badRequest('logprobs must be a boolean', 'logprobs')
   const top = body.top_logprobs
@@ -67,7 +76,7 @@ export async function chatCompletions(ctx: Context, body: Record<string, unknown
     ctx.json(res, 200, {
       ...base,
       object: 'chat.completion',
-      choices: [{ index: 0, message: { role: 'assistant', content: r.text, refusal: null }, logprobs: logprobs === true ? { content } : null, finish_reason: r.finishReason }],
+      choices: [{ index: 0, message: assistantMessage(r.text, r.toolCalls), logprobs: logprobs === true ? { content } : null, finish_reason: r.finishReason }],
       usage: usage(r),
       expert_runtime: { experts: r.experts, routing: r.routing ?? null },
     })
@@ -83,7 +92,14 @@ export async function chatCompletions(ctx: Context, body: Record<string, unknown
   }
   const r = await runGeneration(ctx.rt, msgs, options, res, ctx.metrics, ctx.track, (c) => {
     first()
-    chunk({ content: c.text }, null, logprobs === true ? { logprobs: { content: [lp(c)] } } : {})
+    const extra = logprobs === true ? { logprobs: { content: [lp(c)] } } : {}
+    const deltas = c.toolCallDeltas ?? (c.toolCallDelta ? [c.toolCallDelta] : [])
+    if (deltas.length > 0) {
+      if (c.text) chunk({ content: c.text }, null)
+      chunk({ tool_calls: deltas }, null, extra)
+    } else {
+      chunk({ content: c.text }, null, extra)
+    }
   })
   first()
   chunk({}, r.finishReason)

@@ -3,7 +3,8 @@ import type { GenerateInput, TokenChunk } from '../types'
 import { badRequest } from './errors'
 import { newId, now, runGeneration, startSse, tokenInfo, usage } from './generation'
 import type { Context } from './context'
-import { refuseUnsupported, samplingOptions } from './params'
+import { samplingOptions } from './params'
+import { structuredOptions } from './structured'
 
 /** `prompt`: a string, an array of token ids, or a one-element array of either. */
 function prompt(v: unknown): GenerateInput {
@@ -15,12 +16,11 @@ function prompt(v: unknown): GenerateInput {
 
 /** `POST /v1/completions` (raw text or token ids, no chat template). */
 export async function completions(ctx: Context, body: Record<string, unknown>, res: ServerResponse, model: string): Promise<void> {
-  refuseUnsupported(body)
   const input = prompt(body.prompt)
   if (body.echo === true) throw badRequest('echo is not supported', 'echo')
   if (body.suffix != null) throw badRequest('suffix is not supported', 'suffix')
   if (body.best_of != null && body.best_of !== 1) throw badRequest('only best_of = 1 is supported', 'best_of')
-  const options = samplingOptions(body, ['max_tokens'])
+  const options = { ...samplingOptions(body, ['max_tokens']), ...structuredOptions(body, false) }
   if (options.maxTokens === undefined) options.maxTokens = 16 // OpenAI's default for completions
   const logprobs = body.logprobs
   if (logprobs !== undefined && logprobs !== null && !(Number.isInteger(logprobs) && (logprobs as number) >= 0 && (logprobs as number) <= 20)) {

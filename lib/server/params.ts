@@ -55,17 +55,3 @@ export function samplingOptions(body: Body, maxTokensKeys: string[]): GenerateOp
   for (const [k, v] of Object.entries(o)) if (v === undefined) delete (o as Record<string, unknown>)[k]
   return o
 }
-
-/** 400 for fields whose meaning needs structured output, rather than ignoring them. */
-export function refuseUnsupported(body: Body): void {
-  const rf = body.response_format as { type?: unknown } | undefined | null
-  if (rf !== undefined && rf !== null && !(typeof rf === 'object' && rf.type === 'text')) {
-    throw badRequest('response_format other than {"type": "text"} is not supported yet (structured output)', 'response_format')
-  }
-  const tools = body.tools
-  if (tools !== undefined && tools !== null && !(Array.isArray(tools) && tools.length === 0)) {
-    throw badRequest('tools are not supported yet (function calling)', 'tools')
-  }
-  const choice = body.tool_choice
-  if (choice !== undefined && choice !== null && choice !== 'none') throw badRequest('tool_choice is not supported yet (function calling)', 'tool_choice')
-}

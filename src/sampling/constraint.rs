@@ -179,10 +179,13 @@ pub fn json_grammar(mut schema: Value) -> TopLevelGrammar {
     TopLevelGrammar::from_grammar(GrammarWithLexer::from_json_schema(schema))
 }
 
-/// llguidance prefixes some messages with internal context; keep them readable.
+/// llguidance appends its parser state to some messages; keep the reason only.
 fn clean_error(e: &str) -> String {
-    let e = e.trim();
+    let e = e.split("\n<state>").next().unwrap_or(e).trim();
     let e = e.strip_prefix("Error: ").unwrap_or(e);
+    if e.starts_with("NoExtensionBias") {
+        return "the format allows no output at all".into();
+    }
     let mut s: String = e.chars().take(2000).collect();
     if s.len() < e.len() {
         s.push('…');

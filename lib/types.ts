@@ -227,7 +227,12 @@ export interface CompletionResult {
   tokens: number[]
   finishReason: FinishReason
   usage: { promptTokens: number; completionTokens: number; cachedTokens: number }
-  timings: { ttftMs: number; tokensPerSecond: number; prefillTokensPerSecond: number }
+  /**
+   * `ttftMs`: from the engine receiving the request to its first token. `prepareMs`: preparing
+   * it before that, off the engine thread (chat template, tokenizing, compiling its format);
+   * `formatMs`: the format's share of that (the first after load also builds the token trie).
+   */
+  timings: { ttftMs: number; tokensPerSecond: number; prefillTokensPerSecond: number; prepareMs: number; formatMs: number }
   /** The experts that ran, in application order (`[]`: the base model). */
   experts: string[]
   /** The router's decision, when the request ran with `experts: 'auto'`. */

@@ -63,6 +63,7 @@ pub fn spawn(job: impl FnOnce() + Send + 'static) -> Result<()> {
 pub fn submit(formats: Arc<Formats>, p: Pending) -> Result<()> {
     pool()?.spawn_fifo(move || {
         let Pending { input, shared, mut request, tx } = p;
+        let t0 = std::time::Instant::now();
         let prepared = if request.cancel.load(Ordering::Relaxed) {
             // Cancelled while queued: the engine ends it without tokenizing anything.
             Ok((Prompt::Tokens(Vec::new()), Structured::default()))
@@ -79,6 +80,7 @@ pub fn submit(formats: Arc<Formats>, p: Pending) -> Result<()> {
             Ok((prompt, structured)) => {
                 request.prompt = prompt;
                 request.structured = structured;
+                request.structured.prepare_ms = t0.elapsed().as_secs_f64() * 1e3;
                 let Err(back) = tx.send(Command::Generate(Box::new(request))) else { return };
                 let Command::Generate(r) = back.0 else { return };
                 (EngineError::Disposed("the runtime was disposed".into()), r.events)

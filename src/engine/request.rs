@@ -131,6 +131,11 @@ pub struct Timings {
     pub tokens_per_second: f64,
     /// Prompt tokens evaluated (not cached) per second of prefill.
     pub prefill_tokens_per_second: f64,
+    /// Preparing the request off the engine thread: rendering, tokenizing, compiling its format.
+    pub prepare_ms: f64,
+    /// Of `prepare_ms`, compiling the response format or forced tool call (the first one after
+    /// load also builds the token trie); 0 without one.
+    pub format_ms: f64,
 }
 
 #[derive(Clone, Debug)]

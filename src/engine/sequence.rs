@@ -87,6 +87,8 @@ pub struct Sequence {
     /// Splits the text into plain text and tool calls, when the request offers tools.
     tools: Option<ToolStream>,
     tool_calls: Vec<ToolCall>,
+    /// (prepare_ms, format_ms) of the request's preparation.
+    prepared: (f64, f64),
     detok: IncrementalDecoder,
     stop: StopMatcher,
     want_top: bool,
@@ -132,6 +134,7 @@ impl Sequence {
             constraint: structured.constraint,
             tools: structured.tools,
             tool_calls: Vec::new(),
+            prepared: (structured.prepare_ms, structured.compile_ms),
             detok: IncrementalDecoder::new(),
             stop: StopMatcher::new(options.stop),
             stopped_by_string: false,
@@ -259,6 +262,8 @@ impl Sequence {
                 self.usage.completion_tokens as f64 / now.duration_since(self.started).as_secs_f64().max(1e-9)
             },
             prefill_tokens_per_second: if prefill_s > 0.0 { evaluated / prefill_s } else { 0.0 },
+            prepare_ms: self.prepared.0,
+            format_ms: self.prepared.1,
         };
         let done = Completion {
             text: self.text,

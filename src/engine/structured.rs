@@ -25,6 +25,10 @@ pub const MAX_TOOL_NAME: usize = 64;
 pub struct Structured {
     pub constraint: Option<Box<Constraint>>,
     pub tools: Option<ToolStream>,
+    /// Time spent compiling the grammar (ms).
+    pub compile_ms: f64,
+    /// Time spent preparing the whole request (ms), set by `prepare::submit`.
+    pub prepare_ms: f64,
 }
 
 /// The model's tokenizer and its (lazily built) grammar compiler.
@@ -91,6 +95,8 @@ impl Formats {
             }
             (None, None) => None,
         };
+        let grammar_given = grammar.is_some();
+        let t0 = std::time::Instant::now();
         let constraint = match grammar {
             Some(g) => self
                 .compiler()?
@@ -99,7 +105,12 @@ impl Formats {
                 .map(Box::new),
             None => None,
         };
-        Ok(Structured { constraint, tools: calling.then(|| ToolStream::new(syntax, &o.tools)) })
+        Ok(Structured {
+            constraint,
+            tools: calling.then(|| ToolStream::new(syntax, &o.tools)),
+            compile_ms: if grammar_given { t0.elapsed().as_secs_f64() * 1e3 } else { 0.0 },
+            prepare_ms: 0.0,
+        })
     }
 }
 

@@ -166,6 +166,10 @@ pub struct JsUsage {
 #[napi(object)]
 pub struct JsTimings {
     pub ttft_ms: f64,
+    /// Preparing the request off the engine thread (rendering, tokenizing, compiling its format).
+    pub prepare_ms: f64,
+    /// Of `prepareMs`, compiling the response format (0 without one).
+    pub format_ms: f64,
     pub tokens_per_second: f64,
     pub prefill_tokens_per_second: f64,
 }
@@ -328,6 +332,8 @@ impl From<Completion> for JsCompletion {
             },
             timings: JsTimings {
                 ttft_ms: c.timings.ttft_ms,
+                prepare_ms: c.timings.prepare_ms,
+                format_ms: c.timings.format_ms,
                 tokens_per_second: c.timings.tokens_per_second,
                 prefill_tokens_per_second: c.timings.prefill_tokens_per_second,
             },

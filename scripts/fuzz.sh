@@ -21,7 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${FUZZ_SECONDS:-20}"
-read -r -a targets <<<"${FUZZ_TARGETS:-gguf config_json safetensors_header peft_config chat_template}"
+all_targets="gguf config_json safetensors_header peft_config chat_template structured_format tool_stream"
+read -r -a targets <<<"${FUZZ_TARGETS:-$all_targets}"
 sanitizer="${FUZZ_SANITIZER:-address}"
 cargo=(cargo)
 rustc=(rustc)
@@ -35,7 +36,7 @@ export RUSTC_BOOTSTRAP=1
 max_len() {
   case "$1" in
     gguf) echo 65536 ;;
-    safetensors_header | chat_template) echo 16384 ;;
+    safetensors_header | chat_template | structured_format) echo 16384 ;;
     *) echo 8192 ;;
   esac
 }
@@ -51,7 +52,7 @@ build_flags=(--fuzz-dir fuzz --sanitizer "$sanitizer" --release --debug-assertio
 host="$("${rustc[@]}" -vV | sed -n 's/^host: //p')"
 echo "fuzz: building ${targets[*]} (sanitizer: $sanitizer)"
 start=$SECONDS
-if [[ ${#targets[@]} -eq 5 ]]; then
+if [[ "${targets[*]}" == "$all_targets" ]]; then
   "${cargo[@]}" fuzz build "${build_flags[@]}"
 else
   for t in "${targets[@]}"; do "${cargo[@]}" fuzz build "${build_flags[@]}" "$t"; done

@@ -36,6 +36,7 @@ fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
         },
         bos_token: (flags & 8 != 0).then_some("<s>"),
         eos_token: (flags & 16 != 0).then_some("</s>"),
+        tools: None,
     };
     common::show("render", &template.render(&messages, &args));
     if flags & 32 != 0 {

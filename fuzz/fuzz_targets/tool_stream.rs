@@ -1,0 +1,52 @@
+//! A model's answer through the tool-call splitter (`ToolStream::push` / `finish`), in pieces:
+//! it must never panic, an answer with no call comes back as exactly its text, and every call
+//! it reports names a declared tool with a JSON object as arguments.
+//!
+//! Input layout: one byte choosing the syntax (even: Hermes, odd: Llama 3 JSON), then the
+//! answer's text; 0x00 bytes split it into the pieces fed one at a time.
+
+#![no_main]
+
+mod common;
+
+use expert_runtime::tokenizer::tools::{ToolOutcome, ToolStream, HERMES, LLAMA3_JSON};
+use expert_runtime::tokenizer::ToolSpec;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
+    let Some((&syntax, rest)) = data.split_first() else { return };
+    let Some(text) = common::text(rest) else { return };
+    let syntax = if syntax % 2 == 0 { &HERMES } else { &LLAMA3_JSON };
+    let tools: Vec<ToolSpec> = ["get_weather", "f"]
+        .iter()
+        .map(|n| ToolSpec { name: n.to_string(), description: None, parameters: serde_json::json!({ "type": "object" }) })
+        .collect();
+    let mut s = ToolStream::new(syntax, &tools);
+    let mut out = String::new();
+    let mut announced = 0;
+    for piece in text.split('\0') {
+        let (t, deltas) = s.push(piece);
+        out.push_str(&t);
+        for d in deltas {
+            if d.id.is_some() {
+                assert_eq!(d.index, announced, "calls are announced in order");
+                announced += 1;
+            }
+            assert!(d.index < announced.max(1), "a delta for a call never announced");
+        }
+    }
+    let (t, outcome) = s.finish();
+    out.push_str(&t);
+    let whole: String = text.split('\0').collect();
+    match outcome {
+        ToolOutcome::Text => assert_eq!(out, whole, "an answer without calls comes back whole"),
+        ToolOutcome::Calls(calls) => {
+            for c in calls {
+                assert!(tools.iter().any(|t| t.name == c.name));
+                let v: serde_json::Value = serde_json::from_str(&c.arguments).expect("arguments are JSON");
+                assert!(v.is_object());
+            }
+        }
+        ToolOutcome::Malformed => assert_eq!(out.len(), whole.len(), "a malformed call's text comes back"),
+    }
+});

@@ -115,6 +115,16 @@ function suite(label, load, { skip, native }) {
       assert.deepEqual(last.toolCalls, r.result.toolCalls)
     })
 
+    it('a consumer that leaves mid-call gets no calls, and the history keeps none', async () => {
+      const s = rt.createSession()
+      const stream = s.generate('What is the weather in Paris?', { tools: TOOLS, toolChoice: 'required', temperature: 0, maxTokens: 200 })
+      let n = 0
+      for await (const _ of stream) if (++n === 6) break
+      assert.equal(stream.result.finishReason, 'cancelled')
+      assert.equal(stream.result.toolCalls, undefined)
+      assert.equal(s.history.at(-1).toolCalls, undefined)
+    })
+
     it('a tool result continues the conversation (multi-turn)', async () => {
       const s = rt.createSession({ system: 'You are a helpful assistant.' })
       const first = await s.complete('What is the weather in Paris?', { tools: [WEATHER], toolChoice: 'required', temperature: 0, maxTokens: 120 })

@@ -53,12 +53,15 @@ impl Delivery {
         c.tokens.truncate(kept);
         c.usage.completion_tokens = kept;
         c.finish_reason = FinishReason::Cancelled;
+        // The consumer did not see the whole answer, so not its calls either.
+        c.tool_calls.clear();
         if self.shared.busy.load(Ordering::Acquire) {
             return;
         }
         if let Some(i) = c.history_index {
             if let Some(m) = self.shared.history.lock().unwrap().get_mut(i) {
                 m.content.clone_from(&c.text);
+                m.tool_calls.clear();
             }
         }
         let _ = self.tx.send(Command::Undeliver { id: self.session, tokens: produced - kept });

@@ -423,9 +423,8 @@ impl ToolStream {
                 body.args_start = Some(body.released);
             }
             let from = body.released;
-            match body.args_scan.feed(&body.text[from..]) {
-                Some(end) => body.args_end = Some(from + end),
-                None => {}
+            if let Some(end) = body.args_scan.feed(&body.text[from..]) {
+                body.args_end = Some(from + end);
             }
             let upto = body.args_end.unwrap_or(body.text.len());
             if upto > from {

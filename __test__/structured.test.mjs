@@ -22,7 +22,7 @@ const corpus = fixtureJson('structured-corpus.json')
 const { modelPath, skip } = smolLM2OrSkip()
 
 const SEEDS = [1, 2, 3]
-const SAMPLING = { temperature: 0.8, maxTokens: 300 }
+const SAMPLING = { temperature: 0.8, maxTokens: 500 }
 /** Sessions generating at once on the one Runtime (the engine batches them). */
 const CONCURRENCY = 16
 

@@ -264,7 +264,8 @@ describe('OpenAI server', () => {
     const value = (m, name, labels = {}) =>
       m.find((x) => x.name === name)?.metrics.filter((s) => Object.entries(labels).every(([k, v]) => s.labels?.[k] === v)).reduce((a, s) => a + Number(s.value ?? s.count ?? 0), 0) ?? 0
     const before = await read()
-    await srv.client.chat.completions.create({ model: 'tiny', messages: MSGS, max_tokens: 3 })
+    // Greedy: the fixture's answer runs past 3 tokens (a sampled one could draw EOS first).
+    await srv.client.chat.completions.create({ model: 'tiny', messages: MSGS, max_tokens: 3, temperature: 0 })
     const after = await read()
     const names = after.map((m) => m.name)
     for (const n of ['expert_runtime_http_requests_total', 'expert_runtime_prompt_tokens_total', 'expert_runtime_completion_tokens_total', 'expert_runtime_cached_prompt_tokens_total',

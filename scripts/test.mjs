@@ -21,3 +21,6 @@ run(process.execPath, ['--test', '--test-concurrency=1', '__test__/generate.test
 // tests cover each SIMD path at the kernel level, this covers the portable path end to end.
 run(process.execPath, ['--test', '--test-concurrency=1', '__test__/generate.test.mjs'],
   { env: { ...process.env, EXPERT_RUNTIME_SIMD: 'portable' } })
+// The Python binding over the same engine: the same HF/PEFT fixtures, streaming, cancel,
+// threads and asyncio (python/tests, pytest).
+run(process.execPath, ['scripts/python.mjs', 'test'])

@@ -10,6 +10,8 @@ pub mod memory;
 pub mod model;
 #[cfg(feature = "node")]
 pub mod napi;
+#[cfg(feature = "python")]
+pub mod python;
 pub mod sampling;
 pub mod simd;
 pub mod tokenizer;

@@ -40,7 +40,7 @@ use request::{Command, GenerateRequest, Prompt};
 use scheduler::{Scheduler, SchedulerConfig, DEFAULT_STEP_TOKENS};
 pub use stats::{EngineStats, StatsSnapshot};
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct ModelInfo {
     pub architecture: String,
     pub dtype: String,

@@ -25,7 +25,7 @@ pub struct EngineStats {
 }
 
 /// A consistent-enough copy of [`EngineStats`] (each field is read atomically).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct StatsSnapshot {
     pub kv_blocks_total: u64,
     pub kv_blocks_used: u64,

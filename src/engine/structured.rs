@@ -158,3 +158,66 @@ fn check_tools(o: &GenerateOptions) -> Result<()> {
         _ => Ok(()),
     }
 }
+
+/// JSON text a binding received (a schema, tool parameters), at most
+/// [`crate::sampling::constraint::MAX_FORMAT_BYTES`], parsed with serde_json's nesting limit.
+pub fn parse_json_text(what: &str, text: &str) -> Result<serde_json::Value> {
+    use crate::sampling::constraint::MAX_FORMAT_BYTES;
+    if text.len() > MAX_FORMAT_BYTES {
+        return Err(EngineError::InvalidArgument(format!(
+            "{what} is {} bytes of JSON; at most {MAX_FORMAT_BYTES} are accepted",
+            text.len()
+        )));
+    }
+    serde_json::from_str(text).map_err(|e| EngineError::InvalidArgument(format!("{what} is not valid JSON: {e}")))
+}
+
+/// A response format from the parts a binding received: `kind` is 'text' | 'json_object' |
+/// 'json_schema' (with `schema`) | 'regex' (with `pattern`) | 'grammar' (with `grammar`).
+/// `what` names the option in messages (`responseFormat` in Node, `response_format` in Python).
+pub fn response_format(
+    what: &str,
+    kind: &str,
+    schema: Option<serde_json::Value>,
+    pattern: Option<String>,
+    grammar: Option<String>,
+) -> Result<ResponseFormat> {
+    let need = |field: &str| EngineError::InvalidArgument(format!("{what} '{kind}' needs {field}"));
+    Ok(match kind {
+        "text" => ResponseFormat::Text,
+        "json_object" => ResponseFormat::JsonObject,
+        "json_schema" => {
+            let schema = schema.ok_or_else(|| need("a schema"))?;
+            if !(schema.is_object() || schema.is_boolean()) {
+                return Err(EngineError::InvalidArgument(format!("{what}.schema must be a JSON schema object")));
+            }
+            ResponseFormat::JsonSchema { schema }
+        }
+        "regex" => ResponseFormat::Regex(pattern.ok_or_else(|| need("a pattern"))?),
+        "grammar" => ResponseFormat::Grammar(grammar.ok_or_else(|| need("a grammar"))?),
+        other => {
+            return Err(EngineError::InvalidArgument(format!(
+                "{what}.type must be 'text', 'json_object', 'json_schema', 'regex' or 'grammar', got {:?}",
+                other.chars().take(40).collect::<String>()
+            )))
+        }
+    })
+}
+
+impl ToolChoice {
+    /// 'auto' (also `None`) | 'none' | 'required', or a tool's `name`; `what` names the option.
+    pub fn parse(what: &str, choice: Option<&str>, name: Option<String>) -> Result<Self> {
+        Ok(match (choice, name) {
+            (_, Some(n)) => Self::Named(n),
+            (None | Some("auto"), None) => Self::Auto,
+            (Some("none"), None) => Self::None,
+            (Some("required"), None) => Self::Required,
+            (Some(other), None) => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "{what} must be 'auto', 'none', 'required' or {{ type: 'function', function: {{ name }} }}, got {:?}",
+                    other.chars().take(40).collect::<String>()
+                )))
+            }
+        })
+    }
+}

@@ -85,7 +85,8 @@ pub struct Embedded<'a> {
     pub generic: &'a [Vec<f32>],
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Weights {
     pub keywords: f64,
     pub similarity: f64,
@@ -93,7 +94,8 @@ pub struct Weights {
 
 /// Router tuning; see [`RouterSettings::default`] for the values and the module docs for
 /// their meaning.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RouterSettings {
     pub threshold: f64,
     pub max_experts: usize,
@@ -278,7 +280,7 @@ pub struct Candidate<'a> {
     pub examples: &'a [Vec<f32>],
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct ExpertScore {
     pub name: String,
     pub score: f64,
@@ -287,7 +289,7 @@ pub struct ExpertScore {
     pub similarity: Option<f64>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct Decision {
     /// The query's similarity to the nearest generic reference query (with an embedding).
     pub generic_similarity: Option<f64>,

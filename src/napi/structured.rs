@@ -3,9 +3,8 @@
 
 use napi_derive::napi;
 
-use super::error::invalid;
-use crate::engine::ToolChoice;
-use crate::sampling::constraint::MAX_FORMAT_BYTES;
+use super::error::to_napi;
+use crate::engine::{structured, ToolChoice};
 use crate::sampling::ResponseFormat;
 use crate::tokenizer::tools::ToolCallDelta;
 use crate::tokenizer::{ToolCall, ToolSpec};
@@ -63,43 +62,18 @@ pub struct JsToolCallDelta {
     pub function: JsFunctionDelta,
 }
 
-fn parse_json(what: &str, text: &str) -> napi::Result<serde_json::Value> {
-    if text.len() > MAX_FORMAT_BYTES {
-        return Err(invalid(format!("{what} is {} bytes of JSON; at most {MAX_FORMAT_BYTES} are accepted", text.len())));
-    }
-    serde_json::from_str(text).map_err(|e| invalid(format!("{what} is not valid JSON: {e}")))
-}
-
 impl NativeResponseFormat {
     pub fn into_engine(self) -> napi::Result<ResponseFormat> {
-        let need =
-            |v: Option<String>, field: &str| v.ok_or_else(|| invalid(format!("responseFormat '{}' needs {field}", self.kind)));
-        Ok(match self.kind.as_str() {
-            "text" => ResponseFormat::Text,
-            "json_object" => ResponseFormat::JsonObject,
-            "json_schema" => {
-                let schema = parse_json("responseFormat.schema", &need(self.schema.clone(), "a schema")?)?;
-                if !(schema.is_object() || schema.is_boolean()) {
-                    return Err(invalid("responseFormat.schema must be a JSON schema object"));
-                }
-                ResponseFormat::JsonSchema { schema }
-            }
-            "regex" => ResponseFormat::Regex(need(self.pattern.clone(), "a pattern")?),
-            "grammar" => ResponseFormat::Grammar(need(self.grammar.clone(), "a grammar")?),
-            other => {
-                return Err(invalid(format!(
-                    "responseFormat.type must be 'text', 'json_object', 'json_schema', 'regex' or 'grammar', got {:?}",
-                    other.chars().take(40).collect::<String>()
-                )))
-            }
-        })
+        let schema = self.schema.as_deref().map(|t| structured::parse_json_text("responseFormat.schema", t)).transpose();
+        let schema = schema.map_err(to_napi)?;
+        structured::response_format("responseFormat", &self.kind, schema, self.pattern, self.grammar).map_err(to_napi)
     }
 }
 
 impl NativeTool {
     pub fn into_engine(self) -> napi::Result<ToolSpec> {
         let parameters = match &self.parameters {
-            Some(p) => parse_json(&format!("the parameters of tool {:?}", self.name), p)?,
+            Some(p) => structured::parse_json_text(&format!("the parameters of tool {:?}", self.name), p).map_err(to_napi)?,
             None => serde_json::json!({ "type": "object", "properties": {} }),
         };
         Ok(ToolSpec { name: self.name, description: self.description, parameters })
@@ -108,18 +82,7 @@ impl NativeTool {
 
 /// `toolChoice`: 'auto' | 'none' | 'required', or (as `name`) a tool's name.
 pub fn tool_choice(choice: Option<String>, name: Option<String>) -> napi::Result<ToolChoice> {
-    Ok(match (choice.as_deref(), name) {
-        (_, Some(n)) => ToolChoice::Named(n),
-        (None | Some("auto"), None) => ToolChoice::Auto,
-        (Some("none"), None) => ToolChoice::None,
-        (Some("required"), None) => ToolChoice::Required,
-        (Some(other), None) => {
-            return Err(invalid(format!(
-                "toolChoice must be 'auto', 'none', 'required' or {{ type: 'function', function: {{ name }} }}, got {:?}",
-                other.chars().take(40).collect::<String>()
-            )))
-        }
-    })
+    ToolChoice::parse("toolChoice", choice.as_deref(), name).map_err(to_napi)
 }
 
 impl From<ToolCall> for JsToolCall {

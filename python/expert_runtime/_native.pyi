@@ -1,0 +1,288 @@
+# Type stubs for the compiled module (src/python/). Options are keyword arguments in
+# snake_case; an unknown one, a wrong type or an out-of-range integer raises
+# ExpertRuntimeError("INVALID_ARGUMENT").
+import os
+from types import TracebackType
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, Union
+
+from typing_extensions import NotRequired, Unpack
+
+class ExpertRuntimeError(Exception):
+    """Every error the engine raises. ``code`` is stable and equal to Node's:
+    MODEL_NOT_FOUND, INVALID_MODEL, UNSUPPORTED_ARCHITECTURE, CONTEXT_OVERFLOW,
+    INVALID_ARGUMENT, SESSION_BUSY, DISPOSED, NO_CUDA_DEVICE, EXPERT_NOT_FOUND,
+    UNSUPPORTED_ADAPTER, INVALID_ADAPTER, KV_CACHE_EXHAUSTED, OUT_OF_MEMORY, INTERNAL."""
+
+    code: str
+    detail: str
+
+class KvCacheOptions(TypedDict, total=False):
+    max_tokens: int
+    block_size: int
+    prefix_cache: bool
+
+class LoadOptions(TypedDict, total=False):
+    device: str  # 'auto' | 'cpu' | 'cuda' | 'cuda:N'
+    dtype: str  # 'auto' | 'f32' | 'f16' | 'bf16'
+    context_length: int
+    threads: int
+    kv_cache: KvCacheOptions
+    on_progress: Callable[[int, int], None]  # (loaded_bytes, total_bytes), on the loading thread
+
+class ToolCallFunctionDict(TypedDict):
+    name: str
+    arguments: str  # JSON text (a dict is written as JSON)
+
+class ToolCallDict(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunctionDict
+
+class Message(TypedDict):
+    role: str
+    content: Optional[str]
+    tool_calls: NotRequired[List[Union[ToolCallDict, "ToolCall"]]]
+    tool_call_id: NotRequired[str]
+
+class TextInput(TypedDict):
+    text: str
+
+class TokensInput(TypedDict):
+    tokens: Sequence[int]
+
+GenerateInput = Union[str, Sequence[Message], TextInput, TokensInput]
+
+class ResponseFormat(TypedDict, total=False):
+    type: Literal["text", "json_object", "json_schema", "regex", "grammar"]
+    schema: Union[Mapping[str, Any], bool]  # json_schema
+    json_schema: Mapping[str, Any]  # OpenAI's form: {"name", "schema", "strict"}
+    name: str
+    strict: bool
+    pattern: str  # regex
+    grammar: str  # grammar (Lark syntax, as llguidance reads it)
+
+class FunctionSpec(TypedDict, total=False):
+    name: str
+    description: str
+    parameters: Mapping[str, Any]  # JSON schema of the arguments object
+    strict: bool
+
+class Tool(TypedDict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+class NamedToolChoice(TypedDict):
+    type: Literal["function"]
+    function: Dict[Literal["name"], str]
+
+class GenerateOptions(TypedDict, total=False):
+    max_tokens: int
+    temperature: float  # 0 = greedy
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    seed: int
+    stop: Union[str, Sequence[str]]
+    top_logprobs: int
+    enable_thinking: bool
+    experts: Union[Sequence[str], Literal["auto"]]
+    parse_special_tokens: bool
+    response_format: ResponseFormat
+    tools: Sequence[Tool]
+    tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice]
+    parallel_tool_calls: bool
+
+class EmbedOptions(TypedDict, total=False):
+    pooling: Literal["mean", "last"]
+    normalize: bool
+    experts: Sequence[str]
+
+class RouterWeights(TypedDict, total=False):
+    keywords: float
+    similarity: float
+
+class RouterSettings(TypedDict, total=False):
+    threshold: float
+    max_experts: int
+    generic_patterns: List[str]
+    weights: RouterWeights
+    history_turns: int
+    generic_min_keyword_hits: int
+
+class ExpertScore(TypedDict):
+    name: str
+    score: Optional[float]
+    keyword_hits: List[str]
+    exclude_hits: List[str]
+    similarity: Optional[float]
+
+class RouteDecision(TypedDict):
+    generic_similarity: Optional[float]
+    experts: List[str]
+    generic: bool
+    scores: List[ExpertScore]
+    reason: str
+
+class RuntimeInfo(TypedDict):
+    architecture: str
+    dtype: str
+    device: str
+    device_name: str
+    device_memory_total: Optional[int]
+    vocab_size: int
+    context_length: int
+    num_layers: int
+    hidden_size: int
+    eos_token_ids: List[int]
+
+class RuntimeStats(TypedDict):
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_cached: int
+    kv_blocks_touched: int
+    kv_block_size: int
+    kv_bytes: int
+    kv_bytes_per_token: int
+    sessions: int
+    active_requests: int
+    queued_requests: int
+    prefix_cache_hit_tokens: int
+    evicted_blocks: int
+    kv_device_bytes: int
+    device_memory_free: Optional[int]
+    device_memory_total: Optional[int]
+
+class FunctionCall:
+    name: str
+    arguments: str
+
+class ToolCall:
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+    def to_dict(self) -> ToolCallDict: ...
+
+class FunctionDelta:
+    name: Optional[str]
+    arguments: str
+
+class ToolCallDelta:
+    index: int
+    id: Optional[str]
+    type: Optional[Literal["function"]]
+    function: FunctionDelta
+
+class TokenChunk:
+    token_id: int
+    text: str
+    logprob: float  # the model's own, before any response-format mask
+    top_logprobs: Optional[List[Tuple[int, float]]]
+    tool_call_delta: Optional[ToolCallDelta]
+    tool_call_deltas: Optional[List[ToolCallDelta]]
+
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+class Timings:
+    ttft_ms: float
+    prepare_ms: float
+    format_ms: float
+    tokens_per_second: float
+    prefill_tokens_per_second: float
+
+class Completion:
+    text: str
+    tokens: List[int]
+    finish_reason: Literal["stop", "length", "cancelled", "tool_calls"]
+    usage: Usage
+    timings: Timings
+    experts: List[str]
+    tool_calls: Optional[List[ToolCall]]
+    routing: Optional[RouteDecision]
+
+class TokenStream(Iterator[TokenChunk]):
+    """One request's chunks. Leaving early (``close()``, the end of a ``with`` block, Ctrl-C,
+    or dropping the stream) cancels the request; ``result`` then holds what was delivered."""
+
+    def __iter__(self) -> "TokenStream": ...
+    def __next__(self) -> TokenChunk: ...
+    def cancel(self) -> None: ...
+    def close(self) -> None: ...
+    def complete(self) -> Completion: ...
+    @property
+    def result(self) -> Optional[Completion]: ...
+    def __enter__(self) -> "TokenStream": ...
+    def __exit__(self, t: Optional[type], v: Optional[BaseException], tb: Optional[TracebackType]) -> bool: ...
+
+class AsyncTokenStream(AsyncIterator[TokenChunk]):
+    def __aiter__(self) -> "AsyncTokenStream": ...
+    def __anext__(self) -> Awaitable[TokenChunk]: ...
+    def cancel(self) -> None: ...
+    def aclose(self) -> Awaitable[None]: ...
+    def complete(self) -> Awaitable[Completion]: ...
+    @property
+    def result(self) -> Optional[Completion]: ...
+    def __aenter__(self) -> Awaitable["AsyncTokenStream"]: ...
+    def __aexit__(self, t: Optional[type], v: Optional[BaseException], tb: Optional[TracebackType]) -> Awaitable[bool]: ...
+
+class Session:
+    def generate(self, input: GenerateInput, **options: Unpack[GenerateOptions]) -> TokenStream: ...
+    def complete(self, input: GenerateInput, **options: Unpack[GenerateOptions]) -> Completion: ...
+    def agenerate(self, input: GenerateInput, **options: Unpack[GenerateOptions]) -> AsyncTokenStream: ...
+    def acomplete(self, input: GenerateInput, **options: Unpack[GenerateOptions]) -> Awaitable[Completion]: ...
+    @property
+    def history(self) -> List[Message]: ...
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def experts(self) -> Union[List[str], Literal["auto"]]: ...
+    def set_experts(self, experts: Union[Sequence[str], Literal["auto"]]) -> None: ...
+    def reset(self) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> "Session": ...
+    def __exit__(self, t: Optional[type], v: Optional[BaseException], tb: Optional[TracebackType]) -> bool: ...
+
+class Expert:
+    id: int
+    name: str
+    kind: str
+    rank: Optional[int]
+    target_modules: List[str]
+    bytes: int
+    num_virtual_tokens: int
+    @property
+    def manifest(self) -> Optional[Dict[str, Any]]: ...
+    @property
+    def loaded(self) -> bool: ...
+    def unload(self) -> bool: ...
+
+class Runtime:
+    @staticmethod
+    def load(path: Union[str, "os.PathLike[str]"], **options: Unpack[LoadOptions]) -> "Runtime": ...
+    @staticmethod
+    def aload(path: Union[str, "os.PathLike[str]"], **options: Unpack[LoadOptions]) -> Awaitable["Runtime"]: ...
+    @property
+    def info(self) -> RuntimeInfo: ...
+    def tokenize(self, text: str, add_special_tokens: bool = True, parse_special_tokens: bool = False) -> List[int]: ...
+    def detokenize(self, ids: Sequence[int]) -> str: ...
+    def create_session(self, system: Optional[str] = None, experts: Union[Sequence[str], Literal["auto"], None] = None) -> Session: ...
+    def load_expert(self, path: Union[str, "os.PathLike[str]"], *, name: Optional[str] = None, scale: float = 1.0) -> Expert: ...
+    def experts(self) -> List[Expert]: ...
+    def embed(self, texts: Sequence[str], **options: Unpack[EmbedOptions]) -> List[List[float]]: ...
+    def route(self, input: GenerateInput, history_turns: Optional[int] = None) -> RouteDecision: ...
+    def set_router(self, **settings: Unpack[RouterSettings]) -> None: ...
+    @property
+    def router(self) -> RouterSettings: ...
+    def stats(self) -> RuntimeStats: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> "Runtime": ...
+    def __exit__(self, t: Optional[type], v: Optional[BaseException], tb: Optional[TracebackType]) -> bool: ...

@@ -1,0 +1,57 @@
+// The Python package for tests, benchmarks and the Python demo: a virtual environment under
+// target/ with maturin and pytest from PyPI, and the wheel built from this checkout (the same
+// `--target` as the other builds, so the compiled dependencies are shared). Each step is a
+// no-op when done. `node scripts/python.mjs test` runs the pytest suite.
+import { execFileSync } from 'node:child_process'
+import { existsSync, mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { pathToFileURL } from 'node:url'
+import { ensureSmolLM2 } from './assets.mjs'
+import { root, run } from './setup.mjs'
+
+const venv = join(root, 'target', 'python-venv')
+export const venvPython = join(venv, process.platform === 'win32' ? 'Scripts/python.exe' : 'bin/python')
+const wheels = join(root, 'target', 'wheels')
+const stamp = join(venv, '.expert-runtime-built')
+const TOOLS = ['maturin==1.16.0', 'pytest==9.2.0']
+
+function newest(paths) {
+  let t = 0
+  const walk = (p) => {
+    if (!existsSync(p)) return
+    const s = statSync(p)
+    if (s.isDirectory()) for (const e of readdirSync(p)) walk(join(p, e))
+    else t = Math.max(t, s.mtimeMs)
+  }
+  paths.forEach((p) => walk(join(root, p)))
+  return t
+}
+
+/** The venv with the package built from the current sources installed; returns its python. */
+export function ensurePython() {
+  if (!existsSync(venvPython)) {
+    console.error(`creating a Python virtual environment in ${venv} ...`)
+    run(process.env.PYTHON || 'python3', ['-m', 'venv', venv])
+    run(venvPython, ['-m', 'pip', 'install', '--quiet', '--disable-pip-version-check', ...TOOLS])
+  }
+  const built = existsSync(stamp) ? statSync(stamp).mtimeMs : 0
+  if (built < newest(['src', 'python/expert_runtime', 'Cargo.toml', 'Cargo.lock', 'pyproject.toml'])) {
+    console.error('building the Python package ...')
+    const host = /^host: (\S+)$/m.exec(execFileSync('rustc', ['-vV'], { encoding: 'utf8' }))[1]
+    rmSync(wheels, { recursive: true, force: true })
+    mkdirSync(wheels, { recursive: true })
+    run(venvPython, ['-m', 'maturin', 'build', '--release', '--quiet', '--target', host, '--out', wheels])
+    const wheel = readdirSync(wheels).find((f) => f.endsWith('.whl'))
+    run(venvPython, ['-m', 'pip', 'install', '--quiet', '--disable-pip-version-check', '--force-reinstall', '--no-deps', join(wheels, wheel)])
+    writeFileSync(stamp, new Date().toISOString())
+  }
+  return venvPython
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1]).href) {
+  const python = ensurePython()
+  if (process.argv[2] === 'test') {
+    process.env.EXPERT_RUNTIME_SMOLLM2 ||= ensureSmolLM2()
+    run(python, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'python/tests', ...process.argv.slice(3)])
+  }
+}

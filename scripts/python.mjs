@@ -1,7 +1,7 @@
 // The Python package for tests, benchmarks and the Python demo: a virtual environment under
 // target/ with maturin and pytest from PyPI, and the wheel built from this checkout (the same
 // `--target` as the other builds, so the compiled dependencies are shared). Each step is a
-// no-op when done. `node scripts/python.mjs test` runs the pytest suite.
+// no-op when done. `node scripts/python.mjs test` runs the pytest suite, `… demo` the demo.
 import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
@@ -53,5 +53,7 @@ if (import.meta.url === pathToFileURL(process.argv[1]).href) {
   if (process.argv[2] === 'test') {
     process.env.EXPERT_RUNTIME_SMOLLM2 ||= ensureSmolLM2()
     run(python, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'python/tests', ...process.argv.slice(3)])
+  } else if (process.argv[2] === 'demo') {
+    run(python, ['python/demo.py', ensureSmolLM2(), ...process.argv.slice(3)])
   }
 }

@@ -7,25 +7,13 @@ import { existsSync, mkdirSync, readdirSync, rmSync, statSync, writeFileSync } f
 import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { ensureSmolLM2 } from './assets.mjs'
-import { root, run } from './setup.mjs'
+import { newest, root, run } from './setup.mjs'
 
 const venv = join(root, 'target', 'python-venv')
 export const venvPython = join(venv, process.platform === 'win32' ? 'Scripts/python.exe' : 'bin/python')
 const wheels = join(root, 'target', 'wheels')
 const stamp = join(venv, '.expert-runtime-built')
 const TOOLS = ['maturin==1.16.0', 'pytest==9.2.0']
-
-function newest(paths) {
-  let t = 0
-  const walk = (p) => {
-    if (!existsSync(p)) return
-    const s = statSync(p)
-    if (s.isDirectory()) for (const e of readdirSync(p)) walk(join(p, e))
-    else t = Math.max(t, s.mtimeMs)
-  }
-  paths.forEach((p) => walk(join(root, p)))
-  return t
-}
 
 /** The venv with the package built from the current sources installed; returns its python. */
 export function ensurePython() {
@@ -48,7 +36,7 @@ export function ensurePython() {
   return venvPython
 }
 
-if (import.meta.url === pathToFileURL(process.argv[1]).href) {
+if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const python = ensurePython()
   if (process.argv[2] === 'test') {
     process.env.EXPERT_RUNTIME_SMOLLM2 ||= ensureSmolLM2()

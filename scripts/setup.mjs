@@ -12,7 +12,8 @@ export function run(cmd, args, opts = {}) {
   execFileSync(cmd, args, { cwd: root, stdio: 'inherit', ...opts })
 }
 
-function newest(paths) {
+/** The newest modification time of any file under `paths` (relative to the root). */
+export function newest(paths) {
   let t = 0
   const walk = (p) => {
     if (!existsSync(p)) return

@@ -2,12 +2,11 @@
 // target/ with maturin and pytest from PyPI, and the wheel built from this checkout (the same
 // `--target` as the other builds, so the compiled dependencies are shared). Each step is a
 // no-op when done. `node scripts/python.mjs test` runs the pytest suite, `… demo` the demo.
-import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { ensureSmolLM2 } from './assets.mjs'
-import { newest, root, run } from './setup.mjs'
+import { newest, root, run, rustHost } from './setup.mjs'
 
 const venv = join(root, 'target', 'python-venv')
 export const venvPython = join(venv, process.platform === 'win32' ? 'Scripts/python.exe' : 'bin/python')
@@ -25,7 +24,7 @@ export function ensurePython() {
   const built = existsSync(stamp) ? statSync(stamp).mtimeMs : 0
   if (built < newest(['src', 'python/expert_runtime', 'Cargo.toml', 'Cargo.lock', 'pyproject.toml'])) {
     console.error('building the Python package ...')
-    const host = /^host: (\S+)$/m.exec(execFileSync('rustc', ['-vV'], { encoding: 'utf8' }))[1]
+    const host = rustHost()
     rmSync(wheels, { recursive: true, force: true })
     mkdirSync(wheels, { recursive: true })
     run(venvPython, ['-m', 'maturin', 'build', '--release', '--quiet', '--target', host, '--out', wheels])

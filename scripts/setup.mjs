@@ -12,6 +12,11 @@ export function run(cmd, args, opts = {}) {
   execFileSync(cmd, args, { cwd: root, stdio: 'inherit', ...opts })
 }
 
+/** The host's Rust target triple (builds pass it as `--target` so they share compiled dependencies). */
+export function rustHost() {
+  return /^host: (\S+)$/m.exec(execFileSync('rustc', ['-vV'], { encoding: 'utf8' }))[1]
+}
+
 /** The newest modification time of any file under `paths` (relative to the root). */
 export function newest(paths) {
   let t = 0

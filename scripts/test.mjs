@@ -1,13 +1,12 @@
 // `npm test`: Rust unit and parity tests, then the build, then the Node suites.
-import { execFileSync } from 'node:child_process'
 import { ensureSmolLM2 } from './assets.mjs'
-import { ensureBuilt, ensureInstalled, run } from './setup.mjs'
+import { ensureBuilt, ensureInstalled, run, rustHost } from './setup.mjs'
 
 ensureInstalled()
 // Rust tests build the engine without the napi layer (its symbols exist only inside Node).
 // `napi build` passes an explicit --target; passing the same one here lets both builds share
 // the compiled dependencies (candle, tokenizers) instead of building them twice.
-const host = /^host: (\S+)$/m.exec(execFileSync('rustc', ['-vV'], { encoding: 'utf8' }))[1]
+const host = rustHost()
 // The SmolLM2 GGUF is needed by a Rust parity test as well as by the Node suites.
 process.env.EXPERT_RUNTIME_SMOLLM2 ||= ensureSmolLM2()
 run('cargo', ['test', '--release', '--no-default-features', '--target', host])

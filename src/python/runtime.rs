@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
@@ -13,6 +12,7 @@ use super::expert::Expert;
 use super::input;
 use super::json::{to_json, to_python};
 use super::session::Session;
+use super::stream::block_on_interruptible;
 use crate::engine::{EmbedOptions, Engine, ExpertChoice, KvCacheOptions, LoadOptions, Pooling};
 use crate::error::{EngineError, Result as EngineResult};
 use crate::experts::router::RouterSettings;
@@ -32,17 +32,12 @@ fn path(v: &Bound<'_, PyAny>, what: &str) -> PyResult<PathBuf> {
     Ok(PathBuf::from(string(&p, what)?))
 }
 
-/// Waits for a reply from the engine with the GIL released, waking to let Python handle
-/// signals: Ctrl-C raises `KeyboardInterrupt` (the work finishes and is dropped).
-fn wait<T: Send>(py: Python<'_>, mut rx: tokio::sync::oneshot::Receiver<EngineResult<T>>, what: &str) -> PyResult<T> {
-    let rt = pyo3_async_runtimes::tokio::get_runtime();
-    loop {
-        let r = py.detach(|| rt.block_on(async { tokio::time::timeout(Duration::from_millis(50), &mut rx).await }));
-        match r {
-            Ok(Ok(v)) => return v.map_err(to_py),
-            Ok(Err(_)) => return Err(to_py(EngineError::Internal(format!("{what} exited")))),
-            Err(_) => py.check_signals()?,
-        }
+/// Waits for a reply from the engine with the GIL released; Ctrl-C raises `KeyboardInterrupt`
+/// (the work finishes and is dropped).
+fn wait<T: Send>(py: Python<'_>, rx: tokio::sync::oneshot::Receiver<EngineResult<T>>, what: &str) -> PyResult<T> {
+    match block_on_interruptible(py, rx)? {
+        Ok(v) => v.map_err(to_py),
+        Err(_) => Err(to_py(EngineError::Internal(format!("{what} exited")))),
     }
 }
 
@@ -241,7 +236,7 @@ impl Runtime {
     /// (`{"keywords", "similarity"}`), `history_turns`, `generic_min_keyword_hits`; the rest
     /// keep their values.
     #[pyo3(signature = (**settings))]
-    fn set_router(&self, py: Python<'_>, settings: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    fn set_router(&self, settings: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
         let e = self.engine()?;
         let known = ["threshold", "max_experts", "generic_patterns", "weights", "history_turns", "generic_min_keyword_hits"];
         Kwargs::new(settings, &known, "set_router")?;
@@ -251,7 +246,6 @@ impl Runtime {
             merge(&mut cur, given);
         }
         let next: RouterSettings = serde_json::from_value(cur).map_err(|x| invalid(format!("router settings: {x}")))?;
-        let _ = py;
         e.set_router(next).map_err(to_py)
     }
 

@@ -28,7 +28,6 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 struct Reader {
     events: UnboundedReceiver<Event>,
     delivery: Delivery,
-    finished: bool,
 }
 
 pub struct Shared {
@@ -52,10 +51,28 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     pyo3_async_runtimes::tokio::get_runtime()
 }
 
+/// Runs `fut` to completion with the GIL released, waking every [`SIGNAL_POLL`] (and checking
+/// before the first wait, as a busy stream never times out) to let Python handle signals: a
+/// pending one (Ctrl-C) is raised and `fut` is dropped.
+pub fn block_on_interruptible<F>(py: Python<'_>, fut: F) -> PyResult<F::Output>
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        py.check_signals()?;
+        // The timer is made inside `block_on`: it needs the runtime's context.
+        if let Ok(v) = py.detach(|| runtime().block_on(async { tokio::time::timeout(SIGNAL_POLL, fut.as_mut()).await })) {
+            return Ok(v);
+        }
+    }
+}
+
 impl Shared {
     pub fn new(g: Generation) -> Arc<Self> {
         Arc::new(Self {
-            reader: tokio::sync::Mutex::new(Reader { events: g.events, delivery: g.delivery, finished: false }),
+            reader: tokio::sync::Mutex::new(Reader { events: g.events, delivery: g.delivery }),
             cancel: g.cancel,
             left: AtomicBool::new(false),
             delivered: AtomicUsize::new(0),
@@ -68,7 +85,7 @@ impl Shared {
     pub async fn next(&self) -> Next {
         let mut r = self.reader.lock().await;
         loop {
-            if r.finished {
+            if self.finished() {
                 return Next::End;
             }
             match r.events.recv().await {
@@ -102,8 +119,8 @@ impl Shared {
         }
     }
 
+    /// Set only under the reader's lock, so a reader holding it sees a consistent state.
     fn end(&self, r: &mut Reader) {
-        r.finished = true;
         r.events.close();
         self.finished.store(true, Ordering::Release);
     }
@@ -147,18 +164,13 @@ impl Shared {
     /// The next chunk, waiting with the GIL released. A signal (Ctrl-C) while waiting cancels
     /// the request, waits until the engine has stopped it, and raises.
     pub fn next_blocking(&self, py: Python<'_>) -> PyResult<Option<engine::TokenChunk>> {
-        loop {
-            // Checked before each wait too: while tokens keep coming no wait times out.
-            if let Err(e) = py.check_signals() {
+        match block_on_interruptible(py, self.next()) {
+            Ok(Next::Chunk(c)) => Ok(Some(c)),
+            Ok(Next::End) => Ok(None),
+            Ok(Next::Error(e)) => Err(to_py(e)),
+            Err(e) => {
                 self.drain_blocking(py);
-                return Err(e);
-            }
-            let waited = py.detach(|| runtime().block_on(async { tokio::time::timeout(SIGNAL_POLL, self.next()).await }));
-            match waited {
-                Ok(Next::Chunk(c)) => return Ok(Some(c)),
-                Ok(Next::End) => return Ok(None),
-                Ok(Next::Error(e)) => return Err(to_py(e)),
-                Err(_) => {}
+                Err(e)
             }
         }
     }

@@ -41,6 +41,6 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
     process.env.EXPERT_RUNTIME_SMOLLM2 ||= ensureSmolLM2()
     run(python, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'python/tests', ...process.argv.slice(3)])
   } else if (process.argv[2] === 'demo') {
-    run(python, ['python/demo.py', ensureSmolLM2(), ...process.argv.slice(3)])
+    run(python, ['python/examples/demo.py', ensureSmolLM2(), ...process.argv.slice(3)])
   }
 }

@@ -1,7 +1,7 @@
 """Streams a chat answer from SmolLM2-135M-Instruct through the Python package.
 
 Run with `npm run demo:python [-- "your question"]` (builds the package and fetches the model
-on first use), or `python python/demo.py MODEL [QUESTION]` where the package is installed.
+on first use), or `python python/examples/demo.py MODEL [QUESTION]` where the package is installed.
 """
 
 import sys

@@ -11,6 +11,7 @@ import type {
   LoadOptions,
   RouteDecision,
   RouteOptions,
+  RopeScalingInfo,
   RouterSettings,
   RuntimeInfo,
   RuntimeStats,
@@ -26,7 +27,13 @@ export class Runtime {
   private constructor(n: N.NativeRuntime, binary: Variant) {
     this.#native = n
     const i = n.info
-    this.#info = { ...i, device: i.device as RuntimeInfo['device'], deviceMemoryTotal: i.deviceMemoryTotal ?? null, binary }
+    this.#info = {
+      ...i,
+      device: i.device as RuntimeInfo['device'],
+      deviceMemoryTotal: i.deviceMemoryTotal ?? null,
+      binary,
+      ropeScaling: i.ropeScaling ? (JSON.parse(i.ropeScaling) as RopeScalingInfo) : null,
+    }
   }
 
   /** Loads an HF model directory (config.json + safetensors + tokenizer) or a GGUF file. */
@@ -47,6 +54,7 @@ export class Runtime {
       }
       if (kv.prefixCache !== undefined && typeof kv.prefixCache !== 'boolean') throw invalidArgument('kvCache.prefixCache must be a boolean')
     }
+    const ropeScaling = ropeScalingJson(rest.ropeScaling)
     const device = rest.device ?? (process.env.EXPERT_RUNTIME_DEVICE as LoadOptions['device']) ?? 'auto'
     const dtype = rest.dtype ?? (process.env.EXPERT_RUNTIME_DTYPE as LoadOptions['dtype'])
     if (typeof device !== 'string' || !/^(auto|cpu|cuda(:\d+)?)$/.test(device)) {
@@ -74,6 +82,7 @@ export class Runtime {
           device,
           dtype,
           contextLength: rest.contextLength,
+          ropeScaling,
           threads: rest.threads,
           kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, prefixCache: kv.prefixCache } : undefined,
         },
@@ -90,7 +99,9 @@ export class Runtime {
   }
 
   get info(): RuntimeInfo {
-    return { ...this.#info, eosTokenIds: [...this.#info.eosTokenIds] }
+    const i = this.#info
+    const ropeScaling = i.ropeScaling && (JSON.parse(JSON.stringify(i.ropeScaling)) as RopeScalingInfo)
+    return { ...i, eosTokenIds: [...i.eosTokenIds], warnings: [...i.warnings], ropeScaling }
   }
 
   #check(): void {
@@ -304,4 +315,19 @@ export class Runtime {
   async [Symbol.asyncDispose](): Promise<void> {
     await this.dispose()
   }
+}
+
+/**
+ * The `ropeScaling` option as JSON text for the engine (which checks the keys and values):
+ * a plain object of strings, booleans and finite numbers, or `null` (scaling off).
+ */
+function ropeScalingJson(v: unknown): string | undefined {
+  if (v === undefined) return undefined
+  if (v === null) return 'null'
+  if (typeof v !== 'object' || Array.isArray(v)) throw invalidArgument('ropeScaling must be an object or null')
+  for (const [k, x] of Object.entries(v)) {
+    const ok = typeof x === 'string' || typeof x === 'boolean' || (typeof x === 'number' && Number.isFinite(x))
+    if (!ok) throw invalidArgument(`ropeScaling.${k} must be a string, a boolean or a finite number`)
+  }
+  return JSON.stringify(v)
 }

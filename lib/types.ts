@@ -57,8 +57,17 @@ export interface LoadOptions {
   device?: Device
   /** `auto`: f32 on CPU (fastest and exact there), bf16 on CUDA. `EXPERT_RUNTIME_DTYPE` sets the default. */
   dtype?: DType
-  /** Defaults to the model's maximum (`max_position_embeddings` / GGUF `context_length`). */
+  /**
+   * Positions a session may hold. Defaults to the model's maximum (`max_position_embeddings` /
+   * GGUF `context_length`), or to the scaled length when `ropeScaling` is given. A length past
+   * what the model supports loads, with a note in `info.warnings` (quality degrades there).
+   */
   contextLength?: number
+  /**
+   * Replaces the model's own RoPE scaling (read from `config.json` / GGUF). `null` turns it
+   * off. An unknown `type` is `UNSUPPORTED_ARCHITECTURE`.
+   */
+  ropeScaling?: RopeScaling | null
   /** CPU threads for the engine. Defaults to one per core. */
   threads?: number
   /** Called as weights are read. */
@@ -74,6 +83,56 @@ export interface LoadOptions {
  * every block it can need (`prompt + maxTokens`, capped by the context and the pool), so
  * giving `maxTokens` lets more requests run at once.
  */
+/**
+ * How rotary position embeddings are stretched past the context a model was trained for,
+ * computed exactly as HF transformers computes each type. Keys may also be given in HF's
+ * snake_case spelling.
+ */
+export type RopeScaling =
+  /** Every frequency divided by `factor` (position interpolation). */
+  | { type: 'linear'; factor: number }
+  /**
+   * NTK-aware: the base grows with the sequence once it is longer than the model's
+   * `max_position_embeddings`. A sequence past that length does not share its KV cache.
+   */
+  | { type: 'dynamic'; factor: number }
+  /** YaRN. `originalMaxPositionEmbeddings` defaults to the model's `max_position_embeddings`. */
+  | {
+      type: 'yarn'
+      factor: number
+      originalMaxPositionEmbeddings?: number
+      /** Scales cos/sin; default `0.1·ln(factor) + 1` (or from `mscale`/`mscaleAllDim`). */
+      attentionFactor?: number
+      /** Default 32. */
+      betaFast?: number
+      /** Default 1. */
+      betaSlow?: number
+      mscale?: number
+      mscaleAllDim?: number
+      /** Round the correction range to whole dimensions (default true). */
+      truncate?: boolean
+    }
+  /** Llama 3.1+. */
+  | { type: 'llama3'; factor: number; lowFreqFactor?: number; highFreqFactor?: number; originalMaxPositionEmbeddings?: number }
+
+/**
+ * The RoPE scaling a runtime runs with, parameters resolved (`info.ropeScaling`).
+ * `frequency_factors`: a GGUF's `rope_freqs` tensor (how Llama 3 scaling reaches GGUF).
+ */
+export type RopeScalingInfo =
+  | { type: 'linear' | 'dynamic'; factor: number }
+  | {
+      type: 'yarn'
+      factor: number
+      originalMaxPositionEmbeddings: number
+      attentionFactor: number
+      betaFast: number
+      betaSlow: number
+      truncate: boolean
+    }
+  | { type: 'llama3'; factor: number; lowFreqFactor: number; highFreqFactor: number; originalMaxPositionEmbeddings: number }
+  | { type: 'frequency_factors'; factors: number[] }
+
 export interface KvCacheOptions {
   /** Positions per block. Default 16. */
   blockSize?: number
@@ -146,6 +205,10 @@ export interface RuntimeInfo {
   numLayers: number
   hiddenSize: number
   eosTokenIds: number[]
+  /** The RoPE scaling the model runs with (`null` when none). */
+  ropeScaling: RopeScalingInfo | null
+  /** What you should know about how the model runs, e.g. a `contextLength` past what it supports. */
+  warnings: string[]
 }
 
 export type GenerateInput = string | ChatMessage[] | { text: string } | { tokens: number[] }

@@ -10,8 +10,9 @@ use crate::error::{EngineError, Result};
 use crate::files;
 use crate::kv::sizing::KvMemory;
 use crate::kv::KvCacheOptions;
-use crate::model::config::token_id_list;
+use crate::model::config::{token_id_list, MAX_POSITIONS};
 use crate::model::loader::{self, ModelFormat};
+use crate::model::rope::{RopeScaling, Source};
 use crate::model::{Decoder, ModelConfig};
 use crate::sampling::SamplingOverrides;
 use crate::tokenizer::Tokenizer;
@@ -23,6 +24,9 @@ pub struct LoadOptions {
     /// `auto` | `f32` | `f16` | `bf16`.
     pub dtype: Option<String>,
     pub context_length: Option<usize>,
+    /// Replaces the model's own RoPE scaling (`ropeScaling`: a JSON object, camelCase or
+    /// snake_case keys; `{ "type": "default" }` turns scaling off).
+    pub rope_scaling: Option<serde_json::Value>,
     pub threads: Option<usize>,
     /// Dequantize GGUF weights at load (exact f32 matmuls instead of quantized kernels).
     pub dequantize: bool,
@@ -41,6 +45,8 @@ pub struct Loaded {
     pub model: Decoder,
     pub tokenizer: Tokenizer,
     pub defaults: GenerationDefaults,
+    /// What the caller should know about how the model runs (`rt.info.warnings`).
+    pub warnings: Vec<String>,
 }
 
 pub fn dtype_name(d: DType) -> &'static str {
@@ -70,17 +76,38 @@ fn select_dtype(name: Option<&str>, device: &Device) -> Result<DType> {
     })
 }
 
-/// The `contextLength` option checked against what the model supports.
-fn context_length(opts: &LoadOptions, cfg: &ModelConfig) -> Result<usize> {
-    match opts.context_length {
-        Some(0) => Err(EngineError::InvalidArgument("contextLength must be positive".into())),
-        Some(n) if n > cfg.max_position_embeddings => Err(EngineError::InvalidArgument(format!(
-            "contextLength {n} exceeds the model's maximum of {} (RoPE scaling is not supported yet)",
-            cfg.max_position_embeddings
-        ))),
-        Some(n) => Ok(n),
-        None => Ok(cfg.max_position_embeddings),
+/// The `contextLength` option checked against what the model supports (with its RoPE
+/// scaling): past that length the load succeeds but says so in `warnings`, since quality
+/// degrades there. Without the option: the model's declared length, or the scaled length when
+/// the caller chose the scaling.
+fn context_length(opts: &LoadOptions, cfg: &ModelConfig, warnings: &mut Vec<String>) -> Result<usize> {
+    let max_pos = cfg.max_position_embeddings;
+    let scaling = cfg.rope_scaling.as_ref();
+    let supported = scaling.map_or(max_pos, |s| s.scaled_length(max_pos));
+    let n = match opts.context_length {
+        Some(0) => return Err(EngineError::InvalidArgument("contextLength must be positive".into())),
+        Some(n) if n > MAX_POSITIONS => {
+            return Err(EngineError::InvalidArgument(format!(
+                "contextLength {n} is more than this engine supports ({MAX_POSITIONS})"
+            )))
+        }
+        Some(n) => n,
+        None if opts.rope_scaling.is_some() => supported.max(max_pos),
+        None => max_pos,
+    };
+    if n > supported {
+        let native = scaling.map_or(max_pos, |s| s.original_length(max_pos));
+        let how = match scaling {
+            Some(s) => format!("{supported} positions with its '{}' RoPE scaling", s.type_name()),
+            None => format!("{supported} positions and has no RoPE scaling"),
+        };
+        warnings.push(format!(
+            "contextLength {n} is past what this model supports ({how}): quality degrades past position {supported}; \
+             set ropeScaling (e.g. {{ type: 'yarn', factor: {}, originalMaxPositionEmbeddings: {native} }}) to stretch it",
+            n.div_ceil(native.max(1))
+        ));
     }
+    Ok(n)
 }
 
 fn read_generation_config(dir: &Path) -> Result<GenerationDefaults> {
@@ -132,10 +159,16 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
         }
     };
     check_tokenizer(&tokenizer, &files.config)?;
-    let n = context_length(opts, &files.config)?;
+    let mut files = files;
+    if let Some(v) = &opts.rope_scaling {
+        let cfg = &files.config;
+        files.config.rope_scaling = RopeScaling::parse(v, Source::Option, cfg.max_position_embeddings, None)?;
+    }
+    let mut warnings = Vec::new();
+    let n = context_length(opts, &files.config, &mut warnings)?;
     let (config, mut weights) = files.into_weights(device, progress)?;
     let model = Decoder::load(config, weights.as_mut(), dtype, device, n)?;
-    Ok(Loaded { model, tokenizer, defaults })
+    Ok(Loaded { model, tokenizer, defaults, warnings })
 }
 
 /// What the KV pool may take, from one query of the device. By default: half of the GPU

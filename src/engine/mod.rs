@@ -55,6 +55,10 @@ pub struct ModelInfo {
     pub num_layers: usize,
     pub hidden_size: usize,
     pub eos_token_ids: Vec<u32>,
+    /// The RoPE scaling the model runs with (camelCase keys, as `rt.info.ropeScaling`).
+    pub rope_scaling: Option<serde_json::Value>,
+    /// What the caller should know about how the model runs (a context past what it supports).
+    pub warnings: Vec<String>,
 }
 
 pub struct Engine {
@@ -155,7 +159,7 @@ impl Engine {
         // Release the progress callback now: a JS callback held past the load would keep the
         // event loop alive.
         drop(progress);
-        let Loaded { model, tokenizer, defaults } = loaded?;
+        let Loaded { model, tokenizer, defaults, warnings } = loaded?;
         let mut eos: Vec<u32> = model.cfg.eos_token_ids.clone();
         eos.extend(defaults.eos_token_ids.iter().copied());
         eos.extend(tokenizer.eos_token_ids());
@@ -173,6 +177,8 @@ impl Engine {
             num_layers: model.cfg.num_layers,
             hidden_size: model.cfg.hidden_size,
             eos_token_ids: eos.clone(),
+            rope_scaling: model.cfg.rope_scaling.as_ref().map(|s| s.to_json()),
+            warnings,
         };
         let (tokenizer, model) = (Arc::new(tokenizer), Arc::new(model));
         let stats = Arc::new(EngineStats::default());

@@ -66,6 +66,9 @@ struct SessionState {
     last_used: u64,
     /// A request of this session holds blocks and runs.
     running: bool,
+    /// Positions of `table` that any sequence with the same tokens may share: all of them,
+    /// except under `dynamic` RoPE scaling (see `Decoder::rope_exact_until`).
+    shareable: usize,
 }
 
 impl SessionState {
@@ -238,6 +241,7 @@ impl Scheduler {
                     n_virtual: 0,
                     last_used: self.tick,
                     running: false,
+                    shareable: usize::MAX,
                 };
                 self.sessions.insert(id, s);
             }
@@ -426,7 +430,18 @@ impl Scheduler {
         } else {
             0
         };
-        let hit = self.kv.match_prefix(reusable, &set_key);
+        let mut hit = self.kv.match_prefix(reusable, &set_key);
+        // `dynamic` RoPE: a sequence longer than the original length rotates every position
+        // by its own length, so nothing cached fits it (and what it writes fits nothing else).
+        let shareable = match self.model.rope_exact_until() {
+            Some(n) if keys.len() > n => 0,
+            Some(n) => n,
+            None => usize::MAX,
+        };
+        let own = own.min(st.shareable).min(shareable);
+        if hit.tokens > shareable {
+            hit = crate::kv::manager::PrefixHit::default();
+        }
 
         // 2. Take the better one and make room for the rest.
         let st = self.sessions.get_mut(&id).expect("checked above");
@@ -459,6 +474,7 @@ impl Scheduler {
         st.set_key = set_key;
         st.n_virtual = n_v;
         st.running = true;
+        st.shareable = shareable;
         st.last_used = self.tick;
         seq.usage.cached_tokens = st.table.len().saturating_sub(n_v);
         seq.limit = self.context_length.min(st.table.capacity(self.kv.block_size()));
@@ -561,7 +577,7 @@ impl Scheduler {
                     let virtual_rows = pos.min(n_virtual)..(pos + n).min(n_virtual);
                     let t0 = pos.max(n_virtual) - n_virtual;
                     let t1 = pos + n - n_virtual;
-                    SeqChunk { tokens: &tokens[t0..t1], virtual_rows, pos, blocks, logits, experts }
+                    SeqChunk { tokens: &tokens[t0..t1], virtual_rows, pos, seq_len: target, blocks, logits, experts }
                 })
                 .collect();
             self.model.forward_batch(&chunks, self.kv.store())
@@ -678,7 +694,7 @@ impl Scheduler {
             let seq = &mut self.running[i];
             let st = self.sessions.get_mut(&seq.session).expect("reaped");
             st.table.advance(pos + n);
-            self.kv.cache_full_blocks(&st.table, pos, &st.set_key, |p| st.key_at(p));
+            self.kv.cache_full_blocks(&st.table, pos, st.shareable, &st.set_key, |p| st.key_at(p));
             if pos + n < st.target() {
                 continue;
             }

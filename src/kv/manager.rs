@@ -223,14 +223,23 @@ impl KvManager {
 
     /// Registers the blocks of `table` that became full since position `from` (now that the
     /// table holds `table.len()` positions), under `experts`; `key(p)` is position `p`'s key.
-    /// A block whose predecessor is not registered is skipped (its prefix cannot be named).
-    pub fn cache_full_blocks(&mut self, table: &BlockTable, from: usize, experts: &[u64], key: impl Fn(usize) -> u32) {
+    /// Only blocks wholly before position `until` are registered (the rest are valid for this
+    /// table only). A block whose predecessor is not registered is skipped (its prefix cannot
+    /// be named).
+    pub fn cache_full_blocks(
+        &mut self,
+        table: &BlockTable,
+        from: usize,
+        until: usize,
+        experts: &[u64],
+        key: impl Fn(usize) -> u32,
+    ) {
         if !self.prefix_cache {
             return;
         }
         let bs = self.pool.block_size();
         let blocks = table.blocks();
-        for b in from / bs..table.len() / bs {
+        for b in from / bs..table.len().min(until) / bs {
             let block = blocks[b];
             if self.pool.is_registered(block) {
                 continue;

@@ -20,7 +20,7 @@ fn write(m: &mut KvManager, t: &mut BlockTable, keys: &[u32], experts: &[u64], t
     let x = Tensor::from_vec(vals, (to - from, 1), &Device::Cpu).unwrap();
     m.store().write(0, &runs, &x, &x).unwrap();
     t.advance(to);
-    m.cache_full_blocks(t, from, experts, |p| keys[p]);
+    m.cache_full_blocks(t, from, usize::MAX, experts, |p| keys[p]);
 }
 
 /// The values `table` holds at its positions.

@@ -9,6 +9,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::rope::{RopeScaling, Source};
 use crate::error::{EngineError, Result};
 use crate::gguf_meta::{self, Metadata};
 
@@ -52,6 +53,8 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     /// GGUF llama files permute Q/K rows so that RoPE rotates adjacent pairs.
     pub rope_interleaved: bool,
+    /// How the rotary frequencies are stretched past the training context (`None`: they are not).
+    pub rope_scaling: Option<RopeScaling>,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     pub qkv_bias: bool,
@@ -88,6 +91,8 @@ struct HfConfig {
     rope_scaling: Option<Value>,
     rope_parameters: Option<Value>,
     max_position_embeddings: usize,
+    /// Phi-3 style: the pretraining length outside the scaling object (HF prefers it).
+    original_max_position_embeddings: Option<usize>,
     #[serde(default)]
     tie_word_embeddings: bool,
     attention_bias: Option<bool>,
@@ -109,16 +114,44 @@ pub fn token_id_list(v: Option<&Value>) -> Vec<u32> {
     }
 }
 
-/// RoPE scaling is not implemented yet: a scaling type other than the default is an error,
-/// never silently ignored (the model would produce plausible but wrong text past the
-/// original context).
-fn check_rope_scaling(v: Option<&Value>) -> Result<()> {
-    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(()) };
-    let ty = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
-    if ty == "default" {
-        return Ok(());
-    }
-    Err(EngineError::UnsupportedArchitecture(format!("rope scaling type '{ty}' is not supported yet")))
+/// `{arch}.rope.scaling.*` as llama.cpp writes it, in HF's terms. llama.cpp's `attn_factor`
+/// multiplies YaRN's own `0.1·ln(factor) + 1`, where HF's `attention_factor` replaces it.
+/// (Llama 3 scaling reaches GGUF as a `rope_freqs` tensor instead; the loader reads it.)
+fn gguf_rope_scaling(md: &Metadata, arch: &str, context_length: usize) -> Result<Option<RopeScaling>> {
+    let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+    let Some(ty) = gguf_meta::get_str(md, &key("type")).ok().flatten() else { return Ok(None) };
+    let float = |k: &str| gguf_meta::get_f64(md, &key(k)).ok().flatten();
+    let mut v = serde_json::json!({ "rope_type": ty });
+    let mut put = |k: &str, x: Option<f64>| {
+        if let Some(x) = x {
+            v[k] = x.into();
+        }
+    };
+    put("factor", float("factor"));
+    put(
+        "original_max_position_embeddings",
+        gguf_meta::get_u64(md, &key("original_context_length")).ok().flatten().map(|n| n as f64),
+    );
+    put("beta_fast", float("yarn_beta_fast"));
+    put("beta_slow", float("yarn_beta_slow"));
+    let scaling = RopeScaling::parse(&v, Source::Config, context_length, None)?;
+    Ok(match (scaling, float("attn_factor")) {
+        (
+            Some(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                attention_factor,
+                beta_fast,
+                beta_slow,
+                truncate,
+            }),
+            Some(a),
+        ) if a.is_finite() && a > 0.0 => {
+            let attention_factor = attention_factor * a;
+            Some(RopeScaling::Yarn { factor, original_max_position_embeddings, attention_factor, beta_fast, beta_slow, truncate })
+        }
+        (s, _) => s,
+    })
 }
 
 impl ModelConfig {
@@ -141,9 +174,12 @@ impl ModelConfig {
             return Err(EngineError::UnsupportedArchitecture("config.json: mlp_bias = true is not supported".into()));
         }
 
-        // transformers 5.x moves the theta into `rope_parameters`.
-        check_rope_scaling(hf.rope_scaling.as_ref())?;
-        check_rope_scaling(hf.rope_parameters.as_ref())?;
+        // transformers 5.x moves the theta and the scaling into `rope_parameters`.
+        let mut rope_scaling = None;
+        for v in [&hf.rope_scaling, &hf.rope_parameters].into_iter().flatten() {
+            let s = RopeScaling::parse(v, Source::Config, hf.max_position_embeddings, hf.original_max_position_embeddings)?;
+            rope_scaling = rope_scaling.or(s);
+        }
         let rope_theta = hf.rope_theta.or_else(|| hf.rope_parameters.as_ref()?.get("rope_theta")?.as_f64()).unwrap_or(10_000.0);
 
         let num_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
@@ -160,6 +196,7 @@ impl ModelConfig {
             rms_norm_eps: hf.rms_norm_eps,
             rope_theta,
             rope_interleaved: false,
+            rope_scaling,
             max_position_embeddings: hf.max_position_embeddings,
             tie_word_embeddings: hf.tie_word_embeddings,
             qkv_bias: match arch {
@@ -212,6 +249,8 @@ impl ModelConfig {
             rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             rope_theta: float("rope.freq_base").unwrap_or(10_000.0),
             rope_interleaved: arch == Arch::Llama,
+            // Read below (it needs the context length).
+            rope_scaling: None,
             max_position_embeddings: num("context_length").map(|n| n as usize).unwrap_or(4096),
             // Decided by the loader from the presence of `output.weight`.
             tie_word_embeddings: false,
@@ -224,9 +263,8 @@ impl ModelConfig {
                 .collect(),
             declared_dtype: None,
         };
-        if let Some(t) = s(&key("rope.scaling.type")).filter(|t| t != "none") {
-            return Err(EngineError::UnsupportedArchitecture(format!("rope scaling type '{t}' is not supported yet")));
-        }
+        let mut cfg = cfg;
+        cfg.rope_scaling = gguf_rope_scaling(md, &arch_name, cfg.max_position_embeddings)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -346,10 +384,25 @@ mod tests {
     }
 
     #[test]
+    fn reads_rope_scaling_in_both_forms() {
+        let mut v4 = base();
+        v4["rope_scaling"] = serde_json::json!({"type": "linear", "factor": 2.0});
+        let c = ModelConfig::from_hf_json(&v4.to_string()).unwrap();
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 2.0 }));
+        let mut v5 = base();
+        v5["rope_parameters"] =
+            serde_json::json!({"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16});
+        let c = ModelConfig::from_hf_json(&v5.to_string()).unwrap();
+        assert_eq!((c.rope_theta, c.rope_scaling.as_ref().map(|s| s.original_length(64))), (1e6, Some(16)));
+    }
+
+    #[test]
     fn rejects_unknown_rope_scaling_and_arch() {
         let mut v = base();
-        v["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
-        assert_eq!(ModelConfig::from_hf_json(&v.to_string()).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE");
+        v["rope_scaling"] = serde_json::json!({"rope_type": "longrope", "factor": 4.0});
+        let e = ModelConfig::from_hf_json(&v.to_string()).unwrap_err();
+        assert_eq!(e.code(), "UNSUPPORTED_ARCHITECTURE");
+        assert!(e.to_string().contains("'longrope'"), "{e}");
         let mut v = base();
         v["model_type"] = "gpt2".into();
         assert_eq!(ModelConfig::from_hf_json(&v.to_string()).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE");

@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use super::config::ModelConfig;
 use super::linear::Linear;
 use super::loader::WeightSource;
+use super::rope::{Rope, RopeRows, RopeScaling};
 use crate::error::{EngineError, Result};
 use std::ops::Range;
 
@@ -89,9 +90,8 @@ pub struct Decoder {
     norm: RmsNorm,
     /// `None` when the output projection is tied to `embed_tokens`.
     lm_head: Option<Linear>,
-    /// RoPE tables `[max_positions, head_dim / 2]` in the activation dtype.
-    cos: Tensor,
-    sin: Tensor,
+    /// The rotary embedding over the runtime's context.
+    rope: Rope,
     pub dtype: DType,
     pub device: Device,
 }
@@ -145,8 +145,18 @@ impl Decoder {
         let norm = RmsNorm::load(src, "model.norm", h, eps, dtype)?;
         let lm_head =
             if cfg.tie_word_embeddings { None } else { Some(src.linear("lm_head", cfg.vocab_size, h, false, dtype)?) };
-        let (cos, sin) = rope_tables(cfg.rope_theta, hd, max_positions, dtype, device)?;
-        Ok(Self { cfg, embed_tokens, layers, norm, lm_head, cos, sin, dtype, device: device.clone() })
+        let mut cfg = cfg;
+        if cfg.rope_scaling.is_none() && src.contains("rope_freqs") {
+            // GGUF's form of Llama 3 scaling: per-frequency divisors.
+            let factors: Vec<f32> = src.tensor("rope_freqs.weight", &[hd / 2], DType::F32)?.to_vec1()?;
+            if let Some(f) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return Err(EngineError::InvalidModel(format!("rope_freqs holds {f}; factors must be finite and positive")));
+            }
+            cfg.rope_scaling = Some(RopeScaling::FrequencyFactors { factors });
+        }
+        let rope =
+            Rope::new(cfg.rope_theta, hd, cfg.max_position_embeddings, cfg.rope_scaling.clone(), max_positions, dtype, device)?;
+        Ok(Self { cfg, embed_tokens, layers, norm, lm_head, rope, dtype, device: device.clone() })
     }
 
     /// A new, empty single-sequence cache shaped for this model.
@@ -168,7 +178,13 @@ impl Decoder {
     }
 
     pub fn max_positions(&self) -> usize {
-        self.cos.dim(0).unwrap_or(0)
+        self.rope.max_positions()
+    }
+
+    /// See [`Rope::exact_until`]: with `dynamic` RoPE scaling, cached positions of a sequence
+    /// longer than this are valid for that sequence only.
+    pub fn rope_exact_until(&self) -> Option<usize> {
+        self.rope.exact_until()
     }
 
     /// The linear module at `slot` (adapters are validated and built against it).
@@ -199,7 +215,8 @@ impl Decoder {
         let virtual_rows = if pos == 0 { 0..experts.num_virtual_tokens() } else { 0..0 };
         let rows = virtual_rows.len() + tokens.len();
         assert!(!tokens.is_empty() && pos + rows <= cache.max_len().min(self.max_positions()), "positions checked by the caller");
-        let chunk = SeqChunk { tokens, virtual_rows, pos, blocks: &cache.blocks, logits: which, experts };
+        let seq_len = pos + rows;
+        let chunk = SeqChunk { tokens, virtual_rows, pos, seq_len, blocks: &cache.blocks, logits: which, experts };
         let out = self.forward_batch(&[chunk], &cache.store)?;
         cache.advance(rows);
         let logits = out.logits.or(out.hidden).expect("an output was requested");
@@ -220,13 +237,13 @@ impl Decoder {
         // 0. Row layout: each chunk is `virtual_rows` then `tokens`, at consecutive positions.
         let mut spans = Vec::with_capacity(chunks.len());
         let mut runs = Vec::with_capacity(chunks.len());
-        let mut positions = Vec::new();
+        let mut rope_rows = Vec::with_capacity(chunks.len());
         let mut row = 0;
         for c in chunks {
             let n = c.rows();
             assert!(n > 0 && c.pos + n <= self.max_positions(), "positions checked by the caller");
             spans.push(SeqSpan { row, len: n, pos: c.pos, blocks: c.blocks });
-            positions.extend((c.pos..c.pos + n).map(|p| p as u32));
+            rope_rows.push(RopeRows { pos: c.pos, n, seq_len: c.seq_len.max(c.pos + n) });
             row += n;
         }
         let rows = row;
@@ -262,10 +279,8 @@ impl Decoder {
             Tensor::cat(&parts, 0)?
         };
 
-        // 2. RoPE rows for every row's position.
-        let pos_ids = Tensor::from_vec(positions, rows, &self.device)?;
-        let cos = self.cos.index_select(&pos_ids, 0)?;
-        let sin = self.sin.index_select(&pos_ids, 0)?;
+        // 2. RoPE rows for every row's position (and, for `dynamic`, its sequence's length).
+        let (cos, sin) = self.rope.rows(&rope_rows)?;
 
         // 3. Transformer blocks: pre-norm attention and MLP, each with a residual.
         let pass = Pass { attention: &attention, writes: &writes, segments: &segments, cos: &cos, sin: &sin, store };
@@ -319,6 +334,9 @@ pub struct SeqChunk<'a> {
     pub virtual_rows: Range<usize>,
     /// Position of the chunk's first row.
     pub pos: usize,
+    /// The sequence's length once the rows it has to evaluate are in (a prompt chunk: the
+    /// whole prompt's length). Only `dynamic` RoPE scaling reads it.
+    pub seq_len: usize,
     /// The sequence's block table.
     pub blocks: &'a [BlockId],
     pub logits: Logits,
@@ -387,35 +405,4 @@ impl Mlp {
         let gate = candle_nn::ops::silu(&proj(&self.gate_proj, x, Proj::Gate)?)?;
         proj(&self.down_proj, &(gate * proj(&self.up_proj, x, Proj::Up)?)?, Proj::Down)
     }
-}
-
-/// `cos`/`sin` of `position * theta^(-2i/head_dim)`, computed in f64 then stored in `dtype`.
-fn rope_tables(theta: f64, head_dim: usize, max_positions: usize, dtype: DType, device: &Device) -> Result<(Tensor, Tensor)> {
-    let half = head_dim / 2;
-    let inv_freq: Vec<f32> = (0..half).map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32).collect();
-    // Two f32 tables plus their copies in `dtype`: refuse what the machine cannot hold rather
-    // than abort in the allocator.
-    let n = max_positions.checked_mul(half).ok_or_else(|| EngineError::OutOfMemory("RoPE table size overflows".into()))?;
-    let bytes = (n as u64).saturating_mul(16);
-    if crate::files::total_memory().is_some_and(|m| bytes > m / 2) {
-        return Err(EngineError::OutOfMemory(format!(
-            "RoPE tables for {max_positions} positions need {bytes} bytes, more than half of this machine's memory; \
-             load with a smaller contextLength"
-        )));
-    }
-    let (mut cos, mut sin) = (Vec::new(), Vec::new());
-    let oom = |_| EngineError::OutOfMemory(format!("RoPE tables for {max_positions} positions"));
-    cos.try_reserve_exact(n).map_err(oom)?;
-    sin.try_reserve_exact(n).map_err(oom)?;
-    for p in 0..max_positions {
-        for f in &inv_freq {
-            // HF computes the angle in f32 from f32 inverse frequencies; do the same.
-            let a = p as f32 * f;
-            cos.push(a.cos());
-            sin.push(a.sin());
-        }
-    }
-    let cos = Tensor::from_vec(cos, (max_positions, half), device)?.to_dtype(dtype)?;
-    let sin = Tensor::from_vec(sin, (max_positions, half), device)?.to_dtype(dtype)?;
-    Ok((cos, sin))
 }

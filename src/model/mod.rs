@@ -7,6 +7,7 @@ pub mod linear;
 pub mod loader;
 pub mod q8;
 pub mod repack;
+pub mod rope;
 
 pub use config::{Arch, ModelConfig};
 pub use decoder::Decoder;

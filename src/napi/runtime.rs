@@ -39,12 +39,25 @@ pub async fn load_runtime(
     options: Option<NativeLoadOptions>,
     #[napi(ts_arg_type = "((progress: LoadProgress) => void) | undefined | null")] on_progress: Option<ProgressFn>,
 ) -> Result<NativeRuntime> {
-    let o =
-        options.unwrap_or(NativeLoadOptions { device: None, dtype: None, context_length: None, threads: None, kv_cache: None });
+    let o = options.unwrap_or(NativeLoadOptions {
+        device: None,
+        dtype: None,
+        context_length: None,
+        rope_scaling: None,
+        threads: None,
+        kv_cache: None,
+    });
+    let rope_scaling = o
+        .rope_scaling
+        .as_deref()
+        .map(|t| crate::engine::structured::parse_json_text("ropeScaling", t))
+        .transpose()
+        .map_err(to_napi)?;
     let opts = LoadOptions {
         device: o.device,
         dtype: o.dtype,
         context_length: o.context_length.map(|n| n as usize),
+        rope_scaling,
         threads: o.threads.map(|n| n as usize),
         dequantize: false,
         kv_cache: KvCacheOptions {
@@ -85,6 +98,8 @@ impl NativeRuntime {
             num_layers: i.num_layers as u32,
             hidden_size: i.hidden_size as u32,
             eos_token_ids: i.eos_token_ids.clone(),
+            rope_scaling: i.rope_scaling.as_ref().map(|v| v.to_string()),
+            warnings: i.warnings.clone(),
         })
     }
 

@@ -14,6 +14,8 @@ pub struct NativeLoadOptions {
     pub device: Option<String>,
     pub dtype: Option<String>,
     pub context_length: Option<u32>,
+    /// JSON text of the `ropeScaling` option (`null` turns the model's own scaling off).
+    pub rope_scaling: Option<String>,
     pub threads: Option<u32>,
     pub kv_cache: Option<NativeKvCacheOptions>,
 }
@@ -90,6 +92,9 @@ pub struct RuntimeInfo {
     pub num_layers: u32,
     pub hidden_size: u32,
     pub eos_token_ids: Vec<u32>,
+    /// JSON text of the RoPE scaling the model runs with; `None` when it has none.
+    pub rope_scaling: Option<String>,
+    pub warnings: Vec<String>,
 }
 
 #[napi(object)]

@@ -24,7 +24,10 @@ class KvCacheOptions(TypedDict, total=False):
 class LoadOptions(TypedDict, total=False):
     device: str  # 'auto' | 'cpu' | 'cuda' | 'cuda:N'
     dtype: str  # 'auto' | 'f32' | 'f16' | 'bf16'
-    context_length: int
+    context_length: int  # past what the model supports: loads, with a note in info["warnings"]
+    # Replaces the model's own RoPE scaling: {"type": "linear" | "dynamic" | "yarn" | "llama3",
+    # "factor", "original_max_position_embeddings", ...} (HF's keys); {"type": "default"}: none.
+    rope_scaling: Dict[str, Any]
     threads: int
     kv_cache: KvCacheOptions
     on_progress: Callable[[int, int], None]  # (loaded_bytes, total_bytes), on the loading thread
@@ -137,6 +140,8 @@ class RuntimeInfo(TypedDict):
     num_layers: int
     hidden_size: int
     eos_token_ids: List[int]
+    rope_scaling: Optional[Dict[str, Any]]  # the scaling the model runs with, parameters resolved
+    warnings: List[str]
 
 class RuntimeStats(TypedDict):
     kv_blocks_total: int

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from conftest import ADAPTERS, FIXTURES, fixture_json
-from expert_runtime import Completion, Runtime, TokenChunk
+from expert_runtime import Completion, ExpertRuntimeError, Runtime, TokenChunk
 
 
 def test_info_and_stats(tiny):
@@ -14,6 +14,23 @@ def test_info_and_stats(tiny):
     assert info["architecture"] == "qwen3" and info["vocab_size"] == 400 and info["device"] == "cpu"
     st = tiny.stats()
     assert st["kv_block_size"] > 0 and st["kv_bytes_per_token"] > 0
+
+
+def test_rope_scaling_option_and_warnings():
+    with Runtime.load(FIXTURES / "qwen3-tiny", rope_scaling={"type": "yarn", "factor": 4, "original_max_position_embeddings": 128}) as rt:
+        r = rt.info["rope_scaling"]
+        assert r["type"] == "yarn" and r["original_max_position_embeddings"] == 128 and r["beta_fast"] == 32
+        assert rt.info["warnings"] == []
+    with Runtime.load(FIXTURES / "qwen3-tiny", context_length=4096) as rt:
+        assert rt.info["rope_scaling"] is None
+        assert "past what this model supports" in rt.info["warnings"][0]
+    for bad, code in [({"type": "yarn", "factor": float("nan")}, "INVALID_ARGUMENT"),
+                      ({"type": "linear", "factor": 2, "colour": 1}, "INVALID_ARGUMENT"),
+                      ("yarn", "INVALID_ARGUMENT"),
+                      ({"type": "longrope", "factor": 2}, "UNSUPPORTED_ARCHITECTURE")]:
+        with pytest.raises(ExpertRuntimeError) as e:
+            Runtime.load(FIXTURES / "qwen3-tiny", rope_scaling=bad)
+        assert e.value.code == code, (bad, e.value)
 
 
 def test_embed_equals_node_reference(tiny):

@@ -55,10 +55,18 @@ pub struct ModelInfo {
     pub num_layers: usize,
     pub hidden_size: usize,
     pub eos_token_ids: Vec<u32>,
-    /// The RoPE scaling the model runs with (camelCase keys, as `rt.info.ropeScaling`).
-    pub rope_scaling: Option<serde_json::Value>,
+    /// The RoPE scaling the model runs with (serialized with snake_case keys).
+    #[serde(serialize_with = "rope_scaling_snake_case")]
+    pub rope_scaling: Option<crate::model::rope::RopeScaling>,
     /// What the caller should know about how the model runs (a context past what it supports).
     pub warnings: Vec<String>,
+}
+
+fn rope_scaling_snake_case<S: serde::Serializer>(
+    v: &Option<crate::model::rope::RopeScaling>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&v.as_ref().map(|r| r.to_json(false)), s)
 }
 
 pub struct Engine {
@@ -177,7 +185,7 @@ impl Engine {
             num_layers: model.cfg.num_layers,
             hidden_size: model.cfg.hidden_size,
             eos_token_ids: eos.clone(),
-            rope_scaling: model.cfg.rope_scaling.as_ref().map(|s| s.to_json()),
+            rope_scaling: model.cfg.rope_scaling.clone(),
             warnings,
         };
         let (tokenizer, model) = (Arc::new(tokenizer), Arc::new(model));

@@ -214,12 +214,14 @@ impl RopeScaling {
         }
     }
 
-    /// What the model runs with, as `rt.info.ropeScaling` shows it (camelCase keys).
-    pub fn to_json(&self) -> Value {
+    /// What the model runs with, as `info` shows it: camelCase keys for JS, snake_case for
+    /// Python.
+    pub fn to_json(&self, camel_case: bool) -> Value {
         let mut m = Map::new();
         m.insert("type".into(), self.type_name().into());
         let mut put = |k: &str, v: Value| {
-            m.insert(k.into(), v);
+            let key = if camel_case { k.to_string() } else { snake_case(k) };
+            m.insert(key, v);
         };
         match self {
             RopeScaling::Linear { factor } | RopeScaling::Dynamic { factor } => put("factor", (*factor).into()),
@@ -243,6 +245,19 @@ impl RopeScaling {
         }
         Value::Object(m)
     }
+}
+
+fn snake_case(camel: &str) -> String {
+    let mut out = String::with_capacity(camel.len() + 4);
+    for c in camel.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Typed reads of a scaling object's keys (each key may have several spellings).
@@ -517,6 +532,8 @@ mod tests {
         assert_eq!(l.scaled_length(131072), 131072);
         assert_eq!(opt(json!({"type": "default"})).unwrap(), None);
         assert_eq!(opt(Value::Null).unwrap(), None);
+        assert_eq!(l.to_json(false)["original_max_position_embeddings"], 8192);
+        assert_eq!(l.to_json(true)["originalMaxPositionEmbeddings"], 8192);
         let d = opt(json!({"type": "dynamic", "factor": 2})).unwrap().unwrap();
         assert_eq!((d.original_length(512), d.scaled_length(512)), (512, 1024));
     }

@@ -98,7 +98,7 @@ impl NativeRuntime {
             num_layers: i.num_layers as u32,
             hidden_size: i.hidden_size as u32,
             eos_token_ids: i.eos_token_ids.clone(),
-            rope_scaling: i.rope_scaling.as_ref().map(|v| v.to_string()),
+            rope_scaling: i.rope_scaling.as_ref().map(|r| r.to_json(true).to_string()),
             warnings: i.warnings.clone(),
         })
     }

@@ -18,7 +18,7 @@ use crate::error::{EngineError, Result as EngineResult};
 use crate::experts::router::RouterSettings;
 use crate::experts::ExpertLoadOptions;
 
-const LOAD_OPTIONS: &[&str] = &["device", "dtype", "context_length", "threads", "kv_cache", "on_progress"];
+const LOAD_OPTIONS: &[&str] = &["device", "dtype", "context_length", "rope_scaling", "threads", "kv_cache", "on_progress"];
 
 #[pyclass(module = "expert_runtime", frozen)]
 pub struct Runtime {
@@ -58,6 +58,7 @@ fn load_options(k: &Kwargs<'_>) -> PyResult<LoadOptions> {
         device: k.string("device")?,
         dtype: k.string("dtype")?,
         context_length: k.u32("context_length")?.map(|n| n as usize),
+        rope_scaling: k.any("rope_scaling")?.map(|v| super::json::to_json(&v, "rope_scaling")).transpose()?,
         threads: k.u32("threads")?.map(|n| n as usize),
         dequantize: false,
         kv_cache: kv,

@@ -32,6 +32,7 @@ export class Runtime {
       device: i.device as RuntimeInfo['device'],
       deviceMemoryTotal: i.deviceMemoryTotal ?? null,
       binary,
+      kvCacheDtype: i.kvCacheDtype as RuntimeInfo['kvCacheDtype'],
       ropeScaling: i.ropeScaling ? (JSON.parse(i.ropeScaling) as RopeScalingInfo) : null,
     }
   }
@@ -53,6 +54,7 @@ export class Runtime {
         throw invalidArgument('kvCache.maxTokens must be a positive integer')
       }
       if (kv.prefixCache !== undefined && typeof kv.prefixCache !== 'boolean') throw invalidArgument('kvCache.prefixCache must be a boolean')
+      if (kv.dtype !== undefined && typeof kv.dtype !== 'string') throw invalidArgument('kvCache.dtype must be a string')
     }
     const ropeScaling = ropeScalingJson(rest.ropeScaling)
     const device = rest.device ?? (process.env.EXPERT_RUNTIME_DEVICE as LoadOptions['device']) ?? 'auto'
@@ -84,7 +86,7 @@ export class Runtime {
           contextLength: rest.contextLength,
           ropeScaling,
           threads: rest.threads,
-          kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, prefixCache: kv.prefixCache } : undefined,
+          kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, prefixCache: kv.prefixCache, dtype: kv.dtype } : undefined,
         },
         progress,
       )

@@ -150,7 +150,15 @@ export interface KvCacheOptions {
    * how many rows run together), which may flip a near-tie token; dense weights are unaffected.
    */
   prefixCache?: boolean
+  /**
+   * What the pool stores keys and values as. Default: the model's dtype (`f32` on CPU).
+   * `f16` and `bf16` halve the KV memory; attention widens rows to f32 as it reads them.
+   * (`q8_0` and `q4_0` are not implemented yet: `INVALID_ARGUMENT`.)
+   */
+  dtype?: KvCacheDtype
 }
+
+export type KvCacheDtype = 'f32' | 'f16' | 'bf16' | 'q8_0' | 'q4_0'
 
 /** `Runtime.stats()`: the KV pool and the scheduler, as of the engine's last step. */
 export interface RuntimeStats {
@@ -205,6 +213,8 @@ export interface RuntimeInfo {
   numLayers: number
   hiddenSize: number
   eosTokenIds: number[]
+  /** What the KV pool stores keys and values as (`kvCache.dtype`). */
+  kvCacheDtype: KvCacheDtype
   /** The RoPE scaling the model runs with (`null` when none). */
   ropeScaling: RopeScalingInfo | null
   /** What you should know about how the model runs, e.g. a `contextLength` past what it supports. */

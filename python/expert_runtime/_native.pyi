@@ -20,6 +20,7 @@ class KvCacheOptions(TypedDict, total=False):
     max_tokens: int
     block_size: int
     prefix_cache: bool
+    dtype: str  # 'f32' | 'f16' | 'bf16' (default: the model's dtype)
 
 class LoadOptions(TypedDict, total=False):
     device: str  # 'auto' | 'cpu' | 'cuda' | 'cuda:N'
@@ -140,6 +141,7 @@ class RuntimeInfo(TypedDict):
     num_layers: int
     hidden_size: int
     eos_token_ids: List[int]
+    kv_cache_dtype: str
     rope_scaling: Optional[Dict[str, Any]]  # the scaling the model runs with, parameters resolved
     warnings: List[str]
 

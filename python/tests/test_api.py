@@ -33,6 +33,18 @@ def test_rope_scaling_option_and_warnings():
         assert e.value.code == code, (bad, e.value)
 
 
+def test_kv_cache_dtype():
+    with Runtime.load(FIXTURES / "qwen3-tiny", kv_cache={"dtype": "f16"}) as rt:
+        assert rt.info["kv_cache_dtype"] == "f16"
+        f16 = rt.stats()["kv_bytes_per_token"]
+        assert rt.create_session().complete("Hi", max_tokens=2).tokens
+    with Runtime.load(FIXTURES / "qwen3-tiny") as rt:
+        assert rt.info["kv_cache_dtype"] == "f32" and rt.stats()["kv_bytes_per_token"] == 2 * f16
+    with pytest.raises(ExpertRuntimeError) as e:
+        Runtime.load(FIXTURES / "qwen3-tiny", kv_cache={"dtype": "q8_0"})
+    assert e.value.code == "INVALID_ARGUMENT"
+
+
 def test_embed_equals_node_reference(tiny):
     ref = fixture_json("embeddings.json")
     v = tiny.embed(["hello world", "another text"])

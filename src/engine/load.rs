@@ -192,6 +192,7 @@ pub const MAX_THREADS_PER_CORE: usize = 4;
 
 /// Option checks that must run before anything is started (threads are spawned from them).
 pub fn check_options(opts: &LoadOptions) -> Result<()> {
+    crate::kv::sizing::kv_dtype(opts.kv_cache.dtype.as_deref(), DType::F32)?;
     if let Some(n) = opts.threads {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let max = cores * MAX_THREADS_PER_CORE;

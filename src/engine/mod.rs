@@ -58,6 +58,8 @@ pub struct ModelInfo {
     /// The RoPE scaling the model runs with (serialized with snake_case keys).
     #[serde(serialize_with = "rope_scaling_snake_case")]
     pub rope_scaling: Option<crate::model::rope::RopeScaling>,
+    /// What the KV pool stores keys and values as.
+    pub kv_cache_dtype: String,
     /// What the caller should know about how the model runs (a context past what it supports).
     pub warnings: Vec<String>,
 }
@@ -174,6 +176,7 @@ impl Engine {
         eos.sort_unstable();
         eos.dedup();
         let context_length = model.max_positions();
+        let kv_dtype = crate::kv::sizing::kv_dtype(opts.kv_cache.dtype.as_deref(), model.dtype)?;
         let info = ModelInfo {
             architecture: model.cfg.arch.name().into(),
             dtype: load::dtype_name(model.dtype).into(),
@@ -186,12 +189,13 @@ impl Engine {
             hidden_size: model.cfg.hidden_size,
             eos_token_ids: eos.clone(),
             rope_scaling: model.cfg.rope_scaling.clone(),
+            kv_cache_dtype: load::dtype_name(kv_dtype).into(),
             warnings,
         };
         let (tokenizer, model) = (Arc::new(tokenizer), Arc::new(model));
         let stats = Arc::new(EngineStats::default());
         let bytes_per_token =
-            crate::kv::store::bytes_per_token(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, model.dtype);
+            crate::kv::store::bytes_per_token(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, kv_dtype);
         let memory = load::kv_memory(&model.device);
         let (num_blocks, block_size) = crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, memory)?;
         let cfg = SchedulerConfig {
@@ -200,6 +204,7 @@ impl Engine {
             block_size,
             step_tokens: DEFAULT_STEP_TOKENS,
             prefix_cache: opts.kv_cache.prefix_cache.unwrap_or(true),
+            kv_dtype,
         };
         let scheduler = Scheduler::new(model.clone(), tokenizer.clone(), defaults, eos, cfg, stats.clone())?;
         let (tx, rx) = channel();

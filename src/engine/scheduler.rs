@@ -115,6 +115,8 @@ pub struct SchedulerConfig {
     pub step_tokens: usize,
     /// Look up and register shared prefix blocks.
     pub prefix_cache: bool,
+    /// What the pool stores keys and values as.
+    pub kv_dtype: candle_core::DType,
 }
 
 pub struct Scheduler {
@@ -150,7 +152,7 @@ impl Scheduler {
         cfg: SchedulerConfig,
         stats: Arc<EngineStats>,
     ) -> Result<Self> {
-        let store = model.new_store(cfg.num_blocks, cfg.block_size)?;
+        let store = model.new_store(cfg.num_blocks, cfg.block_size, cfg.kv_dtype)?;
         stats.kv_blocks_total.store(cfg.num_blocks as u64, Ordering::Relaxed);
         stats.kv_block_size.store(cfg.block_size as u64, Ordering::Relaxed);
         stats.kv_bytes_per_token.store(store.bytes_per_token() as u64, Ordering::Relaxed);

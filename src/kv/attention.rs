@@ -182,30 +182,45 @@ pub fn paged_attention(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer:
     generic(q, plan, store, layer, num_heads)
 }
 
-/// The fused CPU kernel, or `None` when it does not apply (device or dtype).
+/// The fused CPU kernel, or `None` when it does not apply (device or dtype): f32 queries over
+/// an f32, f16 or bf16 pool (half-precision rows are widened as they are read).
 fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize) -> Result<Option<Tensor>> {
-    let (k, v) = store.layer(layer);
-    if !cpu_kernels(q.device()) || q.dtype() != DType::F32 || store.dtype != DType::F32 {
+    if !cpu_kernels(q.device()) || q.dtype() != DType::F32 {
         return Ok(None);
     }
+    let (k, v) = store.layer(layer);
     let q = q.contiguous()?;
-    let rows = q.dim(0)?;
-    let (nkv, hd, bs) = (store.kv_heads, store.head_dim, store.block_size);
-    let rep = nh / nkv;
     let (qs, ql) = q.storage_and_layout();
     let (ks, kl) = k.storage_and_layout();
     let (vs, vl) = v.storage_and_layout();
-    let (Storage::Cpu(CpuStorage::F32(qd)), Storage::Cpu(CpuStorage::F32(kd)), Storage::Cpu(CpuStorage::F32(vd))) =
-        (&*qs, &*ks, &*vs)
-    else {
+    let (Storage::Cpu(CpuStorage::F32(qd)), Some((q0, q1))) = (&*qs, ql.contiguous_offsets()) else {
         return Ok(None);
     };
-    let (Some((q0, q1)), Some((k0, k1)), Some((v0, v1))) =
-        (ql.contiguous_offsets(), kl.contiguous_offsets(), vl.contiguous_offsets())
-    else {
+    let (Some((k0, k1)), Some((v0, v1))) = (kl.contiguous_offsets(), vl.contiguous_offsets()) else {
         return Ok(None);
     };
-    let (qd, kd, vd) = (&qd[q0..q1], &kd[k0..k1], &vd[v0..v1]);
+    let qd = &qd[q0..q1];
+    let out = match (&*ks, &*vs) {
+        (Storage::Cpu(CpuStorage::F32(kd)), Storage::Cpu(CpuStorage::F32(vd))) => {
+            fused(qd, &kd[k0..k1], &vd[v0..v1], plan, store, nh)
+        }
+        (Storage::Cpu(CpuStorage::F16(kd)), Storage::Cpu(CpuStorage::F16(vd))) => {
+            fused(qd, &kd[k0..k1], &vd[v0..v1], plan, store, nh)
+        }
+        (Storage::Cpu(CpuStorage::BF16(kd)), Storage::Cpu(CpuStorage::BF16(vd))) => {
+            fused(qd, &kd[k0..k1], &vd[v0..v1], plan, store, nh)
+        }
+        _ => return Ok(None),
+    };
+    drop((qs, ks, vs));
+    Ok(Some(Tensor::from_vec(out, q.dims2()?, &Device::Cpu)?))
+}
+
+/// The fused kernel over one layer's pool rows of element type `T`.
+fn fused<T: KvElem>(qd: &[f32], kd: &[T], vd: &[T], plan: &AttentionPlan, store: &KvStore, nh: usize) -> Vec<f32> {
+    let (nkv, hd, bs) = (store.kv_heads, store.head_dim, store.block_size);
+    let rep = nh / nkv;
+    let rows = qd.len() / (nh * hd);
     let (row_span, spans) = (&plan.row_span, plan.spans);
     let macs = plan.attended * nh * hd;
     let simd = simd::level();
@@ -231,9 +246,45 @@ fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
     } else {
         out.chunks_mut(rep * hd).enumerate().for_each(|(i, o)| item(i, o));
     }
-    drop((qs, ks, vs));
-    Ok(Some(Tensor::from_vec(out, (rows, nh * hd), &Device::Cpu)?))
+    out
 }
+
+/// An element of the KV pool the fused kernel reads: f32 as is; half precision widened to f32
+/// (exactly) into a per-thread row buffer first.
+trait KvElem: Copy + Send + Sync {
+    /// `f(row as f32)`.
+    fn with_f32<R>(row: &[Self], f: impl FnOnce(&[f32]) -> R) -> R;
+}
+
+thread_local! {
+    static WIDE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn with_f32<R>(row: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
+        f(row)
+    }
+}
+
+macro_rules! half_elem {
+    ($t:ty) => {
+        impl KvElem for $t {
+            #[inline(always)]
+            fn with_f32<R>(row: &[$t], f: impl FnOnce(&[f32]) -> R) -> R {
+                use half::slice::HalfFloatSliceExt;
+                WIDE.with(|w| {
+                    let mut w = w.borrow_mut();
+                    w.resize(row.len(), 0.0);
+                    row.convert_to_f32_slice(&mut w);
+                    f(&w)
+                })
+            }
+        }
+    };
+}
+half_elem!(half::f16);
+half_elem!(half::bf16);
 
 /// The generic path: per sequence, gather its K/V rows from the pool and attend with candle
 /// ops (any device, any dtype).
@@ -243,12 +294,14 @@ fn generic(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
     let rep = nh / nkv;
     let scale = 1.0 / (hd as f64).sqrt();
     let g = plan.generic(store, q.device())?;
+    // The pool may hold a narrower dtype than the activations: rows are widened once gathered.
+    let dt = q.dtype();
     let mut outs = Vec::with_capacity(g.decode.len() + g.chunks.len());
     for d in &g.decode {
         let (n, l) = (d.n, d.longest);
         // [n, kv_heads, longest, head_dim]
-        let k = kp.index_select(&d.slots, 0)?.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-        let v = vp.index_select(&d.slots, 0)?.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+        let k = kp.index_select(&d.slots, 0)?.to_dtype(dt)?.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+        let v = vp.index_select(&d.slots, 0)?.to_dtype(dt)?.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
         // Query head h belongs to KV head h / rep: [n, kv_heads, rep, head_dim].
         let qs = q.index_select(&d.rows, 0)?.reshape((n, nkv, rep, hd))?;
         let scores = (qs.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?.broadcast_add(&d.mask)?;
@@ -259,8 +312,8 @@ fn generic(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
         let s = &plan.spans[*si];
         let total = s.pos + s.len;
         // [kv_heads, total, head_dim]
-        let k = kp.index_select(idx, 0)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
-        let v = vp.index_select(idx, 0)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+        let k = kp.index_select(idx, 0)?.to_dtype(dt)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+        let v = vp.index_select(idx, 0)?.to_dtype(dt)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
         // Query heads sharing a KV head are stacked: [kv_heads, rep · len, head_dim].
         let qs = q.narrow(0, s.row, s.len)?.reshape((s.len, nh, hd))?.transpose(0, 1)?.contiguous()?;
         let qs = qs.reshape((nkv, rep * s.len, hd))?;
@@ -287,9 +340,9 @@ pub fn causal_mask(seq: usize, pos: usize, device: &Device) -> Result<Tensor> {
 
 /// One KV head of one sequence: position `j`'s key is
 /// `k[slot(j) · stride + offset ..][..hd]`.
-struct KvView<'a> {
-    k: &'a [f32],
-    v: &'a [f32],
+struct KvView<'a, T> {
+    k: &'a [T],
+    v: &'a [T],
     blocks: &'a [BlockId],
     bs: usize,
     stride: usize,
@@ -297,7 +350,7 @@ struct KvView<'a> {
     hd: usize,
 }
 
-impl KvView<'_> {
+impl<T> KvView<'_, T> {
     /// Calls `f(j, start)` for positions `0..len` with the element offset of their rows.
     #[inline(always)]
     fn for_rows(&self, len: usize, mut f: impl FnMut(usize, usize)) {
@@ -318,7 +371,16 @@ impl KvView<'_> {
 // The innermost kernel, called per row and head: plain arguments rather than a struct built
 // per call.
 #[allow(clippy::too_many_arguments)]
-fn attend(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32], simd: Level) {
+fn attend<T: KvElem>(
+    q: &[f32],
+    kv: &KvView<T>,
+    len: usize,
+    rep: usize,
+    scale: f32,
+    sc: &mut [f32],
+    out: &mut [f32],
+    simd: Level,
+) {
     match simd {
         // SAFETY: `Avx2Fma` is only constructed after detecting both features.
         #[cfg(target_arch = "x86_64")]
@@ -329,19 +391,20 @@ fn attend(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &mut [
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32]) {
+unsafe fn attend_avx2<T: KvElem>(q: &[f32], kv: &KvView<T>, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32]) {
     attend_body(q, kv, len, rep, scale, sc, out)
 }
 
 #[inline(always)]
-fn attend_body(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32]) {
+fn attend_body<T: KvElem>(q: &[f32], kv: &KvView<T>, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32]) {
     let hd = kv.hd;
     // 1. Scores.
     kv.for_rows(len, |j, at| {
-        let kr = &kv.k[at..at + hd];
-        for r in 0..rep {
-            sc[r * len + j] = crate::simd::dot(&q[r * hd..(r + 1) * hd], kr) * scale;
-        }
+        T::with_f32(&kv.k[at..at + hd], |kr| {
+            for r in 0..rep {
+                sc[r * len + j] = crate::simd::dot(&q[r * hd..(r + 1) * hd], kr) * scale;
+            }
+        })
     });
     // 2. Softmax per query head.
     for s in sc.chunks_mut(len) {
@@ -357,10 +420,11 @@ fn attend_body(q: &[f32], kv: &KvView, len: usize, rep: usize, scale: f32, sc: &
     // 3. Weighted sum of values.
     out.fill(0.0);
     kv.for_rows(len, |j, at| {
-        let vr = &kv.v[at..at + hd];
-        for r in 0..rep {
-            crate::simd::axpy(sc[r * len + j], vr, &mut out[r * hd..(r + 1) * hd]);
-        }
+        T::with_f32(&kv.v[at..at + hd], |vr| {
+            for r in 0..rep {
+                crate::simd::axpy(sc[r * len + j], vr, &mut out[r * hd..(r + 1) * hd]);
+            }
+        })
     });
 }
 
@@ -518,6 +582,35 @@ mod tests {
             let want = reference(&q.narrow(0, i, 1).unwrap(), &kv[i].0, &kv[i].1, s.pos, nh, nkv, hd);
             let d = max_diff(&got.narrow(0, i, 1).unwrap(), &want);
             assert!(d < 1e-5, "sequence {i}: {d}");
+        }
+    }
+
+    /// A half-precision pool read by the fused kernel (rows widened as read) equals the
+    /// generic path (rows widened once gathered), and is close to the f32 pool.
+    #[test]
+    fn half_precision_pools_in_the_fused_kernel() {
+        let (nh, nkv, hd, bs) = (8, 2, 16, 4);
+        let totals = [9usize, 30];
+        let f32_store = KvStore::new(1, 16, bs, nkv, hd, DType::F32, &Device::Cpu).unwrap();
+        let (tables, kv) = scattered(&f32_store, &totals);
+        let spans =
+            [SeqSpan { row: 0, len: 3, pos: 6, blocks: &tables[0] }, SeqSpan { row: 3, len: 1, pos: 29, blocks: &tables[1] }];
+        let q = Tensor::randn(0f32, 1.0, (4, nh * hd), &Device::Cpu).unwrap();
+        let plan = AttentionPlan::new(&spans, &f32_store);
+        let exact = cpu_f32(&q, &plan, &f32_store, 0, nh).unwrap().expect("f32 pool");
+        for dt in [DType::F16, DType::BF16] {
+            let store = KvStore::new(1, 16, bs, nkv, hd, dt, &Device::Cpu).unwrap();
+            for (t, (k, v)) in tables.iter().zip(&kv) {
+                let mut r = Vec::new();
+                slot_runs(t, bs, 0, 0, k.dim(0).unwrap(), &mut r);
+                store.write(0, &r, k, v).unwrap();
+            }
+            let plan = AttentionPlan::new(&spans, &store);
+            let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("the kernel reads half-precision pools");
+            let gen = generic(&q, &plan, &store, 0, nh).unwrap();
+            assert!(max_diff(&fused, &gen) < 1e-5, "{dt:?}: {}", max_diff(&fused, &gen));
+            let d = max_diff(&fused, &exact);
+            assert!(d > 0.0 && d < 0.05, "{dt:?} against f32: {d}");
         }
     }
 

@@ -11,6 +11,28 @@ pub struct KvCacheOptions {
     pub max_tokens: Option<usize>,
     /// Share full blocks between sequences with the same prefix (default true).
     pub prefix_cache: Option<bool>,
+    /// What the pool stores keys and values as: `f32` | `f16` | `bf16` (default: the model's
+    /// dtype).
+    pub dtype: Option<String>,
+}
+
+/// The pool's dtype from the `kvCache.dtype` option; `model` when not given.
+pub fn kv_dtype(name: Option<&str>, model: candle_core::DType) -> crate::error::Result<candle_core::DType> {
+    use candle_core::DType;
+    Ok(match name {
+        None => model,
+        Some("f32") => DType::F32,
+        Some("f16") => DType::F16,
+        Some("bf16") => DType::BF16,
+        Some(q @ ("q8_0" | "q4_0")) => {
+            return Err(crate::error::EngineError::InvalidArgument(format!(
+                "kvCache.dtype '{q}' is not implemented yet (f32, f16, bf16)"
+            )))
+        }
+        Some(other) => {
+            return Err(crate::error::EngineError::InvalidArgument(format!("unknown kvCache.dtype '{other}' (f32, f16, bf16)")))
+        }
+    })
 }
 
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -68,7 +90,7 @@ mod tests {
 
     #[test]
     fn options_are_checked_and_the_default_follows_the_budget() {
-        let opts = |block_size, max_tokens| KvCacheOptions { block_size, max_tokens, prefix_cache: None };
+        let opts = |block_size, max_tokens| KvCacheOptions { block_size, max_tokens, prefix_cache: None, dtype: None };
         let mem = |budget, limit| KvMemory { budget, limit };
         assert_eq!(pool_shape(&opts(None, Some(100)), 8, 64, mem(0, u64::MAX)).unwrap(), (6, 16));
         assert!(pool_shape(&opts(Some(0), None), 8, 64, mem(0, u64::MAX)).is_err());

@@ -107,8 +107,8 @@ impl KvStore {
     pub fn write_planned(&self, layer: usize, w: &KvWrites, k: &Tensor, v: &Tensor) -> Result<()> {
         match &w.scatter {
             Some(idx) => {
-                self.k[layer].scatter_set(idx, &k.contiguous()?, 0)?;
-                self.v[layer].scatter_set(idx, &v.contiguous()?, 0)?;
+                self.k[layer].scatter_set(idx, &k.to_dtype(self.dtype)?.contiguous()?, 0)?;
+                self.v[layer].scatter_set(idx, &v.to_dtype(self.dtype)?.contiguous()?, 0)?;
                 Ok(())
             }
             None => self.write(layer, &w.runs, k, v),
@@ -150,8 +150,10 @@ impl KvStore {
         (&self.k[layer], &self.v[layer])
     }
 
-    /// Writes rows of `k`, `v` (`[rows, kv_heads · head_dim]`, contiguous) into `layer`.
+    /// Writes rows of `k`, `v` (`[rows, kv_heads · head_dim]`, contiguous) into `layer`,
+    /// narrowed to the pool's dtype.
     pub fn write(&self, layer: usize, runs: &[SlotRun], k: &Tensor, v: &Tensor) -> Result<()> {
+        let (k, v) = (&k.to_dtype(self.dtype)?, &v.to_dtype(self.dtype)?);
         for r in runs {
             self.k[layer].slice_set(&k.narrow(0, r.row, r.len)?, 0, r.slot)?;
             self.v[layer].slice_set(&v.narrow(0, r.row, r.len)?, 0, r.slot)?;

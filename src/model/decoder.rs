@@ -161,18 +161,24 @@ impl Decoder {
 
     /// A new, empty single-sequence cache shaped for this model.
     pub fn new_cache(&self, max_len: usize) -> Result<KvCache> {
-        KvCache::new(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, max_len, self.dtype, &self.device)
+        self.new_cache_as(max_len, self.dtype)
+    }
+
+    /// [`Self::new_cache`] storing keys and values as `kv_dtype`.
+    pub fn new_cache_as(&self, max_len: usize, kv_dtype: DType) -> Result<KvCache> {
+        KvCache::new(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, max_len, kv_dtype, &self.device)
     }
 
     /// An empty pool of `num_blocks` blocks of `block_size` positions, shaped for this model.
-    pub fn new_store(&self, num_blocks: usize, block_size: usize) -> Result<KvStore> {
+    /// Keys and values are stored as `kv_dtype` (widened back to the activation dtype when read).
+    pub fn new_store(&self, num_blocks: usize, block_size: usize, kv_dtype: DType) -> Result<KvStore> {
         KvStore::new(
             self.cfg.num_layers,
             num_blocks,
             block_size,
             self.cfg.num_kv_heads,
             self.cfg.head_dim,
-            self.dtype,
+            kv_dtype,
             &self.device,
         )
     }

@@ -64,6 +64,7 @@ pub async fn load_runtime(
             block_size: o.kv_cache.as_ref().and_then(|k| k.block_size).map(|n| n as usize),
             max_tokens: o.kv_cache.as_ref().and_then(|k| k.max_tokens).map(|n| n as usize),
             prefix_cache: o.kv_cache.as_ref().and_then(|k| k.prefix_cache),
+            dtype: o.kv_cache.as_ref().and_then(|k| k.dtype.clone()),
         },
     };
     let progress: Box<dyn Fn(u64, u64) + Send> = match on_progress {
@@ -99,6 +100,7 @@ impl NativeRuntime {
             hidden_size: i.hidden_size as u32,
             eos_token_ids: i.eos_token_ids.clone(),
             rope_scaling: i.rope_scaling.as_ref().map(|r| r.to_json(true).to_string()),
+            kv_cache_dtype: i.kv_cache_dtype.clone(),
             warnings: i.warnings.clone(),
         })
     }

@@ -25,6 +25,7 @@ pub struct NativeKvCacheOptions {
     pub block_size: Option<u32>,
     pub max_tokens: Option<f64>,
     pub prefix_cache: Option<bool>,
+    pub dtype: Option<String>,
 }
 
 #[napi(object)]
@@ -94,6 +95,7 @@ pub struct RuntimeInfo {
     pub eos_token_ids: Vec<u32>,
     /// JSON text of the RoPE scaling the model runs with; `None` when it has none.
     pub rope_scaling: Option<String>,
+    pub kv_cache_dtype: String,
     pub warnings: Vec<String>,
 }
 

@@ -45,11 +45,12 @@ fn load_options(k: &Kwargs<'_>) -> PyResult<LoadOptions> {
     let kv = match k.any("kv_cache")? {
         Some(v) => {
             let d = dict(&v, "kv_cache")?;
-            let kv = Kwargs::new(Some(&d), &["block_size", "max_tokens", "prefix_cache"], "kv_cache")?;
+            let kv = Kwargs::new(Some(&d), &["block_size", "max_tokens", "prefix_cache", "dtype"], "kv_cache")?;
             KvCacheOptions {
                 block_size: kv.u32("block_size")?.map(|n| n as usize),
                 max_tokens: kv.u64("max_tokens")?.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
                 prefix_cache: kv.bool("prefix_cache")?,
+                dtype: kv.string("dtype")?,
             }
         }
         None => KvCacheOptions::default(),

@@ -103,15 +103,15 @@ describe('Runtime.load failures', () => {
     await assertHealthy()
   })
 
-  it('rope_scaling yarn → UNSUPPORTED_ARCHITECTURE (4.x and 5.x config forms)', async () => {
+  it('an unknown rope_scaling type → UNSUPPORTED_ARCHITECTURE naming it (4.x and 5.x config forms)', async () => {
     const v4 = await copyFixture('qwen3-tiny', (c) => {
-      c.rope_scaling = { rope_type: 'yarn', type: 'yarn', factor: 4.0, original_max_position_embeddings: 128 }
+      c.rope_scaling = { rope_type: 'longrope', type: 'longrope', factor: 4.0, original_max_position_embeddings: 128 }
     })
-    assert.match((await expectLoadError(v4, 'UNSUPPORTED_ARCHITECTURE')).message, /yarn/)
+    assert.match((await expectLoadError(v4, 'UNSUPPORTED_ARCHITECTURE')).message, /longrope/)
     const v5 = await copyFixture('qwen2-tiny', (c) => {
-      c.rope_parameters = { rope_type: 'yarn', rope_theta: 1e6, factor: 4.0, original_max_position_embeddings: 128 }
+      c.rope_parameters = { rope_type: 'su', rope_theta: 1e6, factor: 4.0, original_max_position_embeddings: 128 }
     })
-    assert.match((await expectLoadError(v5, 'UNSUPPORTED_ARCHITECTURE')).message, /yarn/)
+    assert.match((await expectLoadError(v5, 'UNSUPPORTED_ARCHITECTURE')).message, /"su"|\bsu\b/)
     await assertHealthy()
   })
 

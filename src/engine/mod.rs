@@ -38,7 +38,11 @@ pub use load::{load_model, GenerationDefaults, LoadOptions, Loaded};
 use prepare::Pending;
 use request::{Command, GenerateRequest, Prompt};
 use scheduler::{Scheduler, SchedulerConfig, DEFAULT_STEP_TOKENS};
+
 pub use stats::{EngineStats, StatsSnapshot};
+
+/// The smallest default KV pool (in positions) tried when the budget cannot be reserved.
+const MIN_DEFAULT_POOL: usize = 8192;
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ModelInfo {
@@ -198,7 +202,7 @@ impl Engine {
             crate::kv::store::bytes_per_token(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, kv_dtype);
         let memory = load::kv_memory(&model.device);
         let (num_blocks, block_size) = crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, memory)?;
-        let cfg = SchedulerConfig {
+        let mut cfg = SchedulerConfig {
             context_length,
             num_blocks,
             block_size,
@@ -206,7 +210,21 @@ impl Engine {
             prefix_cache: opts.kv_cache.prefix_cache.unwrap_or(true),
             kv_dtype,
         };
-        let scheduler = Scheduler::new(model.clone(), tokenizer.clone(), defaults, eos, cfg, stats.clone())?;
+        // The default pool is "what the budget holds": where the process may not reserve that
+        // much (an address-space limit, an overcommit policy), take half, down to one context
+        // or MIN_DEFAULT_POOL positions. A pool the caller sized is what they asked for, or an
+        // error.
+        let floor = context_length.min(MIN_DEFAULT_POOL);
+        let scheduler = loop {
+            match Scheduler::new(model.clone(), tokenizer.clone(), defaults.clone(), eos.clone(), cfg.clone(), stats.clone()) {
+                Err(EngineError::OutOfMemory(_))
+                    if opts.kv_cache.max_tokens.is_none() && (cfg.num_blocks / 2) * block_size >= floor =>
+                {
+                    cfg.num_blocks /= 2
+                }
+                r => break r?,
+            }
+        };
         let (tx, rx) = channel();
         let formats = Arc::new(structured::Formats::new(tokenizer.clone(), model.cfg.vocab_size, info.eos_token_ids.clone()));
         let live = Live { tokenizer, formats, model, experts: Arc::new(Registry::default()) };

@@ -108,6 +108,7 @@ struct Planned {
     n: usize,
 }
 
+#[derive(Clone)]
 pub struct SchedulerConfig {
     pub context_length: usize,
     pub num_blocks: usize,

@@ -1,5 +1,5 @@
-// kvCache.dtype through the public API: what info and stats report, that a half-precision
-// pool generates, and bad values. The numerics (|Δlogprob| against the f32 pool) are in
+// kvCache.dtype through the public API: what info and stats report, that half-precision and
+// block-quantized pools generate, and bad values. The numerics (|Δlogprob| against the f32 pool) are in
 // tests/kv_dtype.rs.
 import { describe, it } from 'node:test'
 import assert from 'node:assert/strict'
@@ -38,8 +38,39 @@ describe('kvCache.dtype (qwen3-tiny)', () => {
     assert.equal(perToken.bf16 * 2, perToken.f32)
   })
 
+  it('q8_0 and q4_0 pools: 34 and 18 bytes per 32 values, generation runs, prefix sharing works', async () => {
+    const perToken = {}
+    for (const dtype of ['f32', 'q8_0', 'q4_0']) {
+      const rt = await Runtime.load(fixture('qwen3-tiny'), { kvCache: { dtype } })
+      try {
+        assert.equal(rt.info.kvCacheDtype, dtype)
+        perToken[dtype] = rt.stats().kvBytesPerToken
+        const first = await collect(rt.createSession().generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: 8 }))
+        assert.equal(first.result.tokens.length, 8)
+        if (dtype === 'q8_0') assert.deepEqual(first.result.tokens.slice(0, 4), ref.f32.steps.slice(0, 4).map((x) => x.token))
+        // A 36-token prompt twice: the second request reuses the first one's two full blocks
+        // (quantized as written) and decodes the same tokens.
+        const long = [...ref.prompt_ids, ...ref.prompt_ids, ...ref.prompt_ids]
+        const a = await collect(rt.createSession().generate({ tokens: long }, { ...GREEDY, maxTokens: 8 }))
+        const b = await collect(rt.createSession().generate({ tokens: long }, { ...GREEDY, maxTokens: 8 }))
+        assert.equal(b.result.usage.cachedTokens, 32, `${dtype}: prefix reuse`)
+        assert.deepEqual(b.result.tokens, a.result.tokens, dtype)
+      } finally {
+        await rt.dispose()
+      }
+    }
+    assert.equal(perToken.q8_0 * 4 * 32, perToken.f32 * 34)
+    assert.equal(perToken.q4_0 * 4 * 32, perToken.f32 * 18)
+  })
+
+  it('a quantized pool needs whole blocks per head (qwen2-tiny: head_dim 16)', async () => {
+    for (const dtype of ['q8_0', 'q4_0']) {
+      await assert.rejects(Runtime.load(fixture('qwen2-tiny'), { kvCache: { dtype } }), (e) => coded('INVALID_ARGUMENT')(e) && /multiple of 32/.test(e.message))
+    }
+  })
+
   it('bad values are INVALID_ARGUMENT before the model is read', async () => {
-    for (const dtype of ['q8_0', 'q4_0', 'f8', '', 5, 'F16']) {
+    for (const dtype of ['q5_0', 'Q8_0', 'f8', '', 5, 'F16']) {
       await assert.rejects(Runtime.load(fixture('qwen3-tiny'), { kvCache: { dtype } }), coded('INVALID_ARGUMENT'), String(dtype))
     }
   })

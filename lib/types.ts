@@ -152,8 +152,11 @@ export interface KvCacheOptions {
   prefixCache?: boolean
   /**
    * What the pool stores keys and values as. Default: the model's dtype (`f32` on CPU).
-   * `f16` and `bf16` halve the KV memory; attention widens rows to f32 as it reads them.
-   * (`q8_0` and `q4_0` are not implemented yet: `INVALID_ARGUMENT`.)
+   * `f16` and `bf16` halve the KV memory; `q8_0` (34 bytes per 32 values) and `q4_0` (18) store
+   * 8- or 4-bit values with an f16 scale per block of 32, as llama.cpp's KV types do, and
+   * need a head dimension that is a multiple of 32 (else `INVALID_ARGUMENT`). Attention
+   * widens or dequantizes rows to f32 as it reads them. `stats().kvBytesPerToken` reports
+   * the real figure.
    */
   dtype?: KvCacheDtype
 }

@@ -20,7 +20,7 @@ class KvCacheOptions(TypedDict, total=False):
     max_tokens: int
     block_size: int
     prefix_cache: bool
-    dtype: str  # 'f32' | 'f16' | 'bf16' (default: the model's dtype)
+    dtype: str  # 'f32' | 'f16' | 'bf16' | 'q8_0' | 'q4_0' (default: the model's dtype)
 
 class LoadOptions(TypedDict, total=False):
     device: str  # 'auto' | 'cpu' | 'cuda' | 'cuda:N'

@@ -40,9 +40,13 @@ def test_kv_cache_dtype():
         assert rt.create_session().complete("Hi", max_tokens=2).tokens
     with Runtime.load(FIXTURES / "qwen3-tiny") as rt:
         assert rt.info["kv_cache_dtype"] == "f32" and rt.stats()["kv_bytes_per_token"] == 2 * f16
-    with pytest.raises(ExpertRuntimeError) as e:
-        Runtime.load(FIXTURES / "qwen3-tiny", kv_cache={"dtype": "q8_0"})
-    assert e.value.code == "INVALID_ARGUMENT"
+    with Runtime.load(FIXTURES / "qwen3-tiny", kv_cache={"dtype": "q8_0"}) as rt:
+        assert rt.info["kv_cache_dtype"] == "q8_0"
+        assert rt.stats()["kv_bytes_per_token"] * 64 == f16 * 34
+    for bad in ("q5_0", "F16"):
+        with pytest.raises(ExpertRuntimeError) as e:
+            Runtime.load(FIXTURES / "qwen3-tiny", kv_cache={"dtype": bad})
+        assert e.value.code == "INVALID_ARGUMENT"
 
 
 def test_embed_equals_node_reference(tiny):

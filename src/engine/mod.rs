@@ -193,7 +193,7 @@ impl Engine {
             hidden_size: model.cfg.hidden_size,
             eos_token_ids: eos.clone(),
             rope_scaling: model.cfg.rope_scaling.clone(),
-            kv_cache_dtype: load::dtype_name(kv_dtype).into(),
+            kv_cache_dtype: kv_dtype.name().into(),
             warnings,
         };
         let (tokenizer, model) = (Arc::new(tokenizer), Arc::new(model));

@@ -117,7 +117,7 @@ pub struct SchedulerConfig {
     /// Look up and register shared prefix blocks.
     pub prefix_cache: bool,
     /// What the pool stores keys and values as.
-    pub kv_dtype: candle_core::DType,
+    pub kv_dtype: crate::kv::KvFormat,
 }
 
 pub struct Scheduler {

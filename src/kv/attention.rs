@@ -4,17 +4,22 @@
 //! Design:
 //! - **[`paged_attention`] is the one seam where attention is backend-specific.** The decoder
 //!   hands it the batch's queries, an [`AttentionPlan`] built once per pass from one [`SeqSpan`]
-//!   per sequence (its rows, first position and block table) and the pool; it returns the attention output for every row. On CPU with f32
-//!   caches a fused kernel runs; anything else takes the generic path (gather the sequence's
-//!   rows from the pool, then candle's matmul → softmax → matmul). A CUDA paged-attention
-//!   kernel replaces the generic path here, behind the same signature.
+//!   per sequence (its rows, first position and block table) and the pool; it returns the
+//!   attention output for every row. On CPU with f32 queries a fused kernel runs over f32,
+//!   f16, bf16 or block-quantized (q8_0, q4_0) pools; anything else takes the generic path
+//!   (gather the sequence's rows from the pool, widen or dequantize them, then candle's matmul
+//!   → softmax → matmul). A CUDA paged-attention kernel replaces the generic path here, behind
+//!   the same signature.
 //! - Causality comes from positions: the query at position `p` sees positions `0..=p` of its
 //!   sequence. Decode rows and chunks of prompts mix freely in one call.
-//! - The fused kernel works per (query row, KV head): the `num_heads / num_kv_heads` query
-//!   heads of a group share every K/V row load. Scores `q·k / sqrt(head_dim)`, softmax with
-//!   max-subtraction and `Σ p·v` are all f32. Items run in parallel (rayon, current pool) when
-//!   the batch is large enough to repay the fork/join. Scores live in a thread-local scratch
-//!   buffer that only grows; the output tensor is the only allocation.
+//! - The fused kernel works per (tile of up to 16 query rows of a sequence, KV head): the rows
+//!   of a tile and the `num_heads / num_kv_heads` query heads of a group share every K/V row
+//!   load (and its widening or dequantization). Scores `q·k / sqrt(head_dim)`, softmax with
+//!   max-subtraction and `Σ p·v` are all f32, each (row, head) summed in the same order
+//!   whatever its tile. Items run in parallel (rayon, current pool) when the batch is large
+//!   enough to repay the fork/join. Scores live in a thread-local scratch buffer that only
+//!   grows (`16 · heads per group · positions` floats): a prefill's extra memory is bounded
+//!   by the tile, never `heads × seq × seq`.
 //! - The kernel is plain Rust with eight independent accumulators, compiled twice: once with
 //!   AVX2+FMA enabled (chosen at run time) and once portable. Both sum in the same order.
 
@@ -23,7 +28,8 @@ use std::cell::{OnceCell, RefCell};
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::store::KvStore;
+use super::quant::{dequant_row, Quant};
+use super::store::{KvFormat, KvStore};
 use super::BlockId;
 use crate::backend::cpu_kernels;
 use crate::error::Result;
@@ -67,7 +73,8 @@ pub struct AttentionPlan<'a> {
 /// masked out. Prompt chunks run one sequence at a time with a causal mask.
 struct GenericPlan {
     decode: Vec<DecodeGroup>,
-    /// `(span index, slot of every position, causal mask)` of the multi-row spans.
+    /// `(span index, slot of every position, causal mask [len, len] over the chunk's own
+    /// positions)` of the multi-row spans.
     chunks: Vec<(usize, Tensor, Tensor)>,
     /// Output row `r` is row `perm[r]` of the groups' and chunks' outputs concatenated, when
     /// that order is not already the batch order.
@@ -159,7 +166,7 @@ impl<'a> AttentionPlan<'a> {
         for (si, s) in self.spans.iter().enumerate().filter(|(_, s)| s.len > 1) {
             let total = s.pos + s.len;
             let slots = Tensor::from_vec(slots_of(s.blocks, total), total, device)?;
-            chunks.push((si, slots, causal_mask(s.len, s.pos, device)?));
+            chunks.push((si, slots, causal_mask(s.len, 0, device)?));
             order.extend(s.row..s.row + s.len);
         }
         // perm[r] = where batch row r sits in `order`.
@@ -183,7 +190,7 @@ pub fn paged_attention(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer:
 }
 
 /// The fused CPU kernel, or `None` when it does not apply (device or dtype): f32 queries over
-/// an f32, f16 or bf16 pool (half-precision rows are widened as they are read).
+/// an f32, f16, bf16 or block-quantized pool (rows are widened or dequantized as they are read).
 fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize) -> Result<Option<Tensor>> {
     if !cpu_kernels(q.device()) || q.dtype() != DType::F32 {
         return Ok(None);
@@ -200,15 +207,42 @@ fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
         return Ok(None);
     };
     let qd = &qd[q0..q1];
-    let out = match (&*ks, &*vs) {
-        (Storage::Cpu(CpuStorage::F32(kd)), Storage::Cpu(CpuStorage::F32(vd))) => {
-            fused(qd, &kd[k0..k1], &vd[v0..v1], plan, store, nh)
+    let (hd, stride) = (store.head_dim, store.kv_heads * store.head_dim);
+    let dense = |g: usize| (stride, g * hd, hd);
+    let out = match (&*ks, &*vs, store.format) {
+        (Storage::Cpu(CpuStorage::F32(kd)), Storage::Cpu(CpuStorage::F32(vd)), KvFormat::Dense(_)) => {
+            let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
+            fused(qd, plan, store, nh, |g| Dense { k, v, at: dense(g) })
         }
-        (Storage::Cpu(CpuStorage::F16(kd)), Storage::Cpu(CpuStorage::F16(vd))) => {
-            fused(qd, &kd[k0..k1], &vd[v0..v1], plan, store, nh)
+        (Storage::Cpu(CpuStorage::F16(kd)), Storage::Cpu(CpuStorage::F16(vd)), KvFormat::Dense(_)) => {
+            let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
+            fused(qd, plan, store, nh, |g| Dense { k, v, at: dense(g) })
         }
-        (Storage::Cpu(CpuStorage::BF16(kd)), Storage::Cpu(CpuStorage::BF16(vd))) => {
-            fused(qd, &kd[k0..k1], &vd[v0..v1], plan, store, nh)
+        (Storage::Cpu(CpuStorage::BF16(kd)), Storage::Cpu(CpuStorage::BF16(vd)), KvFormat::Dense(_)) => {
+            let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
+            fused(qd, plan, store, nh, |g| Dense { k, v, at: dense(g) })
+        }
+        (Storage::Cpu(CpuStorage::U8(kd)), Storage::Cpu(CpuStorage::U8(vd)), KvFormat::Quant(quant)) => {
+            let Some((kscale, vscale)) = store.scales(layer) else { return Ok(None) };
+            let (kss, ksl) = kscale.storage_and_layout();
+            let (vss, vsl) = vscale.storage_and_layout();
+            let (Storage::Cpu(CpuStorage::F16(ksd)), Storage::Cpu(CpuStorage::F16(vsd)), Some((a0, a1)), Some((b0, b1))) =
+                (&*kss, &*vss, ksl.contiguous_offsets(), vsl.contiguous_offsets())
+            else {
+                return Ok(None);
+            };
+            let (k, v, kd, vd) = (&kd[k0..k1], &vd[v0..v1], &ksd[a0..a1], &vsd[b0..b1]);
+            let (qstride, qhd, nb) = (quant.packed_cols(stride), quant.packed_cols(hd), hd / super::quant::BLOCK);
+            fused(qd, plan, store, nh, |g| Quantized {
+                quant,
+                k,
+                v,
+                kd,
+                vd,
+                q: (qstride, g * qhd, qhd),
+                d: (stride / super::quant::BLOCK, g * nb, nb),
+                hd,
+            })
         }
         _ => return Ok(None),
     };
@@ -216,35 +250,57 @@ fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
     Ok(Some(Tensor::from_vec(out, q.dims2()?, &Device::Cpu)?))
 }
 
-/// The fused kernel over one layer's pool rows of element type `T`.
-fn fused<T: KvElem>(qd: &[f32], kd: &[T], vd: &[T], plan: &AttentionPlan, store: &KvStore, nh: usize) -> Vec<f32> {
+/// Query rows of one sequence attended together: each K/V row read (and widened or
+/// dequantized) once serves all of them.
+const TILE: usize = 16;
+
+/// The fused kernel over one layer's pool, whose KV head `g` is read through `head(g)`. Work
+/// items are (tile of up to [`TILE`] consecutive rows of one sequence, KV head).
+fn fused<S: KvRows>(qd: &[f32], plan: &AttentionPlan, store: &KvStore, nh: usize, head: impl Fn(usize) -> S + Sync) -> Vec<f32> {
     let (nkv, hd, bs) = (store.kv_heads, store.head_dim, store.block_size);
     let rep = nh / nkv;
-    let rows = qd.len() / (nh * hd);
-    let (row_span, spans) = (&plan.row_span, plan.spans);
+    let width = nh * hd;
+    let rows = qd.len() / width;
     let macs = plan.attended * nh * hd;
     let simd = simd::level();
     let scale = 1.0 / (hd as f32).sqrt();
-    let stride = nkv * hd;
-    let mut out = vec![0f32; rows * nh * hd];
-    let item = |i: usize, o: &mut [f32]| {
-        let (row, g) = (i / nkv, i % nkv);
-        let (si, p) = row_span[row];
-        let qrow = &qd[row * nh * hd + g * rep * hd..][..rep * hd];
-        let view = KvView { k: kd, v: vd, blocks: spans[si].blocks, bs, stride, offset: g * hd, hd };
+    // (span, first row of the tile within the span, rows).
+    let tiles: Vec<(usize, usize, usize)> = plan
+        .spans
+        .iter()
+        .enumerate()
+        .flat_map(|(si, s)| (0..s.len).step_by(TILE).map(move |r| (si, r, TILE.min(s.len - r))))
+        .collect();
+    let item = |i: usize| -> Vec<f32> {
+        let ((si, r0, n), g) = (tiles[i / nkv], i % nkv);
+        let s = &plan.spans[si];
+        let mut q = Vec::with_capacity(n * rep * hd);
+        for r in 0..n {
+            q.extend_from_slice(&qd[(s.row + r0 + r) * width + g * rep * hd..][..rep * hd]);
+        }
+        let mut o = vec![0f32; n * rep * hd];
+        let view = KvView { rows: head(g), blocks: s.blocks, bs, hd };
         SCORES.with(|sc| {
             let mut sc = sc.borrow_mut();
-            let len = p + 1;
-            if sc.len() < rep * len {
-                sc.resize(rep * len, 0.0);
+            let need = n * rep * (s.pos + r0 + n);
+            if sc.len() < need {
+                sc.resize(need, 0.0);
             }
-            attend(qrow, &view, len, rep, scale, &mut sc[..rep * len], o, simd);
+            attend(&q, &view, s.pos + r0, n, rep, scale, &mut sc[..need], &mut o, simd);
         });
+        o
     };
-    if macs >= PAR_MIN_MACS && rows * nkv > 1 {
-        out.par_chunks_mut(rep * hd).enumerate().for_each(|(i, o)| item(i, o));
+    let parts: Vec<Vec<f32>> = if macs >= PAR_MIN_MACS && tiles.len() * nkv > 1 {
+        (0..tiles.len() * nkv).into_par_iter().map(item).collect()
     } else {
-        out.chunks_mut(rep * hd).enumerate().for_each(|(i, o)| item(i, o));
+        (0..tiles.len() * nkv).map(item).collect()
+    };
+    let mut out = vec![0f32; rows * width];
+    for (i, part) in parts.iter().enumerate() {
+        let ((si, r0, _), g) = (tiles[i / nkv], i % nkv);
+        for (r, o) in part.chunks_exact(rep * hd).enumerate() {
+            out[(plan.spans[si].row + r0 + r) * width + g * rep * hd..][..rep * hd].copy_from_slice(o);
+        }
     }
     out
 }
@@ -286,22 +342,93 @@ macro_rules! half_elem {
 half_elem!(half::f16);
 half_elem!(half::bf16);
 
+/// Where the fused kernel reads one KV head's rows from.
+trait KvRows: Sync {
+    /// `f(row)` of K (`value == false`) or V at pool slot `slot`, as f32.
+    fn with_row<R>(&self, value: bool, slot: usize, f: impl FnOnce(&[f32]) -> R) -> R;
+}
+
+/// `(stride, offset, len)`: a slot's row is `data[slot · stride + offset ..][..len]`.
+type RowAt = (usize, usize, usize);
+
+#[inline(always)]
+fn row_of<T>(data: &[T], (stride, offset, len): RowAt, slot: usize) -> &[T] {
+    &data[slot * stride + offset..][..len]
+}
+
+/// A float pool.
+struct Dense<'a, T> {
+    k: &'a [T],
+    v: &'a [T],
+    at: RowAt,
+}
+
+impl<T: KvElem> KvRows for Dense<'_, T> {
+    #[inline(always)]
+    fn with_row<R>(&self, value: bool, slot: usize, f: impl FnOnce(&[f32]) -> R) -> R {
+        T::with_f32(row_of(if value { self.v } else { self.k }, self.at, slot), f)
+    }
+}
+
+/// A block-quantized pool: packed values and their scales, dequantized per row as read.
+struct Quantized<'a> {
+    quant: Quant,
+    k: &'a [u8],
+    v: &'a [u8],
+    kd: &'a [half::f16],
+    vd: &'a [half::f16],
+    q: RowAt,
+    d: RowAt,
+    hd: usize,
+}
+
+impl KvRows for Quantized<'_> {
+    #[inline(always)]
+    fn with_row<R>(&self, value: bool, slot: usize, f: impl FnOnce(&[f32]) -> R) -> R {
+        let (q, d) = if value { (self.v, self.vd) } else { (self.k, self.kd) };
+        WIDE.with(|w| {
+            let mut w = w.borrow_mut();
+            w.resize(self.hd, 0.0);
+            dequant_row(self.quant, row_of(q, self.q, slot), row_of(d, self.d, slot), &mut w);
+            f(&w)
+        })
+    }
+}
+
+/// Key positions per tile of the generic path's prompt chunks.
+const GENERIC_KEY_TILE: usize = 1024;
+
 /// The generic path: per sequence, gather its K/V rows from the pool and attend with candle
 /// ops (any device, any dtype).
 fn generic(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize) -> Result<Tensor> {
-    let (kp, vp) = store.layer(layer);
+    generic_tiled(q, plan, store, layer, nh, GENERIC_KEY_TILE)
+}
+
+fn generic_tiled(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize, key_tile: usize) -> Result<Tensor> {
     let (nkv, hd) = (store.kv_heads, store.head_dim);
     let rep = nh / nkv;
     let scale = 1.0 / (hd as f64).sqrt();
     let g = plan.generic(store, q.device())?;
-    // The pool may hold a narrower dtype than the activations: rows are widened once gathered.
+    // The pool may hold a narrower dtype than the activations: rows are widened (or
+    // dequantized) once gathered.
     let dt = q.dtype();
+    let gather = |idx: &Tensor| -> Result<(Tensor, Tensor)> {
+        let (kp, vp) = store.layer(layer);
+        Ok(match (store.format, store.scales(layer)) {
+            (KvFormat::Quant(quant), Some((ks, vs))) => (
+                quant.dequantize(&kp.index_select(idx, 0)?, &ks.index_select(idx, 0)?, dt)?,
+                quant.dequantize(&vp.index_select(idx, 0)?, &vs.index_select(idx, 0)?, dt)?,
+            ),
+            _ => (kp.index_select(idx, 0)?.to_dtype(dt)?, vp.index_select(idx, 0)?.to_dtype(dt)?),
+        })
+    };
     let mut outs = Vec::with_capacity(g.decode.len() + g.chunks.len());
     for d in &g.decode {
         let (n, l) = (d.n, d.longest);
         // [n, kv_heads, longest, head_dim]
-        let k = kp.index_select(&d.slots, 0)?.to_dtype(dt)?.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-        let v = vp.index_select(&d.slots, 0)?.to_dtype(dt)?.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+        let (k, v) = gather(&d.slots)?;
+        let k = k.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+        let v = v.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
         // Query head h belongs to KV head h / rep: [n, kv_heads, rep, head_dim].
         let qs = q.index_select(&d.rows, 0)?.reshape((n, nkv, rep, hd))?;
         let scores = (qs.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?.broadcast_add(&d.mask)?;
@@ -311,17 +438,39 @@ fn generic(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
     for (si, idx, mask) in &g.chunks {
         let s = &plan.spans[*si];
         let total = s.pos + s.len;
-        // [kv_heads, total, head_dim]
-        let k = kp.index_select(idx, 0)?.to_dtype(dt)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
-        let v = vp.index_select(idx, 0)?.to_dtype(dt)?.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+        let rows = rep * s.len;
         // Query heads sharing a KV head are stacked: [kv_heads, rep · len, head_dim].
         let qs = q.narrow(0, s.row, s.len)?.reshape((s.len, nh, hd))?.transpose(0, 1)?.contiguous()?;
-        let qs = qs.reshape((nkv, rep * s.len, hd))?;
-        let scores = (qs.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
-        let scores = scores.reshape((nkv, rep, s.len, total))?.broadcast_add(mask)?.reshape((nkv, rep * s.len, total))?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
-        let o = probs.matmul(&v)?.reshape((nh, s.len, hd))?.transpose(0, 1)?.reshape((s.len, nh * hd))?;
-        outs.push(o);
+        let qs = qs.reshape((nkv, rows, hd))?;
+        // Online softmax over tiles of at most `key_tile` positions (flash-attention style):
+        // a running max `m`, sum `l` and unnormalised output `o` per query row, all f32, so a
+        // prompt chunk never holds more than [rows, key_tile] scores nor gathers more than a
+        // tile of keys and values, whatever the context. Tiles before the chunk's first
+        // position are seen by every row (no mask); the chunk's own positions take the causal
+        // mask. Every row sees position 0 in the first tile, so `m` is finite after it.
+        let dev = q.device();
+        let mut m = Tensor::full(f32::NEG_INFINITY, (nkv, rows, 1), dev)?;
+        let mut l = Tensor::zeros((nkv, rows, 1), DType::F32, dev)?;
+        let mut o = Tensor::zeros((nkv, rows, hd), DType::F32, dev)?;
+        let tiles = |from: usize, to: usize| (from..to).step_by(key_tile).map(move |a| (a, key_tile.min(to - a)));
+        for (start, n) in tiles(0, s.pos).chain(tiles(s.pos, total)) {
+            let (k, v) = gather(&idx.narrow(0, start, n)?)?;
+            let k = k.reshape((n, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+            let v = v.reshape((n, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+            let mut sc = (qs.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
+            if start >= s.pos {
+                let tile_mask = mask.narrow(1, start - s.pos, n)?;
+                sc = sc.reshape((nkv, rep, s.len, n))?.broadcast_add(&tile_mask)?.reshape((nkv, rows, n))?;
+            }
+            let m_new = m.maximum(&sc.max_keepdim(2)?)?;
+            let p = sc.broadcast_sub(&m_new)?.exp()?;
+            let alpha = (&m - &m_new)?.exp()?;
+            l = ((&l * &alpha)? + p.sum_keepdim(2)?)?;
+            o = (o.broadcast_mul(&alpha)? + p.to_dtype(v.dtype())?.matmul(&v)?.to_dtype(DType::F32)?)?;
+            m = m_new;
+        }
+        let o = o.broadcast_div(&l)?.to_dtype(dt)?;
+        outs.push(o.reshape((nh, s.len, hd))?.transpose(0, 1)?.reshape((s.len, nh * hd))?);
     }
     let out = if outs.len() == 1 { outs.pop().expect("one") } else { Tensor::cat(&outs, 0)? };
     Ok(match &g.perm {
@@ -338,20 +487,17 @@ pub fn causal_mask(seq: usize, pos: usize, device: &Device) -> Result<Tensor> {
     Ok(Tensor::from_vec(m, (seq, total), device)?)
 }
 
-/// One KV head of one sequence: position `j`'s key is
-/// `k[slot(j) · stride + offset ..][..hd]`.
-struct KvView<'a, T> {
-    k: &'a [T],
-    v: &'a [T],
+/// One KV head of one sequence: position `j`'s rows are read from `rows` at pool slot
+/// `slot(j)`, through the sequence's block table.
+struct KvView<'a, S> {
+    rows: S,
     blocks: &'a [BlockId],
     bs: usize,
-    stride: usize,
-    offset: usize,
     hd: usize,
 }
 
-impl<T> KvView<'_, T> {
-    /// Calls `f(j, start)` for positions `0..len` with the element offset of their rows.
+impl<S> KvView<'_, S> {
+    /// Calls `f(j, slot)` for positions `0..len` with their pool slots.
     #[inline(always)]
     fn for_rows(&self, len: usize, mut f: impl FnMut(usize, usize)) {
         for (bi, &b) in self.blocks.iter().enumerate() {
@@ -361,20 +507,23 @@ impl<T> KvView<'_, T> {
             }
             let base = b as usize * self.bs;
             for o in 0..self.bs.min(len - first) {
-                f(first + o, (base + o) * self.stride + self.offset);
+                f(first + o, base + o);
             }
         }
     }
 }
 
-/// One query row and KV head: `q`, `out` `[rep, hd]`; `sc` `[rep, len]` scratch.
-// The innermost kernel, called per row and head: plain arguments rather than a struct built
+/// A tile of `n` query rows of one sequence (the first at position `p0`) and one KV head:
+/// `q`, `out` `[n, rep, hd]`; `sc` `[n · rep, p0 + n]` scratch. Row `r` attends positions
+/// `0 ..= p0 + r`; each (row, head) is summed in the same order whatever the tile.
+// The innermost kernel, called per tile and head: plain arguments rather than a struct built
 // per call.
 #[allow(clippy::too_many_arguments)]
-fn attend<T: KvElem>(
+fn attend<S: KvRows>(
     q: &[f32],
-    kv: &KvView<T>,
-    len: usize,
+    kv: &KvView<S>,
+    p0: usize,
+    n: usize,
     rep: usize,
     scale: f32,
     sc: &mut [f32],
@@ -384,30 +533,51 @@ fn attend<T: KvElem>(
     match simd {
         // SAFETY: `Avx2Fma` is only constructed after detecting both features.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2Fma => unsafe { attend_avx2(q, kv, len, rep, scale, sc, out) },
-        Level::Portable => attend_body(q, kv, len, rep, scale, sc, out),
+        Level::Avx2Fma => unsafe { attend_avx2(q, kv, p0, n, rep, scale, sc, out) },
+        Level::Portable => attend_body(q, kv, p0, n, rep, scale, sc, out),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2<T: KvElem>(q: &[f32], kv: &KvView<T>, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32]) {
-    attend_body(q, kv, len, rep, scale, sc, out)
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_avx2<S: KvRows>(
+    q: &[f32],
+    kv: &KvView<S>,
+    p0: usize,
+    n: usize,
+    rep: usize,
+    scale: f32,
+    sc: &mut [f32],
+    out: &mut [f32],
+) {
+    attend_body(q, kv, p0, n, rep, scale, sc, out)
 }
 
 #[inline(always)]
-fn attend_body<T: KvElem>(q: &[f32], kv: &KvView<T>, len: usize, rep: usize, scale: f32, sc: &mut [f32], out: &mut [f32]) {
-    let hd = kv.hd;
-    // 1. Scores.
-    kv.for_rows(len, |j, at| {
-        T::with_f32(&kv.k[at..at + hd], |kr| {
-            for r in 0..rep {
-                sc[r * len + j] = crate::simd::dot(&q[r * hd..(r + 1) * hd], kr) * scale;
+#[allow(clippy::too_many_arguments)]
+fn attend_body<S: KvRows>(
+    q: &[f32],
+    kv: &KvView<S>,
+    p0: usize,
+    n: usize,
+    rep: usize,
+    scale: f32,
+    sc: &mut [f32],
+    out: &mut [f32],
+) {
+    let (hd, len) = (kv.hd, p0 + n);
+    // 1. Scores: position j is seen by the rows at positions ≥ j.
+    kv.for_rows(len, |j, slot| {
+        kv.rows.with_row(false, slot, |kr| {
+            for qi in j.saturating_sub(p0) * rep..n * rep {
+                sc[qi * len + j] = crate::simd::dot(&q[qi * hd..(qi + 1) * hd], kr) * scale;
             }
         })
     });
-    // 2. Softmax per query head.
-    for s in sc.chunks_mut(len) {
+    // 2. Softmax per (row, query head) over what that row sees.
+    for (qi, s) in sc.chunks_mut(len).take(n * rep).enumerate() {
+        let s = &mut s[..p0 + qi / rep + 1];
         let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0f32;
         for x in s.iter_mut() {
@@ -419,10 +589,10 @@ fn attend_body<T: KvElem>(q: &[f32], kv: &KvView<T>, len: usize, rep: usize, sca
     }
     // 3. Weighted sum of values.
     out.fill(0.0);
-    kv.for_rows(len, |j, at| {
-        T::with_f32(&kv.v[at..at + hd], |vr| {
-            for r in 0..rep {
-                crate::simd::axpy(sc[r * len + j], vr, &mut out[r * hd..(r + 1) * hd]);
+    kv.for_rows(len, |j, slot| {
+        kv.rows.with_row(true, slot, |vr| {
+            for qi in j.saturating_sub(p0) * rep..n * rep {
+                crate::simd::axpy(sc[qi * len + j], vr, &mut out[qi * hd..(qi + 1) * hd]);
             }
         })
     });
@@ -498,19 +668,25 @@ mod tests {
             let gen = generic(&q, &plan, &store, 0, nh).unwrap();
             assert!(max_diff(&fused, &want) < 1e-5, "fused nh={nh} nkv={nkv} hd={hd}: {}", max_diff(&fused, &want));
             assert!(max_diff(&gen, &want) < 1e-5, "generic nh={nh} nkv={nkv} hd={hd}: {}", max_diff(&gen, &want));
+            // Key tiles smaller than the chunk and not aligned with its first position: the
+            // online softmax over several tiles equals the one-pass softmax.
+            for tile in [1, 2, 3, 5] {
+                let tiled = generic_tiled(&q, &plan, &store, 0, nh, tile).unwrap();
+                assert!(max_diff(&tiled, &want) < 1e-5, "key tile {tile}: {}", max_diff(&tiled, &want));
+            }
             // The portable path sums in the same order as the SIMD one.
             let (k, v) = store.layer(0);
             let (kd, vd): (Vec<f32>, Vec<f32>) =
                 (k.flatten_all().unwrap().to_vec1().unwrap(), v.flatten_all().unwrap().to_vec1().unwrap());
             let qv: Vec<f32> = q.narrow(0, 5, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-            let view = KvView { k: &kd, v: &vd, blocks: &tables[1], bs, stride: nkv * hd, offset: 0, hd };
+            let view = KvView { rows: Dense { k: &kd, v: &vd, at: (nkv * hd, 0, hd) }, blocks: &tables[1], bs, hd };
             let rep = nh / nkv;
             let mut a = vec![0f32; rep * hd];
             let mut sc = vec![0f32; rep * 21];
-            attend(&qv[..rep * hd], &view, 21, rep, 0.25, &mut sc, &mut a, Level::Portable);
+            attend(&qv[..rep * hd], &view, 20, 1, rep, 0.25, &mut sc, &mut a, Level::Portable);
             for level in crate::simd::levels() {
                 let mut b = vec![0f32; rep * hd];
-                attend(&qv[..rep * hd], &view, 21, rep, 0.25, &mut sc, &mut b, level);
+                attend(&qv[..rep * hd], &view, 20, 1, rep, 0.25, &mut sc, &mut b, level);
                 assert_eq!(a, b, "{level:?}");
             }
             let _: &Vec<SlotRun> = &runs[0];
@@ -612,6 +788,39 @@ mod tests {
             let d = max_diff(&fused, &exact);
             assert!(d > 0.0 && d < 0.05, "{dt:?} against f32: {d}");
         }
+    }
+
+    /// Block-quantized pools: the fused kernel (rows dequantized as read) equals the generic
+    /// path (rows dequantized once gathered), and q8_0 stays nearer the f32 pool than q4_0.
+    #[test]
+    fn quantized_pools_in_the_fused_kernel() {
+        let (nh, nkv, hd, bs) = (8, 2, 64, 4);
+        let totals = [9usize, 30];
+        let f32_store = KvStore::new(1, 16, bs, nkv, hd, DType::F32, &Device::Cpu).unwrap();
+        let (tables, kv) = scattered(&f32_store, &totals);
+        let spans =
+            [SeqSpan { row: 0, len: 3, pos: 6, blocks: &tables[0] }, SeqSpan { row: 3, len: 1, pos: 29, blocks: &tables[1] }];
+        let q = Tensor::randn(0f32, 1.0, (4, nh * hd), &Device::Cpu).unwrap();
+        let plan = AttentionPlan::new(&spans, &f32_store);
+        let exact = cpu_f32(&q, &plan, &f32_store, 0, nh).unwrap().expect("f32 pool");
+        let mut errs = Vec::new();
+        for (quant, bound) in [(Quant::Q8_0, 0.05), (Quant::Q4_0, 0.5)] {
+            let store = KvStore::new(1, 16, bs, nkv, hd, KvFormat::Quant(quant), &Device::Cpu).unwrap();
+            assert_eq!(store.bytes_per_token(), 2 * quant.row_bytes(nkv * hd));
+            for (t, (k, v)) in tables.iter().zip(&kv) {
+                let mut r = Vec::new();
+                slot_runs(t, bs, 0, 0, k.dim(0).unwrap(), &mut r);
+                store.write(0, &r, k, v).unwrap();
+            }
+            let plan = AttentionPlan::new(&spans, &store);
+            let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("the kernel reads quantized pools");
+            let gen = generic(&q, &plan, &store, 0, nh).unwrap();
+            assert!(max_diff(&fused, &gen) < 1e-5, "{quant:?}: {}", max_diff(&fused, &gen));
+            let d = max_diff(&fused, &exact);
+            assert!(d > 0.0 && d < bound, "{quant:?} against f32: {d}");
+            errs.push(d);
+        }
+        assert!(errs[0] < errs[1], "q8_0 {} is finer than q4_0 {}", errs[0], errs[1]);
     }
 
     #[test]

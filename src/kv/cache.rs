@@ -2,10 +2,10 @@
 //! (tests, tools): a private [`KvStore`] whose blocks are used in order, so the block table is
 //! the identity. The engine does not use it; it shares one pool between all sessions.
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 
 use super::block_table::blocks_for;
-use super::store::KvStore;
+use super::store::{KvFormat, KvStore};
 use super::BlockId;
 use crate::error::Result;
 
@@ -25,7 +25,7 @@ impl KvCache {
         kv_heads: usize,
         head_dim: usize,
         max_len: usize,
-        dtype: DType,
+        dtype: impl Into<KvFormat>,
         device: &Device,
     ) -> Result<Self> {
         let n = blocks_for(max_len.max(1), BLOCK);

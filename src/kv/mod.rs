@@ -4,7 +4,7 @@
 //! Module map: `manager` (the API the scheduler calls: prefix matching, adoption with
 //! copy-on-write, reservation, registration of full blocks, freeing), `block_pool` (reference
 //! counts, free and cached blocks), `prefix` (content addressing of full blocks), `block_table`
-//! (a sequence's blocks), `store` (the tensors), `attention` (attention through block tables:
+//! (a sequence's blocks), `store` (the tensors), `quant` (block-quantized rows), `attention` (attention through block tables:
 //! the backend seam), `cache` (a single-sequence cache over a private store), `sizing` (the
 //! pool's size from the `kvCache` options).
 pub mod attention;
@@ -13,6 +13,7 @@ pub mod block_table;
 pub mod cache;
 pub mod manager;
 pub mod prefix;
+pub mod quant;
 pub mod sizing;
 pub mod store;
 
@@ -21,7 +22,7 @@ pub use block_table::BlockTable;
 pub use cache::KvCache;
 pub use manager::{KvManager, PinnedHit, PrefixHit};
 pub use sizing::KvCacheOptions;
-pub use store::KvStore;
+pub use store::{KvFormat, KvStore};
 
 /// A physical block's index in the pool and the store.
 pub type BlockId = u32;

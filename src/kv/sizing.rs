@@ -1,5 +1,7 @@
 //! How large the shared KV pool is: the `kvCache` options, checked, and the default size.
 
+use super::quant::Quant;
+use super::store::KvFormat;
 use crate::error::{EngineError, Result};
 
 /// Bounds of the shared KV pool.
@@ -11,26 +13,23 @@ pub struct KvCacheOptions {
     pub max_tokens: Option<usize>,
     /// Share full blocks between sequences with the same prefix (default true).
     pub prefix_cache: Option<bool>,
-    /// What the pool stores keys and values as: `f32` | `f16` | `bf16` (default: the model's
-    /// dtype).
+    /// What the pool stores keys and values as: `f32` | `f16` | `bf16` | `q8_0` | `q4_0`
+    /// (default: the model's dtype).
     pub dtype: Option<String>,
 }
 
-/// The pool's dtype from the `kvCache.dtype` option; `model` when not given.
-pub fn kv_dtype(name: Option<&str>, model: candle_core::DType) -> crate::error::Result<candle_core::DType> {
+/// The pool's format from the `kvCache.dtype` option; `model` when not given.
+pub fn kv_dtype(name: Option<&str>, model: candle_core::DType) -> Result<KvFormat> {
     use candle_core::DType;
     Ok(match name {
-        None => model,
-        Some("f32") => DType::F32,
-        Some("f16") => DType::F16,
-        Some("bf16") => DType::BF16,
-        Some(q @ ("q8_0" | "q4_0")) => {
-            return Err(crate::error::EngineError::InvalidArgument(format!(
-                "kvCache.dtype '{q}' is not implemented yet (f32, f16, bf16)"
-            )))
-        }
+        None => KvFormat::Dense(model),
+        Some("f32") => KvFormat::Dense(DType::F32),
+        Some("f16") => KvFormat::Dense(DType::F16),
+        Some("bf16") => KvFormat::Dense(DType::BF16),
+        Some("q8_0") => KvFormat::Quant(Quant::Q8_0),
+        Some("q4_0") => KvFormat::Quant(Quant::Q4_0),
         Some(other) => {
-            return Err(crate::error::EngineError::InvalidArgument(format!("unknown kvCache.dtype '{other}' (f32, f16, bf16)")))
+            return Err(EngineError::InvalidArgument(format!("unknown kvCache.dtype '{other}' (f32, f16, bf16, q8_0, q4_0)")))
         }
     })
 }

@@ -1,5 +1,6 @@
 //! The KV pool's memory: per layer, one K and one V tensor of `num_blocks · block_size` token
-//! slots, each slot a row of `kv_heads · head_dim` values. Block `b` owns slots
+//! slots, each slot a row of `kv_heads · head_dim` values (in a quantized pool: their packed
+//! `u8` values, plus a row of f16 scales in a second tensor). Block `b` owns slots
 //! `b · block_size ..`. A position's slot comes from its sequence's block table.
 //!
 //! Rows are written in place (`slice_set`, one call per run of consecutive slots), so one code
@@ -9,6 +10,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::quant::Quant;
 use super::BlockId;
 use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
@@ -22,9 +24,10 @@ fn try_zeroed<T: candle_core::WithDType>(n: usize) -> Result<Vec<T>> {
     if layout.size() == 0 {
         return Ok(Vec::new());
     }
-    // SAFETY: the layout has a non-zero size; an all-zero bit pattern is 0.0 in every float
-    // type a KV pool holds (f32, f16, bf16), so the `n` values are initialised; the vector owns
-    // the allocation with the same layout it frees with (`Layout::array::<T>(n)`).
+    // SAFETY: the layout has a non-zero size; an all-zero bit pattern is a valid value of
+    // every type a KV pool holds (0.0 in f32, f16, bf16; 0 in u8), so the `n` values are
+    // initialised; the vector owns the allocation with the same layout it frees with
+    // (`Layout::array::<T>(n)`).
     unsafe {
         let ptr = std::alloc::alloc_zeroed(layout) as *mut T;
         if ptr.is_null() {
@@ -44,19 +47,60 @@ fn zeros(rows: usize, cols: usize, dtype: DType, device: &Device) -> Result<Tens
         (Device::Cpu, DType::F32) => Tensor::from_vec(try_zeroed::<f32>(n)?, (rows, cols), device)?,
         (Device::Cpu, DType::F16) => Tensor::from_vec(try_zeroed::<half::f16>(n)?, (rows, cols), device)?,
         (Device::Cpu, DType::BF16) => Tensor::from_vec(try_zeroed::<half::bf16>(n)?, (rows, cols), device)?,
+        (Device::Cpu, DType::U8) => Tensor::from_vec(try_zeroed::<u8>(n)?, (rows, cols), device)?,
         _ => Tensor::zeros((rows, cols), dtype, device)?,
     };
     Ok(t)
 }
 
+/// How the pool stores keys and values: a float dtype, or block-quantized (see
+/// [`super::quant`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvFormat {
+    Dense(DType),
+    Quant(Quant),
+}
+
+impl From<DType> for KvFormat {
+    fn from(d: DType) -> Self {
+        KvFormat::Dense(d)
+    }
+}
+
+impl KvFormat {
+    /// The `kvCache.dtype` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvFormat::Dense(DType::F32) => "f32",
+            KvFormat::Dense(DType::F16) => "f16",
+            KvFormat::Dense(DType::BF16) => "bf16",
+            KvFormat::Dense(_) => "other",
+            KvFormat::Quant(q) => q.name(),
+        }
+    }
+
+    /// Bytes of one row of `cols` values.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            KvFormat::Dense(d) => cols * d.size_in_bytes(),
+            KvFormat::Quant(q) => q.row_bytes(cols),
+        }
+    }
+}
+
 pub struct KvStore {
+    /// Per layer: the values (`[slots, kv_heads · head_dim]` in a dense pool; packed `u8`
+    /// in a quantized one) ...
     k: Vec<Tensor>,
     v: Vec<Tensor>,
+    /// ... and, quantized, the `f16` scales `[slots, kv_heads · head_dim / 32]` (else empty).
+    ks: Vec<Tensor>,
+    vs: Vec<Tensor>,
     pub num_blocks: usize,
     pub block_size: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-    pub dtype: DType,
+    pub format: KvFormat,
 }
 
 /// A run of consecutive rows of a batch written to consecutive slots.
@@ -82,7 +126,8 @@ const SCATTER_MIN_RUNS: usize = 4;
 impl KvStore {
     /// Plans the writes of a pass whose rows go to `runs`.
     pub fn plan_writes(&self, runs: Vec<SlotRun>) -> Result<KvWrites> {
-        let scatter = runs.len() >= SCATTER_MIN_RUNS && !cpu_kernels(self.k[0].device());
+        let scatter =
+            runs.len() >= SCATTER_MIN_RUNS && !cpu_kernels(self.k[0].device()) && matches!(self.format, KvFormat::Dense(_));
         self.writes(runs, scatter)
     }
 
@@ -107,8 +152,9 @@ impl KvStore {
     pub fn write_planned(&self, layer: usize, w: &KvWrites, k: &Tensor, v: &Tensor) -> Result<()> {
         match &w.scatter {
             Some(idx) => {
-                self.k[layer].scatter_set(idx, &k.to_dtype(self.dtype)?.contiguous()?, 0)?;
-                self.v[layer].scatter_set(idx, &v.to_dtype(self.dtype)?.contiguous()?, 0)?;
+                let dt = self.k[layer].dtype();
+                self.k[layer].scatter_set(idx, &k.to_dtype(dt)?.contiguous()?, 0)?;
+                self.v[layer].scatter_set(idx, &v.to_dtype(dt)?.contiguous()?, 0)?;
                 Ok(())
             }
             None => self.write(layer, &w.runs, k, v),
@@ -123,40 +169,70 @@ impl KvStore {
         block_size: usize,
         kv_heads: usize,
         head_dim: usize,
-        dtype: DType,
+        format: impl Into<KvFormat>,
         device: &Device,
     ) -> Result<Self> {
+        let format = format.into();
         let (rows, cols) = (num_blocks * block_size, kv_heads * head_dim);
-        let mut k = Vec::with_capacity(num_layers);
-        let mut v = Vec::with_capacity(num_layers);
+        let (mut k, mut v, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..num_layers {
-            k.push(zeros(rows, cols, dtype, device)?);
-            v.push(zeros(rows, cols, dtype, device)?);
+            match format {
+                KvFormat::Dense(dtype) => {
+                    k.push(zeros(rows, cols, dtype, device)?);
+                    v.push(zeros(rows, cols, dtype, device)?);
+                }
+                KvFormat::Quant(q) => {
+                    q.check_head_dim(head_dim)?;
+                    k.push(zeros(rows, q.packed_cols(cols), DType::U8, device)?);
+                    v.push(zeros(rows, q.packed_cols(cols), DType::U8, device)?);
+                    ks.push(zeros(rows, cols / super::quant::BLOCK, DType::F16, device)?);
+                    vs.push(zeros(rows, cols / super::quant::BLOCK, DType::F16, device)?);
+                }
+            }
         }
-        Ok(Self { k, v, num_blocks, block_size, kv_heads, head_dim, dtype })
+        Ok(Self { k, v, ks, vs, num_blocks, block_size, kv_heads, head_dim, format })
     }
 
     /// Bytes of K and V for one token over all layers.
     pub fn bytes_per_token(&self) -> usize {
-        bytes_per_token(self.k.len(), self.kv_heads, self.head_dim, self.dtype)
+        bytes_per_token(self.k.len(), self.kv_heads, self.head_dim, self.format)
     }
 
     pub fn bytes_per_block(&self) -> usize {
         self.bytes_per_token() * self.block_size
     }
 
-    /// `[slots, kv_heads · head_dim]` K and V of `layer`.
+    /// K and V of `layer`: `[slots, kv_heads · head_dim]` values in a dense pool, packed
+    /// quantized values in a quantized one (see [`Self::scales`]).
     pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
         (&self.k[layer], &self.v[layer])
     }
 
+    /// The scales of K and V of `layer` in a quantized pool.
+    pub fn scales(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
+        Some((self.ks.get(layer)?, self.vs.get(layer)?))
+    }
+
     /// Writes rows of `k`, `v` (`[rows, kv_heads · head_dim]`, contiguous) into `layer`,
-    /// narrowed to the pool's dtype.
+    /// narrowed to the pool's dtype or quantized.
     pub fn write(&self, layer: usize, runs: &[SlotRun], k: &Tensor, v: &Tensor) -> Result<()> {
-        let (k, v) = (&k.to_dtype(self.dtype)?, &v.to_dtype(self.dtype)?);
-        for r in runs {
-            self.k[layer].slice_set(&k.narrow(0, r.row, r.len)?, 0, r.slot)?;
-            self.v[layer].slice_set(&v.narrow(0, r.row, r.len)?, 0, r.slot)?;
+        match self.format {
+            KvFormat::Dense(dt) => {
+                let (k, v) = (&k.to_dtype(dt)?, &v.to_dtype(dt)?);
+                for r in runs {
+                    self.k[layer].slice_set(&k.narrow(0, r.row, r.len)?, 0, r.slot)?;
+                    self.v[layer].slice_set(&v.narrow(0, r.row, r.len)?, 0, r.slot)?;
+                }
+            }
+            KvFormat::Quant(quant) => {
+                let ((kq, kd), (vq, vd)) = (quant.quantize(k)?, quant.quantize(v)?);
+                for r in runs {
+                    self.k[layer].slice_set(&kq.narrow(0, r.row, r.len)?, 0, r.slot)?;
+                    self.v[layer].slice_set(&vq.narrow(0, r.row, r.len)?, 0, r.slot)?;
+                    self.ks[layer].slice_set(&kd.narrow(0, r.row, r.len)?, 0, r.slot)?;
+                    self.vs[layer].slice_set(&vd.narrow(0, r.row, r.len)?, 0, r.slot)?;
+                }
+            }
         }
         Ok(())
     }
@@ -165,7 +241,7 @@ impl KvStore {
     /// (copy-on-write of a shared, partly used block).
     pub fn copy_block(&self, src: BlockId, dst: BlockId, n: usize) -> Result<()> {
         let (s, d) = (src as usize * self.block_size, dst as usize * self.block_size);
-        for t in self.k.iter().chain(&self.v) {
+        for t in self.k.iter().chain(&self.v).chain(&self.ks).chain(&self.vs) {
             // Through a small buffer: `slice_set` needs distinct storages, and `Tensor::copy`
             // of a view would clone the whole pool.
             let tmp = Tensor::zeros((n, t.dim(1)?), t.dtype(), t.device())?;
@@ -176,8 +252,8 @@ impl KvStore {
     }
 }
 
-pub fn bytes_per_token(num_layers: usize, kv_heads: usize, head_dim: usize, dtype: DType) -> usize {
-    num_layers * 2 * kv_heads * head_dim * dtype.size_in_bytes()
+pub fn bytes_per_token(num_layers: usize, kv_heads: usize, head_dim: usize, format: impl Into<KvFormat>) -> usize {
+    num_layers * 2 * format.into().row_bytes(kv_heads * head_dim)
 }
 
 /// Slot of position `pos` in a sequence with block table `blocks`.

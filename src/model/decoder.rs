@@ -19,7 +19,7 @@ use std::ops::Range;
 use super::adapt::{linear_segments, Adapters, NoAdapters, Proj, Segment, Slot};
 use crate::kv::attention::{paged_attention, AttentionPlan, SeqSpan};
 use crate::kv::store::{slot_runs, KvWrites};
-use crate::kv::{BlockId, KvCache, KvStore};
+use crate::kv::{BlockId, KvCache, KvFormat, KvStore};
 
 struct RmsNorm {
     weight: Tensor,
@@ -165,13 +165,14 @@ impl Decoder {
     }
 
     /// [`Self::new_cache`] storing keys and values as `kv_dtype`.
-    pub fn new_cache_as(&self, max_len: usize, kv_dtype: DType) -> Result<KvCache> {
+    pub fn new_cache_as(&self, max_len: usize, kv_dtype: impl Into<KvFormat>) -> Result<KvCache> {
         KvCache::new(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, max_len, kv_dtype, &self.device)
     }
 
     /// An empty pool of `num_blocks` blocks of `block_size` positions, shaped for this model.
-    /// Keys and values are stored as `kv_dtype` (widened back to the activation dtype when read).
-    pub fn new_store(&self, num_blocks: usize, block_size: usize, kv_dtype: DType) -> Result<KvStore> {
+    /// Keys and values are stored as `kv_dtype` (widened or dequantized to the activation dtype
+    /// when read).
+    pub fn new_store(&self, num_blocks: usize, block_size: usize, kv_dtype: impl Into<KvFormat>) -> Result<KvStore> {
         KvStore::new(
             self.cfg.num_layers,
             num_blocks,

@@ -761,39 +761,11 @@ mod tests {
         }
     }
 
-    /// A half-precision pool read by the fused kernel (rows widened as read) equals the
-    /// generic path (rows widened once gathered), and is close to the f32 pool.
+    /// Half-precision and block-quantized pools: the fused kernel (rows widened or
+    /// dequantized as read) equals the generic path (rows converted once gathered), each
+    /// stays within its bound of the f32 pool, and the finer formats are nearer.
     #[test]
-    fn half_precision_pools_in_the_fused_kernel() {
-        let (nh, nkv, hd, bs) = (8, 2, 16, 4);
-        let totals = [9usize, 30];
-        let f32_store = KvStore::new(1, 16, bs, nkv, hd, DType::F32, &Device::Cpu).unwrap();
-        let (tables, kv) = scattered(&f32_store, &totals);
-        let spans =
-            [SeqSpan { row: 0, len: 3, pos: 6, blocks: &tables[0] }, SeqSpan { row: 3, len: 1, pos: 29, blocks: &tables[1] }];
-        let q = Tensor::randn(0f32, 1.0, (4, nh * hd), &Device::Cpu).unwrap();
-        let plan = AttentionPlan::new(&spans, &f32_store);
-        let exact = cpu_f32(&q, &plan, &f32_store, 0, nh).unwrap().expect("f32 pool");
-        for dt in [DType::F16, DType::BF16] {
-            let store = KvStore::new(1, 16, bs, nkv, hd, dt, &Device::Cpu).unwrap();
-            for (t, (k, v)) in tables.iter().zip(&kv) {
-                let mut r = Vec::new();
-                slot_runs(t, bs, 0, 0, k.dim(0).unwrap(), &mut r);
-                store.write(0, &r, k, v).unwrap();
-            }
-            let plan = AttentionPlan::new(&spans, &store);
-            let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("the kernel reads half-precision pools");
-            let gen = generic(&q, &plan, &store, 0, nh).unwrap();
-            assert!(max_diff(&fused, &gen) < 1e-5, "{dt:?}: {}", max_diff(&fused, &gen));
-            let d = max_diff(&fused, &exact);
-            assert!(d > 0.0 && d < 0.05, "{dt:?} against f32: {d}");
-        }
-    }
-
-    /// Block-quantized pools: the fused kernel (rows dequantized as read) equals the generic
-    /// path (rows dequantized once gathered), and q8_0 stays nearer the f32 pool than q4_0.
-    #[test]
-    fn quantized_pools_in_the_fused_kernel() {
+    fn narrow_pools_in_the_fused_kernel() {
         let (nh, nkv, hd, bs) = (8, 2, 64, 4);
         let totals = [9usize, 30];
         let f32_store = KvStore::new(1, 16, bs, nkv, hd, DType::F32, &Device::Cpu).unwrap();
@@ -803,24 +775,30 @@ mod tests {
         let q = Tensor::randn(0f32, 1.0, (4, nh * hd), &Device::Cpu).unwrap();
         let plan = AttentionPlan::new(&spans, &f32_store);
         let exact = cpu_f32(&q, &plan, &f32_store, 0, nh).unwrap().expect("f32 pool");
+        let formats = [
+            (KvFormat::Dense(DType::F16), 0.01),
+            (KvFormat::Dense(DType::BF16), 0.05),
+            (KvFormat::Quant(Quant::Q8_0), 0.05),
+            (KvFormat::Quant(Quant::Q4_0), 0.5),
+        ];
         let mut errs = Vec::new();
-        for (quant, bound) in [(Quant::Q8_0, 0.05), (Quant::Q4_0, 0.5)] {
-            let store = KvStore::new(1, 16, bs, nkv, hd, KvFormat::Quant(quant), &Device::Cpu).unwrap();
-            assert_eq!(store.bytes_per_token(), 2 * quant.row_bytes(nkv * hd));
+        for (format, bound) in formats {
+            let store = KvStore::new(1, 16, bs, nkv, hd, format, &Device::Cpu).unwrap();
+            assert_eq!(store.bytes_per_token(), 2 * format.row_bytes(nkv * hd));
             for (t, (k, v)) in tables.iter().zip(&kv) {
                 let mut r = Vec::new();
                 slot_runs(t, bs, 0, 0, k.dim(0).unwrap(), &mut r);
                 store.write(0, &r, k, v).unwrap();
             }
             let plan = AttentionPlan::new(&spans, &store);
-            let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("the kernel reads quantized pools");
+            let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("the kernel reads every pool format");
             let gen = generic(&q, &plan, &store, 0, nh).unwrap();
-            assert!(max_diff(&fused, &gen) < 1e-5, "{quant:?}: {}", max_diff(&fused, &gen));
+            assert!(max_diff(&fused, &gen) < 1e-5, "{format:?}: {}", max_diff(&fused, &gen));
             let d = max_diff(&fused, &exact);
-            assert!(d > 0.0 && d < bound, "{quant:?} against f32: {d}");
+            assert!(d > 0.0 && d < bound, "{format:?} against f32: {d}");
             errs.push(d);
         }
-        assert!(errs[0] < errs[1], "q8_0 {} is finer than q4_0 {}", errs[0], errs[1]);
+        assert!(errs[0] < errs[2] && errs[2] < errs[3], "f16 < q8_0 < q4_0: {errs:?}");
     }
 
     #[test]

@@ -157,7 +157,7 @@ impl Scheduler {
         stats.kv_blocks_total.store(cfg.num_blocks as u64, Ordering::Relaxed);
         stats.kv_block_size.store(cfg.block_size as u64, Ordering::Relaxed);
         stats.kv_bytes_per_token.store(store.bytes_per_token() as u64, Ordering::Relaxed);
-        let kv = KvManager::new(store, cfg.prefix_cache);
+        let kv = KvManager::try_new(store, cfg.prefix_cache)?;
         stats.kv_on_device.store(!model.device.is_cpu(), Ordering::Relaxed);
         stats.publish_device_memory(&model.device);
         Ok(Self {

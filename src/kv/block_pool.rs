@@ -54,19 +54,28 @@ impl BlockPool {
     }
 
     fn with_index(num_blocks: usize, block_size: usize, index: PrefixIndex) -> Self {
+        Self::try_with_index(num_blocks, block_size, index).expect("block pool bookkeeping")
+    }
+
+    /// [`Self::new`], or `OUT_OF_MEMORY` where the per-block bookkeeping cannot be reserved.
+    pub fn try_new(num_blocks: usize, block_size: usize) -> crate::error::Result<Self> {
+        Self::try_with_index(num_blocks, block_size, PrefixIndex::try_with_hasher(num_blocks, super::prefix::sip_hash)?)
+    }
+
+    fn try_with_index(num_blocks: usize, block_size: usize, index: PrefixIndex) -> crate::error::Result<Self> {
         assert!(num_blocks > 0 && block_size > 0 && num_blocks <= u32::MAX as usize);
-        Self {
+        Ok(Self {
             block_size,
-            refs: vec![0; num_blocks],
+            refs: super::try_filled(num_blocks, 0)?,
             free: Vec::new(),
             fresh: 0,
             entered_cache: 0,
             revived: 0,
             cached: BTreeMap::new(),
-            cached_at: vec![0; num_blocks],
+            cached_at: super::try_filled(num_blocks, 0)?,
             tick: 0,
             index,
-        }
+        })
     }
 
     pub fn block_size(&self) -> usize {

@@ -75,8 +75,13 @@ impl KvManager {
     /// A manager over `store`, whose blocks it hands out. `prefix_cache: false` never looks up
     /// or registers blocks (every prompt is computed from scratch).
     pub fn new(store: KvStore, prefix_cache: bool) -> Self {
-        let pool = BlockPool::new(store.num_blocks, store.block_size);
-        Self { pool, store, prefix_cache }
+        Self::try_new(store, prefix_cache).expect("KV pool bookkeeping")
+    }
+
+    /// [`Self::new`], or `OUT_OF_MEMORY` where the per-block bookkeeping cannot be reserved.
+    pub fn try_new(store: KvStore, prefix_cache: bool) -> crate::error::Result<Self> {
+        let pool = BlockPool::try_new(store.num_blocks, store.block_size)?;
+        Ok(Self { pool, store, prefix_cache })
     }
 
     /// A manager whose prefix index uses `hasher` (tests force collisions with it).

@@ -26,3 +26,14 @@ pub use store::{KvFormat, KvStore};
 
 /// A physical block's index in the pool and the store.
 pub type BlockId = u32;
+
+/// `n` copies of `v`, or `OUT_OF_MEMORY` where the allocator refuses (per-block bookkeeping
+/// is sized by the pool, which an address-space limit may not leave room for).
+pub(crate) fn try_filled<T: Clone>(n: usize, v: T) -> crate::error::Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| {
+        crate::error::EngineError::OutOfMemory(format!("cannot reserve the KV pool's bookkeeping for {n} blocks"))
+    })?;
+    out.resize(n, v);
+    Ok(out)
+}

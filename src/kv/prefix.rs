@@ -29,7 +29,7 @@ pub struct BlockKey {
 
 pub type KeyHasher = fn(&BlockKey) -> u64;
 
-fn sip_hash(k: &BlockKey) -> u64 {
+pub(super) fn sip_hash(k: &BlockKey) -> u64 {
     let mut h = DefaultHasher::new();
     k.hash(&mut h);
     h.finish()
@@ -57,13 +57,17 @@ impl PrefixIndex {
     }
 
     pub fn with_hasher(num_blocks: usize, hasher: KeyHasher) -> Self {
-        Self {
-            hasher,
-            by_hash: HashMap::new(),
-            entries: (0..num_blocks).map(|_| None).collect(),
-            children: HashMap::new(),
-            next_cid: ROOT + 1,
-        }
+        Self::try_with_hasher(num_blocks, hasher).expect("prefix index bookkeeping")
+    }
+
+    /// [`Self::with_hasher`], or `OUT_OF_MEMORY` where the entries cannot be reserved.
+    pub fn try_with_hasher(num_blocks: usize, hasher: KeyHasher) -> crate::error::Result<Self> {
+        let mut entries = Vec::new();
+        entries.try_reserve_exact(num_blocks).map_err(|_| {
+            crate::error::EngineError::OutOfMemory(format!("cannot reserve the prefix index for {num_blocks} blocks"))
+        })?;
+        entries.extend((0..num_blocks).map(|_| None));
+        Ok(Self { hasher, by_hash: HashMap::new(), entries, children: HashMap::new(), next_cid: ROOT + 1 })
     }
 
     pub fn is_registered(&self, b: BlockId) -> bool {

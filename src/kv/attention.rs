@@ -8,8 +8,10 @@
 //!   attention output for every row. On CPU with f32 queries a fused kernel runs over f32,
 //!   f16, bf16 or block-quantized (q8_0, q4_0) pools; anything else takes the generic path
 //!   (gather the sequence's rows from the pool, widen or dequantize them, then candle's matmul
-//!   → softmax → matmul). A CUDA paged-attention kernel replaces the generic path here, behind
-//!   the same signature.
+//!   → softmax → matmul; short decode rows batched, prompt chunks and long decode rows over
+//!   key tiles with an online softmax, so no step gathers more than a bounded number of
+//!   positions). A CUDA paged-attention kernel replaces the generic path here, behind the
+//!   same signature.
 //! - Causality comes from positions: the query at position `p` sees positions `0..=p` of its
 //!   sequence. Decode rows and chunks of prompts mix freely in one call.
 //! - The fused kernel works per (tile of up to 16 query rows of a sequence, KV head): the rows
@@ -18,8 +20,9 @@
 //!   max-subtraction and `Σ p·v` are all f32, each (row, head) summed in the same order
 //!   whatever its tile. Items run in parallel (rayon, current pool) when the batch is large
 //!   enough to repay the fork/join. Scores live in a thread-local scratch buffer that only
-//!   grows (`16 · heads per group · positions` floats): a prefill's extra memory is bounded
-//!   by the tile, never `heads × seq × seq`.
+//!   grows, to at most `16 · heads per group · 16,384` floats: rows that see more positions
+//!   take an online softmax over key blocks of that size, so a prefill's extra memory is
+//!   bounded by the tile and the block, whatever the context, never `heads × seq × seq`.
 //! - The kernel is plain Rust with eight independent accumulators, compiled twice: once with
 //!   AVX2+FMA enabled (chosen at run time) and once portable. Both sum in the same order.
 
@@ -70,7 +73,8 @@ pub struct AttentionPlan<'a> {
 /// The generic path's index tensors for one pass, uploaded once and shared by every layer.
 /// Decode rows (one query each) run batched: sequences sorted by length are grouped, each
 /// group's keys gathered into one padded `[rows, kv_heads, longest, head_dim]` tensor, padding
-/// masked out. Prompt chunks run one sequence at a time with a causal mask.
+/// masked out. Prompt chunks, and decode rows too long for a group, run one sequence at a
+/// time over key tiles with a causal mask.
 struct GenericPlan {
     decode: Vec<DecodeGroup>,
     /// `(span index, slot of every position, causal mask [len, len] over the chunk's own
@@ -92,9 +96,18 @@ struct DecodeGroup {
     longest: usize,
 }
 
-/// Decode groups hold at most this many (sequence, position) pairs: the gathered K and V of
-/// one layer are `pairs · kv_heads · head_dim` elements each.
-const DECODE_GROUP_POSITIONS: usize = 1 << 15;
+/// How the generic path bounds what it gathers per step.
+#[derive(Clone, Copy, Debug)]
+struct Tiling {
+    /// Key positions per tile of a prompt chunk's online softmax.
+    key_tile: usize,
+    /// Decode groups hold at most this many (sequence, position) pairs: the gathered K and V
+    /// of one layer are `pairs · kv_heads · head_dim` elements each. A decode row that alone
+    /// attends more positions runs like a one-row chunk, over key tiles of this size.
+    decode_positions: usize,
+}
+
+const TILING: Tiling = Tiling { key_tile: 1024, decode_positions: 1 << 15 };
 
 impl<'a> AttentionPlan<'a> {
     /// Checks once that every block table covers the positions its rows attend.
@@ -117,28 +130,30 @@ impl<'a> AttentionPlan<'a> {
         Self { spans, row_span, attended, generic: OnceCell::new() }
     }
 
-    fn generic(&self, store: &KvStore, device: &Device) -> Result<&GenericPlan> {
+    fn generic(&self, store: &KvStore, device: &Device, tiling: Tiling) -> Result<&GenericPlan> {
         if self.generic.get().is_none() {
-            let _ = self.generic.set(self.build_generic(store, device)?);
+            let _ = self.generic.set(self.build_generic(store, device, tiling)?);
         }
         Ok(self.generic.get().expect("just set"))
     }
 
-    fn build_generic(&self, store: &KvStore, device: &Device) -> Result<GenericPlan> {
+    fn build_generic(&self, store: &KvStore, device: &Device, tiling: Tiling) -> Result<GenericPlan> {
         let bs = store.block_size;
         let slots_of = |blocks: &[BlockId], total: usize| -> Vec<u32> {
             (0..total).map(|p| super::store::slot_of(blocks, bs, p) as u32).collect()
         };
         // Output order: decode groups, then chunks.
         let mut order: Vec<usize> = Vec::with_capacity(self.row_span.len());
-        let mut decode_spans: Vec<&SeqSpan> = self.spans.iter().filter(|s| s.len == 1).collect();
+        // Decode rows that fit a group are batched; longer ones join the chunks (tiled).
+        let grouped = |s: &SeqSpan| s.len == 1 && s.pos < tiling.decode_positions;
+        let mut decode_spans: Vec<&SeqSpan> = self.spans.iter().filter(|s| grouped(s)).collect();
         decode_spans.sort_by_key(|s| s.pos);
         let mut decode = Vec::new();
         let mut i = 0;
         while i < decode_spans.len() {
             // Sorted by length: the group's longest is its last member.
             let mut j = i + 1;
-            while j < decode_spans.len() && (j + 1 - i) * (decode_spans[j].pos + 1) <= DECODE_GROUP_POSITIONS {
+            while j < decode_spans.len() && (j + 1 - i) * (decode_spans[j].pos + 1) <= tiling.decode_positions {
                 j += 1;
             }
             let group = &decode_spans[i..j];
@@ -163,7 +178,7 @@ impl<'a> AttentionPlan<'a> {
             i = j;
         }
         let mut chunks = Vec::new();
-        for (si, s) in self.spans.iter().enumerate().filter(|(_, s)| s.len > 1) {
+        for (si, s) in self.spans.iter().enumerate().filter(|(_, s)| !grouped(s)) {
             let total = s.pos + s.len;
             let slots = Tensor::from_vec(slots_of(s.blocks, total), total, device)?;
             chunks.push((si, slots, causal_mask(s.len, 0, device)?));
@@ -192,6 +207,18 @@ pub fn paged_attention(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer:
 /// The fused CPU kernel, or `None` when it does not apply (device or dtype): f32 queries over
 /// an f32, f16, bf16 or block-quantized pool (rows are widened or dequantized as they are read).
 fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize) -> Result<Option<Tensor>> {
+    cpu_f32_blocks(q, plan, store, layer, nh, KEY_BLOCK)
+}
+
+/// [`cpu_f32`] with key blocks of `block` positions.
+fn cpu_f32_blocks(
+    q: &Tensor,
+    plan: &AttentionPlan,
+    store: &KvStore,
+    layer: usize,
+    nh: usize,
+    block: usize,
+) -> Result<Option<Tensor>> {
     if !cpu_kernels(q.device()) || q.dtype() != DType::F32 {
         return Ok(None);
     }
@@ -212,15 +239,15 @@ fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
     let out = match (&*ks, &*vs, store.format) {
         (Storage::Cpu(CpuStorage::F32(kd)), Storage::Cpu(CpuStorage::F32(vd)), KvFormat::Dense(_)) => {
             let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
-            fused(qd, plan, store, nh, |g| Dense { k, v, at: dense(g) })
+            fused(qd, plan, store, nh, block, |g| Dense { k, v, at: dense(g) })
         }
         (Storage::Cpu(CpuStorage::F16(kd)), Storage::Cpu(CpuStorage::F16(vd)), KvFormat::Dense(_)) => {
             let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
-            fused(qd, plan, store, nh, |g| Dense { k, v, at: dense(g) })
+            fused(qd, plan, store, nh, block, |g| Dense { k, v, at: dense(g) })
         }
         (Storage::Cpu(CpuStorage::BF16(kd)), Storage::Cpu(CpuStorage::BF16(vd)), KvFormat::Dense(_)) => {
             let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
-            fused(qd, plan, store, nh, |g| Dense { k, v, at: dense(g) })
+            fused(qd, plan, store, nh, block, |g| Dense { k, v, at: dense(g) })
         }
         (Storage::Cpu(CpuStorage::U8(kd)), Storage::Cpu(CpuStorage::U8(vd)), KvFormat::Quant(quant)) => {
             let Some((kscale, vscale)) = store.scales(layer) else { return Ok(None) };
@@ -233,7 +260,7 @@ fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
             };
             let (k, v, kd, vd) = (&kd[k0..k1], &vd[v0..v1], &ksd[a0..a1], &vsd[b0..b1]);
             let (qstride, qhd, nb) = (quant.packed_cols(stride), quant.packed_cols(hd), hd / super::quant::BLOCK);
-            fused(qd, plan, store, nh, |g| Quantized {
+            fused(qd, plan, store, nh, block, |g| Quantized {
                 quant,
                 k,
                 v,
@@ -254,9 +281,21 @@ fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: 
 /// dequantized) once serves all of them.
 const TILE: usize = 16;
 
+/// Key positions per block of the fused kernel's scores: a tile's scratch is at most
+/// `TILE · rep · KEY_BLOCK` floats (2 MB for Qwen3-0.6B's 2 query heads per KV head), whatever
+/// the context. Rows that see more take an online softmax over blocks.
+const KEY_BLOCK: usize = 1 << 14;
+
 /// The fused kernel over one layer's pool, whose KV head `g` is read through `head(g)`. Work
 /// items are (tile of up to [`TILE`] consecutive rows of one sequence, KV head).
-fn fused<S: KvRows>(qd: &[f32], plan: &AttentionPlan, store: &KvStore, nh: usize, head: impl Fn(usize) -> S + Sync) -> Vec<f32> {
+fn fused<S: KvRows>(
+    qd: &[f32],
+    plan: &AttentionPlan,
+    store: &KvStore,
+    nh: usize,
+    block: usize,
+    head: impl Fn(usize) -> S + Sync,
+) -> Vec<f32> {
     let (nkv, hd, bs) = (store.kv_heads, store.head_dim, store.block_size);
     let rep = nh / nkv;
     let width = nh * hd;
@@ -282,11 +321,11 @@ fn fused<S: KvRows>(qd: &[f32], plan: &AttentionPlan, store: &KvStore, nh: usize
         let view = KvView { rows: head(g), blocks: s.blocks, bs, hd };
         SCORES.with(|sc| {
             let mut sc = sc.borrow_mut();
-            let need = n * rep * (s.pos + r0 + n);
+            let need = n * rep * (s.pos + r0 + n).min(block);
             if sc.len() < need {
                 sc.resize(need, 0.0);
             }
-            attend(&q, &view, s.pos + r0, n, rep, scale, &mut sc[..need], &mut o, simd);
+            attend(&q, &view, s.pos + r0, n, rep, scale, block, &mut sc[..need], &mut o, simd);
         });
         o
     };
@@ -395,20 +434,17 @@ impl KvRows for Quantized<'_> {
     }
 }
 
-/// Key positions per tile of the generic path's prompt chunks.
-const GENERIC_KEY_TILE: usize = 1024;
-
 /// The generic path: per sequence, gather its K/V rows from the pool and attend with candle
 /// ops (any device, any dtype).
 fn generic(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize) -> Result<Tensor> {
-    generic_tiled(q, plan, store, layer, nh, GENERIC_KEY_TILE)
+    generic_tiled(q, plan, store, layer, nh, TILING)
 }
 
-fn generic_tiled(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize, key_tile: usize) -> Result<Tensor> {
+fn generic_tiled(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize, tiling: Tiling) -> Result<Tensor> {
     let (nkv, hd) = (store.kv_heads, store.head_dim);
     let rep = nh / nkv;
     let scale = 1.0 / (hd as f64).sqrt();
-    let g = plan.generic(store, q.device())?;
+    let g = plan.generic(store, q.device(), tiling)?;
     // The pool may hold a narrower dtype than the activations: rows are widened (or
     // dequantized) once gathered.
     let dt = q.dtype();
@@ -439,6 +475,8 @@ fn generic_tiled(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize
         let s = &plan.spans[*si];
         let total = s.pos + s.len;
         let rows = rep * s.len;
+        // A long decode row has few query rows: larger tiles, fewer steps.
+        let key_tile = if s.len == 1 { tiling.decode_positions } else { tiling.key_tile };
         // Query heads sharing a KV head are stacked: [kv_heads, rep · len, head_dim].
         let qs = q.narrow(0, s.row, s.len)?.reshape((s.len, nh, hd))?.transpose(0, 1)?.contiguous()?;
         let qs = qs.reshape((nkv, rows, hd))?;
@@ -497,16 +535,16 @@ struct KvView<'a, S> {
 }
 
 impl<S> KvView<'_, S> {
-    /// Calls `f(j, slot)` for positions `0..len` with their pool slots.
+    /// Calls `f(j, slot)` for positions `from..to` with their pool slots.
     #[inline(always)]
-    fn for_rows(&self, len: usize, mut f: impl FnMut(usize, usize)) {
-        for (bi, &b) in self.blocks.iter().enumerate() {
+    fn for_rows(&self, from: usize, to: usize, mut f: impl FnMut(usize, usize)) {
+        for (bi, &b) in self.blocks.iter().enumerate().skip(from / self.bs) {
             let first = bi * self.bs;
-            if first >= len {
+            if first >= to {
                 break;
             }
             let base = b as usize * self.bs;
-            for o in 0..self.bs.min(len - first) {
+            for o in from.saturating_sub(first)..self.bs.min(to - first) {
                 f(first + o, base + o);
             }
         }
@@ -514,8 +552,10 @@ impl<S> KvView<'_, S> {
 }
 
 /// A tile of `n` query rows of one sequence (the first at position `p0`) and one KV head:
-/// `q`, `out` `[n, rep, hd]`; `sc` `[n · rep, p0 + n]` scratch. Row `r` attends positions
-/// `0 ..= p0 + r`; each (row, head) is summed in the same order whatever the tile.
+/// `q`, `out` `[n, rep, hd]`; `sc` `[n · rep, min(p0 + n, block)]` scratch. Row `r` attends
+/// positions `0 ..= p0 + r`; each (row, head) is summed in the same order whatever the tile.
+/// Up to `block` positions the softmax is one pass; past it, an online softmax over key
+/// blocks of `block` positions keeps the scratch bounded whatever the context.
 // The innermost kernel, called per tile and head: plain arguments rather than a struct built
 // per call.
 #[allow(clippy::too_many_arguments)]
@@ -526,6 +566,7 @@ fn attend<S: KvRows>(
     n: usize,
     rep: usize,
     scale: f32,
+    block: usize,
     sc: &mut [f32],
     out: &mut [f32],
     simd: Level,
@@ -533,8 +574,8 @@ fn attend<S: KvRows>(
     match simd {
         // SAFETY: `Avx2Fma` is only constructed after detecting both features.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2Fma => unsafe { attend_avx2(q, kv, p0, n, rep, scale, sc, out) },
-        Level::Portable => attend_body(q, kv, p0, n, rep, scale, sc, out),
+        Level::Avx2Fma => unsafe { attend_avx2(q, kv, p0, n, rep, scale, block, sc, out) },
+        Level::Portable => attend_body(q, kv, p0, n, rep, scale, block, sc, out),
     }
 }
 
@@ -548,10 +589,11 @@ unsafe fn attend_avx2<S: KvRows>(
     n: usize,
     rep: usize,
     scale: f32,
+    block: usize,
     sc: &mut [f32],
     out: &mut [f32],
 ) {
-    attend_body(q, kv, p0, n, rep, scale, sc, out)
+    attend_body(q, kv, p0, n, rep, scale, block, sc, out)
 }
 
 #[inline(always)]
@@ -563,12 +605,16 @@ fn attend_body<S: KvRows>(
     n: usize,
     rep: usize,
     scale: f32,
+    block: usize,
     sc: &mut [f32],
     out: &mut [f32],
 ) {
     let (hd, len) = (kv.hd, p0 + n);
+    if len > block {
+        return attend_blocked(q, kv, p0, n, rep, scale, block, sc, out);
+    }
     // 1. Scores: position j is seen by the rows at positions ≥ j.
-    kv.for_rows(len, |j, slot| {
+    kv.for_rows(0, len, |j, slot| {
         kv.rows.with_row(false, slot, |kr| {
             for qi in j.saturating_sub(p0) * rep..n * rep {
                 sc[qi * len + j] = crate::simd::dot(&q[qi * hd..(qi + 1) * hd], kr) * scale;
@@ -589,13 +635,80 @@ fn attend_body<S: KvRows>(
     }
     // 3. Weighted sum of values.
     out.fill(0.0);
-    kv.for_rows(len, |j, slot| {
+    kv.for_rows(0, len, |j, slot| {
         kv.rows.with_row(true, slot, |vr| {
             for qi in j.saturating_sub(p0) * rep..n * rep {
                 crate::simd::axpy(sc[qi * len + j], vr, &mut out[qi * hd..(qi + 1) * hd]);
             }
         })
     });
+}
+
+/// [`attend_body`] past one key block: per block of `block` positions, the scores of the
+/// rows that see it (`sc` rows of stride `block`), then a running max `m`, sum `l` and
+/// unnormalised output per (row, query head), rescaled when the max grows; `out` is divided
+/// by `l` at the end. Same order per (row, head) whatever the tile.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_blocked<S: KvRows>(
+    q: &[f32],
+    kv: &KvView<S>,
+    p0: usize,
+    n: usize,
+    rep: usize,
+    scale: f32,
+    block: usize,
+    sc: &mut [f32],
+    out: &mut [f32],
+) {
+    let (hd, len) = (kv.hd, p0 + n);
+    // Allocated per call: this path runs only past `block` positions, where the work per call
+    // dwarfs it.
+    let mut m = vec![f32::NEG_INFINITY; n * rep];
+    let mut l = vec![0f32; n * rep];
+    out.fill(0.0);
+    for b0 in (0..len).step_by(block) {
+        let b1 = (b0 + block).min(len);
+        // Rows at positions < b0 see nothing of this block.
+        let first = b0.saturating_sub(p0) * rep;
+        // 1. Scores of the block.
+        kv.for_rows(b0, b1, |j, slot| {
+            kv.rows.with_row(false, slot, |kr| {
+                for qi in j.saturating_sub(p0) * rep..n * rep {
+                    sc[qi * block + j - b0] = crate::simd::dot(&q[qi * hd..(qi + 1) * hd], kr) * scale;
+                }
+            })
+        });
+        // 2. Fold the block into each row's running max and sum; rescale what it has summed.
+        for qi in first..n * rep {
+            let seen = (p0 + qi / rep + 1).min(b1) - b0;
+            let s = &mut sc[qi * block..qi * block + seen];
+            let m_new = s.iter().copied().fold(m[qi], f32::max);
+            let mut sum = 0f32;
+            for x in s.iter_mut() {
+                *x = (*x - m_new).exp();
+                sum += *x;
+            }
+            let alpha = (m[qi] - m_new).exp();
+            if alpha != 1.0 {
+                out[qi * hd..(qi + 1) * hd].iter_mut().for_each(|o| *o *= alpha);
+            }
+            l[qi] = l[qi] * alpha + sum;
+            m[qi] = m_new;
+        }
+        // 3. Unnormalised weighted sum of the block's values.
+        kv.for_rows(b0, b1, |j, slot| {
+            kv.rows.with_row(true, slot, |vr| {
+                for qi in j.saturating_sub(p0) * rep..n * rep {
+                    crate::simd::axpy(sc[qi * block + j - b0], vr, &mut out[qi * hd..(qi + 1) * hd]);
+                }
+            })
+        });
+    }
+    for qi in 0..n * rep {
+        let inv = 1.0 / l[qi];
+        out[qi * hd..(qi + 1) * hd].iter_mut().for_each(|o| *o *= inv);
+    }
 }
 
 #[cfg(test)]
@@ -671,7 +784,7 @@ mod tests {
             // Key tiles smaller than the chunk and not aligned with its first position: the
             // online softmax over several tiles equals the one-pass softmax.
             for tile in [1, 2, 3, 5] {
-                let tiled = generic_tiled(&q, &plan, &store, 0, nh, tile).unwrap();
+                let tiled = generic_tiled(&q, &plan, &store, 0, nh, Tiling { key_tile: tile, ..TILING }).unwrap();
                 assert!(max_diff(&tiled, &want) < 1e-5, "key tile {tile}: {}", max_diff(&tiled, &want));
             }
             // The portable path sums in the same order as the SIMD one.
@@ -683,13 +796,56 @@ mod tests {
             let rep = nh / nkv;
             let mut a = vec![0f32; rep * hd];
             let mut sc = vec![0f32; rep * 21];
-            attend(&qv[..rep * hd], &view, 20, 1, rep, 0.25, &mut sc, &mut a, Level::Portable);
+            attend(&qv[..rep * hd], &view, 20, 1, rep, 0.25, KEY_BLOCK, &mut sc, &mut a, Level::Portable);
             for level in crate::simd::levels() {
                 let mut b = vec![0f32; rep * hd];
-                attend(&qv[..rep * hd], &view, 20, 1, rep, 0.25, &mut sc, &mut b, level);
+                attend(&qv[..rep * hd], &view, 20, 1, rep, 0.25, KEY_BLOCK, &mut sc, &mut b, level);
                 assert_eq!(a, b, "{level:?}");
             }
             let _: &Vec<SlotRun> = &runs[0];
+        }
+    }
+
+    /// The online softmax over key blocks equals the one-pass softmax, for blocks that split
+    /// a tile's own positions or not, on dense and quantized pools; every SIMD level sums the
+    /// blocked path in the same order.
+    #[test]
+    fn fused_kernel_key_blocks_match_one_pass() {
+        let (nh, nkv, hd, bs) = (6, 2, 32, 4);
+        let dev = Device::Cpu;
+        for format in [KvFormat::Dense(DType::F32), KvFormat::Quant(Quant::Q8_0)] {
+            let store = KvStore::new(1, 32, bs, nkv, hd, format, &dev).unwrap();
+            let (tables, _) = scattered(&store, &[53, 20]);
+            // A 37-row chunk (three tiles) at position 16 and a decode row at position 19.
+            let spans = [
+                SeqSpan { row: 0, len: 37, pos: 16, blocks: &tables[0] },
+                SeqSpan { row: 37, len: 1, pos: 19, blocks: &tables[1] },
+            ];
+            let q = Tensor::randn(0f32, 1.0, (38, nh * hd), &dev).unwrap();
+            let plan = AttentionPlan::new(&spans, &store);
+            let want = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("kernel applies");
+            for block in [1, 5, 16, 20, 41, 52] {
+                let got = cpu_f32_blocks(&q, &plan, &store, 0, nh, block).unwrap().expect("kernel applies");
+                assert!(max_diff(&got, &want) < 1e-5, "{format:?} block {block}: {}", max_diff(&got, &want));
+            }
+        }
+        let store = KvStore::new(1, 32, bs, nkv, hd, DType::F32, &dev).unwrap();
+        let (tables, _) = scattered(&store, &[53]);
+        let (k, v) = store.layer(0);
+        let (kd, vd): (Vec<f32>, Vec<f32>) =
+            (k.flatten_all().unwrap().to_vec1().unwrap(), v.flatten_all().unwrap().to_vec1().unwrap());
+        let view = KvView { rows: Dense { k: &kd, v: &vd, at: (nkv * hd, hd, hd) }, blocks: &tables[0], bs, hd };
+        let (p0, n, rep) = (41, 12, nh / nkv);
+        let q: Vec<f32> = Tensor::randn(0f32, 1.0, n * rep * hd, &dev).unwrap().to_vec1().unwrap();
+        for block in [5, 16] {
+            let mut sc = vec![0f32; n * rep * block];
+            let mut a = vec![0f32; n * rep * hd];
+            attend(&q, &view, p0, n, rep, 0.2, block, &mut sc, &mut a, Level::Portable);
+            for level in crate::simd::levels() {
+                let mut b = vec![0f32; n * rep * hd];
+                attend(&q, &view, p0, n, rep, 0.2, block, &mut sc, &mut b, level);
+                assert_eq!(a, b, "block {block} {level:?}");
+            }
         }
     }
 
@@ -738,10 +894,11 @@ mod tests {
             assert!(max_diff(&row, &want) < 1e-5, "sequence {i}: {}", max_diff(&row, &want));
         }
         assert!(max_diff(&got, &fused) < 1e-5);
-        assert!(plan.generic(&store, &Device::Cpu).unwrap().perm.is_some(), "rows are not in group order");
+        assert!(plan.generic(&store, &Device::Cpu, TILING).unwrap().perm.is_some(), "rows are not in group order");
     }
 
-    /// Long sequences split into several decode groups (each within DECODE_GROUP_POSITIONS).
+    /// Long sequences split into several decode groups (each within `TILING.decode_positions`);
+    /// the fused kernel's key blocks on the longest.
     #[test]
     fn generic_path_splits_long_decode_batches_into_groups() {
         let (nh, nkv, hd, bs) = (2, 1, 4, 16);
@@ -752,12 +909,44 @@ mod tests {
             totals.iter().enumerate().map(|(i, &t)| SeqSpan { row: i, len: 1, pos: t - 1, blocks: &tables[i] }).collect();
         let q = Tensor::randn(0f32, 1.0, (3, nh * hd), &Device::Cpu).unwrap();
         let plan = AttentionPlan::new(&spans, &store);
-        assert_eq!(plan.generic(&store, &Device::Cpu).unwrap().decode.len(), 2);
+        assert_eq!(plan.generic(&store, &Device::Cpu, TILING).unwrap().decode.len(), 2);
         let got = generic(&q, &plan, &store, 0, nh).unwrap();
+        // The fused kernel too: 20,000 positions take its online softmax over key blocks.
+        assert!(totals[0] > KEY_BLOCK);
+        let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("f32 on CPU");
         for (i, s) in spans.iter().enumerate() {
             let want = reference(&q.narrow(0, i, 1).unwrap(), &kv[i].0, &kv[i].1, s.pos, nh, nkv, hd);
             let d = max_diff(&got.narrow(0, i, 1).unwrap(), &want);
             assert!(d < 1e-5, "sequence {i}: {d}");
+            let d = max_diff(&fused.narrow(0, i, 1).unwrap(), &want);
+            assert!(d < 1e-5, "fused, sequence {i}: {d}");
+        }
+    }
+
+    /// A decode row longer than a group's bound runs like a one-row chunk over key tiles; the
+    /// shorter rows beside it stay grouped. Every row equals plain attention.
+    #[test]
+    fn generic_path_tiles_decode_rows_longer_than_a_group() {
+        let (nh, nkv, hd, bs) = (4, 2, 8, 4);
+        let totals = [50usize, 7, 23, 3, 12];
+        let store = KvStore::new(1, 32, bs, nkv, hd, DType::F32, &Device::Cpu).unwrap();
+        let (tables, kv) = scattered(&store, &totals);
+        let spans: Vec<SeqSpan> =
+            totals.iter().enumerate().map(|(i, &t)| SeqSpan { row: i, len: 1, pos: t - 1, blocks: &tables[i] }).collect();
+        let q = Tensor::randn(0f32, 1.0, (5, nh * hd), &Device::Cpu).unwrap();
+        for decode_positions in [16, 8, 5] {
+            let tiling = Tiling { key_tile: 3, decode_positions };
+            let plan = AttentionPlan::new(&spans, &store);
+            let got = generic_tiled(&q, &plan, &store, 0, nh, tiling).unwrap();
+            let g = plan.generic(&store, &Device::Cpu, tiling).unwrap();
+            let tiled = totals.iter().filter(|&&t| t > decode_positions).count();
+            assert_eq!(g.chunks.len(), tiled, "rows past {decode_positions} positions are tiled");
+            assert!(!g.decode.is_empty(), "the short rows stay grouped");
+            for (i, s) in spans.iter().enumerate() {
+                let want = reference(&q.narrow(0, i, 1).unwrap(), &kv[i].0, &kv[i].1, s.pos, nh, nkv, hd);
+                let d = max_diff(&got.narrow(0, i, 1).unwrap(), &want);
+                assert!(d < 1e-5, "decode_positions {decode_positions}, sequence {i}: {d}");
+            }
         }
     }
 

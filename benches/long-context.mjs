@@ -1,6 +1,12 @@
-// `npm run bench:long-context [-- --depths 1024,4096,8192] [-- --dtypes f32,f16,bf16,q8_0,q4_0] [-- --threads N] [-- --wait-idle S]`:
+// `npm run bench:long-context [-- --depths 1024,4096,8192] [-- --dtypes f32,f16,bf16,q8_0,q4_0] [-- --model qwen3-0.6b|tiny] [-- --threads N] [-- --wait-idle S]`:
 // long prompts on the Qwen3-0.6B-shaped random model (f32 safetensors, scripts/bench-model.mjs)
 // with each KV pool dtype.
+//
+// `--model tiny` runs the same measurement on the qwen3-tiny test fixture (3 layers, 4 query
+// and 2 KV heads of 32): its attention costs ~1/300 of the 0.6B shape's per (query, key)
+// pair, so 32k- and 128k-token prompts finish on a small CPU. Its speeds say nothing of the
+// 0.6B model; its peak RSS shows what a prefill adds at those depths, where materialised
+// `heads × seq × seq` scores would be 16 GB (32k) and 256 GB (128k).
 //
 // For every (dtype, depth) a fresh child process loads the model with contextLength depth + 64
 // and kvCache { dtype, maxTokens: depth + 64 }, sends a seeded random prompt of `depth` token
@@ -32,10 +38,14 @@ const MAX_NEW = 32
 
 const args = parseBenchArgs(process.argv.slice(2), {
   usage: 'node benches/long-context.mjs [--depths 1024,4096] [--dtypes f32,f16,bf16,q8_0,q4_0] [--threads N] [--wait-idle S] [--out FILE]',
-  defaults: { depths: [1024, 4096], dtypes: ['f32', 'f16', 'bf16', 'q8_0', 'q4_0'] },
+  defaults: { depths: [1024, 4096], dtypes: ['f32', 'f16', 'bf16', 'q8_0', 'q4_0'], model: 'qwen3-0.6b' },
   extra: (k, next, a) => {
     if (k === '--depths') a.depths = next().split(',').map(Number)
     else if (k === '--dtypes') a.dtypes = next().split(',')
+    else if (k === '--model') {
+      a.model = next()
+      if (!['qwen3-0.6b', 'tiny'].includes(a.model)) throw new Error(`--model: qwen3-0.6b or tiny, not ${a.model}`)
+    }
     else return false
     return true
   },
@@ -51,14 +61,15 @@ function status() {
 async function child({ model, dtype, depth, threads }) {
   const { Runtime } = require(`${root}/dist/index.js`)
   const rt = await Runtime.load(model, { contextLength: depth + 64, threads, kvCache: { dtype, maxTokens: depth + 64 } })
+  const ids = [Math.min(1000, rt.info.vocabSize >> 2), Math.min(100000, rt.info.vocabSize)]
   // Page the mapped weights in with a short request first, then reset the peak-RSS mark
   // (Linux: clear_refs 5), so the request's peak counts only what it adds: KV blocks and
   // activations.
-  await rt.createSession().complete({ tokens: randomTokens(7, 16, [1000, 100000]) }, { temperature: 0, maxTokens: 2 })
+  await rt.createSession().complete({ tokens: randomTokens(7, 16, ids) }, { temperature: 0, maxTokens: 2 })
   writeFileSync('/proc/self/clear_refs', '5')
   const before = status()
   const s = rt.createSession()
-  const prompt = randomTokens(depth, depth, [1000, 100000])
+  const prompt = randomTokens(depth, depth, ids)
   const r = await s.complete({ tokens: prompt }, { temperature: 0, maxTokens: MAX_NEW })
   const after = status()
   const out = {
@@ -85,7 +96,8 @@ function qwen3KvBytes() {
 
 async function parent(a) {
   assertBuilt()
-  const { f32: model } = ensureQwen3Bench()
+  const tiny = a.model === 'tiny'
+  const model = tiny ? `${root}/__test__/fixtures/qwen3-tiny` : ensureQwen3Bench().f32
   await warmPageCache(model)
   const load0 = loadAtStart()
   const rows = []
@@ -96,7 +108,8 @@ async function parent(a) {
     }
   }
   const load1 = loadAtStart()
-  console.log(`\n## Long context: Qwen3-0.6B-shaped f32, ${machineName()}, ${a.threads} threads\n`)
+  const title = tiny ? 'qwen3-tiny fixture (memory only; speeds are not the 0.6B model\'s)' : 'Qwen3-0.6B-shaped f32'
+  console.log(`\n## Long context: ${title}, ${machineName()}, ${a.threads} threads\n`)
   console.log('| KV dtype | prompt | prefill tok/s | decode tok/s | vs f32 (prefill / decode) | KV B/token | request peak RSS growth | of which KV |')
   console.log('|---|---|---|---|---|---|---|---|')
   for (const r of rows) {
@@ -109,7 +122,8 @@ async function parent(a) {
   console.log('|---|---|---|')
   for (const [d, b] of Object.entries(kv)) console.log(`| ${d} | ${b} | ${fmt((b * 131072) / 2 ** 30, 2)} GiB |`)
   console.log(`\n${loadSummary(load0, load1)}`)
-  writeResults(a.out ?? resultsPath(cacheDir, 'long-context'), { ...runInfo(a), machine: machineInfo(load0, load1), rows, qwen3KvBytes: kv })
+  const name = tiny ? 'long-context-tiny' : 'long-context'
+  writeResults(a.out ?? resultsPath(cacheDir, name), { ...runInfo(a), model: a.model, machine: machineInfo(load0, load1), rows, qwen3KvBytes: kv })
 }
 
 await benchMain(args, parent, child)

@@ -2,31 +2,48 @@
 //! isolation, with the store holding position-tagged values so copies can be checked.
 
 use super::*;
+use crate::kv::quant::Quant;
+use crate::kv::store::KvFormat;
 use candle_core::{DType, Device, Tensor};
 
 const BS: usize = 4;
 
 fn manager(blocks: usize) -> KvManager {
-    KvManager::new(KvStore::new(1, blocks, BS, 1, 1, DType::F32, &Device::Cpu).unwrap(), true)
+    manager_in(blocks, KvFormat::Dense(DType::F32))
 }
 
-/// Writes `value(p)` at positions `from..to` of `table` (as a forward pass would), advances it
-/// and registers what filled up.
+/// A manager over one layer of one KV head, 32 wide when the pool is block-quantized (whole
+/// blocks per head).
+fn manager_in(blocks: usize, format: KvFormat) -> KvManager {
+    let hd = if matches!(format, KvFormat::Quant(_)) { 32 } else { 1 };
+    KvManager::new(KvStore::new(1, blocks, BS, 1, hd, format, &Device::Cpu).unwrap(), true)
+}
+
+/// Writes `value(p)` at positions `from..to` of `table` (as a forward pass would; every value
+/// of a row is the position's key), advances it and registers what filled up.
 fn write(m: &mut KvManager, t: &mut BlockTable, keys: &[u32], experts: &[u64], to: usize) {
     let from = t.len();
+    let width = m.store().kv_heads * m.store().head_dim;
     let mut runs = Vec::new();
     super::super::store::slot_runs(t.blocks(), BS, 0, from, to - from, &mut runs);
-    let vals: Vec<f32> = (from..to).map(|p| keys[p] as f32).collect();
-    let x = Tensor::from_vec(vals, (to - from, 1), &Device::Cpu).unwrap();
+    let vals: Vec<f32> = (from..to).flat_map(|p| std::iter::repeat_n(keys[p] as f32, width)).collect();
+    let x = Tensor::from_vec(vals, (to - from, width), &Device::Cpu).unwrap();
     m.store().write(0, &runs, &x, &x).unwrap();
     t.advance(to);
     m.cache_full_blocks(t, from, usize::MAX, experts, |p| keys[p]);
 }
 
-/// The values `table` holds at its positions.
+/// The values `table` holds at its positions (dequantized and rounded to the integer keys
+/// written, for a narrow pool).
 fn read(m: &KvManager, t: &BlockTable) -> Vec<f32> {
-    let k: Vec<f32> = m.store().layer(0).0.flatten_all().unwrap().to_vec1().unwrap();
-    (0..t.len()).map(|p| k[t.blocks()[p / BS] as usize * BS + p % BS]).collect()
+    let store = m.store();
+    let k = store.layer(0).0;
+    let k = match (store.format, store.scales(0)) {
+        (KvFormat::Quant(q), Some((ks, _))) => q.dequantize(k, ks, DType::F32).unwrap(),
+        _ => k.to_dtype(DType::F32).unwrap(),
+    };
+    let k: Vec<Vec<f32>> = k.to_vec2().unwrap();
+    (0..t.len()).map(|p| k[t.blocks()[p / BS] as usize * BS + p % BS][0].round()).collect()
 }
 
 /// Admits `keys` for `new` more positions into `t` the way the scheduler does: the better of
@@ -44,9 +61,19 @@ fn admit(m: &mut KvManager, t: &mut BlockTable, own: usize, keys: &[u32], expert
     }
 }
 
+/// Every pool format: copy-on-write copies the values and, in a quantized pool, their scales.
+const FORMATS: [KvFormat; 4] =
+    [KvFormat::Dense(DType::F32), KvFormat::Dense(DType::F16), KvFormat::Quant(Quant::Q8_0), KvFormat::Quant(Quant::Q4_0)];
+
 #[test]
 fn a_second_prompt_shares_full_blocks_and_copies_the_partial_one() {
-    let mut m = manager(8);
+    for format in FORMATS {
+        shares_full_blocks_and_copies_the_partial_one(format);
+    }
+}
+
+fn shares_full_blocks_and_copies_the_partial_one(format: KvFormat) {
+    let mut m = manager_in(8, format);
     let keys_a: Vec<u32> = (1..=10).collect();
     let mut a = BlockTable::default();
     assert_eq!(admit(&mut m, &mut a, 0, &keys_a, &[], 2), Some(0));
@@ -78,7 +105,13 @@ fn a_second_prompt_shares_full_blocks_and_copies_the_partial_one() {
 
 #[test]
 fn resuming_a_shared_partial_block_copies_it_first() {
-    let mut m = manager(6);
+    for format in FORMATS {
+        resuming_copies_first(format);
+    }
+}
+
+fn resuming_copies_first(format: KvFormat) {
+    let mut m = manager_in(6, format);
     let keys: Vec<u32> = (1..=8).collect();
     let mut a = BlockTable::default();
     assert!(admit(&mut m, &mut a, 0, &keys, &[], 1).is_some());

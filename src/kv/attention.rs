@@ -609,18 +609,12 @@ fn attend_body<S: KvRows>(
     sc: &mut [f32],
     out: &mut [f32],
 ) {
-    let (hd, len) = (kv.hd, p0 + n);
+    let len = p0 + n;
     if len > block {
         return attend_blocked(q, kv, p0, n, rep, scale, block, sc, out);
     }
     // 1. Scores: position j is seen by the rows at positions ≥ j.
-    kv.for_rows(0, len, |j, slot| {
-        kv.rows.with_row(false, slot, |kr| {
-            for qi in j.saturating_sub(p0) * rep..n * rep {
-                sc[qi * len + j] = crate::simd::dot(&q[qi * hd..(qi + 1) * hd], kr) * scale;
-            }
-        })
-    });
+    scores(q, kv, p0, n, rep, scale, (0, len), len, sc);
     // 2. Softmax per (row, query head) over what that row sees.
     for (qi, s) in sc.chunks_mut(len).take(n * rep).enumerate() {
         let s = &mut s[..p0 + qi / rep + 1];
@@ -635,10 +629,53 @@ fn attend_body<S: KvRows>(
     }
     // 3. Weighted sum of values.
     out.fill(0.0);
-    kv.for_rows(0, len, |j, slot| {
+    weigh_values(kv, p0, n, rep, (0, len), len, sc, out);
+}
+
+/// Scores `q·k · scale` of positions `from..to` for the rows that see them, into `sc` rows of
+/// `stride` (column `j - from`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn scores<S: KvRows>(
+    q: &[f32],
+    kv: &KvView<S>,
+    p0: usize,
+    n: usize,
+    rep: usize,
+    scale: f32,
+    (from, to): (usize, usize),
+    stride: usize,
+    sc: &mut [f32],
+) {
+    let hd = kv.hd;
+    kv.for_rows(from, to, |j, slot| {
+        kv.rows.with_row(false, slot, |kr| {
+            for qi in j.saturating_sub(p0) * rep..n * rep {
+                sc[qi * stride + j - from] = crate::simd::dot(&q[qi * hd..(qi + 1) * hd], kr) * scale;
+            }
+        })
+    });
+}
+
+/// `out += p · v` over positions `from..to` for the rows that see them, `p` read from `sc` as
+/// [`scores`] wrote it.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn weigh_values<S: KvRows>(
+    kv: &KvView<S>,
+    p0: usize,
+    n: usize,
+    rep: usize,
+    (from, to): (usize, usize),
+    stride: usize,
+    sc: &[f32],
+    out: &mut [f32],
+) {
+    let hd = kv.hd;
+    kv.for_rows(from, to, |j, slot| {
         kv.rows.with_row(true, slot, |vr| {
             for qi in j.saturating_sub(p0) * rep..n * rep {
-                crate::simd::axpy(sc[qi * len + j], vr, &mut out[qi * hd..(qi + 1) * hd]);
+                crate::simd::axpy(sc[qi * stride + j - from], vr, &mut out[qi * hd..(qi + 1) * hd]);
             }
         })
     });
@@ -672,13 +709,7 @@ fn attend_blocked<S: KvRows>(
         // Rows at positions < b0 see nothing of this block.
         let first = b0.saturating_sub(p0) * rep;
         // 1. Scores of the block.
-        kv.for_rows(b0, b1, |j, slot| {
-            kv.rows.with_row(false, slot, |kr| {
-                for qi in j.saturating_sub(p0) * rep..n * rep {
-                    sc[qi * block + j - b0] = crate::simd::dot(&q[qi * hd..(qi + 1) * hd], kr) * scale;
-                }
-            })
-        });
+        scores(q, kv, p0, n, rep, scale, (b0, b1), block, sc);
         // 2. Fold the block into each row's running max and sum; rescale what it has summed.
         for qi in first..n * rep {
             let seen = (p0 + qi / rep + 1).min(b1) - b0;
@@ -697,13 +728,7 @@ fn attend_blocked<S: KvRows>(
             m[qi] = m_new;
         }
         // 3. Unnormalised weighted sum of the block's values.
-        kv.for_rows(b0, b1, |j, slot| {
-            kv.rows.with_row(true, slot, |vr| {
-                for qi in j.saturating_sub(p0) * rep..n * rep {
-                    crate::simd::axpy(sc[qi * block + j - b0], vr, &mut out[qi * hd..(qi + 1) * hd]);
-                }
-            })
-        });
+        weigh_values(kv, p0, n, rep, (b0, b1), block, sc, out);
     }
     for qi in 0..n * rep {
         let inv = 1.0 / l[qi];

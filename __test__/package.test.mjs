@@ -7,15 +7,18 @@
 //     without the NVIDIA driver the CUDA addon cannot load, so `auto` falls back to the CPU
 //     build, `cuda` rejects with NO_CUDA_DEVICE naming the missing library, and the process
 //     lives on and exits normally. With a driver and a GPU, `auto` takes the GPU.
+// The main package's own dependencies (prom-client and what it needs) are packed from this
+// repository's node_modules and installed beside it: an offline install finds no registry
+// metadata for them in a fresh machine's npm cache.
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFileSync, spawnSync } from 'node:child_process'
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { delimiter, dirname, join } from 'node:path'
 import { packPackages } from '../scripts/pack.mjs'
 import { smolLM2OrSkip } from '../scripts/assets.mjs'
-import { npm } from '../scripts/setup.mjs'
+import { npm, root } from '../scripts/setup.mjs'
 
 const { modelPath, skip } = smolLM2OrSkip()
 
@@ -59,12 +62,32 @@ function consumerRun(dir, device) {
   return JSON.parse(line.slice(7))
 }
 
+/**
+ * Tarballs of the main package's runtime dependencies, the closure of its package.json
+ * `dependencies` as installed here (a nested node_modules first, then the hoisted one).
+ */
+function packDependencies(dest) {
+  const packed = new Map()
+  const visit = (name, from) => {
+    const dir = [join(from, 'node_modules', name), join(root, 'node_modules', name)].find((d) => existsSync(join(d, 'package.json')))
+    assert.ok(dir, `${name} is not installed (npm install)`)
+    if (packed.has(dir)) return
+    const out = execFileSync(npm, ['pack', '--ignore-scripts', '--pack-destination', dest, dir], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
+    packed.set(dir, join(dest, out.trim().split('\n').pop()))
+    for (const dep of Object.keys(JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')).dependencies ?? {})) visit(dep, dir)
+  }
+  for (const dep of Object.keys(JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')).dependencies ?? {})) visit(dep, root)
+  return [...packed.values()]
+}
+
 describe('npm packages installed into a fresh project', { skip }, () => {
   let work
   let tarballs
+  let dependencies
   before(() => {
     work = mkdtempSync(join(tmpdir(), 'expert-runtime-pkg-'))
     tarballs = packPackages(join(work, 'tarballs'))
+    dependencies = packDependencies(join(work, 'tarballs'))
   })
   after(() => work && rmSync(work, { recursive: true, force: true }))
 
@@ -74,7 +97,7 @@ describe('npm packages installed into a fresh project', { skip }, () => {
     writeFileSync(join(dir, 'package.json'), JSON.stringify({ name: `consumer-${name}`, version: '1.0.0', private: true }))
     writeFileSync(join(dir, 'use.js'), CONSUMER)
     // --offline: nothing comes from the registry; the other platforms' optional packages are left out.
-    execFileSync(npm, ['install', '--offline', '--no-audit', '--no-fund', '--omit=optional', ...files], { cwd: dir, stdio: 'pipe' })
+    execFileSync(npm, ['install', '--offline', '--no-audit', '--no-fund', '--omit=optional', ...files, ...dependencies], { cwd: dir, stdio: 'pipe' })
     return dir
   }
 

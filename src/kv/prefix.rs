@@ -35,6 +35,7 @@ pub(super) fn sip_hash(k: &BlockKey) -> u64 {
     h.finish()
 }
 
+#[derive(Clone)]
 struct Entry {
     hash: u64,
     key: BlockKey,
@@ -62,11 +63,7 @@ impl PrefixIndex {
 
     /// [`Self::with_hasher`], or `OUT_OF_MEMORY` where the entries cannot be reserved.
     pub fn try_with_hasher(num_blocks: usize, hasher: KeyHasher) -> crate::error::Result<Self> {
-        let mut entries = Vec::new();
-        entries.try_reserve_exact(num_blocks).map_err(|_| {
-            crate::error::EngineError::OutOfMemory(format!("cannot reserve the prefix index for {num_blocks} blocks"))
-        })?;
-        entries.extend((0..num_blocks).map(|_| None));
+        let entries = super::try_filled(num_blocks, None)?;
         Ok(Self { hasher, by_hash: HashMap::new(), entries, children: HashMap::new(), next_cid: ROOT + 1 })
     }
 

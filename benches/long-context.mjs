@@ -3,10 +3,10 @@
 // with each KV pool dtype.
 //
 // `--model tiny` runs the same measurement on the qwen3-tiny test fixture (3 layers, 4 query
-// and 2 KV heads of 32): its attention costs ~1/300 of the 0.6B shape's per (query, key)
+// and 2 KV heads of 32): its attention costs 1/149 of the 0.6B shape's per (query, key)
 // pair, so 32k- and 128k-token prompts finish on a small CPU. Its speeds say nothing of the
 // 0.6B model; its peak RSS shows what a prefill adds at those depths, where materialised
-// `heads × seq × seq` scores would be 16 GB (32k) and 256 GB (128k).
+// `heads × seq × seq` scores would be 16 GiB (32k) and 256 GiB (128k).
 //
 // For every (dtype, depth) a fresh child process loads the model with contextLength depth + 64
 // and kvCache { dtype, maxTokens: depth + 64 }, sends a seeded random prompt of `depth` token

@@ -46,6 +46,8 @@ export class Runtime {
       if (v !== undefined && !isPositiveU32(v)) throw invalidArgument(`${k} must be a positive integer below 2^32`)
     }
     if (onProgress !== undefined && typeof onProgress !== 'function') throw invalidArgument('onProgress must be a function')
+    if (rest.quantize !== undefined && typeof rest.quantize !== 'string') throw invalidArgument('quantize must be a string')
+    if (rest.mmap !== undefined && typeof rest.mmap !== 'boolean') throw invalidArgument('mmap must be a boolean')
     const kv = rest.kvCache
     if (kv !== undefined) {
       if (kv === null || typeof kv !== 'object' || Array.isArray(kv)) throw invalidArgument('kvCache must be an object')
@@ -86,6 +88,8 @@ export class Runtime {
           contextLength: rest.contextLength,
           ropeScaling,
           threads: rest.threads,
+          quantize: rest.quantize,
+          mmap: rest.mmap,
           kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, prefixCache: kv.prefixCache, dtype: kv.dtype } : undefined,
         },
         progress,

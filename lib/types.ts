@@ -48,6 +48,9 @@ export interface ToolCallDelta {
 export type Device = 'auto' | 'cpu' | 'cuda' | `cuda:${number}`
 export type DType = 'auto' | 'f32' | 'f16' | 'bf16'
 
+/** The `quantize` load option. */
+export type Quantize = 'none' | 'q8_0' | 'q4_0' | 'q4_k'
+
 export interface LoadOptions {
   /**
    * `auto` (the default) uses the GPU when the CUDA build loads and finds one, otherwise the
@@ -70,6 +73,26 @@ export interface LoadOptions {
   ropeScaling?: RopeScaling | null
   /** CPU threads for the engine. Defaults to one per core. */
   threads?: number
+  /**
+   * Quantize dense weights (f32/f16/bf16 safetensors, or an f16/f32 GGUF) as they are read:
+   * `q8_0` (8.5 bits a weight, closest to the dense model), `q4_0` or `q4_k` (4.5 bits; the
+   * token embedding and an untied output head are kept at `q6_k`, as llama.cpp's Q4_K_M
+   * does). Norms and biases stay dense; a row length that a format's blocks do not divide
+   * falls back to the next format that fits (`rt.info.quantization` tells what runs).
+   * Already-quantized GGUF weights are not requantized. A non-finite weight fails the load
+   * with `INVALID_MODEL`. Default `none`. On CUDA the blocks run through candle's quantized
+   * kernels.
+   */
+  quantize?: Quantize
+  /**
+   * Read dense safetensors weights in place from the memory-mapped file when the file stores
+   * them in the dtype the model runs (f32 on CPU by default, or f16): no copy, so loading is
+   * parsing and pages come from the page cache as they are used. Default `true`. A mapped file
+   * must not be truncated or rewritten in place while the runtime lives (a read of a lost page
+   * ends the process, as with any mmap-based loader); replace files by renaming a new one over
+   * them, or pass `false` to copy the weights into memory instead.
+   */
+  mmap?: boolean
   /** Called as weights are read. */
   onProgress?: (p: { loadedBytes: number; totalBytes: number }) => void
   /** Bounds of the KV cache shared by every session (see `KvCacheOptions`). */
@@ -220,6 +243,14 @@ export interface RuntimeInfo {
   kvCacheDtype: KvCacheDtype
   /** The RoPE scaling the model runs with (`null` when none). */
   ropeScaling: RopeScalingInfo | null
+  /**
+   * What the linear weights run as: `none` when all are dense (in `dtype`), otherwise their
+   * block formats joined by `+`, most bytes first (`q4_0+q6_k`, or `q8_0` for a GGUF whose
+   * Q4_1 / Q5_0 tensors were repacked to Q8_0), with `dense` among them when some stay dense.
+   */
+  quantization: string
+  /** Bytes of the weights. Weights read in place from a memory-mapped file count the file bytes they use. */
+  weightBytes: number
   /** What you should know about how the model runs, e.g. a `contextLength` past what it supports. */
   warnings: string[]
 }

@@ -11,7 +11,8 @@ use crate::files;
 use crate::kv::sizing::KvMemory;
 use crate::kv::KvCacheOptions;
 use crate::model::config::{token_id_list, MAX_POSITIONS};
-use crate::model::loader::{self, ModelFormat};
+use crate::model::loader::{self, ModelFormat, WeightPolicy};
+use crate::model::quantize::Quantize;
 use crate::model::rope::{RopeScaling, Source};
 use crate::model::{Decoder, ModelConfig};
 use crate::sampling::SamplingOverrides;
@@ -30,6 +31,11 @@ pub struct LoadOptions {
     pub threads: Option<usize>,
     /// Dequantize GGUF weights at load (exact f32 matmuls instead of quantized kernels).
     pub dequantize: bool,
+    /// `none` | `q8_0` | `q4_0` | `q4_k`: quantize dense weights as they are read.
+    pub quantize: Option<String>,
+    /// Read dense weights in place from the memory-mapped file where the file's dtype is the
+    /// model's (CPU); `Some(false)` copies them. Default: on.
+    pub mmap: Option<bool>,
     pub kv_cache: KvCacheOptions,
 }
 
@@ -150,7 +156,15 @@ fn check_tokenizer(tokenizer: &Tokenizer, cfg: &ModelConfig) -> Result<()> {
 
 /// Reads a model directory or GGUF file (used by the engine thread and by tests/benches).
 pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &dyn Fn(u64, u64)) -> Result<Loaded> {
-    let files = loader::open(path, device, progress, opts.dequantize)?;
+    let policy = WeightPolicy {
+        dequantize: opts.dequantize,
+        quantize: Quantize::parse(opts.quantize.as_deref())?,
+        mmap: opts.mmap.unwrap_or(true),
+    };
+    if opts.dequantize && policy.quantize != Quantize::None {
+        return Err(EngineError::InvalidArgument("dequantize and quantize cannot be combined".into()));
+    }
+    let files = loader::open(path, device, progress, policy)?;
     let dtype = select_dtype(opts.dtype.as_deref(), device)?;
     let (tokenizer, defaults) = match &files.format {
         ModelFormat::HfDir(dir) => (Tokenizer::from_dir(dir).map_err(EngineError::InvalidModel)?, read_generation_config(dir)?),
@@ -193,6 +207,7 @@ pub const MAX_THREADS_PER_CORE: usize = 4;
 /// Option checks that must run before anything is started (threads are spawned from them).
 pub fn check_options(opts: &LoadOptions) -> Result<()> {
     crate::kv::sizing::kv_dtype(opts.kv_cache.dtype.as_deref(), DType::F32)?;
+    Quantize::parse(opts.quantize.as_deref())?;
     if let Some(n) = opts.threads {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let max = cores * MAX_THREADS_PER_CORE;

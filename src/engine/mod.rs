@@ -64,6 +64,10 @@ pub struct ModelInfo {
     pub rope_scaling: Option<crate::model::rope::RopeScaling>,
     /// What the KV pool stores keys and values as.
     pub kv_cache_dtype: String,
+    /// What the weights run as: `none` (dense), or their block formats, most bytes first.
+    pub quantization: String,
+    /// Bytes of the weights (mapped weights count the file bytes they read).
+    pub weight_bytes: u64,
     /// What the caller should know about how the model runs (a context past what it supports).
     pub warnings: Vec<String>,
 }
@@ -194,6 +198,8 @@ impl Engine {
             eos_token_ids: eos.clone(),
             rope_scaling: model.cfg.rope_scaling.clone(),
             kv_cache_dtype: kv_dtype.name().into(),
+            quantization: model.quantization(),
+            weight_bytes: model.weight_bytes() as u64,
             warnings,
         };
         let (tokenizer, model) = (Arc::new(tokenizer), Arc::new(model));

@@ -194,6 +194,50 @@ impl Decoder {
         self.rope.exact_until()
     }
 
+    /// Every linear module: the layers' projections, then the embedding and an untied head.
+    fn linears(&self) -> impl Iterator<Item = &Linear> {
+        let layers = (0..self.layers.len()).flat_map(move |layer| Proj::ALL.map(|proj| self.linear(Slot { layer, proj })));
+        layers.chain(std::iter::once(&self.embed_tokens)).chain(self.lm_head.as_ref())
+    }
+
+    /// Bytes of every weight: linear weights and biases (mapped ones count the file bytes they
+    /// read) and the norms (`rt.info.weightBytes`).
+    pub fn weight_bytes(&self) -> usize {
+        let tensor = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        let norm = |n: &RmsNorm| tensor(&n.weight);
+        let linears: usize = self.linears().map(|l| l.weight.size_in_bytes() + l.bias.as_ref().map_or(0, tensor)).sum();
+        let norms: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                norm(&l.input_layernorm)
+                    + norm(&l.post_attention_layernorm)
+                    + l.self_attn.q_norm.as_ref().map_or(0, norm)
+                    + l.self_attn.k_norm.as_ref().map_or(0, norm)
+            })
+            .sum();
+        linears + norms + norm(&self.norm)
+    }
+
+    /// What the linear weights run as (`rt.info.quantization`): `none` when all are dense,
+    /// otherwise their block formats joined by `+`, most bytes first (`q4_k+q6_k`), with
+    /// `dense` among them when some stay dense.
+    pub fn quantization(&self) -> String {
+        let mut bytes: Vec<(String, usize)> = Vec::new();
+        for l in self.linears() {
+            let name = l.weight.format().unwrap_or_else(|| "dense".into());
+            match bytes.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, b)) => *b += l.weight.size_in_bytes(),
+                None => bytes.push((name, l.weight.size_in_bytes())),
+            }
+        }
+        if bytes.iter().all(|(n, _)| n == "dense") {
+            return "none".into();
+        }
+        bytes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        bytes.into_iter().map(|(n, _)| n).collect::<Vec<_>>().join("+")
+    }
+
     /// The linear module at `slot` (adapters are validated and built against it).
     pub fn linear(&self, slot: Slot) -> &Linear {
         let l = &self.layers[slot.layer];

@@ -3,9 +3,10 @@
 //! The weight stays in its stored form (dense tensor or `QMatMul` blocks); adapters add their
 //! own contribution on top of `forward` later and never touch `w`.
 
-use candle_core::quantized::QMatMul;
-use candle_core::{Module, Tensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{Device, Module, Tensor};
 
+use super::mapped::Mapped;
 use super::q8::PackedQ8_0;
 
 use crate::backend::cpu_kernels;
@@ -52,6 +53,51 @@ pub enum Weight {
     Quantized(QMatMul),
     /// Q8_0 on CPU, repacked for our own decode kernel ([`super::q8`]); the only copy kept.
     Q8Packed(PackedQ8_0),
+    /// Dense, read in place from a memory-mapped file ([`super::mapped`]); CPU only.
+    Mapped(Mapped),
+}
+
+impl Weight {
+    /// A block-quantized tensor as the engine runs it: on CPU, types without a SIMD kernel are
+    /// repacked ([`super::repack`]) and Q8_0 goes to our own kernel's layout (the `QTensor`
+    /// is dropped: weights are stored once); elsewhere candle's `QMatMul`. `q` may be on the
+    /// CPU for any device (quantized on load): it is moved to `device` here.
+    pub fn from_qtensor(q: QTensor, device: &Device) -> Result<Self> {
+        if cpu_kernels(device) {
+            let q = super::repack::for_cpu(q, device)?;
+            return Ok(if q.dtype() == GgmlDType::Q8_0 {
+                Weight::Q8Packed(PackedQ8_0::from_qtensor(&q)?)
+            } else {
+                Weight::Quantized(QMatMul::from_qtensor(q)?)
+            });
+        }
+        let q = if q.device().same_device(device) {
+            q
+        } else {
+            QTensor::new(QStorage::from_data(q.data()?, device, q.dtype())?, q.shape().clone())?
+        };
+        Ok(Weight::Quantized(QMatMul::from_qtensor(q)?))
+    }
+
+    /// Bytes the weight occupies (mapped weights: the bytes of the file they read).
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            Weight::Dense(w) => w.elem_count() * w.dtype().size_in_bytes(),
+            Weight::Quantized(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
+            Weight::Quantized(QMatMul::Tensor(w) | QMatMul::TensorF16(w)) => w.elem_count() * w.dtype().size_in_bytes(),
+            Weight::Q8Packed(p) => p.size_in_bytes(),
+            Weight::Mapped(m) => m.size_in_bytes(),
+        }
+    }
+
+    /// What the weight runs as: `q8_0`, `q4_k`, … for block formats, `None` when dense.
+    pub fn format(&self) -> Option<String> {
+        match self {
+            Weight::Quantized(QMatMul::QTensor(q)) => Some(super::quantize::format_name(q.dtype())),
+            Weight::Q8Packed(_) => Some("q8_0".into()),
+            _ => None,
+        }
+    }
 }
 
 pub struct Linear {
@@ -83,6 +129,7 @@ impl Linear {
                 x.matmul(&w.t()?)?
             }
             Weight::Q8Packed(p) => p.forward(x, Q8_DENSE_ROWS)?,
+            Weight::Mapped(m) => m.forward(x)?.to_dtype(x.dtype())?,
             Weight::Quantized(q) => {
                 // Quantized kernels take f32 activations; the result is cast back.
                 let dt = x.dtype();
@@ -100,6 +147,7 @@ impl Linear {
             Weight::Quantized(QMatMul::QTensor(q)) => q.dequantize(&q.device())?.to_dtype(f32)?,
             Weight::Quantized(QMatMul::Tensor(w) | QMatMul::TensorF16(w)) => w.to_dtype(f32)?,
             Weight::Q8Packed(p) => Tensor::from_vec(p.dequantize(), (p.rows(), p.cols()), &candle_core::Device::Cpu)?,
+            Weight::Mapped(m) => m.to_tensor()?.to_dtype(f32)?,
         })
     }
 
@@ -109,6 +157,7 @@ impl Linear {
             Weight::Dense(w) => w.index_select(ids, 0)?,
             Weight::Quantized(q) => q.embedding(ids)?,
             Weight::Q8Packed(p) => p.embedding(ids)?,
+            Weight::Mapped(m) => m.embedding(ids)?,
         })
     }
 }

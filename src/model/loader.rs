@@ -10,18 +10,34 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
 
 use super::config::ModelConfig;
 use super::linear::{Linear, Weight};
+use super::mapped::Mapped;
+use super::quantize::{self, DenseRows, DenseType, Quantize, Role};
 use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
 use crate::files;
 
 /// Reports `(loaded_bytes, total_bytes)` as tensors are read.
 pub type Progress<'a> = &'a dyn Fn(u64, u64);
+
+/// How a source stores the weights it reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WeightPolicy {
+    /// Store GGUF-quantized weights dense (exact f32 matmuls instead of quantized kernels).
+    pub dequantize: bool,
+    /// Quantize dense weights as they are read ([`super::quantize`]).
+    pub quantize: Quantize,
+    /// Read dense safetensors weights in place from the memory map when the file holds them
+    /// in the model's dtype, on CPU ([`super::mapped`]); otherwise they are copied.
+    pub mmap: bool,
+}
 
 /// Where a model's tensors come from.
 pub trait WeightSource {
@@ -38,6 +54,7 @@ pub trait WeightSource {
 pub struct ModelFiles<'a> {
     pub config: ModelConfig,
     pub format: ModelFormat<'a>,
+    policy: WeightPolicy,
 }
 
 pub enum ModelFormat<'a> {
@@ -48,9 +65,9 @@ pub enum ModelFormat<'a> {
 }
 
 /// Opens `path` — an HF model directory or a GGUF file, told apart by what is there — and
-/// reads its configuration. `dequantize` stores GGUF weights dense. Weights are read later,
-/// from [`ModelFiles::into_weights`].
-pub fn open<'a>(path: &Path, device: &Device, progress: Progress<'a>, dequantize: bool) -> Result<ModelFiles<'a>> {
+/// reads its configuration. Weights are read later, from [`ModelFiles::into_weights`], as
+/// `policy` says.
+pub fn open<'a>(path: &Path, device: &Device, progress: Progress<'a>, policy: WeightPolicy) -> Result<ModelFiles<'a>> {
     if !path.exists() {
         return Err(EngineError::ModelNotFound(path.display().to_string()));
     }
@@ -58,12 +75,12 @@ pub fn open<'a>(path: &Path, device: &Device, progress: Progress<'a>, dequantize
         let cfg_path = path.join("config.json");
         let text = files::read_text(&cfg_path).map_err(|e| EngineError::InvalidModel(format!("{}: {e}", cfg_path.display())))?;
         let config = ModelConfig::from_hf_json(&text)?;
-        Ok(ModelFiles { config, format: ModelFormat::HfDir(path.to_path_buf()) })
+        Ok(ModelFiles { config, format: ModelFormat::HfDir(path.to_path_buf()), policy })
     } else if is_gguf(path) {
-        let src = GgufSource::open(path, device, Some(progress))?.dequantize(dequantize);
+        let src = GgufSource::open(path, device, Some(progress))?.policy(policy);
         let mut config = ModelConfig::from_gguf(src.metadata())?;
         config.tie_word_embeddings = !src.contains("lm_head");
-        Ok(ModelFiles { config, format: ModelFormat::Gguf(Box::new(src)) })
+        Ok(ModelFiles { config, format: ModelFormat::Gguf(Box::new(src)), policy })
     } else {
         Err(EngineError::InvalidModel(format!("{} is neither a model directory nor a GGUF file", path.display())))
     }
@@ -73,7 +90,9 @@ impl<'a> ModelFiles<'a> {
     /// The weights: the directory's safetensors (memory-mapped now), or the GGUF file.
     pub fn into_weights(self, device: &Device, progress: Progress<'a>) -> Result<(ModelConfig, Box<dyn WeightSource + 'a>)> {
         let weights: Box<dyn WeightSource + 'a> = match self.format {
-            ModelFormat::HfDir(dir) => Box::new(SafetensorsSource::open(&safetensors_files(&dir)?, device, Some(progress))?),
+            ModelFormat::HfDir(dir) => {
+                Box::new(SafetensorsSource::open(&safetensors_files(&dir)?, device, Some(progress), self.policy)?)
+            }
             ModelFormat::Gguf(src) => src,
         };
         Ok((self.config, weights))
@@ -82,9 +101,21 @@ impl<'a> ModelFiles<'a> {
 
 // ---------------------------------------------------------------- safetensors
 
+/// A tensor's place in one of the mapped files.
+struct Entry {
+    file: usize,
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    /// Byte range of its data in the map.
+    start: usize,
+    len: usize,
+}
+
 pub struct SafetensorsSource<'a> {
-    st: candle_core::safetensors::MmapedSafetensors,
+    maps: Vec<Arc<Mmap>>,
+    entries: HashMap<String, Entry>,
     device: Device,
+    policy: WeightPolicy,
     loaded: u64,
     total: u64,
     progress: Option<Progress<'a>>,
@@ -125,49 +156,113 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
+/// The candle dtype of a safetensors float dtype; `None` for the others (no weight is stored so).
+fn float_dtype(d: safetensors::Dtype) -> Option<DType> {
+    Some(match d {
+        safetensors::Dtype::F32 => DType::F32,
+        safetensors::Dtype::F16 => DType::F16,
+        safetensors::Dtype::BF16 => DType::BF16,
+        safetensors::Dtype::F64 => DType::F64,
+        _ => return None,
+    })
+}
+
 impl<'a> SafetensorsSource<'a> {
-    pub fn open(files: &[PathBuf], device: &Device, progress: Option<Progress<'a>>) -> Result<Self> {
-        for f in files {
+    pub fn open(files: &[PathBuf], device: &Device, progress: Option<Progress<'a>>, policy: WeightPolicy) -> Result<Self> {
+        let mut maps = Vec::with_capacity(files.len());
+        let mut entries = HashMap::new();
+        for (i, f) in files.iter().enumerate() {
             files::regular_file_len(f).map_err(|e| EngineError::invalid_model(f.display(), e))?;
+            let file = File::open(f).map_err(|e| EngineError::invalid_model(f.display(), e))?;
+            // SAFETY: the map is private and read-only. A file truncated on disk while mapped
+            // faults on access (see `super::mapped`); every tensor's byte range is validated
+            // against the map's length by `safetensors` before any access.
+            let map = unsafe { Mmap::map(&file) }.map_err(|e| EngineError::invalid_model(f.display(), e))?;
+            let st = safetensors::SafeTensors::deserialize(&map).map_err(|e| EngineError::invalid_model(f.display(), e))?;
+            for (name, view) in st.tensors() {
+                let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
+                let entry = Entry { file: i, dtype: view.dtype(), shape: view.shape().to_vec(), start, len: view.data().len() };
+                entries.insert(name, entry);
+            }
+            maps.push(Arc::new(map));
         }
-        // SAFETY: the files are mapped read-only; we require that nobody truncates or rewrites
-        // a model file while it is loaded (the contract of every mmap-based loader). The
-        // header and every tensor's byte range are validated against the file length by
-        // `safetensors` before any access, so a truncated file is an error, not a fault.
-        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(files) }
-            .map_err(|e| EngineError::invalid_model("cannot read safetensors", e))?;
-        let total = st.tensors().iter().map(|(_, v)| v.data().len() as u64).sum();
-        Ok(Self { st, device: device.clone(), loaded: 0, total, progress })
+        let total = entries.values().map(|e| e.len as u64).sum();
+        Ok(Self { maps, entries, device: device.clone(), policy, loaded: 0, total, progress })
+    }
+
+    /// The entry of tensor `name`, its shape checked.
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<&Entry> {
+        let e = self.entries.get(name).ok_or_else(|| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
+        if e.shape != shape {
+            return Err(EngineError::InvalidModel(format!("tensor {name} has shape {:?}, expected {shape:?}", e.shape)));
+        }
+        if float_dtype(e.dtype).is_none() {
+            return Err(EngineError::InvalidModel(format!("tensor {name} is {:?}; weights must be f32, f16 or bf16", e.dtype)));
+        }
+        Ok(e)
+    }
+
+    fn bytes(&self, e: &Entry) -> &[u8] {
+        &self.maps[e.file][e.start..e.start + e.len]
+    }
+
+    fn advance(&mut self, bytes: usize) {
+        self.loaded += bytes as u64;
+        if let Some(p) = self.progress {
+            p(self.loaded, self.total);
+        }
+    }
+
+    /// The weight of linear `name` (`[out, inp]`), quantized, mapped or copied per the policy.
+    fn weight(&self, name: &str, out: usize, inp: usize, dtype: DType) -> Result<Weight> {
+        let wname = format!("{name}.weight");
+        let e = self.entry(&wname, &[out, inp])?;
+        let file_dtype = float_dtype(e.dtype).unwrap_or(DType::F64);
+        if let Some(format) = self.policy.quantize.format(Role::of(name), inp) {
+            let dense = match file_dtype {
+                DType::F32 => DenseType::F32,
+                DType::F16 => DenseType::F16,
+                DType::BF16 => DenseType::BF16,
+                _ => return Err(EngineError::InvalidModel(format!("tensor {wname}: f64 weights cannot be quantized on load"))),
+            };
+            let rows = DenseRows::new(self.bytes(e), dense, out, inp)
+                .ok_or_else(|| EngineError::InvalidModel(format!("tensor {wname}: byte count does not match its shape")))?;
+            return Weight::from_qtensor(quantize::quantize(&rows, format, &wname)?, &self.device);
+        }
+        if self.policy.mmap && cpu_kernels(&self.device) && file_dtype == dtype {
+            if let Some(m) = Mapped::new(self.maps[e.file].clone(), e.start, out, inp, dtype) {
+                return Ok(Weight::Mapped(m));
+            }
+        }
+        Ok(Weight::Dense(self.copy(&wname, e, dtype)?))
+    }
+
+    fn copy(&self, name: &str, e: &Entry, dtype: DType) -> Result<Tensor> {
+        let file_dtype = float_dtype(e.dtype).unwrap_or(DType::F64);
+        Tensor::from_raw_buffer(self.bytes(e), file_dtype, &e.shape, &self.device)
+            .and_then(|t| t.to_dtype(dtype))
+            .map_err(|err| EngineError::invalid_model(format!("tensor {name}"), err))
     }
 }
 
 impl WeightSource for SafetensorsSource<'_> {
     fn tensor(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let view = self.st.get(name).map_err(|_| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
-        if view.shape() != shape {
-            return Err(EngineError::InvalidModel(format!("tensor {name} has shape {:?}, expected {shape:?}", view.shape())));
-        }
-        let bytes = view.data().len() as u64;
-        let t = self
-            .st
-            .load(name, &self.device)
-            .and_then(|t| t.to_dtype(dtype))
-            .map_err(|e| EngineError::invalid_model(format!("tensor {name}"), e))?;
-        self.loaded += bytes;
-        if let Some(p) = self.progress {
-            p(self.loaded, self.total);
-        }
+        let e = self.entry(name, shape)?;
+        let (t, len) = (self.copy(name, e, dtype)?, e.len);
+        self.advance(len);
         Ok(t)
     }
 
     fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear> {
-        let w = self.tensor(&format!("{name}.weight"), &[out, inp], dtype)?;
+        let weight = self.weight(name, out, inp, dtype)?;
+        let len = self.entries.get(&format!("{name}.weight")).map_or(0, |e| e.len);
+        self.advance(len);
         let bias = if bias { Some(self.tensor(&format!("{name}.bias"), &[out], dtype)?) } else { None };
-        Ok(Linear { weight: Weight::Dense(w), bias, out_features: out, in_features: inp })
+        Ok(Linear { weight, bias, out_features: out, in_features: inp })
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.st.get(name).is_ok()
+        self.entries.contains_key(name)
     }
 }
 
@@ -234,7 +329,7 @@ pub struct GgufSource<'a> {
     loaded: u64,
     total: u64,
     progress: Option<Progress<'a>>,
-    dequantize: bool,
+    policy: WeightPolicy,
 }
 
 /// HF tensor name → llama.cpp GGUF tensor name.
@@ -277,12 +372,21 @@ impl<'a> GgufSource<'a> {
         let content = read_gguf_header(&mut reader, &path.display().to_string())?;
         // For progress only: a tensor whose size does not compute fails when it is read.
         let total = content.tensor_infos.values().filter_map(gguf_tensor_bytes).fold(0, u64::saturating_add);
-        Ok(Self { content, reader, device: device.clone(), file_len, loaded: 0, total, progress, dequantize: false })
+        Ok(Self {
+            content,
+            reader,
+            device: device.clone(),
+            file_len,
+            loaded: 0,
+            total,
+            progress,
+            policy: WeightPolicy::default(),
+        })
     }
 
-    /// Store every weight dense (dequantized) instead of quantized.
-    pub fn dequantize(mut self, yes: bool) -> Self {
-        self.dequantize = yes;
+    /// How weights are stored (`dequantize`, `quantize`; GGUF tensors are always copied).
+    pub fn policy(mut self, policy: WeightPolicy) -> Self {
+        self.policy = policy;
         self
     }
 
@@ -293,6 +397,11 @@ impl<'a> GgufSource<'a> {
     /// Reads a tensor, checking its shape and that its bytes lie inside the file (a
     /// truncated download must fail cleanly, not read past the end).
     fn read(&mut self, name: &str, shape: &[usize]) -> Result<QTensor> {
+        let device = self.device.clone();
+        self.read_onto(name, shape, &device)
+    }
+
+    fn read_onto(&mut self, name: &str, shape: &[usize], device: &Device) -> Result<QTensor> {
         let info =
             self.content.tensor_infos.get(name).ok_or_else(|| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
         if info.shape.dims() != shape {
@@ -304,7 +413,7 @@ impl<'a> GgufSource<'a> {
         let (_, bytes) = gguf_tensor_extent(&self.content, name, self.file_len)?;
         let q = self
             .content
-            .tensor(&mut self.reader, name, &self.device)
+            .tensor(&mut self.reader, name, device)
             .map_err(|e| EngineError::invalid_model(format!("tensor {name}"), e))?;
         self.loaded += bytes;
         if let Some(p) = self.progress {
@@ -324,20 +433,30 @@ impl WeightSource for GgufSource<'_> {
 
     fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear> {
         let g = gguf_name(name);
-        let q = self.read(&format!("{g}.weight"), &[out, inp])?;
-        let weight = match q.dtype() {
-            _ if self.dequantize => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
-            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?),
-            _ if cpu_kernels(&self.device) => {
-                let q = super::repack::for_cpu(q, &self.device)?;
-                if q.dtype() == GgmlDType::Q8_0 {
-                    // Our decode kernel's layout; the QTensor is dropped (weights stored once).
-                    Weight::Q8Packed(super::q8::PackedQ8_0::from_qtensor(&q)?)
+        let wname = format!("{g}.weight");
+        let dense = match self.content.tensor_infos.get(&wname).map(|i| i.ggml_dtype) {
+            Some(GgmlDType::F32) => Some(DenseType::F32),
+            Some(GgmlDType::F16) => Some(DenseType::F16),
+            Some(GgmlDType::BF16) => Some(DenseType::BF16),
+            _ => None,
+        };
+        let weight = match (dense, self.policy.quantize.format(Role::of(name), inp)) {
+            (Some(dense), Some(format)) => {
+                // Quantized from the bytes as read (on the CPU), then moved to the device.
+                let q = self.read_onto(&wname, &[out, inp], &Device::Cpu)?;
+                let bytes = q.data()?;
+                let rows = DenseRows::new(&bytes, dense, out, inp)
+                    .ok_or_else(|| EngineError::InvalidModel(format!("tensor {wname}: byte count does not match its shape")))?;
+                Weight::from_qtensor(quantize::quantize(&rows, format, &wname)?, &self.device)?
+            }
+            _ => {
+                let q = self.read(&wname, &[out, inp])?;
+                if self.policy.dequantize || dense.is_some() {
+                    Weight::Dense(q.dequantize(&self.device)?.to_dtype(dtype)?)
                 } else {
-                    Weight::Quantized(QMatMul::from_qtensor(q)?)
+                    Weight::from_qtensor(q, &self.device)?
                 }
             }
-            _ => Weight::Quantized(QMatMul::from_qtensor(q)?),
         };
         let bias = if bias {
             let b = self.read(&format!("{g}.bias"), &[out])?;

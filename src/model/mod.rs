@@ -5,7 +5,9 @@ pub mod config;
 pub mod decoder;
 pub mod linear;
 pub mod loader;
+pub mod mapped;
 pub mod q8;
+pub mod quantize;
 pub mod repack;
 pub mod rope;
 

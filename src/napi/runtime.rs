@@ -46,6 +46,8 @@ pub async fn load_runtime(
         rope_scaling: None,
         threads: None,
         kv_cache: None,
+        quantize: None,
+        mmap: None,
     });
     let rope_scaling = o
         .rope_scaling
@@ -60,6 +62,8 @@ pub async fn load_runtime(
         rope_scaling,
         threads: o.threads.map(|n| n as usize),
         dequantize: false,
+        quantize: o.quantize,
+        mmap: o.mmap,
         kv_cache: KvCacheOptions {
             block_size: o.kv_cache.as_ref().and_then(|k| k.block_size).map(|n| n as usize),
             max_tokens: o.kv_cache.as_ref().and_then(|k| k.max_tokens).map(|n| n as usize),
@@ -101,6 +105,8 @@ impl NativeRuntime {
             eos_token_ids: i.eos_token_ids.clone(),
             rope_scaling: i.rope_scaling.as_ref().map(|r| r.to_json(true).to_string()),
             kv_cache_dtype: i.kv_cache_dtype.clone(),
+            quantization: i.quantization.clone(),
+            weight_bytes: i.weight_bytes as f64,
             warnings: i.warnings.clone(),
         })
     }

@@ -18,6 +18,8 @@ pub struct NativeLoadOptions {
     pub rope_scaling: Option<String>,
     pub threads: Option<u32>,
     pub kv_cache: Option<NativeKvCacheOptions>,
+    pub quantize: Option<String>,
+    pub mmap: Option<bool>,
 }
 
 #[napi(object)]
@@ -96,6 +98,8 @@ pub struct RuntimeInfo {
     /// JSON text of the RoPE scaling the model runs with; `None` when it has none.
     pub rope_scaling: Option<String>,
     pub kv_cache_dtype: String,
+    pub quantization: String,
+    pub weight_bytes: f64,
     pub warnings: Vec<String>,
 }
 

@@ -18,7 +18,8 @@ use crate::error::{EngineError, Result as EngineResult};
 use crate::experts::router::RouterSettings;
 use crate::experts::ExpertLoadOptions;
 
-const LOAD_OPTIONS: &[&str] = &["device", "dtype", "context_length", "rope_scaling", "threads", "kv_cache", "on_progress"];
+const LOAD_OPTIONS: &[&str] =
+    &["device", "dtype", "context_length", "rope_scaling", "threads", "kv_cache", "quantize", "mmap", "on_progress"];
 
 #[pyclass(module = "expert_runtime", frozen)]
 pub struct Runtime {
@@ -62,6 +63,8 @@ fn load_options(k: &Kwargs<'_>) -> PyResult<LoadOptions> {
         rope_scaling: k.any("rope_scaling")?.map(|v| super::json::to_json(&v, "rope_scaling")).transpose()?,
         threads: k.u32("threads")?.map(|n| n as usize),
         dequantize: false,
+        quantize: k.string("quantize")?,
+        mmap: k.bool("mmap")?,
         kv_cache: kv,
     })
 }

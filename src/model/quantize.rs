@@ -1,0 +1,267 @@
+//! Quantize on load (`quantize: 'q8_0' | 'q4_0' | 'q4_k'`): dense weights (f32 / f16 / bf16,
+//! from safetensors or a GGUF) are quantized as they are read, one tensor at a time, into the
+//! formats the engine runs fast.
+//!
+//! - **Streaming.** Rows are read straight from the file's bytes (the memory map for
+//!   safetensors), widened to f32 one row at a time per thread and quantized into the final
+//!   block buffer; the dense tensor is never materialised. Peak memory is the quantized
+//!   weights plus one row per thread.
+//! - **Parallel.** Row ranges run on the rayon pool (the load runs on the engine thread, whose
+//!   pool is the one the runtime's `threads` sized).
+//! - **Numerics.** Blocks are made by candle's reference quantizers (`BlockQ8_0::from_float`
+//!   and friends: the same arithmetic as ggml's `quantize_row_*_ref`), so a weight quantized
+//!   here equals the same weight converted to that type by llama.cpp's tools.
+//! - **What stays dense / which format.** Norms and biases stay dense. The token embedding and
+//!   an untied `lm_head` are the most sensitive tensors (every token reads them, every logit
+//!   comes from them): under the 4-bit modes they are stored as Q6_K (llama.cpp's
+//!   `Q4_K_M` choice for the output), under `q8_0` as Q8_0. K-quant blocks hold 256 values and
+//!   the others 32: a row whose length is not a multiple falls back to the next format that
+//!   fits (`q4_k` → `q4_0`, `q6_k` → `q8_0`), and a row that fits none stays dense.
+//!   `rt.info.quantization` names what was chosen.
+//! - **Bad values.** A NaN or infinite weight would quantize into a block scale that poisons
+//!   every output of its row: it fails the load as `INVALID_MODEL` naming the tensor and the
+//!   element.
+
+use candle_core::quantized::k_quants::{BlockQ4K, BlockQ4_0, BlockQ6K, BlockQ8_0, GgmlType};
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::error::{EngineError, Result};
+
+/// The `quantize` load option.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Quantize {
+    /// Weights run in the file's form (dense, or the GGUF's own quantization).
+    #[default]
+    None,
+    Q8_0,
+    Q4_0,
+    Q4K,
+}
+
+/// What a dense matrix is for: the embedding (and output) matrix is kept at higher precision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Embedding,
+    Projection,
+}
+
+impl Role {
+    /// By the HF tensor name of the linear layer.
+    pub fn of(name: &str) -> Self {
+        if name == "model.embed_tokens" || name == "lm_head" {
+            Role::Embedding
+        } else {
+            Role::Projection
+        }
+    }
+}
+
+impl Quantize {
+    pub const NAMES: &'static str = "none, q8_0, q4_0, q4_k";
+
+    pub fn parse(name: Option<&str>) -> Result<Self> {
+        Ok(match name.unwrap_or("none") {
+            "none" => Quantize::None,
+            "q8_0" => Quantize::Q8_0,
+            "q4_0" => Quantize::Q4_0,
+            "q4_k" => Quantize::Q4K,
+            other => {
+                return Err(EngineError::InvalidArgument(format!("unknown quantize '{other}' ({})", Self::NAMES)));
+            }
+        })
+    }
+
+    /// The block format a `role` matrix with rows of `k` values is stored in; `None` keeps it
+    /// dense (quantization off, or no format's block divides `k`).
+    pub fn format(self, role: Role, k: usize) -> Option<GgmlDType> {
+        let wanted: &[GgmlDType] = match (self, role) {
+            (Quantize::None, _) => &[],
+            (Quantize::Q8_0, _) => &[GgmlDType::Q8_0],
+            (Quantize::Q4_0 | Quantize::Q4K, Role::Embedding) => &[GgmlDType::Q6K, GgmlDType::Q8_0],
+            (Quantize::Q4_0, Role::Projection) => &[GgmlDType::Q4_0],
+            (Quantize::Q4K, Role::Projection) => &[GgmlDType::Q4K, GgmlDType::Q4_0],
+        };
+        wanted.iter().copied().find(|f| k > 0 && k.is_multiple_of(f.block_size()))
+    }
+}
+
+/// The element type of a dense tensor in a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl DenseType {
+    pub fn size(self) -> usize {
+        match self {
+            DenseType::F32 => 4,
+            DenseType::F16 | DenseType::BF16 => 2,
+        }
+    }
+}
+
+/// A row-major `[n, k]` matrix as its little-endian bytes in a file (any alignment).
+pub struct DenseRows<'a> {
+    bytes: &'a [u8],
+    dtype: DenseType,
+    n: usize,
+    k: usize,
+}
+
+impl<'a> DenseRows<'a> {
+    /// `None` when `bytes` is not exactly `n · k` elements.
+    pub fn new(bytes: &'a [u8], dtype: DenseType, n: usize, k: usize) -> Option<Self> {
+        let want = n.checked_mul(k)?.checked_mul(dtype.size())?;
+        (bytes.len() == want).then_some(Self { bytes, dtype, n, k })
+    }
+
+    /// Row `r` widened to f32 into `out` (`len = k`).
+    fn row_f32(&self, r: usize, out: &mut [f32]) {
+        let es = self.dtype.size();
+        let src = &self.bytes[r * self.k * es..(r + 1) * self.k * es];
+        match self.dtype {
+            DenseType::F32 => {
+                for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            DenseType::F16 => {
+                for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+            DenseType::BF16 => {
+                for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+        }
+    }
+}
+
+/// Rows quantized per rayon task: enough work to amortise the task, small enough to balance.
+const ROWS_PER_TASK: usize = 16;
+
+fn quantize_as<T: GgmlType + 'static>(rows: &DenseRows, name: &str) -> Result<QTensor> {
+    let per_row = rows.k / T::BLCK_SIZE;
+    let mut blocks = Vec::new();
+    blocks
+        .try_reserve_exact(rows.n * per_row)
+        .map_err(|_| EngineError::OutOfMemory(format!("cannot allocate the quantized tensor {name}")))?;
+    blocks.resize(rows.n * per_row, T::zeros());
+    blocks.par_chunks_mut(per_row * ROWS_PER_TASK).enumerate().try_for_each_init(
+        || vec![0f32; rows.k],
+        |row, (task, dst)| -> Result<()> {
+            for (i, out) in dst.chunks_exact_mut(per_row).enumerate() {
+                let r = task * ROWS_PER_TASK + i;
+                rows.row_f32(r, row);
+                if let Some(c) = row.iter().position(|v| !v.is_finite()) {
+                    return Err(EngineError::InvalidModel(format!(
+                        "tensor {name}: weight [{r}, {c}] is {}; a model with non-finite weights cannot be quantized",
+                        row[c]
+                    )));
+                }
+                T::from_float(row, out);
+            }
+            Ok(())
+        },
+    )?;
+    Ok(QTensor::new(QStorage::Cpu(Box::new(blocks)), (rows.n, rows.k))?)
+}
+
+/// Quantizes `rows` into `format` (one that [`Quantize::format`] chose), on the CPU.
+pub fn quantize(rows: &DenseRows, format: GgmlDType, name: &str) -> Result<QTensor> {
+    if rows.k == 0 || !rows.k.is_multiple_of(format.block_size()) {
+        return Err(EngineError::Internal(format!("{name}: rows of {} cannot be {format:?}", rows.k)));
+    }
+    match format {
+        GgmlDType::Q8_0 => quantize_as::<BlockQ8_0>(rows, name),
+        GgmlDType::Q4_0 => quantize_as::<BlockQ4_0>(rows, name),
+        GgmlDType::Q4K => quantize_as::<BlockQ4K>(rows, name),
+        GgmlDType::Q6K => quantize_as::<BlockQ6K>(rows, name),
+        other => Err(EngineError::Internal(format!("{name}: no quantize-on-load for {other:?}"))),
+    }
+}
+
+/// The lower-case name of a block format (`q4_k`), as `rt.info.quantization` reports it.
+pub fn format_name(f: GgmlDType) -> String {
+    format!("{f:?}").to_lowercase().replace("k", "_k").replace("__", "_")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    fn le_bytes(v: &[f32], dtype: DenseType) -> Vec<u8> {
+        match dtype {
+            DenseType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            DenseType::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
+            DenseType::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
+        }
+    }
+
+    #[test]
+    fn quantizing_rows_equals_candles_whole_tensor_quantization() {
+        // 37 rows: not a multiple of the rows per task; 512 columns: two K-quant blocks.
+        let (n, k) = (37, 512);
+        let x = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu).unwrap();
+        let v: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+        for dtype in [DenseType::F32, DenseType::F16, DenseType::BF16] {
+            let bytes = le_bytes(&v, dtype);
+            let rows = DenseRows::new(&bytes, dtype, n, k).unwrap();
+            // The reference: the same values (after the file's rounding) quantized whole.
+            let mut wide = vec![0f32; n * k];
+            for (r, o) in wide.chunks_exact_mut(k).enumerate() {
+                rows.row_f32(r, o);
+            }
+            let whole = Tensor::from_vec(wide, (n, k), &Device::Cpu).unwrap();
+            for f in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+                let got = quantize(&rows, f, "w").unwrap();
+                let want = QTensor::quantize(&whole, f).unwrap();
+                assert_eq!(got.dtype(), f);
+                assert_eq!(got.shape().dims(), &[n, k]);
+                assert_eq!(got.data().unwrap(), want.data().unwrap(), "{dtype:?} → {f:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn non_finite_weights_fail_the_load() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut v = vec![0.5f32; 4 * 64];
+            v[2 * 64 + 7] = bad;
+            let bytes = le_bytes(&v, DenseType::F32);
+            let rows = DenseRows::new(&bytes, DenseType::F32, 4, 64).unwrap();
+            let e = quantize(&rows, GgmlDType::Q8_0, "model.layers.0.mlp.up_proj.weight").unwrap_err();
+            assert_eq!(e.code(), "INVALID_MODEL");
+            assert!(e.to_string().contains("up_proj.weight: weight [2, 7]"), "{e}");
+        }
+    }
+
+    #[test]
+    fn formats_fall_back_to_blocks_that_divide_the_rows() {
+        use GgmlDType::*;
+        let q = |m: Quantize, role, k| m.format(role, k);
+        assert_eq!(q(Quantize::None, Role::Projection, 1024), None);
+        assert_eq!(q(Quantize::Q8_0, Role::Embedding, 1024), Some(Q8_0));
+        assert_eq!(q(Quantize::Q4_0, Role::Projection, 64), Some(Q4_0));
+        assert_eq!(q(Quantize::Q4_0, Role::Embedding, 1024), Some(Q6K));
+        assert_eq!(q(Quantize::Q4_0, Role::Embedding, 64), Some(Q8_0));
+        assert_eq!(q(Quantize::Q4K, Role::Projection, 1024), Some(Q4K));
+        assert_eq!(q(Quantize::Q4K, Role::Projection, 96), Some(Q4_0));
+        assert_eq!(q(Quantize::Q4K, Role::Projection, 48), None);
+        assert_eq!(q(Quantize::Q8_0, Role::Projection, 0), None);
+        assert!(DenseRows::new(&[0u8; 8], DenseType::F32, 1, 3).is_none());
+        assert!(DenseRows::new(&[], DenseType::F32, usize::MAX, 2).is_none());
+        assert_eq!(format_name(Q4K), "q4_k");
+        assert_eq!(format_name(Q8_0), "q8_0");
+        assert_eq!(format_name(Q6K), "q6_k");
+        assert!(matches!(Quantize::parse(Some("q5")), Err(EngineError::InvalidArgument(_))));
+        assert_eq!(Quantize::parse(None).unwrap(), Quantize::None);
+    }
+}

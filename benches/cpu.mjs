@@ -3,8 +3,9 @@
 //
 // Models: SmolLM2-135M-Instruct Q4_1 GGUF, and (unless --quick) the Qwen3-0.6B-shaped random
 // model of scripts/make_bench_model.py as f32 safetensors, f16 safetensors and Q8_0 GGUF.
-// node-llama-cpp cannot read safetensors, so the safetensors rows are compared against
-// node-llama-cpp on the Q8_0 GGUF of the same weights (marked in the table).
+// node-llama-cpp cannot read safetensors, so the safetensors rows (dense, and quantized on
+// load with `quantize: 'q8_0' | 'q4_0' | 'q4_k'`) are compared against node-llama-cpp on the
+// Q8_0 GGUF of the same weights (marked in the table).
 //
 // Each (engine, model) measurement runs in a fresh child process (this file with --child), so
 // the resident-memory delta is clean: RSS after importing the engine vs after loading the model.
@@ -63,7 +64,7 @@ async function childOurs(spec) {
   const { Runtime } = require(join(root, 'dist', 'index.js'))
   const rss0 = rss()
   const t0 = performance.now()
-  const rt = await Runtime.load(spec.path, { threads: spec.threads, dtype: spec.dtype, contextLength: CONTEXT })
+  const rt = await Runtime.load(spec.path, { threads: spec.threads, dtype: spec.dtype, quantize: spec.quantize, contextLength: CONTEXT })
   const loadMs = performance.now() - t0
   const rssLoad = rss()
 
@@ -232,6 +233,10 @@ async function parent(args) {
     cases.push({ key: 'qwen3-q8_0', label: 'Qwen3-0.6B-rand Q8_0 GGUF', ours: { engine: 'ours', path: q.q8_0 }, llamaKey: 'q8', llamaLabel: 'same GGUF' })
     cases.push({ key: 'qwen3-f32', label: 'Qwen3-0.6B-rand f32 safetensors', ours: { engine: 'ours', path: q.f32, dtype: 'f32' }, llamaKey: 'q8', llamaLabel: 'Q8_0 GGUF (same weights)' })
     cases.push({ key: 'qwen3-f16', label: 'Qwen3-0.6B-rand f16 safetensors (dtype f16)', ours: { engine: 'ours', path: q.f16, dtype: 'f16' }, llamaKey: 'q8', llamaLabel: 'Q8_0 GGUF (same weights)' })
+    // Quantized on load from the f32 safetensors: q8_0 makes the GGUF's very blocks.
+    for (const quantize of ['q8_0', 'q4_0', 'q4_k']) {
+      cases.push({ key: `qwen3-f32-${quantize}`, label: `Qwen3-0.6B-rand f32 safetensors, quantize ${quantize}`, ours: { engine: 'ours', path: q.f32, quantize }, llamaKey: 'q8', llamaLabel: 'Q8_0 GGUF (same weights)' })
+    }
   }
   for (const p of new Set([...cases.map((c) => c.ours.path), ...Object.values(llamaSpecs).map((s) => s.path)])) await warmPageCache(p)
 

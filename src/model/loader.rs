@@ -227,14 +227,30 @@ impl<'a> SafetensorsSource<'a> {
             };
             let rows = DenseRows::new(self.bytes(e), dense, out, inp)
                 .ok_or_else(|| EngineError::InvalidModel(format!("tensor {wname}: byte count does not match its shape")))?;
-            return Weight::from_qtensor(quantize::quantize(&rows, format, &wname)?, &self.device);
+            let w = quantize::quantize_weight(&rows, format, &wname, &self.device);
+            self.release(e);
+            return w;
         }
         if self.policy.mmap && cpu_kernels(&self.device) && file_dtype == dtype {
             if let Some(m) = Mapped::new(self.maps[e.file].clone(), e.start, out, inp, dtype) {
                 return Ok(Weight::Mapped(m));
             }
         }
-        Ok(Weight::Dense(self.copy(&wname, e, dtype)?))
+        let w = self.copy(&wname, e, dtype);
+        self.release(e);
+        Ok(Weight::Dense(w?))
+    }
+
+    /// Drops `e`'s pages of the map from the process's resident memory once its data has
+    /// been copied or quantized, so a load that does not keep the map's pages peaks near
+    /// the size of what it keeps, not that plus the file. The pages stay in the page cache.
+    fn release(&self, e: &Entry) {
+        #[cfg(unix)]
+        // SAFETY: the map is private, read-only and unmodified: a dropped page that is touched
+        // again is read back from the file, unchanged. A failure only leaves pages resident.
+        let _ = unsafe { self.maps[e.file].unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, e.start, e.len) };
+        #[cfg(not(unix))]
+        let _ = e;
     }
 
     fn copy(&self, name: &str, e: &Entry, dtype: DType) -> Result<Tensor> {
@@ -248,8 +264,10 @@ impl<'a> SafetensorsSource<'a> {
 impl WeightSource for SafetensorsSource<'_> {
     fn tensor(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let e = self.entry(name, shape)?;
-        let (t, len) = (self.copy(name, e, dtype)?, e.len);
+        let (t, len) = (self.copy(name, e, dtype), e.len);
+        self.release(e);
         self.advance(len);
+        let t = t?;
         Ok(t)
     }
 
@@ -447,7 +465,7 @@ impl WeightSource for GgufSource<'_> {
                 let bytes = q.data()?;
                 let rows = DenseRows::new(&bytes, dense, out, inp)
                     .ok_or_else(|| EngineError::InvalidModel(format!("tensor {wname}: byte count does not match its shape")))?;
-                Weight::from_qtensor(quantize::quantize(&rows, format, &wname)?, &self.device)?
+                quantize::quantize_weight(&rows, format, &wname, &self.device)?
             }
             _ => {
                 let q = self.read(&wname, &[out, inp])?;

@@ -53,6 +53,24 @@ thread_local! {
 /// Quantizes `x` (`len = k`) to Q8_0 exactly as candle's `BlockQ8_0::from_float`; the scales
 /// are returned already widened to f32 (the f16 rounding is kept).
 pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    match simd::level() {
+        // SAFETY: `Avx2Fma` is only constructed after AVX2 and FMA were detected.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2Fma => unsafe { quantize_row_avx2(x, q, d) },
+        Level::Portable => quantize_row_body(x, q, d),
+    }
+}
+
+/// The same code compiled for AVX2: `round` becomes an exact inline sequence instead of a
+/// `roundf` call per value (quantize-on-load runs it over every weight).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_row_avx2(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    quantize_row_body(x, q, d)
+}
+
+#[inline(always)]
+fn quantize_row_body(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     for (b, xs) in x.chunks_exact(QK).enumerate() {
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
         let s = amax / 127.0;
@@ -103,6 +121,41 @@ impl PackedQ8_0 {
         let mut dims = ids.dims().to_vec();
         dims.push(k);
         Ok(Tensor::from_vec(out, dims, ids.device())?)
+    }
+
+    /// Quantizes a `[n, k]` matrix straight into the packed layout (quantize on load): `row(r,
+    /// out)` writes row `r` in f32 into `out` (`len = k`). The blocks are those of
+    /// [`quantize_row`] (candle's and ggml's Q8_0 quantizer), so the result equals
+    /// [`Self::from_qtensor`] of the same matrix quantized by candle. Groups of 4 rows run in
+    /// parallel; a failing `row` fails the whole.
+    pub fn from_rows(n: usize, k: usize, row: impl Fn(usize, &mut [f32]) -> Result<()> + Sync) -> Result<Self> {
+        if n == 0 || k == 0 || !k.is_multiple_of(QK) {
+            return Err(EngineError::Internal(format!("a [{n}, {k}] matrix cannot be packed as Q8_0")));
+        }
+        let nb = k / QK;
+        let gbytes = nb * GROUP_BLOCK_BYTES;
+        let mut data = Vec::new();
+        data.try_reserve_exact(n.div_ceil(4) * gbytes)
+            .map_err(|_| EngineError::OutOfMemory(format!("cannot allocate a [{n}, {k}] Q8_0 matrix")))?;
+        data.resize(n.div_ceil(4) * gbytes, 0u8);
+        data.par_chunks_mut(gbytes).enumerate().try_for_each_init(
+            || (vec![0f32; k], vec![0i8; k], vec![0f32; nb]),
+            |(x, q, d), (g, dst)| -> Result<()> {
+                for r in 0..4.min(n - g * 4) {
+                    row(g * 4 + r, x)?;
+                    quantize_row(x, q, d);
+                    for b in 0..nb {
+                        let o = b * GROUP_BLOCK_BYTES;
+                        dst[o + r * 4..o + r * 4 + 4].copy_from_slice(&d[b].to_le_bytes());
+                        for (t, &v) in dst[o + 16 + r * QK..o + 16 + (r + 1) * QK].iter_mut().zip(&q[b * QK..(b + 1) * QK]) {
+                            *t = v as u8;
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        Ok(Self { data, n, k })
     }
 
     /// Repacks a 2-D Q8_0 `QTensor` of shape `[n, k]`.

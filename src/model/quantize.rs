@@ -24,9 +24,13 @@
 
 use candle_core::quantized::k_quants::{BlockQ4K, BlockQ4_0, BlockQ6K, BlockQ8_0, GgmlType};
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use candle_core::Device;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use super::linear::Weight;
+use super::q8::PackedQ8_0;
+use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
 
 /// The `quantize` load option.
@@ -119,6 +123,18 @@ impl<'a> DenseRows<'a> {
         (bytes.len() == want).then_some(Self { bytes, dtype, n, k })
     }
 
+    /// Row `r` widened to f32 into `out`, failing on a non-finite value (`name`: the tensor).
+    fn row_checked(&self, r: usize, out: &mut [f32], name: &str) -> Result<()> {
+        self.row_f32(r, out);
+        match out.iter().position(|v| !v.is_finite()) {
+            Some(c) => Err(EngineError::InvalidModel(format!(
+                "tensor {name}: weight [{r}, {c}] is {}; a model with non-finite weights cannot be quantized",
+                out[c]
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Row `r` widened to f32 into `out` (`len = k`).
     fn row_f32(&self, r: usize, out: &mut [f32]) {
         let es = self.dtype.size();
@@ -157,14 +173,7 @@ fn quantize_as<T: GgmlType + 'static>(rows: &DenseRows, name: &str) -> Result<QT
         || vec![0f32; rows.k],
         |row, (task, dst)| -> Result<()> {
             for (i, out) in dst.chunks_exact_mut(per_row).enumerate() {
-                let r = task * ROWS_PER_TASK + i;
-                rows.row_f32(r, row);
-                if let Some(c) = row.iter().position(|v| !v.is_finite()) {
-                    return Err(EngineError::InvalidModel(format!(
-                        "tensor {name}: weight [{r}, {c}] is {}; a model with non-finite weights cannot be quantized",
-                        row[c]
-                    )));
-                }
+                rows.row_checked(task * ROWS_PER_TASK + i, row, name)?;
                 T::from_float(row, out);
             }
             Ok(())
@@ -185,6 +194,17 @@ pub fn quantize(rows: &DenseRows, format: GgmlDType, name: &str) -> Result<QTens
         GgmlDType::Q6K => quantize_as::<BlockQ6K>(rows, name),
         other => Err(EngineError::Internal(format!("{name}: no quantize-on-load for {other:?}"))),
     }
+}
+
+/// Quantizes `rows` into `format` as the engine will run it on `device`: Q8_0 on the CPU
+/// kernels goes straight into our packed layout ([`PackedQ8_0::from_rows`], one pass, no
+/// intermediate blocks); the rest through [`quantize`] and [`Weight::from_qtensor`].
+pub fn quantize_weight(rows: &DenseRows, format: GgmlDType, name: &str, device: &Device) -> Result<Weight> {
+    if format == GgmlDType::Q8_0 && cpu_kernels(device) {
+        let packed = PackedQ8_0::from_rows(rows.n, rows.k, |r, out| rows.row_checked(r, out, name))?;
+        return Ok(Weight::Q8Packed(packed));
+    }
+    Weight::from_qtensor(quantize(rows, format, name)?, device)
 }
 
 /// The lower-case name of a block format (`q4_k`), as `rt.info.quantization` reports it.
@@ -228,6 +248,26 @@ mod tests {
                 assert_eq!(got.data().unwrap(), want.data().unwrap(), "{dtype:?} → {f:?}");
             }
         }
+    }
+
+    #[test]
+    fn q8_0_straight_into_the_packed_layout_equals_candles_blocks_repacked() {
+        let (n, k) = (37, 256);
+        let v: Vec<f32> = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        // A block of exact zeros (scale 0).
+        let mut v = v;
+        v[..32].fill(0.0);
+        let bytes = le_bytes(&v, DenseType::F32);
+        let rows = DenseRows::new(&bytes, DenseType::F32, n, k).unwrap();
+        let Weight::Q8Packed(direct) = quantize_weight(&rows, GgmlDType::Q8_0, "w", &Device::Cpu).unwrap() else {
+            panic!("Q8_0 on CPU is packed")
+        };
+        let via = PackedQ8_0::from_qtensor(&quantize(&rows, GgmlDType::Q8_0, "w").unwrap()).unwrap();
+        assert_eq!(direct.dequantize(), via.dequantize());
+        assert_eq!(direct.size_in_bytes(), via.size_in_bytes());
+        let bad = DenseRows::new(&le_bytes(&[f32::NAN; 64], DenseType::F32), DenseType::F32, 1, 64)
+            .map(|r| quantize_weight(&r, GgmlDType::Q8_0, "w", &Device::Cpu).err().map(|e| e.code()));
+        assert_eq!(bad, Some(Some("INVALID_MODEL")));
     }
 
     #[test]

@@ -41,11 +41,18 @@ const TOKEN_RANGE = [1000, 30000] // ordinary (non-special) ids in both vocabula
 
 function parseArgs(argv) {
   return parseBenchArgs(argv, {
-    usage: 'node benches/cpu.mjs [--quick] [--threads N] [--repeat N] [--wait-idle SECONDS] [--out file.json]',
+    usage: 'node benches/cpu.mjs [--quick] [--cases KEY,KEY] [--threads N] [--repeat N] [--wait-idle SECONDS] [--out file.json]',
     help: [
+      '  --cases K,K      only these rows (keys: smollm2-q4_1, qwen3-q8_0, qwen3-f32, qwen3-f16, qwen3-f32-q8_0, qwen3-f32-q4_0, qwen3-f32-q4_k)',
       '  --repeat N       run every measurement N times (interleaved) and keep the best of each figure',
       '  --wait-idle S    before each measurement, wait up to S seconds (default 120, 0 = off) for a >= 90% idle second',
     ],
+    defaults: { cases: null },
+    extra: (k, next, a) => {
+      if (k !== '--cases') return false
+      a.cases = next().split(',')
+      return true
+    },
   })
 }
 
@@ -237,6 +244,11 @@ async function parent(args) {
     for (const quantize of ['q8_0', 'q4_0', 'q4_k']) {
       cases.push({ key: `qwen3-f32-${quantize}`, label: `Qwen3-0.6B-rand f32 safetensors, quantize ${quantize}`, ours: { engine: 'ours', path: q.f32, quantize }, llamaKey: 'q8', llamaLabel: 'Q8_0 GGUF (same weights)' })
     }
+  }
+  if (args.cases) {
+    const unknown = args.cases.filter((k) => !cases.some((c) => c.key === k))
+    if (unknown.length) throw new Error(`--cases: unknown ${unknown.join(', ')}`)
+    cases.splice(0, cases.length, ...cases.filter((c) => args.cases.includes(c.key)))
   }
   for (const p of new Set([...cases.map((c) => c.ours.path), ...Object.values(llamaSpecs).map((s) => s.path)])) await warmPageCache(p)
 

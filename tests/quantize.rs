@@ -192,3 +192,58 @@ fn non_finite_weights_fail_quantization_as_invalid_model() {
     let e = load_model(Path::new(&fixture("qwen3-tiny")), &opts("q3"), &candle_core::Device::Cpu, &|_, _| {}).err().unwrap();
     assert_eq!(e.code(), "INVALID_ARGUMENT");
 }
+
+/// What each mode costs on the Qwen3-0.6B-shaped random model (scripts/make_bench_model.py):
+/// teacher-forced on a seeded 64-token prompt and the dense model's 32 greedy tokens, decoding
+/// one token at a time as generation does, mean and max |Δlogprob| over the dense model's
+/// top-5 per step and how many greedy picks agree. Run by hand (it reads a 2.4 GB model):
+/// `EXPERT_RUNTIME_QWEN3_BENCH=~/.cache/expert-runtime/qwen3-0.6b-random/f32 cargo test
+/// --release --no-default-features --test quantize -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn qwen3_shape_cost_of_each_mode() {
+    let Some(dir) = std::env::var_os("EXPERT_RUNTIME_QWEN3_BENCH").map(PathBuf::from) else {
+        eprintln!("skipped: EXPERT_RUNTIME_QWEN3_BENCH is not set");
+        return;
+    };
+    let mut seed = 7u64;
+    let prompt: Vec<u32> = (0..64)
+        .map(|_| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            1000 + (seed >> 33) as u32 % 99000
+        })
+        .collect();
+    let dense = load(&dir, &opts("none"));
+    let mut cache = dense.new_cache(128).unwrap();
+    let (mut input, mut tokens, mut want) = (prompt.clone(), Vec::new(), Vec::new());
+    for _ in 0..32 {
+        let lp = log_softmax(&dense.forward(&input, &mut cache, Logits::Last).unwrap().to_vec1::<f32>().unwrap());
+        let t = common::argmax(&lp);
+        tokens.push(t);
+        want.push(lp);
+        input = vec![t];
+    }
+    drop(dense);
+    for mode in ["q8_0", "q4_0", "q4_k"] {
+        let m = load(&dir, &opts(mode));
+        let got = teacher_forced(&m, &prompt, &tokens);
+        let (mut sum, mut max, mut n, mut agree) = (0f64, 0f32, 0, 0);
+        for (g, w) in got.iter().zip(&want) {
+            let mut idx: Vec<usize> = (0..w.len()).collect();
+            idx.sort_by(|&a, &b| w[b].total_cmp(&w[a]));
+            for &i in &idx[..5] {
+                let d = (g[i] - w[i]).abs();
+                sum += d as f64;
+                max = max.max(d);
+                n += 1;
+            }
+            agree += usize::from(common::argmax(g) == common::argmax(w));
+        }
+        eprintln!(
+            "qwen3-0.6b shape {mode} ({}): mean |Δlogprob| {:.4}, max {max:.4}, greedy {agree}/32, dense top-1 logprob {:.3}",
+            m.quantization(),
+            sum / n as f64,
+            want[0][tokens[0] as usize]
+        );
+    }
+}

@@ -31,6 +31,8 @@ class LoadOptions(TypedDict, total=False):
     rope_scaling: Dict[str, Any]
     threads: int
     kv_cache: KvCacheOptions
+    quantize: str  # 'none' | 'q8_0' | 'q4_0' | 'q4_k': quantize dense weights as they are read
+    mmap: bool  # default True: dense weights read in place from the memory-mapped file (CPU)
     on_progress: Callable[[int, int], None]  # (loaded_bytes, total_bytes), on the loading thread
 
 class ToolCallFunctionDict(TypedDict):
@@ -143,6 +145,8 @@ class RuntimeInfo(TypedDict):
     eos_token_ids: List[int]
     kv_cache_dtype: str
     rope_scaling: Optional[Dict[str, Any]]  # the scaling the model runs with, parameters resolved
+    quantization: str  # 'none', or the weights' block formats, most bytes first ('q4_k+q6_k')
+    weight_bytes: int
     warnings: List[str]
 
 class RuntimeStats(TypedDict):

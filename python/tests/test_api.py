@@ -33,6 +33,23 @@ def test_rope_scaling_option_and_warnings():
         assert e.value.code == code, (bad, e.value)
 
 
+def test_quantize_and_mmap():
+    with Runtime.load(FIXTURES / "qwen3-tiny") as rt:
+        dense = rt.info
+        want = rt.create_session().complete("Hi", max_tokens=4, temperature=0).tokens
+    assert dense["quantization"] == "none"
+    with Runtime.load(FIXTURES / "qwen3-tiny", mmap=False) as rt:
+        assert rt.create_session().complete("Hi", max_tokens=4, temperature=0).tokens == want
+    with Runtime.load(FIXTURES / "qwen3-tiny", quantize="q8_0") as rt:
+        assert rt.info["quantization"] == "q8_0"
+        assert rt.info["weight_bytes"] * 3 < dense["weight_bytes"]
+        assert len(rt.create_session().complete("Hi", max_tokens=4, temperature=0).tokens) == 4
+    for bad in ({"quantize": "q3"}, {"quantize": 8}, {"mmap": "yes"}):
+        with pytest.raises(ExpertRuntimeError) as e:
+            Runtime.load(FIXTURES / "qwen3-tiny", **bad)
+        assert e.value.code == "INVALID_ARGUMENT", (bad, e.value)
+
+
 def test_kv_cache_dtype():
     with Runtime.load(FIXTURES / "qwen3-tiny", kv_cache={"dtype": "f16"}) as rt:
         assert rt.info["kv_cache_dtype"] == "f16"

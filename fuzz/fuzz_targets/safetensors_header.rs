@@ -1,15 +1,17 @@
 //! A safetensors file, both ways the runtime reads one: adapter weights through
 //! `peft::parse_safetensors` (header, dtype check, widening to f32, non-finite values) with
 //! the tensor-name parsing and transposition `experts::load` applies, and model weights the
-//! way `SafetensorsSource::tensor` loads them (candle's conversion, then a dtype cast).
+//! ways `SafetensorsSource` loads them: candle's conversion then a dtype cast, and quantize on
+//! load (rows widened from the file's bytes, any alignment, into each block format).
 
 #![no_main]
 
 mod common;
 
-use candle_core::safetensors::Load;
-use candle_core::{DType, Device};
+use candle_core::quantized::GgmlDType;
+use candle_core::{DType, Device, Tensor};
 use expert_runtime::experts::peft::{parse_key, parse_safetensors};
+use expert_runtime::model::quantize::{quantize_weight, DenseRows, DenseType};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
@@ -25,8 +27,26 @@ fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
     }
     if let Ok(st) = safetensors::SafeTensors::deserialize(data) {
         for (name, view) in st.tensors() {
-            let t = view.load(&Device::Cpu).and_then(|t| t.to_dtype(DType::F32));
+            let dense = match view.dtype() {
+                safetensors::Dtype::F32 => Some((DType::F32, DenseType::F32)),
+                safetensors::Dtype::F16 => Some((DType::F16, DenseType::F16)),
+                safetensors::Dtype::BF16 => Some((DType::BF16, DenseType::BF16)),
+                _ => None,
+            };
+            let Some((dtype, dense)) = dense else { continue };
+            let t = Tensor::from_raw_buffer(view.data(), dtype, view.shape(), &Device::Cpu).and_then(|t| t.to_dtype(DType::F32));
             common::show(&format!("model tensor {name}"), &t);
+            let &[n, k] = view.shape() else { continue };
+            // Bounded work per input: quantizing is linear in the (file-backed) size.
+            if n.saturating_mul(k) > 1 << 16 {
+                continue;
+            }
+            if let Some(rows) = DenseRows::new(view.data(), dense, n, k) {
+                for f in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+                    let w = quantize_weight(&rows, f, &name, &Device::Cpu).map(|w| w.size_in_bytes());
+                    common::show(&format!("quantized {name} {f:?}"), &w);
+                }
+            }
         }
     }
 });

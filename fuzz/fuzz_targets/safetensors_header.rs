@@ -11,7 +11,7 @@ mod common;
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 use expert_runtime::experts::peft::{parse_key, parse_safetensors};
-use expert_runtime::model::quantize::{quantize_weight, DenseRows, DenseType};
+use expert_runtime::model::quantize::{quantize_bytes, DenseType};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
@@ -27,13 +27,12 @@ fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
     }
     if let Ok(st) = safetensors::SafeTensors::deserialize(data) {
         for (name, view) in st.tensors() {
-            let dense = match view.dtype() {
-                safetensors::Dtype::F32 => Some((DType::F32, DenseType::F32)),
-                safetensors::Dtype::F16 => Some((DType::F16, DenseType::F16)),
-                safetensors::Dtype::BF16 => Some((DType::BF16, DenseType::BF16)),
-                _ => None,
+            let Some(dense) = DenseType::of_safetensors(view.dtype()) else { continue };
+            let dtype = match dense {
+                DenseType::F32 => DType::F32,
+                DenseType::F16 => DType::F16,
+                DenseType::BF16 => DType::BF16,
             };
-            let Some((dtype, dense)) = dense else { continue };
             let t = Tensor::from_raw_buffer(view.data(), dtype, view.shape(), &Device::Cpu).and_then(|t| t.to_dtype(DType::F32));
             common::show(&format!("model tensor {name}"), &t);
             let &[n, k] = view.shape() else { continue };
@@ -41,11 +40,9 @@ fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
             if n.saturating_mul(k) > 1 << 16 {
                 continue;
             }
-            if let Some(rows) = DenseRows::new(view.data(), dense, n, k) {
-                for f in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4K, GgmlDType::Q6K] {
-                    let w = quantize_weight(&rows, f, &name, &Device::Cpu).map(|w| w.size_in_bytes());
-                    common::show(&format!("quantized {name} {f:?}"), &w);
-                }
+            for f in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+                let w = quantize_bytes(view.data(), dense, (n, k), f, &name, &Device::Cpu).map(|w| w.size_in_bytes());
+                common::show(&format!("quantized {name} {f:?}"), &w);
             }
         }
     }

@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::{Proj, Slot};
 
 use crate::error::{EngineError, Result};
+use crate::model::quantize::{widen_into, DenseType};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeftType {
@@ -259,28 +260,17 @@ impl RawTensor {
 
 /// Widens one tensor's little-endian bytes to f32 (a plain copy for F32).
 fn widen(name: &str, dtype: safetensors::Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
-    Ok(match dtype {
-        safetensors::Dtype::F32 => {
-            let mut v = vec![0f32; bytes.len() / 4];
-            #[cfg(target_endian = "little")]
-            // SAFETY: `v` owns exactly `bytes.len()` bytes (len / 4 f32s, len a multiple of 4
-            // as validated by safetensors); any bit pattern is a valid f32.
-            unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, v.len() * 4)
-            };
-            #[cfg(not(target_endian = "little"))]
-            for (o, b) in v.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-            v
-        }
-        safetensors::Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        safetensors::Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+    if let Some(dense) = DenseType::of_safetensors(dtype) {
+        let mut v = vec![0f32; bytes.len() / dense.size()];
+        widen_into(dense, bytes, &mut v);
+        return Ok(v);
+    }
+    match dtype {
         safetensors::Dtype::F64 => {
-            bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8-byte chunk")) as f32).collect()
+            Ok(bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8-byte chunk")) as f32).collect())
         }
-        other => return Err(EngineError::InvalidAdapter(format!("tensor {name} has dtype {other:?}; expected a float type"))),
-    })
+        other => Err(EngineError::InvalidAdapter(format!("tensor {name} has dtype {other:?}; expected a float type"))),
+    }
 }
 
 /// Every tensor of a safetensors file, keyed by name, widened to f32 in parallel.

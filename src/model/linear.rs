@@ -26,16 +26,20 @@ const Q8_DENSE_ROWS: usize = 128;
 
 /// A dense single-row product (decode) over at least this many weights is split by output
 /// rows across the thread pool: candle's GEMV runs on one thread, and decode of a dense model
-/// is bound by how fast the weights stream from memory.
-const PARALLEL_GEMV_ELEMS: usize = 1 << 20;
+/// is bound by how fast the weights stream from memory. (Mapped weights split the same way.)
+pub(super) const PARALLEL_GEMV_ELEMS: usize = 1 << 20;
+
+/// Output rows per piece of a split single-row product over `out` rows: one piece per thread.
+pub(super) fn gemv_chunk_rows(out: usize) -> usize {
+    out.div_ceil(rayon::current_num_threads().clamp(1, 16)).max(1)
+}
 
 /// `x [1, in] · wᵀ` with `w [out, in]` split into one contiguous row range per thread; each
 /// output element is the same dot product as in the unsplit GEMV.
 fn parallel_gemv(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     use rayon::prelude::*;
     let out = w.dim(0)?;
-    let parts = rayon::current_num_threads().clamp(1, 16);
-    let chunk = out.div_ceil(parts);
+    let chunk = gemv_chunk_rows(out);
     let pieces = (0..out.div_ceil(chunk))
         .into_par_iter()
         .map(|i| {

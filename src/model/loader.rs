@@ -12,14 +12,14 @@ use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::quantized::{gguf_file, QTensor};
 use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 
 use super::config::ModelConfig;
 use super::linear::{Linear, Weight};
 use super::mapped::Mapped;
-use super::quantize::{self, DenseRows, DenseType, Quantize, Role};
+use super::quantize::{self, DenseType, Quantize, Role};
 use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
 use crate::files;
@@ -213,32 +213,27 @@ impl<'a> SafetensorsSource<'a> {
         }
     }
 
-    /// The weight of linear `name` (`[out, inp]`), quantized, mapped or copied per the policy.
-    fn weight(&self, name: &str, out: usize, inp: usize, dtype: DType) -> Result<Weight> {
+    /// The weight of linear `name` (`[out, inp]`), quantized, mapped or copied per the policy,
+    /// with the bytes it takes in the file.
+    fn weight(&self, name: &str, out: usize, inp: usize, dtype: DType) -> Result<(Weight, usize)> {
         let wname = format!("{name}.weight");
         let e = self.entry(&wname, &[out, inp])?;
         let file_dtype = float_dtype(e.dtype).unwrap_or(DType::F64);
         if let Some(format) = self.policy.quantize.format(Role::of(name), inp) {
-            let dense = match file_dtype {
-                DType::F32 => DenseType::F32,
-                DType::F16 => DenseType::F16,
-                DType::BF16 => DenseType::BF16,
-                _ => return Err(EngineError::InvalidModel(format!("tensor {wname}: f64 weights cannot be quantized on load"))),
-            };
-            let rows = DenseRows::new(self.bytes(e), dense, out, inp)
-                .ok_or_else(|| EngineError::InvalidModel(format!("tensor {wname}: byte count does not match its shape")))?;
-            let w = quantize::quantize_weight(&rows, format, &wname, &self.device);
+            let dense = DenseType::of_safetensors(e.dtype)
+                .ok_or_else(|| EngineError::InvalidModel(format!("tensor {wname}: f64 weights cannot be quantized on load")))?;
+            let w = quantize::quantize_bytes(self.bytes(e), dense, (out, inp), format, &wname, &self.device);
             self.release(e);
-            return w;
+            return Ok((w?, e.len));
         }
         if self.policy.mmap && cpu_kernels(&self.device) && file_dtype == dtype {
             if let Some(m) = Mapped::new(self.maps[e.file].clone(), e.start, out, inp, dtype) {
-                return Ok(Weight::Mapped(m));
+                return Ok((Weight::Mapped(m), e.len));
             }
         }
         let w = self.copy(&wname, e, dtype);
         self.release(e);
-        Ok(Weight::Dense(w?))
+        Ok((Weight::Dense(w?), e.len))
     }
 
     /// Drops `e`'s pages of the map from the process's resident memory once its data has
@@ -272,8 +267,7 @@ impl WeightSource for SafetensorsSource<'_> {
     }
 
     fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear> {
-        let weight = self.weight(name, out, inp, dtype)?;
-        let len = self.entries.get(&format!("{name}.weight")).map_or(0, |e| e.len);
+        let (weight, len) = self.weight(name, out, inp, dtype)?;
         self.advance(len);
         let bias = if bias { Some(self.tensor(&format!("{name}.bias"), &[out], dtype)?) } else { None };
         Ok(Linear { weight, bias, out_features: out, in_features: inp })
@@ -452,20 +446,12 @@ impl WeightSource for GgufSource<'_> {
     fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear> {
         let g = gguf_name(name);
         let wname = format!("{g}.weight");
-        let dense = match self.content.tensor_infos.get(&wname).map(|i| i.ggml_dtype) {
-            Some(GgmlDType::F32) => Some(DenseType::F32),
-            Some(GgmlDType::F16) => Some(DenseType::F16),
-            Some(GgmlDType::BF16) => Some(DenseType::BF16),
-            _ => None,
-        };
+        let dense = self.content.tensor_infos.get(&wname).and_then(|i| DenseType::of_ggml(i.ggml_dtype));
         let weight = match (dense, self.policy.quantize.format(Role::of(name), inp)) {
             (Some(dense), Some(format)) => {
                 // Quantized from the bytes as read (on the CPU), then moved to the device.
                 let q = self.read_onto(&wname, &[out, inp], &Device::Cpu)?;
-                let bytes = q.data()?;
-                let rows = DenseRows::new(&bytes, dense, out, inp)
-                    .ok_or_else(|| EngineError::InvalidModel(format!("tensor {wname}: byte count does not match its shape")))?;
-                quantize::quantize_weight(&rows, format, &wname, &self.device)?
+                quantize::quantize_bytes(&q.data()?, dense, (out, inp), format, &wname, &self.device)?
             }
             _ => {
                 let q = self.read(&wname, &[out, inp])?;
@@ -493,6 +479,7 @@ impl WeightSource for GgufSource<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::quantized::GgmlDType;
     use candle_core::Shape;
 
     /// A GGUF v3 header with no tensors and one `U32` metadata entry.

@@ -23,6 +23,7 @@ use half::f16;
 use memmap2::Mmap;
 use rayon::prelude::*;
 
+use super::linear::{gemv_chunk_rows, PARALLEL_GEMV_ELEMS};
 use crate::error::{EngineError, Result};
 
 /// A dense matrix inside a memory map.
@@ -33,9 +34,6 @@ pub struct Mapped {
     k: usize,
     dtype: DType,
 }
-
-/// A single row over at least this many weights is split across threads (as the dense path).
-const PARALLEL_GEMV_ELEMS: usize = 1 << 20;
 
 impl Mapped {
     /// `[n, k]` of `dtype` (f32 or f16) at `offset` in `map`; `None` when the range is out of
@@ -88,8 +86,7 @@ impl Mapped {
         let w = self.slice::<T>();
         let mut out = vec![T::ZERO; rows * self.n];
         if rows == 1 && self.n * self.k >= PARALLEL_GEMV_ELEMS {
-            let parts = rayon::current_num_threads().clamp(1, 16);
-            let chunk = self.n.div_ceil(parts);
+            let chunk = gemv_chunk_rows(self.n);
             out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| {
                 let w = &w[i * chunk * self.k..][..o.len() * self.k];
                 matmul_t(xs, 1, w, o.len(), self.k, o, gemm::Parallelism::None);

@@ -100,6 +100,26 @@ pub enum DenseType {
 }
 
 impl DenseType {
+    /// The dense type of a safetensors dtype (`None` for the others, f64 included).
+    pub fn of_safetensors(d: safetensors::Dtype) -> Option<Self> {
+        match d {
+            safetensors::Dtype::F32 => Some(DenseType::F32),
+            safetensors::Dtype::F16 => Some(DenseType::F16),
+            safetensors::Dtype::BF16 => Some(DenseType::BF16),
+            _ => None,
+        }
+    }
+
+    /// The dense type of a GGUF tensor type (`None` for block formats).
+    pub fn of_ggml(d: GgmlDType) -> Option<Self> {
+        match d {
+            GgmlDType::F32 => Some(DenseType::F32),
+            GgmlDType::F16 => Some(DenseType::F16),
+            GgmlDType::BF16 => Some(DenseType::BF16),
+            _ => None,
+        }
+    }
+
     pub fn size(self) -> usize {
         match self {
             DenseType::F32 => 4,
@@ -138,25 +158,51 @@ impl<'a> DenseRows<'a> {
     /// Row `r` widened to f32 into `out` (`len = k`).
     fn row_f32(&self, r: usize, out: &mut [f32]) {
         let es = self.dtype.size();
-        let src = &self.bytes[r * self.k * es..(r + 1) * self.k * es];
-        match self.dtype {
-            DenseType::F32 => {
-                for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
-                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
+        widen_into(self.dtype, &self.bytes[r * self.k * es..(r + 1) * self.k * es], out);
+    }
+}
+
+/// Widens the little-endian values in `bytes` (of `dtype`, any alignment) into `out`, which
+/// holds as many values as `bytes` does (a plain copy for f32).
+pub fn widen_into(dtype: DenseType, bytes: &[u8], out: &mut [f32]) {
+    assert_eq!(bytes.len(), out.len() * dtype.size(), "widen_into: byte count does not match the output");
+    match dtype {
+        #[cfg(target_endian = "little")]
+        // SAFETY: `out` owns exactly `bytes.len()` bytes (asserted above); any bit pattern is a
+        // valid f32, and the byte copy has no alignment requirement on `bytes`.
+        DenseType::F32 => unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr() as *mut u8, bytes.len()) },
+        #[cfg(not(target_endian = "little"))]
+        DenseType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
-            DenseType::F16 => {
-                for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
-                }
+        }
+        DenseType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
             }
-            DenseType::BF16 => {
-                for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                    *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
-                }
+        }
+        DenseType::BF16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
     }
+}
+
+/// Quantizes the `[n, k]` matrix whose file bytes are `bytes` ([`quantize_weight`]); a byte
+/// count that does not match the shape is `INVALID_MODEL`.
+pub fn quantize_bytes(
+    bytes: &[u8],
+    dtype: DenseType,
+    (n, k): (usize, usize),
+    format: GgmlDType,
+    name: &str,
+    device: &Device,
+) -> Result<Weight> {
+    let rows = DenseRows::new(bytes, dtype, n, k)
+        .ok_or_else(|| EngineError::InvalidModel(format!("tensor {name}: byte count does not match its shape")))?;
+    quantize_weight(&rows, format, name, device)
 }
 
 /// Rows quantized per rayon task: enough work to amortise the task, small enough to balance.
@@ -268,6 +314,28 @@ mod tests {
         let bad = DenseRows::new(&le_bytes(&[f32::NAN; 64], DenseType::F32), DenseType::F32, 1, 64)
             .map(|r| quantize_weight(&r, GgmlDType::Q8_0, "w", &Device::Cpu).err().map(|e| e.code()));
         assert_eq!(bad, Some(Some("INVALID_MODEL")));
+    }
+
+    #[test]
+    fn widening_reads_each_type_at_any_alignment() {
+        let v = [1.5f32, -0.0, 3.0e-5, -65504.0, f32::INFINITY];
+        for dtype in [DenseType::F32, DenseType::F16, DenseType::BF16] {
+            let want: Vec<f32> = match dtype {
+                DenseType::F32 => v.to_vec(),
+                DenseType::F16 => v.iter().map(|x| f16::from_f32(*x).to_f32()).collect(),
+                DenseType::BF16 => v.iter().map(|x| bf16::from_f32(*x).to_f32()).collect(),
+            };
+            // One byte of padding first: the values start at an odd address.
+            let mut bytes = vec![0u8];
+            bytes.extend(le_bytes(&v, dtype));
+            let mut got = vec![0f32; v.len()];
+            widen_into(dtype, &bytes[1..], &mut got);
+            assert_eq!(
+                got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{dtype:?}"
+            );
+        }
     }
 
     #[test]

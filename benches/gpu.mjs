@@ -5,13 +5,16 @@
 // (scripts/gpu_reference.py writes HF.json from the same model directory, the same LoRA
 // directories and the same workload, in the same run):
 //   load_s                 Runtime.load() until ready (weights on the device, KV pool allocated)
-//   decode_tok_s_batch1    one session, a 16-token random prompt, greedy: (tokens − 1) / (last − first chunk)
+//   decode_tok_s_batch1    one session, a 16-token random prompt, greedy: (tokens − 1) / (last − first chunk),
+//                          the median of 3 runs
 //   prefill_tok_s          a 512-token random prompt (--quick 128), maxTokens 1: prompt / TTFT (median of 3)
 //   sessions_tok_s         N sessions (--sessions, default 64; --quick 8), distinct 16-token prompts,
 //                          all started in one tick; aggregate decode tok/s as in batch.mjs (common.mjs
 //                          `aggregate`: tokens in (all started, first finished] / that time)
 //   sessions_mixed_tok_s   the same with the LoRAs: session r runs the base when r % (k+1) == 0, else
 //                          LoRA (r % (k+1)) − 1, the assignment gpu_reference.py gives PEFT
+//   lora_load_s            loading the LoRAs one after another (HF: PeftModel.from_pretrained + load_adapter)
+//   expert_attach_ms       loadExpert of one LoRA whose files are in the page cache, and unload: medians of 5
 //   device memory          deviceMemoryTotal − deviceMemoryFree after load and at the peak of the
 //                          session runs, and the KV bytes on the device then
 // Decode lengths: 128 tokens (--quick 32), as in gpu_reference.py.
@@ -85,8 +88,14 @@ console.error(`loaded in ${loadS.toFixed(2)} s on ${info.deviceName} (${info.dev
 // Warm-up: kernels load and cuBLAS picks its algorithms on the first calls.
 await timedChunks(rt.createSession(), { tokens: randomTokens(7, 16, range) }, { maxTokens: 8, temperature: 0 })
 
-const single = await timedChunks(rt.createSession(), { tokens: randomTokens(11, 16, range) }, { maxTokens: decodeTokens, temperature: 0 })
-const decode = (single.length - 1) / ((single.at(-1) - single[0]) / 1000)
+// Batch-1 decode: the median of 3 runs (a step is bound by the host's work, which varies).
+const decodes = []
+let single
+for (let i = 0; i < 3; i++) {
+  single = await timedChunks(rt.createSession(), { tokens: randomTokens(11 + i, 16, range) }, { maxTokens: decodeTokens, temperature: 0 })
+  decodes.push((single.length - 1) / ((single.at(-1) - single[0]) / 1000))
+}
+const decode = decodes.sort((a, b) => a - b)[1]
 
 const prefills = []
 for (let i = 0; i < 3; i++) {
@@ -97,14 +106,29 @@ const prefill = prefills.sort((a, b) => a - b)[1]
 
 const many = await sessionsRun(rt, sessions, () => [])
 const loras = args.loras ? args.loras.split(',').filter(Boolean) : []
+// Attaching and detaching one LoRA (files in the page cache): the median of 5 cycles.
+const attach = []
+const detach = []
+for (let i = 0; loras.length && i < 5; i++) {
+  let t0 = performance.now()
+  const e = await rt.loadExpert(loras[0], { name: `probe${i}` })
+  attach.push(performance.now() - t0)
+  t0 = performance.now()
+  await e.unload()
+  detach.push(performance.now() - t0)
+}
+const median = (xs) => (xs.length ? xs.sort((a, b) => a - b)[xs.length >> 1] : null)
 const names = []
+const tLoras = performance.now()
 for (const [i, dir] of loras.entries()) names.push((await rt.loadExpert(dir, { name: `e${i}` })).name)
+const loraLoadS = loras.length ? (performance.now() - tLoras) / 1000 : null
 const mixed = names.length ? await sessionsRun(rt, sessions, (r) => (r % (names.length + 1) === 0 ? [] : [names[(r % (names.length + 1)) - 1]])) : null
 
 const ours = {
   device_name: info.deviceName, device: info.device, dtype: info.dtype, binary: info.binary,
   load_s: loadS, decode_tok_s_batch1: decode, decode_tokens: single.length, prefill_tok_s: prefill, prefill_tokens: prefillTokens,
   sessions, sessions_tok_s: many.tokS, sessions_mixed_tok_s: mixed?.tokS ?? null, sessions_method: many.method, loras: names.length,
+  lora_load_s: loraLoadS, expert_attach_ms: median(attach), expert_detach_ms: median(detach),
   scaling_sessions_over_batch1: many.tokS / decode, scaling_mixed_over_batch1: mixed ? mixed.tokS / decode : null,
   device_memory_total: info.deviceMemoryTotal, device_memory_after_load: afterLoad,
   device_memory_peak: Math.max(many.peakMem, mixed?.peakMem ?? 0) || null, kv_device_bytes_peak: Math.max(many.peakKv, mixed?.peakKv ?? 0),
@@ -118,6 +142,7 @@ const rows = [
   [`prefill ${prefillTokens} (tok/s)`, ours.prefill_tok_s, hf?.prefill_tok_s],
   [`${sessions} sessions (tok/s)`, ours.sessions_tok_s, hf?.sessions_tok_s],
   [`${sessions} sessions, ${names.length} LoRAs mixed (tok/s)`, ours.sessions_mixed_tok_s, hf?.sessions_mixed_tok_s],
+  [`load ${names.length} LoRAs (s)`, ours.lora_load_s, hf?.lora_load_s, 'lower'],
   ['device memory at peak (GB)', ours.device_memory_peak && ours.device_memory_peak / 1e9, hf?.device_memory_bytes && hf.device_memory_bytes / 1e9, 'lower'],
 ]
 const f = (x) => (x === null || x === undefined ? '—' : x >= 100 ? x.toFixed(0) : x.toFixed(2))
@@ -126,5 +151,6 @@ for (const [name, a, b, better] of rows) {
   const ratio = a && b ? (better === 'lower' ? b / a : a / b) : null
   console.log(`| ${name} | ${f(a)} | ${f(b)} | ${ratio ? `${ratio.toFixed(2)}×` : '—'} |`)
 }
+console.log(`attach one rank-16 LoRA: ${f(ours.expert_attach_ms)} ms, detach: ${f(ours.expert_detach_ms)} ms (median of 5)`)
 console.log(`${sessions}-session scaling over batch 1: ${f(ours.scaling_sessions_over_batch1)}× (mixed experts: ${f(ours.scaling_mixed_over_batch1)}×)`)
 if (args.out) writeFileSync(args.out, JSON.stringify({ ours, hf }, null, 2) + '\n')

@@ -4,7 +4,10 @@
 # Node. Everything built comes from `target/gpu-bundle/` (made on a build machine by
 # `npm run build && npm run build:cuda && node scripts/gpu-bundle.mjs`).
 #
-#   bash scripts/gpu-check.sh [--quick] [--tests-only | --bench-only]
+#   bash scripts/gpu-check.sh [--quick] [--tests-only | --bench-only] [--no-hf] [--profile]
+#
+# --no-hf skips the HF transformers side of the benchmark (ours alone, faster); --profile runs
+# ours with EXPERT_RUNTIME_PROFILE=1 and writes the engine's per-step phase times to profile.log.
 #
 # With this project's `device` tool: run it with carry ["target/gpu-bundle"]; the results come
 # back through $OUT, which that tool sets. Otherwise they go to ./gpu-results: tests.log,
@@ -12,12 +15,14 @@
 # The exit status is the test run's (the benchmark reports, it does not judge).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-QUICK=""; TESTS=1; BENCH=1
+QUICK=""; TESTS=1; BENCH=1; HF=1; PROFILE=0
 for a in "$@"; do
   case "$a" in
     --quick) QUICK=--quick ;;
     --tests-only) BENCH=0 ;;
     --bench-only) TESTS=0 ;;
+    --no-hf) HF=0 ;;
+    --profile) PROFILE=1 ;;
     *) echo "unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -84,7 +89,18 @@ if [ "$BENCH" = 1 ]; then
   "$PY" scripts/gpu_reference.py make-model --out "$MODEL" --dtype bfloat16 --tokenizer-dir "$WORK/tokenizer"
   "$NODE" benches/gpu.mjs --model "$MODEL" --write-loras "$WORK/loras" --lora-count 4 > "$WORK/loras.txt"
   LORAS=$(cat "$WORK/loras.txt")
-  "$PY" scripts/gpu_reference.py bench --model "$MODEL" --device cuda --dtype bfloat16 --lora-dirs "$LORAS" $QUICK --out "$OUT/hf.json" 2>&1 | tail -20
-  "$NODE" benches/gpu.mjs --model "$MODEL" --hf "$OUT/hf.json" --loras "$LORAS" $QUICK --out "$OUT/gpu.json" 2>&1 | tee -a "$OUT/summary.md"
+  HF_ARGS=()
+  if [ "$HF" = 1 ]; then
+    "$PY" scripts/gpu_reference.py bench --model "$MODEL" --device cuda --dtype bfloat16 --lora-dirs "$LORAS" $QUICK --out "$OUT/hf.json" 2>&1 | tail -20
+    HF_ARGS=(--hf "$OUT/hf.json")
+  fi
+  if [ "$PROFILE" = 1 ]; then
+    EXPERT_RUNTIME_PROFILE=1 "$NODE" benches/gpu.mjs --model "$MODEL" "${HF_ARGS[@]}" --loras "$LORAS" $QUICK --out "$OUT/gpu.json" \
+      2> >(tee "$OUT/profile.log" | grep -v '^expert-runtime profile' >&2) | tee -a "$OUT/summary.md"
+    sleep 1
+    echo "profile (ms per step; every 64 steps):"; grep '^expert-runtime profile' "$OUT/profile.log" | sed 's/^expert-runtime profile: //' | head -40
+  else
+    "$NODE" benches/gpu.mjs --model "$MODEL" "${HF_ARGS[@]}" --loras "$LORAS" $QUICK --out "$OUT/gpu.json" 2>&1 | tee -a "$OUT/summary.md"
+  fi
 fi
 exit "$STATUS"

@@ -6,6 +6,7 @@
 
 use candle_core::Device;
 
+pub use crate::backend::bind_thread;
 use crate::error::{EngineError, Result};
 
 /// Free and total bytes of a GPU's memory, as the driver reports them.
@@ -36,9 +37,34 @@ pub fn select_device(name: Option<&str>) -> Result<Device> {
 #[cfg(feature = "cuda")]
 fn cuda(idx: usize) -> std::result::Result<Device, String> {
     // A driver that is present but cannot initialise, or an index past the last GPU.
-    std::panic::catch_unwind(|| Device::new_cuda(idx))
+    let device = std::panic::catch_unwind(|| Device::new_cuda(idx))
         .map_err(|_| "the CUDA driver panicked during initialisation".to_string())?
-        .map_err(|e| crate::error::without_backtrace(&e.to_string()))
+        .map_err(|e| crate::error::without_backtrace(&e.to_string()))?;
+    if let Device::Cuda(d) = &device {
+        hold_primary_context(d);
+    }
+    Ok(device)
+}
+
+/// Keeps the GPU's primary context alive for the rest of the process, as PyTorch does.
+///
+/// Each runtime retains the device's primary context and releases it when disposed. Were the
+/// last release to destroy it, every thread that had it current (the JS thread after a
+/// `stats()`, a thread that dropped an expert) would keep a stale binding, and the next
+/// runtime's first driver call on such a thread would fail with `CUDA_ERROR_INVALID_CONTEXT`,
+/// an error cudarc then keeps on that runtime's context for good. Holding one reference per
+/// GPU means the context, once created, stays valid (its memory, not the runtimes', stays
+/// allocated: the context itself and the libraries' handles).
+#[cfg(feature = "cuda")]
+fn hold_primary_context(d: &candle_core::CudaDevice) {
+    use candle_core::cuda::cudarc::driver::CudaContext;
+    use std::sync::{Arc, Mutex};
+    static HELD: Mutex<Vec<Arc<CudaContext>>> = Mutex::new(Vec::new());
+    let ctx = d.cuda_stream().context().clone();
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    if !held.iter().any(|c| c.ordinal() == ctx.ordinal()) {
+        held.push(ctx);
+    }
 }
 
 #[cfg(not(feature = "cuda"))]

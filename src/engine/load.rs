@@ -190,14 +190,14 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
 /// (committed only as blocks are first written there; allocated at load on a GPU). At most:
 /// the GPU's free memory, or the machine's memory (unknown: no limit).
 pub fn kv_memory(device: &Device) -> KvMemory {
-    let (budget, limit) = match device_memory(device) {
-        Some(m) => (m.free / 2, m.free),
+    let (budget, total, limit) = match device_memory(device) {
+        Some(m) => (m.free / 2, m.total, m.free),
         None => match files::total_memory() {
-            Some(total) => (total / 4, total),
-            None => ((8u64 << 30) / 4, u64::MAX),
+            Some(total) => (total / 4, total, total),
+            None => ((8u64 << 30) / 4, u64::MAX, u64::MAX),
         },
     };
-    KvMemory { budget: usize::try_from(budget).unwrap_or(usize::MAX), limit }
+    KvMemory { budget: usize::try_from(budget).unwrap_or(usize::MAX), total, limit }
 }
 
 /// Most threads a runtime may ask for per core of the machine: more only adds contention, and

@@ -8,6 +8,8 @@ pub mod device;
 pub mod embedding;
 pub mod load;
 pub mod prepare;
+pub mod profile;
+pub mod readback;
 pub mod request;
 pub mod routing;
 pub mod scheduler;
@@ -37,7 +39,7 @@ pub use device::{device_memory, device_name, select_device, DeviceMemory};
 pub use load::{load_model, GenerationDefaults, LoadOptions, Loaded};
 use prepare::Pending;
 use request::{Command, GenerateRequest, Prompt};
-use scheduler::{Scheduler, SchedulerConfig, DEFAULT_STEP_TOKENS};
+use scheduler::{Scheduler, SchedulerConfig, DEFAULT_STEP_TOKENS, DEVICE_STEP_TOKENS};
 
 pub use stats::{EngineStats, StatsSnapshot};
 
@@ -212,7 +214,7 @@ impl Engine {
             context_length,
             num_blocks,
             block_size,
-            step_tokens: DEFAULT_STEP_TOKENS,
+            step_tokens: if model.device.is_cpu() { DEFAULT_STEP_TOKENS } else { DEVICE_STEP_TOKENS },
             prefix_cache: opts.kv_cache.prefix_cache.unwrap_or(true),
             kv_dtype,
         };
@@ -366,6 +368,7 @@ impl Engine {
         let generic = self.generic_reference.clone();
         let spawned = std::thread::Builder::new().name("expert-runtime-adapter".into()).spawn(move || {
             let r = catch_panic(|| {
+                device::bind_thread(&model.device)?;
                 let mut e = crate::experts::load_expert(&path, &opts, &model, registry.next_id())?;
                 // The manifest's routing examples, embedded by the base model on the engine
                 // thread (this thread waits; generation goes on).

@@ -35,7 +35,7 @@ pub mod router;
 
 use std::sync::Arc;
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 
 use crate::error::Result;
 use crate::model::adapt::Adapters;
@@ -75,6 +75,22 @@ pub enum ModuleAdapter {
     Lokr(lokr::Lokr),
 }
 
+impl ModuleAdapter {
+    /// Every tensor the adapter holds.
+    pub fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        match self {
+            Self::Lora(l) => vec![&mut l.a, &mut l.bt],
+            Self::Dora(d) => vec![&mut d.lr.a, &mut d.lr.bt, &mut d.g, &mut d.g_minus_1],
+            Self::Ia3(a) => vec![&mut a.scale],
+            Self::Lokr(k) => {
+                let mut v = vec![&mut k.w1, &mut k.w2];
+                v.extend(k.out_perm.as_mut());
+                v
+            }
+        }
+    }
+}
+
 /// A resident adapter. Immutable once loaded; shared by the registry and every request that
 /// pinned it, so `unload` frees its memory when the last running request ends.
 pub struct Expert {
@@ -97,6 +113,16 @@ pub struct Expert {
     modules: Vec<Option<ModuleAdapter>>,
     /// Prompt tuning: `[num_virtual_tokens, hidden]` in the model dtype.
     prompt: Option<Tensor>,
+    /// Where the tensors live: the last reference may go on any thread (see `Drop`).
+    device: Device,
+}
+
+impl Drop for Expert {
+    /// Binds the device's context to the dropping thread before the tensors are freed (an
+    /// unload from the JS thread, a request finishing on the engine thread).
+    fn drop(&mut self) {
+        let _ = crate::backend::bind_thread(&self.device);
+    }
 }
 
 impl Expert {

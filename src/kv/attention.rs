@@ -86,14 +86,21 @@ struct GenericPlan {
 }
 
 struct DecodeGroup {
-    /// Batch rows of the group's queries.
-    rows: Tensor,
+    /// Batch rows of the group's queries: consecutive from a first row (a view, no gather), or
+    /// an index.
+    rows: GroupRows,
     /// `[n · longest]` pool slots, row-major; padding points at slot 0 (masked).
     slots: Tensor,
-    /// `[n, 1, 1, longest]`: 0 for a sequence's positions, -inf for its padding.
-    mask: Tensor,
+    /// `[n, 1, 1, longest]`: 0 for a sequence's positions, -inf for its padding; `None` when
+    /// every sequence of the group has the same length (no padding).
+    mask: Option<Tensor>,
     n: usize,
     longest: usize,
+}
+
+enum GroupRows {
+    From(usize),
+    Index(Tensor),
 }
 
 /// How the generic path bounds what it gathers per step.
@@ -168,10 +175,16 @@ impl<'a> AttentionPlan<'a> {
                 order.push(s.row);
             }
             let rows: Vec<u32> = group.iter().map(|s| s.row as u32).collect();
+            let consecutive = rows.windows(2).all(|w| w[1] == w[0] + 1);
+            let padded = group.iter().any(|s| s.pos + 1 != longest);
             decode.push(DecodeGroup {
-                rows: Tensor::from_vec(rows, group.len(), device)?,
+                rows: if consecutive {
+                    GroupRows::From(rows[0] as usize)
+                } else {
+                    GroupRows::Index(Tensor::from_vec(rows, group.len(), device)?)
+                },
                 slots: Tensor::from_vec(slots, group.len() * longest, device)?,
-                mask: Tensor::from_vec(mask, (group.len(), 1, 1, longest), device)?,
+                mask: padded.then(|| Tensor::from_vec(mask, (group.len(), 1, 1, longest), device)).transpose()?,
                 n: group.len(),
                 longest,
             });
@@ -466,8 +479,16 @@ fn generic_tiled(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize
         let k = k.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
         let v = v.reshape((n, l, nkv, hd))?.transpose(1, 2)?.contiguous()?;
         // Query head h belongs to KV head h / rep: [n, kv_heads, rep, head_dim].
-        let qs = q.index_select(&d.rows, 0)?.reshape((n, nkv, rep, hd))?;
-        let scores = (qs.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?.broadcast_add(&d.mask)?;
+        let qs = match &d.rows {
+            GroupRows::From(first) => q.narrow(0, *first, n)?,
+            GroupRows::Index(rows) => q.index_select(rows, 0)?,
+        };
+        let qs = qs.reshape((n, nkv, rep, hd))?;
+        let scores = (qs.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
+        let scores = match &d.mask {
+            Some(mask) => scores.broadcast_add(mask)?,
+            None => scores,
+        };
         let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
         outs.push(probs.matmul(&v)?.reshape((n, nh * hd))?);
     }

@@ -47,11 +47,16 @@ pub fn default_tokens(budget_bytes: usize, bytes_per_token: usize, context_lengt
 pub struct KvMemory {
     /// The default pool's size when `max_tokens` is unset.
     pub budget: usize,
-    /// The most any pool may take (what the device can hold at all).
+    /// What the device can hold at all (a GPU's or the machine's total memory).
+    pub total: u64,
+    /// What a pool may take now (a GPU's free memory; the machine's total on CPU, where the
+    /// pool is committed only as it is written).
     pub limit: u64,
 }
 
-/// `(blocks, block size)` of the pool; a pool larger than `memory.limit` is refused.
+/// `(blocks, block size)` of the pool. A pool larger than the device is refused as an invalid
+/// argument (it could never be allocated); one that fits the device but not its free memory
+/// now is `OUT_OF_MEMORY`.
 pub fn pool_shape(
     opts: &KvCacheOptions,
     bytes_per_token: usize,
@@ -72,9 +77,15 @@ pub fn pool_shape(
         None => default_tokens(memory.budget, bytes_per_token, context_length).max(bs),
     };
     let bytes = (tokens as u64).saturating_mul(bytes_per_token as u64);
-    if bytes > memory.limit {
+    if bytes > memory.total {
         return Err(EngineError::InvalidArgument(format!(
             "kvCache.maxTokens {tokens} needs {bytes} bytes of KV cache, more than this device's {}",
+            memory.total
+        )));
+    }
+    if bytes > memory.limit {
+        return Err(EngineError::OutOfMemory(format!(
+            "kvCache.maxTokens {tokens} needs {bytes} bytes of KV cache; the device has {} free",
             memory.limit
         )));
     }
@@ -90,7 +101,7 @@ mod tests {
     #[test]
     fn options_are_checked_and_the_default_follows_the_budget() {
         let opts = |block_size, max_tokens| KvCacheOptions { block_size, max_tokens, prefix_cache: None, dtype: None };
-        let mem = |budget, limit| KvMemory { budget, limit };
+        let mem = |budget, limit| KvMemory { budget, total: limit, limit };
         assert_eq!(pool_shape(&opts(None, Some(100)), 8, 64, mem(0, u64::MAX)).unwrap(), (6, 16));
         assert!(pool_shape(&opts(Some(0), None), 8, 64, mem(0, u64::MAX)).is_err());
         assert!(pool_shape(&opts(Some(2048), None), 8, 64, mem(0, u64::MAX)).is_err());
@@ -104,5 +115,9 @@ mod tests {
         let e = pool_shape(&opts(None, Some(1_000_000_000_000)), 1024, 64, mem(0, 1 << 34)).unwrap_err();
         assert!(matches!(e, EngineError::InvalidArgument(_)), "{e:?}");
         assert!(pool_shape(&opts(None, Some(1 << 24)), 1024, 64, mem(0, 1 << 34)).is_ok());
+        // Within the device but beyond what is free now (a GPU holding other work): out of memory.
+        let busy = KvMemory { budget: 0, total: 1 << 34, limit: 1 << 30 };
+        let e = pool_shape(&opts(None, Some(1 << 24)), 1024, 64, busy).unwrap_err();
+        assert!(matches!(e, EngineError::OutOfMemory(_)), "{e:?}");
     }
 }

@@ -96,6 +96,14 @@ pub struct Decoder {
     pub device: Device,
 }
 
+impl Drop for Decoder {
+    /// The last reference to a model may go on the JS thread (`dispose` while an expert load
+    /// still holds it): bind the device's context there before the weights are freed.
+    fn drop(&mut self) {
+        let _ = crate::backend::bind_thread(&self.device);
+    }
+}
+
 impl Decoder {
     /// Reads every weight from `src`, checking shapes against `cfg`. `max_positions` bounds the
     /// RoPE tables (the runtime's context length).
@@ -432,11 +440,15 @@ impl Attention {
             None => k,
         };
 
-        // 3. Rotate by each row's position (heads first for the RoPE kernel), rows first again.
-        let rope = if interleaved { candle_nn::rotary_emb::rope_i } else { candle_nn::rotary_emb::rope };
+        // 3. Rotate by each row's position: the half-split kernel reads rows × heads as they
+        //    are; the interleaved one wants heads first (and rows first again after).
         let rot = |t: &Tensor| -> Result<Tensor> {
-            let t = rope(&t.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, pass.cos, pass.sin)?;
-            Ok(t.squeeze(0)?.transpose(0, 1)?.contiguous()?)
+            if interleaved {
+                let t = candle_nn::rotary_emb::rope_i(&t.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, pass.cos, pass.sin)?;
+                Ok(t.squeeze(0)?.transpose(0, 1)?.contiguous()?)
+            } else {
+                Ok(candle_nn::rotary_emb::rope_thd(&t.contiguous()?.unsqueeze(0)?, pass.cos, pass.sin)?.squeeze(0)?)
+            }
         };
         let q = rot(&q)?.reshape((rows, nh * hd))?;
         let k = rot(&k)?.reshape((rows, nkv * hd))?;

@@ -343,6 +343,18 @@ impl Sampler {
         &self.counts
     }
 
+    /// Whether this sampler only ever takes the argmax of the raw logits and reports its
+    /// logprob: greedy, no penalties, no top logprobs. Such a row can be reduced where the
+    /// logits live (`engine::readback`); a grammar mask is the caller's to check.
+    pub fn greedy_only(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.top_logprobs == 0
+            && p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+    }
+
     /// Record a generated token (feeds frequency / presence penalties).
     pub fn accept(&mut self, token: u32) {
         self.counts.add(token);

@@ -247,3 +247,65 @@ fn qwen3_shape_cost_of_each_mode() {
         );
     }
 }
+
+/// The end-to-end check on a real model: SmolLM2's GGUF converted to F32 (every tensor
+/// dequantized and written back as F32 with the same metadata, as a user's f32 export would
+/// be), loaded with `quantize: 'q8_0'`, still answers the demo question correctly. Runs when
+/// `$EXPERT_RUNTIME_SMOLLM2` names the SmolLM2 GGUF (as `npm test` sets it).
+#[test]
+fn smollm2_converted_to_f32_and_quantized_to_q8_0_answers_the_demo_question() {
+    use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+    use expert_runtime::engine::{Engine, Event, GenerateOptions, Input};
+    use expert_runtime::sampling::SamplingOverrides;
+    use expert_runtime::tokenizer::ChatMessage;
+
+    let Some(src) = std::env::var_os("EXPERT_RUNTIME_SMOLLM2").map(PathBuf::from).filter(|p| p.exists()) else {
+        eprintln!("skipped: EXPERT_RUNTIME_SMOLLM2 does not name the SmolLM2 GGUF");
+        return;
+    };
+    // 1. The F32 conversion.
+    let dir = std::env::temp_dir().join(format!("expert-runtime-smollm2-f32-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f32_path = dir.join("smollm2-f32.gguf");
+    {
+        let mut file = std::fs::File::open(&src).unwrap();
+        let content = gguf_file::Content::read(&mut file).unwrap();
+        let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+        names.sort();
+        let tensors: Vec<(String, QTensor)> = names
+            .iter()
+            .map(|&name| {
+                let q = content.tensor(&mut file, name, &candle_core::Device::Cpu).unwrap();
+                (name.clone(), QTensor::quantize(&q.dequantize(&candle_core::Device::Cpu).unwrap(), GgmlDType::F32).unwrap())
+            })
+            .collect();
+        let metadata: Vec<(&str, &gguf_file::Value)> = content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&f32_path).unwrap());
+        gguf_file::write(&mut out, &metadata, &tensor_refs).unwrap();
+    }
+    // 2. Quantized on load, then the demo question, greedy.
+    let opts = LoadOptions { quantize: Some("q8_0".into()), ..Default::default() };
+    let engine = Engine::load_blocking(&f32_path, opts).unwrap();
+    assert!(engine.info.quantization.starts_with("q8_0"), "{}", engine.info.quantization);
+    let session = engine.create_session(None, Default::default()).unwrap();
+    let question = ChatMessage::new("user", "What is the capital of France? Answer in one sentence.");
+    let gen = GenerateOptions {
+        max_tokens: Some(48),
+        sampling: SamplingOverrides { temperature: Some(0.0), ..Default::default() },
+        ..Default::default()
+    };
+    let mut g = engine.generate(&session, Input::Chat(vec![question]), gen).unwrap();
+    let mut answer = String::new();
+    while let Some(ev) = g.events.blocking_recv() {
+        match ev {
+            Event::Token(t) => answer.push_str(&t.text),
+            Event::Done(_) => break,
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+    drop(engine);
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("q8_0 from the f32 conversion answers: {answer:?}");
+    assert!(answer.contains("Paris"), "{answer:?}");
+}

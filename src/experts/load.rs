@@ -280,9 +280,20 @@ impl ModuleBuilder<'_> {
             bytes: 0,
             max_rank: 0,
         };
-        for slot in targeted {
-            let ts = by_slot.remove(&slot).unwrap_or_default();
-            let (adapter, rank) = self.module(slot, ts)?;
+        let slots = targeted.clone();
+        let work: Vec<(Slot, ModuleTensors)> =
+            targeted.into_iter().map(|slot| (slot, by_slot.remove(&slot).unwrap_or_default())).collect();
+        // Modules are independent: built in parallel on the host (a GPU staging device is
+        // driven from this thread only). Results keep the module order, so the error reported
+        // is the first module's, as in a sequential build.
+        let results: Vec<Result<(ModuleAdapter, usize)>> = if self.device.is_cpu() {
+            use rayon::prelude::*;
+            work.into_par_iter().map(|(slot, ts)| self.module(slot, ts)).collect()
+        } else {
+            work.into_iter().map(|(slot, ts)| self.module(slot, ts)).collect()
+        };
+        for (slot, result) in slots.into_iter().zip(results) {
+            let (adapter, rank) = result?;
             built.bytes += match &adapter {
                 ModuleAdapter::Lora(l) => l.bytes(),
                 ModuleAdapter::Dora(d) => d.bytes(),

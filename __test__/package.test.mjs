@@ -13,12 +13,12 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFileSync, spawnSync } from 'node:child_process'
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { delimiter, dirname, join } from 'node:path'
 import { packPackages } from '../scripts/pack.mjs'
 import { smolLM2OrSkip } from '../scripts/assets.mjs'
-import { npm, root } from '../scripts/setup.mjs'
+import { NATIVE, npm, root } from '../scripts/setup.mjs'
 
 const { modelPath, skip } = smolLM2OrSkip()
 
@@ -100,6 +100,17 @@ describe('npm packages installed into a fresh project', { skip }, () => {
     execFileSync(npm, ['install', '--offline', '--no-audit', '--no-fund', '--omit=optional', ...files, ...dependencies], { cwd: dir, stdio: 'pipe' })
     return dir
   }
+
+  it('the packed addon carries no symbol tables', () => {
+    const dir = join(work, 'unpacked')
+    mkdirSync(dir, { recursive: true })
+    execFileSync('tar', ['-xzf', tarballs.cpu, '-C', dir])
+    const packed = readFileSync(join(dir, 'package', NATIVE))
+    const built = statSync(join(root, NATIVE)).size
+    assert.ok(packed.length < built, `packed ${packed.length} bytes, built ${built}`)
+    // The section-name table of an unstripped ELF file names .symtab; a stripped one does not.
+    assert.ok(!packed.includes(Buffer.from('.symtab\0')), 'the packed addon still has .symtab')
+  })
 
   it('the CPU package streams the demo answer with no Rust toolchain on PATH', () => {
     assert.ok(!spawnSync('cargo', ['--version'], { env: { PATH: cleanPath.join(delimiter) } }).stdout, 'cargo must not be reachable')

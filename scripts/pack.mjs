@@ -2,7 +2,7 @@
 // from what is built here: `expert-runtime-<version>.tgz` (the JS layer and loader),
 // `expert-runtime-linux-x64-gnu-<version>.tgz` (the CPU addon) and, when `npm run build:cuda`
 // has run, `expert-runtime-linux-x64-gnu-cuda-<version>.tgz`. The packages in npm/ stay
-// untouched: each is staged in DIR with its binary.
+// untouched: each is staged in DIR with its binary, stripped of its symbol tables.
 import { execFileSync } from 'node:child_process'
 import { copyFileSync, cpSync, existsSync, mkdirSync, rmSync } from 'node:fs'
 import { join, resolve } from 'node:path'
@@ -15,6 +15,20 @@ function pack(dir, dest) {
   return join(dest, JSON.parse(out)[0].filename)
 }
 
+/**
+ * Copies an addon without its symbol tables (`strip --strip-unneeded`: what a loader and a
+ * panic message need stays; the CPU addon goes from about 19 to 15 MB). Where `strip` is
+ * missing the binary is copied as it is.
+ */
+function stripInto(src, dest) {
+  try {
+    execFileSync('strip', ['--strip-unneeded', '-o', dest, src], { stdio: ['ignore', 'ignore', 'pipe'] })
+  } catch (e) {
+    if (e.code !== 'ENOENT') throw e
+    copyFileSync(src, dest)
+  }
+}
+
 /** Packs into `dest`; returns the tarball paths (`cuda` is null when that build is absent). */
 export function packPackages(dest) {
   mkdirSync(dest, { recursive: true })
@@ -23,7 +37,7 @@ export function packPackages(dest) {
     const stage = join(dest, 'stage', name)
     rmSync(stage, { recursive: true, force: true })
     cpSync(join(root, 'npm', name), stage, { recursive: true })
-    copyFileSync(join(root, file), join(stage, file))
+    stripInto(join(root, file), join(stage, file))
     return pack(stage, dest)
   }
   for (const f of ['dist/index.js', 'native.js', 'native.d.ts']) {

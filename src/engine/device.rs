@@ -6,7 +6,6 @@
 
 use candle_core::Device;
 
-pub use crate::backend::bind_thread;
 use crate::error::{EngineError, Result};
 
 /// Free and total bytes of a GPU's memory, as the driver reports them.
@@ -51,8 +50,8 @@ fn cuda(idx: usize) -> std::result::Result<Device, String> {
 /// Each runtime retains the device's primary context and releases it when disposed. Were the
 /// last release to destroy it, every thread that had it current (the JS thread after a
 /// `stats()`, a thread that dropped an expert) would keep a stale binding, and the next
-/// runtime's first driver call on such a thread would fail with `CUDA_ERROR_INVALID_CONTEXT`,
-/// an error cudarc then keeps on that runtime's context for good. Holding one reference per
+/// runtime's first driver call on such a thread would fail with `CUDA_ERROR_INVALID_CONTEXT`
+/// (cudarc records such an error and returns it from the context's next checked call). Holding one reference per
 /// GPU means the context, once created, stays valid (its memory, not the runtimes', stays
 /// allocated: the context itself and the libraries' handles).
 #[cfg(feature = "cuda")]

@@ -368,7 +368,7 @@ impl Engine {
         let generic = self.generic_reference.clone();
         let spawned = std::thread::Builder::new().name("expert-runtime-adapter".into()).spawn(move || {
             let r = catch_panic(|| {
-                device::bind_thread(&model.device)?;
+                crate::backend::bind_thread(&model.device)?;
                 let mut e = crate::experts::load_expert(&path, &opts, &model, registry.next_id())?;
                 // The manifest's routing examples, embedded by the base model on the engine
                 // thread (this thread waits; generation goes on).

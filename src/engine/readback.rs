@@ -47,7 +47,7 @@ fn read_reduced(logits: &Tensor, greedy: &[bool]) -> Result<Vec<RowLogits>> {
     }
     if !full.is_empty() {
         let n = full.len();
-        let idx = Tensor::from_vec(full.clone(), n, logits.device())?;
+        let idx = Tensor::from_slice(&full, n, logits.device())?;
         let rows = logits.index_select(&idx, 0)?.to_vec2::<f32>()?;
         for (r, row) in full.into_iter().zip(rows) {
             out[r as usize] = Some(RowLogits::Full(row));

@@ -280,20 +280,20 @@ impl ModuleBuilder<'_> {
             bytes: 0,
             max_rank: 0,
         };
-        let slots = targeted.clone();
         let work: Vec<(Slot, ModuleTensors)> =
             targeted.into_iter().map(|slot| (slot, by_slot.remove(&slot).unwrap_or_default())).collect();
         // Modules are independent: built in parallel on the host (a GPU staging device is
         // driven from this thread only). Results keep the module order, so the error reported
         // is the first module's, as in a sequential build.
-        let results: Vec<Result<(ModuleAdapter, usize)>> = if self.device.is_cpu() {
+        let build = |(slot, ts): (Slot, ModuleTensors)| self.module(slot, ts).map(|built| (slot, built));
+        let results: Vec<Result<(Slot, (ModuleAdapter, usize))>> = if self.device.is_cpu() {
             use rayon::prelude::*;
-            work.into_par_iter().map(|(slot, ts)| self.module(slot, ts)).collect()
+            work.into_par_iter().map(build).collect()
         } else {
-            work.into_iter().map(|(slot, ts)| self.module(slot, ts)).collect()
+            work.into_iter().map(build).collect()
         };
-        for (slot, result) in slots.into_iter().zip(results) {
-            let (adapter, rank) = result?;
+        for result in results {
+            let (slot, (adapter, rank)) = result?;
             built.bytes += match &adapter {
                 ModuleAdapter::Lora(l) => l.bytes(),
                 ModuleAdapter::Dora(d) => d.bytes(),

@@ -165,18 +165,21 @@ impl<'a> AttentionPlan<'a> {
             }
             let group = &decode_spans[i..j];
             let longest = group.last().expect("non-empty").pos + 1;
+            // A mask only where some member is shorter than the longest (padding to hide).
+            let padded = group.iter().any(|s| s.pos + 1 != longest);
             let mut slots = Vec::with_capacity(group.len() * longest);
-            let mut mask = Vec::with_capacity(group.len() * longest);
+            let mut mask = Vec::with_capacity(if padded { group.len() * longest } else { 0 });
             for s in group {
                 let total = s.pos + 1;
                 slots.extend(slots_of(s.blocks, total));
                 slots.extend(std::iter::repeat_n(0u32, longest - total));
-                mask.extend((0..longest).map(|p| if p < total { 0f32 } else { f32::NEG_INFINITY }));
+                if padded {
+                    mask.extend((0..longest).map(|p| if p < total { 0f32 } else { f32::NEG_INFINITY }));
+                }
                 order.push(s.row);
             }
             let rows: Vec<u32> = group.iter().map(|s| s.row as u32).collect();
             let consecutive = rows.windows(2).all(|w| w[1] == w[0] + 1);
-            let padded = group.iter().any(|s| s.pos + 1 != longest);
             decode.push(DecodeGroup {
                 rows: if consecutive {
                     GroupRows::From(rows[0] as usize)

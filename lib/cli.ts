@@ -1,138 +1,55 @@
 #!/usr/bin/env node
-// `expert-runtime serve <model> [--experts DIR] [--port N] [--host H] [--api-key K] ...`: an
-// OpenAI-compatible server for one model (see lib/server).
-import { readdirSync, statSync } from 'node:fs'
-import { basename, join } from 'node:path'
-import { Runtime } from './runtime'
-import { createServer } from './server'
+// `expert-runtime <command> …`: the command-line interface. Each command lives in lib/cli/.
+import { UsageError } from './cli/args'
+import { serve, USAGE as SERVE_USAGE } from './cli/serve'
 
-const USAGE = `usage: expert-runtime serve <model.gguf | model-dir> [options]
-
-  --experts DIR          load every adapter directory under DIR, and allow loading more by name
-  --port N               default 8080 (0: any free port)
-  --host H               default 127.0.0.1
-  --api-key K            require "Authorization: Bearer K" (default: \$EXPERT_RUNTIME_API_KEY, else none)
-  --model-name NAME      the base model's id in /v1/models (default: the file or directory name)
-  --threads N            engine threads (default: all cores)
-  --context-length N     the context length (default: the model's)
-  --max-concurrent N     requests at once before 429 (default 256)
-  --max-body-bytes N     largest request body (default 4194304)
-  --cors [ORIGIN]        send CORS headers (any origin, or ORIGIN)`
-
-function fail(message: string): never {
-  process.stderr.write(`expert-runtime: ${message}\n\n${USAGE}\n`)
-  process.exit(2)
+interface Command {
+  run(argv: string[]): Promise<void>
+  usage: string
+  summary: string
 }
 
-function parse(argv: string[]) {
-  const [command, model, ...rest] = argv
-  if (command === '--help' || command === '-h' || command === undefined) {
-    process.stdout.write(USAGE + '\n')
-    process.exit(command === undefined ? 2 : 0)
-  }
-  if (command !== 'serve') fail(`unknown command '${command}'`)
-  if (!model || model.startsWith('--')) fail('serve needs a model path')
-  const o: Record<string, string | true> = {}
-  for (let i = 0; i < rest.length; i++) {
-    const k = rest[i]
-    if (!k.startsWith('--')) fail(`unexpected argument '${k}'`)
-    const next = rest[i + 1]
-    if (k === '--cors' && (next === undefined || next.startsWith('--'))) o.cors = true
-    else if (next === undefined || next.startsWith('--')) fail(`${k} needs a value`)
-    else {
-      o[k.slice(2)] = next
-      i++
-    }
-  }
-  const known = ['experts', 'port', 'host', 'api-key', 'model-name', 'threads', 'context-length', 'max-concurrent', 'max-body-bytes', 'cors']
-  for (const k of Object.keys(o)) if (!known.includes(k)) fail(`unknown option --${k}`)
-  const int = (k: string, min: number) => {
-    const v = o[k]
-    if (v === undefined) return undefined
-    const n = Number(v)
-    if (!Number.isSafeInteger(n) || n < min) fail(`--${k} must be an integer >= ${min}`)
-    return n
-  }
-  return {
-    model,
-    experts: o.experts as string | undefined,
-    port: int('port', 0) ?? 8080,
-    host: (o.host as string | undefined) ?? '127.0.0.1',
-    apiKey: (o['api-key'] as string | undefined) ?? process.env.EXPERT_RUNTIME_API_KEY ?? undefined,
-    modelName: (o['model-name'] as string | undefined) ?? basename(model).replace(/\.gguf$/i, ''),
-    threads: int('threads', 1),
-    contextLength: int('context-length', 1),
-    maxConcurrentRequests: int('max-concurrent', 1),
-    maxBodyBytes: int('max-body-bytes', 1),
-    cors: o.cors as string | true | undefined,
-  }
+const COMMANDS: Record<string, Command> = {
+  serve: { run: serve, usage: SERVE_USAGE, summary: 'an OpenAI-compatible HTTP server for one model' },
 }
 
-async function main() {
-  const a = parse(process.argv.slice(2))
-  // Listen first (health says 503 while the model loads), then load.
-  let lastPct = -1
-  const loading = Runtime.load(a.model, {
-    threads: a.threads,
-    contextLength: a.contextLength,
-    onProgress: ({ loadedBytes, totalBytes }) => {
-      const pct = totalBytes > 0 ? Math.floor((100 * loadedBytes) / totalBytes) : 100
-      if (pct >= lastPct + 10 || pct === 100) {
-        lastPct = pct
-        process.stderr.write(`loading ${a.model}: ${pct}%\n`)
-      }
-    },
-  })
-  const server = createServer(loading, {
-    apiKey: a.apiKey,
-    expertsDir: a.experts,
-    modelName: a.modelName,
-    maxConcurrentRequests: a.maxConcurrentRequests,
-    maxBodyBytes: a.maxBodyBytes,
-    cors: a.cors,
-  })
-  const addr = await server.listen(a.port, a.host)
-  const url = `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`
-  process.stdout.write(`expert-runtime: listening on ${url}/v1 (health: ${url}/health)\n`)
+function usage(): string {
+  const width = Math.max(...Object.keys(COMMANDS).map((c) => c.length))
+  const lines = Object.entries(COMMANDS).map(([name, c]) => `  ${name.padEnd(width)}  ${c.summary}`)
+  return `usage: expert-runtime <command> [arguments]\n\n${lines.join('\n')}\n\n'expert-runtime <command> --help' describes a command.`
+}
 
-  let stopping = false
-  const stop = async (signal: string) => {
-    if (stopping) return
-    stopping = true
-    process.stderr.write(`expert-runtime: ${signal}, shutting down\n`)
-    await server.close()
-    await (await loading.catch(() => undefined))?.dispose()
-    process.exit(0)
+async function main(argv: string[]): Promise<void> {
+  const [name, ...rest] = argv
+  if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
+    const which = name === 'help' ? COMMANDS[rest[0] ?? ''] : undefined
+    process.stdout.write((which ? which.usage : usage()) + '\n')
+    process.exitCode = name === undefined ? 2 : 0
+    return
   }
-  process.on('SIGINT', () => void stop('SIGINT'))
-  process.on('SIGTERM', () => void stop('SIGTERM'))
-
-  let rt: Runtime
+  const command = COMMANDS[name]
+  if (!command) {
+    process.stderr.write(`expert-runtime: unknown command '${name}'\n\n${usage()}\n`)
+    process.exitCode = 2
+    return
+  }
+  if (rest.includes('--help') || rest.includes('-h')) {
+    process.stdout.write(command.usage + '\n')
+    return
+  }
   try {
-    rt = await loading
+    await command.run(rest)
   } catch (e) {
-    process.stderr.write(`expert-runtime: the model failed to load: ${(e as Error).message}\n`)
-    await server.close()
-    process.exit(1)
-  }
-  process.stderr.write(`loaded ${a.modelName} (${rt.info.architecture}, ${rt.info.dtype}, ${rt.info.device})\n`)
-  if (a.experts) {
-    const dirs = readdirSync(a.experts)
-      .map((d) => join(a.experts!, d))
-      .filter((d) => statSync(d).isDirectory() && statSync(join(d, 'adapter_config.json'), { throwIfNoEntry: false }))
-    for (const d of dirs) {
-      try {
-        const e = await rt.loadExpert(d)
-        process.stderr.write(`loaded expert ${e.name} (${e.kind}) from ${d}\n`)
-      } catch (err) {
-        process.stderr.write(`expert-runtime: skipped ${d}: ${(err as Error).message}\n`)
-      }
+    if (e instanceof UsageError) {
+      process.stderr.write(`expert-runtime ${name}: ${e.message}\n\n${command.usage}\n`)
+      process.exitCode = 2
+      return
     }
+    throw e
   }
-  process.stdout.write(`expert-runtime: ready (models: ${[a.modelName, ...rt.experts.map((e) => e.name), 'auto'].join(', ')})\n`)
 }
 
-void main().catch((e) => {
+main(process.argv.slice(2)).catch((e) => {
   process.stderr.write(`expert-runtime: ${(e as Error).message}\n`)
   process.exit(1)
 })

@@ -151,3 +151,29 @@ def test_smollm2_answers_and_matches_hf(smollm2_path):
         assert all(isinstance(c, TokenChunk) for c in chunks)
         r = rt.create_session(system="You are a helpful assistant.").complete("What is the capital of France? Answer in one sentence.", max_tokens=40, temperature=0)
         assert isinstance(r, Completion) and "Paris" in r.text
+
+
+def test_context_shift_and_set_history():
+    system = "You answer in one short sentence."
+    with Runtime.load(FIXTURES / "qwen3-tiny", context_length=256) as rt:
+        s = rt.create_session(system=system, context_shift="drop-oldest")
+        for i in range(20):
+            r = s.complete(f"Question {i}: what is the weather like today?", max_tokens=24, temperature=0)
+            assert r.tokens and r.usage.prompt_tokens + r.usage.completion_tokens <= 256
+        history = s.history
+        assert history[0] == {"role": "system", "content": system}
+        assert len(history) < 1 + 2 * 20, "old turns were dropped"
+
+        restored = rt.create_session(context_shift="drop-oldest")
+        restored.set_history(history)
+        assert restored.history == history
+        a = s.complete("And tomorrow?", max_tokens=8, temperature=0)
+        b = restored.complete("And tomorrow?", max_tokens=8, temperature=0)
+        assert a.tokens == b.tokens
+
+        with pytest.raises(ExpertRuntimeError) as e:
+            rt.create_session(context_shift="drop-newest")
+        assert e.value.code == "INVALID_ARGUMENT"
+        with pytest.raises(ExpertRuntimeError) as e:
+            restored.set_history([{"role": "user"}])
+        assert e.value.code == "INVALID_ARGUMENT"

@@ -3,6 +3,7 @@
 //! commands over a channel and hands back a receiver of per-request events. Nothing here
 //! blocks the caller's thread except the synchronous `SESSION_BUSY` check.
 
+pub mod context_shift;
 pub mod delivery;
 pub mod device;
 pub mod embedding;
@@ -34,6 +35,7 @@ use crate::experts::{Expert, ExpertLoadOptions, Registry};
 pub use crate::kv::KvCacheOptions;
 use crate::model::Decoder;
 use crate::tokenizer::{ChatMessage, Tokenizer};
+pub use context_shift::ContextShift;
 pub use delivery::Delivery;
 pub use device::{device_memory, device_name, select_device, DeviceMemory};
 pub use load::{load_model, GenerationDefaults, LoadOptions, Loaded};
@@ -281,6 +283,16 @@ impl Engine {
 
     /// A session; `experts` is its default expert set (names must be loaded) or `Auto`.
     pub fn create_session(&self, system: Option<String>, experts: ExpertChoice) -> Result<SessionHandle> {
+        self.create_session_with(system, experts, ContextShift::None)
+    }
+
+    /// [`Self::create_session`] with what a chat turn that does not fit the context does.
+    pub fn create_session_with(
+        &self,
+        system: Option<String>,
+        experts: ExpertChoice,
+        context_shift: ContextShift,
+    ) -> Result<SessionHandle> {
         if let ExpertChoice::Named(names) = &experts {
             self.experts()?.resolve(names)?;
         }
@@ -291,6 +303,7 @@ impl Engine {
             history: Mutex::new(history),
             system,
             experts: Mutex::new(experts),
+            context_shift,
         });
         self.send(Command::CreateSession { id, shared: shared.clone() })?;
         Ok(SessionHandle { id, shared })
@@ -329,7 +342,7 @@ impl Engine {
             cancel: cancel.clone(),
             structured: Default::default(),
         };
-        let pending = Pending { input, shared: session.shared.clone(), request, tx };
+        let pending = Pending { input, shared: session.shared.clone(), request, tx, context_length: self.info.context_length };
         match choice {
             ExpertChoice::Named(_) => prepare::submit(live.formats.clone(), pending)?,
             ExpertChoice::Auto => self.route_and_submit(live, pending)?,
@@ -408,6 +421,17 @@ impl Engine {
         if let Some(s) = &session.shared.system {
             h.push(ChatMessage::new("system", s.clone()));
         }
+        self.send(Command::ResetSession { id: session.id })
+    }
+
+    /// Replaces the session's history with `messages` (a saved conversation, say) without
+    /// generating; the session's token stream starts over, and the next turn reuses whatever
+    /// of the rendered conversation is still cached. `SESSION_BUSY` while generating.
+    pub fn set_history(&self, session: &SessionHandle, messages: Vec<ChatMessage>) -> Result<()> {
+        if session.shared.busy.load(Ordering::Acquire) {
+            return Err(EngineError::SessionBusy("cannot set the history of a session while it is generating".into()));
+        }
+        *session.shared.history.lock().unwrap() = messages;
         self.send(Command::ResetSession { id: session.id })
     }
 

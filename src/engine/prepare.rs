@@ -17,10 +17,11 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 
+use super::context_shift::{self, answer_room, ContextShift, Window};
 use super::request::{Command, Event, GenerateOptions, GenerateRequest, Input, Prompt, SessionShared};
 use super::structured::{Formats, Structured};
 use crate::error::{panic_message, EngineError, Result};
-use crate::tokenizer::{Tokenizer, ToolSpec};
+use crate::tokenizer::{ChatMessage, Tokenizer, ToolSpec};
 
 /// Threads that prepare requests: enough that one huge prompt does not hold up the rest.
 fn pool_threads() -> usize {
@@ -33,6 +34,8 @@ pub struct Pending {
     pub shared: Arc<SessionShared>,
     pub request: GenerateRequest,
     pub tx: Sender<Command>,
+    /// The runtime's context length, for `contextShift`.
+    pub context_length: usize,
 }
 
 pub(super) fn pool() -> Result<&'static rayon::ThreadPool> {
@@ -62,7 +65,7 @@ pub fn spawn(job: impl FnOnce() + Send + 'static) -> Result<()> {
 /// A failure ends the request with its error and frees the session.
 pub fn submit(formats: Arc<Formats>, p: Pending) -> Result<()> {
     pool()?.spawn_fifo(move || {
-        let Pending { input, shared, mut request, tx } = p;
+        let Pending { input, shared, mut request, tx, context_length } = p;
         let t0 = std::time::Instant::now();
         let prepared = if request.cancel.load(Ordering::Relaxed) {
             // Cancelled while queued: the engine ends it without tokenizing anything.
@@ -72,7 +75,12 @@ pub fn submit(formats: Arc<Formats>, p: Pending) -> Result<()> {
                 // The format first: a bad schema fails before a long prompt is tokenized.
                 let structured = formats.prepare(&request.options)?;
                 let tools: &[ToolSpec] = if structured.tools.is_some() { &request.options.tools } else { &[] };
-                Ok((tokenize(&formats.tokenizer, &shared, input, &request.options, tools)?, structured))
+                // What a chat turn may use when it has to drop old turns: the context, less
+                // prompt tuning's virtual tokens and the room kept for the answer.
+                let budget = context_length
+                    .saturating_sub(request.experts.num_virtual_tokens())
+                    .saturating_sub(answer_room(request.options.max_tokens, context_length));
+                Ok((tokenize(&formats.tokenizer, &shared, input, &request.options, tools, budget)?, structured))
             }))
             .unwrap_or_else(|p| Err(EngineError::Internal(format!("panic while preparing the prompt: {}", panic_message(&*p)))))
         };
@@ -94,20 +102,25 @@ pub fn submit(formats: Arc<Formats>, p: Pending) -> Result<()> {
     Ok(())
 }
 
-/// The tokens of `input` for a session whose history is `shared.history`.
+/// The tokens of `input` for a session whose history is `shared.history`. A chat turn of a
+/// `drop-oldest` session is fitted into `budget` tokens.
 fn tokenize(
     tok: &Tokenizer,
     shared: &SessionShared,
     input: Input,
     options: &GenerateOptions,
     tools: &[ToolSpec],
+    budget: usize,
 ) -> Result<Prompt> {
     Ok(match input {
         Input::Chat(messages) => {
-            let mut conversation = shared.history.lock().unwrap().clone();
-            conversation.extend(messages.iter().cloned());
-            let ids = tok.encode_chat(&conversation, true, options.enable_thinking, tools)?;
-            Prompt::Chat { ids, messages }
+            let history = shared.history.lock().unwrap().clone();
+            let encode = |c: &[ChatMessage]| tok.encode_chat(c, true, options.enable_thinking, tools);
+            let Window { ids, dropped } = match shared.context_shift {
+                ContextShift::DropOldest => context_shift::fit(&history, &messages, budget, encode)?,
+                ContextShift::None => Window { ids: encode(&[history, messages.clone()].concat())?, dropped: 0 },
+            };
+            Prompt::Chat { ids, messages, dropped }
         }
         Input::Text(text) => Prompt::Text(Box::new(
             tok.encode_continuation(&text, options.parse_special_tokens).map_err(EngineError::InvalidModel)?,

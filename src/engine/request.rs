@@ -80,6 +80,9 @@ pub enum Prompt {
     Chat {
         ids: Vec<u32>,
         messages: Vec<ChatMessage>,
+        /// History messages (after the leading system ones) left out to fit the context
+        /// (`contextShift`); they leave the history when the request is accepted.
+        dropped: usize,
     },
     /// Raw text continuing the session's stream (BOS is added when it starts the stream).
     Text(Box<TextTokens>),
@@ -188,6 +191,8 @@ pub struct SessionShared {
     pub system: Option<String>,
     /// The session's default experts (a request may override them).
     pub experts: Mutex<ExpertChoice>,
+    /// What a chat turn that does not fit the context does.
+    pub context_shift: super::context_shift::ContextShift,
 }
 
 pub struct GenerateRequest {

@@ -319,12 +319,12 @@ impl Scheduler {
         // 1. The full token sequence this turn runs on.
         let prompt = std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new()));
         let is_chat = matches!(prompt, Prompt::Chat { .. });
-        let (full, messages): (Vec<u32>, Vec<ChatMessage>) = match prompt {
-            Prompt::Chat { ids, messages } => (ids, messages),
+        let (full, messages, dropped): (Vec<u32>, Vec<ChatMessage>, usize) = match prompt {
+            Prompt::Chat { ids, messages, dropped } => (ids, messages, dropped),
             Prompt::Text(t) => {
                 let mut v = state.stream();
                 v.extend(self.tokenizer.text_ids(*t, v.is_empty()).map_err(EngineError::InvalidModel)?);
-                (v, Vec::new())
+                (v, Vec::new(), 0)
             }
             Prompt::Tokens(ids) => {
                 if let Some(bad) = ids.iter().find(|&&t| t as usize >= self.model.cfg.vocab_size) {
@@ -335,7 +335,7 @@ impl Scheduler {
                 }
                 let mut v = state.stream();
                 v.extend_from_slice(&ids);
-                (v, Vec::new())
+                (v, Vec::new(), 0)
             }
         };
         if full.is_empty() || !is_chat && full.len() == state.stream().len() {
@@ -358,8 +358,14 @@ impl Scheduler {
             )));
         }
 
-        // 2. Commit chat messages to the history now that the request is accepted.
-        state.shared.history.lock().unwrap().extend(messages);
+        // 2. Commit chat messages to the history now that the request is accepted, less the
+        //    oldest turns `contextShift` left out.
+        let mut history = state.shared.history.lock().unwrap();
+        let head = history.iter().take_while(|m| m.role == "system").count();
+        let end = (head + dropped).min(history.len());
+        history.drain(head..end);
+        history.extend(messages);
+        drop(history);
 
         let room = self.context_length - n_virtual - full.len();
         let max_tokens = req.options.max_tokens.unwrap_or(room.max(1));

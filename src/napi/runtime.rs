@@ -14,7 +14,7 @@ use super::types::{
     JsRouteDecision, JsRouterSettings, LoadProgress, NativeEmbedOptions, NativeExpertOptions, NativeInput, NativeLoadOptions,
     RuntimeInfo, RuntimeStats,
 };
-use crate::engine::{EmbedOptions, Engine, ExpertChoice, KvCacheOptions, LoadOptions, Pooling};
+use crate::engine::{ContextShift, EmbedOptions, Engine, ExpertChoice, KvCacheOptions, LoadOptions, Pooling};
 use crate::error::EngineError;
 use crate::experts::ExpertLoadOptions;
 
@@ -134,16 +134,19 @@ impl NativeRuntime {
     }
 
     /// `auto`: each request of the session is routed (then `experts` is ignored).
+    /// `context_shift`: `none` (default) or `drop-oldest`.
     #[napi]
     pub fn create_session(
         &self,
         system: Option<String>,
         experts: Option<Vec<String>>,
         auto: Option<bool>,
+        context_shift: Option<String>,
     ) -> Result<NativeSession> {
         let e = self.engine()?;
         let choice = if auto == Some(true) { ExpertChoice::Auto } else { ExpertChoice::Named(experts.unwrap_or_default()) };
-        let handle = e.create_session(system, choice).map_err(to_napi)?;
+        let shift = context_shift.as_deref().map(ContextShift::parse).transpose().map_err(to_napi)?.unwrap_or_default();
+        let handle = e.create_session_with(system, choice, shift).map_err(to_napi)?;
         Ok(NativeSession::new(e, handle))
     }
 

@@ -81,6 +81,14 @@ impl NativeSession {
         self.engine.set_session_experts(&self.handle, choice).map_err(to_napi)
     }
 
+    /// Replaces the history without generating (`SESSION_BUSY` while generating).
+    #[napi]
+    pub fn set_history(&self, messages: Vec<JsChatMessage>) -> Result<()> {
+        self.check()?;
+        let messages = messages.into_iter().map(Into::into).collect();
+        self.engine.set_history(&self.handle, messages).map_err(to_napi)
+    }
+
     #[napi]
     pub fn reset(&self) -> Result<()> {
         self.check()?;

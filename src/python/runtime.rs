@@ -13,7 +13,7 @@ use super::input;
 use super::json::{to_json, to_python};
 use super::session::Session;
 use super::stream::block_on_interruptible;
-use crate::engine::{EmbedOptions, Engine, ExpertChoice, KvCacheOptions, LoadOptions, Pooling};
+use crate::engine::{ContextShift, EmbedOptions, Engine, ExpertChoice, KvCacheOptions, LoadOptions, Pooling};
 use crate::error::{EngineError, Result as EngineResult};
 use crate::experts::router::RouterSettings;
 use crate::experts::ExpertLoadOptions;
@@ -167,16 +167,26 @@ impl Runtime {
     }
 
     /// A conversation with its own KV cache. `experts`: default expert names, or `"auto"`
-    /// (the router picks per request).
-    #[pyo3(signature = (system = None, experts = None))]
-    fn create_session(&self, system: Option<&Bound<'_, PyAny>>, experts: Option<&Bound<'_, PyAny>>) -> PyResult<Session> {
+    /// (the router picks per request). `context_shift`: `"none"` (a chat turn that does not
+    /// fit fails with CONTEXT_OVERFLOW) or `"drop-oldest"` (the oldest turns are dropped).
+    #[pyo3(signature = (system = None, experts = None, context_shift = None))]
+    fn create_session(
+        &self,
+        system: Option<&Bound<'_, PyAny>>,
+        experts: Option<&Bound<'_, PyAny>>,
+        context_shift: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Session> {
         let e = self.engine()?;
         let system = system.filter(|s| !s.is_none()).map(|s| string(s, "system")).transpose()?;
         let choice = match experts.filter(|x| !x.is_none()) {
             Some(x) => input::expert_choice(x)?,
             None => ExpertChoice::default(),
         };
-        let handle = e.create_session(system, choice).map_err(to_py)?;
+        let shift = match context_shift.filter(|x| !x.is_none()) {
+            Some(x) => ContextShift::parse(&string(x, "context_shift")?).map_err(to_py)?,
+            None => ContextShift::None,
+        };
+        let handle = e.create_session_with(system, choice, shift).map_err(to_py)?;
         Ok(Session::new(e, handle))
     }
 

@@ -160,6 +160,15 @@ impl Session {
         self.engine.set_session_experts(&self.handle, choice).map_err(to_py)
     }
 
+    /// Replaces the conversation with `messages` (a list of message dicts, as `history`
+    /// returns) without generating.
+    fn set_history(&self, py: Python<'_>, messages: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.check()?;
+        self.settle(py);
+        let messages = super::args::seq(messages, "messages")?.iter().map(input::message).collect::<PyResult<Vec<_>>>()?;
+        self.engine.set_history(&self.handle, messages).map_err(to_py)
+    }
+
     /// Forgets the conversation (the system prompt stays).
     fn reset(&self, py: Python<'_>) -> PyResult<()> {
         self.check()?;

@@ -5,6 +5,7 @@ pub mod error;
 pub mod experts;
 pub mod files;
 pub mod gguf_meta;
+pub mod inspect;
 pub mod kv;
 pub mod memory;
 pub mod model;

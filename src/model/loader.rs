@@ -406,6 +406,17 @@ impl<'a> GgufSource<'a> {
         &self.content.metadata
     }
 
+    /// The header as read: metadata and tensor infos (shapes, types and offsets as the file
+    /// declares them, unchecked: see [`gguf_tensor_extent`]).
+    pub fn content(&self) -> &gguf_file::Content {
+        &self.content
+    }
+
+    /// The file's size in bytes.
+    pub fn file_len(&self) -> u64 {
+        self.file_len
+    }
+
     /// Reads a tensor, checking its shape and that its bytes lie inside the file (a
     /// truncated download must fail cleanly, not read past the end).
     fn read(&mut self, name: &str, shape: &[usize]) -> Result<QTensor> {

@@ -3,6 +3,7 @@
 pub mod adapt;
 pub mod config;
 pub mod decoder;
+pub mod inspect;
 pub mod linear;
 pub mod loader;
 pub mod mapped;

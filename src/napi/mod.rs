@@ -2,6 +2,7 @@
 //! and engine errors to JS errors, and never does engine work on the JS thread.
 mod error;
 mod expert;
+mod inspect;
 mod runtime;
 mod session;
 mod stream;

@@ -403,6 +403,11 @@ impl Tokenizer {
         self.template.is_some()
     }
 
+    /// The chat template's Jinja source, if the model has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.template.as_ref().map(ChatTemplate::source)
+    }
+
     /// The underlying HF tokenizer.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner

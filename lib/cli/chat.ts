@@ -1,0 +1,285 @@
+// `expert-runtime chat <model> [--expert DIR]... [options]`: an interactive chat in the terminal
+// on node:readline. Answers stream token by token; Ctrl-C cancels the answer being written (an
+// AbortSignal passed to `generate`) and, at an empty prompt, exits on the second press as
+// node's REPL does; Ctrl-D (end of input) exits. With stdin not a terminal, each input line is
+// one question and each answer is written as it streams, followed by a newline; nothing else
+// goes to stdout (progress and notes go to stderr), and the command exits at end of input.
+import { createInterface, type Interface } from 'node:readline'
+import { toError } from '../errors'
+import { Runtime } from '../runtime'
+import type { Session } from '../session'
+import type { GenerateOptions } from '../types'
+import { intOption, parseArgs, stringOption, UsageError } from './args'
+
+export const USAGE = `usage: expert-runtime chat <model.gguf | model-dir> [options]
+
+  --expert DIR           load the adapter at DIR and apply it to every answer (repeatable)
+  --system TEXT          the system prompt
+  --temperature T        sampling temperature, 0 = greedy (default: the model's generation
+                         config, else 0.8)
+  --max-tokens N         the longest answer (default: the rest of the context)
+  --threads N            engine threads (default: all cores)
+  --context-length N     the context length (default: the model's)
+  --verbose              after each answer, print its token count and speed
+
+In the chat: /reset forgets the conversation, /help lists commands, /exit (or Ctrl-D) leaves.
+Ctrl-C stops the answer being written; at an empty prompt, press it twice to leave.`
+
+const HELP = `/reset   forget the conversation (the system prompt stays)
+/help    this list
+/exit    leave (also Ctrl-D, or Ctrl-C twice at an empty prompt)
+Ctrl-C while an answer is written stops it.`
+
+interface ChatArgs {
+  model: string
+  experts: string[]
+  system?: string
+  temperature?: number
+  maxTokens?: number
+  threads?: number
+  contextLength?: number
+  verbose: boolean
+}
+
+/** `--expert` may repeat, which the shared parser refuses: it is taken out first. */
+function takeRepeated(argv: string[], key: string): { values: string[]; rest: string[] } {
+  const values: string[] = []
+  const rest: string[] = []
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]
+    if (a === '--') {
+      rest.push(...argv.slice(i))
+      break
+    }
+    if (a === `--${key}`) {
+      const v = argv[i + 1]
+      if (v === undefined || v.startsWith('--')) throw new UsageError(`--${key} needs a value`)
+      values.push(v)
+      i++
+    } else if (a.startsWith(`--${key}=`)) {
+      values.push(a.slice(key.length + 3))
+    } else {
+      rest.push(a)
+    }
+  }
+  return { values, rest }
+}
+
+function parse(argv: string[]): ChatArgs {
+  const { values: experts, rest } = takeRepeated(argv, 'expert')
+  const p = parseArgs(rest, { values: ['system', 'temperature', 'max-tokens', 'threads', 'context-length'], flags: ['verbose'] })
+  const [model, ...extra] = p.positional
+  if (!model) throw new UsageError('chat needs a model path')
+  if (extra.length > 0) throw new UsageError(`unexpected argument '${extra[0]}'`)
+  const t = stringOption(p, 'temperature')
+  const temperature = t === undefined ? undefined : Number(t)
+  if (temperature !== undefined && !(t!.trim() !== '' && Number.isFinite(temperature) && temperature >= 0)) {
+    throw new UsageError('--temperature must be a number >= 0')
+  }
+  return {
+    model,
+    experts,
+    system: stringOption(p, 'system'),
+    temperature,
+    maxTokens: intOption(p, 'max-tokens', 1),
+    threads: intOption(p, 'threads', 1),
+    contextLength: intOption(p, 'context-length', 1),
+    verbose: p.options.has('verbose'),
+  }
+}
+
+function fail(e: unknown): void {
+  const err = toError(e)
+  process.stderr.write(`expert-runtime chat: ${err.code}: ${err.message}\n`)
+  process.exitCode = 1
+}
+
+async function load(a: ChatArgs): Promise<Runtime> {
+  let lastPct = -1
+  const rt = await Runtime.load(a.model, {
+    threads: a.threads,
+    contextLength: a.contextLength,
+    onProgress: ({ loadedBytes, totalBytes }) => {
+      const pct = totalBytes > 0 ? Math.floor((100 * loadedBytes) / totalBytes) : 100
+      if (pct >= lastPct + 10 || (pct === 100 && lastPct !== 100)) {
+        lastPct = pct
+        process.stderr.write(`loading ${a.model}: ${pct}%\n`)
+      }
+    },
+  })
+  for (const w of rt.info.warnings) process.stderr.write(`warning: ${w}\n`)
+  return rt
+}
+
+/** The conversation loop: one line in, one streamed answer out. */
+class Chat {
+  readonly #rl: Interface
+  readonly #session: Session
+  readonly #options: GenerateOptions
+  readonly #tty: boolean
+  readonly #verbose: boolean
+  /** The answer being written, if any. */
+  #answer: AbortController | undefined
+  /** Ctrl-C was pressed once at an empty prompt. */
+  #exitArmed = false
+
+  constructor(session: Session, a: ChatArgs, tty: boolean) {
+    this.#session = session
+    this.#tty = tty
+    this.#verbose = a.verbose
+    this.#options = { temperature: a.temperature, maxTokens: a.maxTokens }
+    this.#rl = createInterface({ input: process.stdin, output: tty ? process.stdout : undefined, terminal: tty, prompt: '> ' })
+    // In a terminal readline reads Ctrl-C as a key; otherwise it arrives as a signal.
+    this.#rl.on('SIGINT', this.#onInterrupt)
+    process.on('SIGINT', this.#onInterrupt)
+  }
+
+  readonly #onInterrupt = (): void => this.#interrupt()
+
+  /** Notes for the person at the terminal (stderr: stdout carries only answers when piped). */
+  #note(s: string): void {
+    process.stderr.write(s + '\n')
+  }
+
+  #interrupt(): void {
+    if (this.#answer) {
+      this.#answer.abort()
+      return
+    }
+    if (!this.#tty) {
+      process.exitCode = 130
+      this.#rl.close()
+      return
+    }
+    if (this.#rl.line.length > 0) {
+      // Like the REPL: Ctrl-C drops the line being typed.
+      this.#rl.write(null, { ctrl: true, name: 'e' })
+      this.#rl.write(null, { ctrl: true, name: 'u' })
+      process.stdout.write('\n')
+      this.#rl.prompt()
+      return
+    }
+    if (this.#exitArmed) {
+      this.#rl.close()
+      return
+    }
+    this.#exitArmed = true
+    process.stdout.write('\n')
+    this.#note('(To exit, press Ctrl+C again or Ctrl+D or type /exit)')
+    this.#rl.prompt()
+  }
+
+  /** Chats until the input ends or the user leaves; then Ctrl-C is a plain signal again. */
+  async run(): Promise<void> {
+    try {
+      await this.#loop()
+    } finally {
+      process.off('SIGINT', this.#onInterrupt)
+    }
+  }
+
+  async #loop(): Promise<void> {
+    if (this.#tty) {
+      this.#note('Type /help for commands, Ctrl-D to leave.')
+      this.#rl.prompt()
+    }
+    // The iterator queues lines that arrive while an answer is written (piped input).
+    for await (const raw of this.#rl) {
+      this.#exitArmed = false
+      const line = raw.trim()
+      if (line === '') {
+        // Skipped without an answer (piped input: no output line either).
+      } else if (line.startsWith('/')) {
+        if (!this.#command(line)) {
+          this.#rl.close()
+          return
+        }
+      } else {
+        await this.#ask(line)
+      }
+      if (this.#tty) this.#rl.prompt()
+    }
+    // Left with Ctrl-D or Ctrl-C at the prompt: the shell's prompt starts on a line of its own.
+    if (this.#tty) process.stdout.write('\n')
+  }
+
+  /** A slash command; false to leave. */
+  #command(line: string): boolean {
+    const [name] = line.split(/\s+/)
+    switch (name) {
+      case '/exit':
+      case '/quit':
+        return false
+      case '/reset':
+        this.#session.reset()
+        this.#note('(conversation reset)')
+        return true
+      case '/help':
+        this.#note(HELP)
+        return true
+      default:
+        this.#note(`unknown command ${name}: /help lists them`)
+        return true
+    }
+  }
+
+  async #ask(question: string): Promise<void> {
+    const ac = new AbortController()
+    this.#answer = ac
+    let wroteNewline = false
+    try {
+      const stream = this.#session.generate(question, { ...this.#options, signal: ac.signal })
+      for await (const chunk of stream) {
+        if (chunk.text) {
+          process.stdout.write(chunk.text)
+          wroteNewline = chunk.text.endsWith('\n')
+        }
+      }
+      // A terminal gets a newline only where the answer lacks one; piped output one per answer.
+      if (!this.#tty || !wroteNewline) process.stdout.write('\n')
+      const r = stream.result
+      if (r && r.finishReason !== 'stop') this.#note(`[${r.finishReason}]`)
+      if (r && this.#verbose) {
+        const t = r.timings
+        this.#note(
+          `[${r.usage.completionTokens} tokens, ${t.tokensPerSecond.toFixed(1)} tok/s; prompt ${r.usage.promptTokens} tokens ` +
+            `(${r.usage.cachedTokens} cached), first token after ${t.ttftMs.toFixed(0)} ms]`,
+        )
+      }
+    } catch (e) {
+      if (!wroteNewline) process.stdout.write('\n')
+      const err = toError(e)
+      this.#note(`error: ${err.code}: ${err.message}`)
+    } finally {
+      this.#answer = undefined
+    }
+  }
+}
+
+export async function chat(argv: string[]): Promise<void> {
+  const a = parse(argv)
+  let rt: Runtime
+  try {
+    rt = await load(a)
+  } catch (e) {
+    fail(e)
+    return
+  }
+  try {
+    const names: string[] = []
+    for (const dir of a.experts) {
+      const e = await rt.loadExpert(dir)
+      process.stderr.write(`loaded expert ${e.name} (${e.kind}) from ${dir}\n`)
+      names.push(e.name)
+    }
+    const session = rt.createSession({ system: a.system, experts: names })
+    const i = rt.info
+    process.stderr.write(`loaded ${a.model} (${i.architecture}, ${i.dtype}, ${i.device}, context ${i.contextLength})\n`)
+    await new Chat(session, a, process.stdin.isTTY === true && process.stdout.isTTY === true).run()
+    session.dispose()
+  } catch (e) {
+    fail(e)
+  } finally {
+    await rt.dispose()
+  }
+}

@@ -2,6 +2,9 @@
 // `expert-runtime <command> …`: the command-line interface. Each command lives in lib/cli/.
 import { UsageError } from './cli/args'
 import { serve, USAGE as SERVE_USAGE } from './cli/serve'
+import { chat, USAGE as CHAT_USAGE } from './cli/chat'
+import { inspectCommand, USAGE as INSPECT_USAGE } from './cli/inspect'
+import { pull, USAGE as PULL_USAGE } from './cli/pull'
 
 interface Command {
   run(argv: string[]): Promise<void>
@@ -10,7 +13,10 @@ interface Command {
 }
 
 const COMMANDS: Record<string, Command> = {
+  chat: { run: chat, usage: CHAT_USAGE, summary: 'chat with a model in the terminal' },
+  inspect: { run: inspectCommand, usage: INSPECT_USAGE, summary: 'describe a model or an adapter without loading its weights' },
   serve: { run: serve, usage: SERVE_USAGE, summary: 'an OpenAI-compatible HTTP server for one model' },
+  pull: { run: pull, usage: PULL_USAGE, summary: 'download a model from the Hugging Face Hub into the cache' },
 }
 
 function usage(): string {

@@ -14,10 +14,17 @@ export type ErrorCode =
   | 'INVALID_ADAPTER'
   | 'KV_CACHE_EXHAUSTED'
   | 'OUT_OF_MEMORY'
+  /** A Hub download failed (network, HTTP status, a malformed response); a partial file is kept and resumes. */
+  | 'DOWNLOAD_FAILED'
+  /** A downloaded file's sha256 or size differs from what the Hub announced; nothing was kept. */
+  | 'CHECKSUM_MISMATCH'
+  /** The Hub refused access (HTTP 401/403): a private or gated repository, or a bad `HF_TOKEN`. */
+  | 'ACCESS_DENIED'
   | 'INTERNAL'
 
 /** Every error this package throws or rejects with. */
 export class ExpertRuntimeError extends Error {
+  /** What went wrong, as a stable code (see `ErrorCode`). */
   readonly code: ErrorCode
   constructor(code: ErrorCode, message: string, options?: { cause?: unknown }) {
     super(message, options)

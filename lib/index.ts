@@ -1,6 +1,8 @@
 export { Runtime } from './runtime'
 export { Session, GenerationStream } from './session'
 export { Expert } from './expert'
+export { inspect } from './inspect'
+export { fetchModel } from './hub'
 export { ExpertRuntimeError } from './errors'
 export type { ErrorCode } from './errors'
 export type * from './types'

@@ -7,9 +7,12 @@
 //     without the NVIDIA driver the CUDA addon cannot load, so `auto` falls back to the CPU
 //     build, `cuda` rejects with NO_CUDA_DEVICE naming the missing library, and the process
 //     lives on and exits normally. With a driver and a GPU, `auto` takes the GPU.
-// The main package's own dependencies (prom-client and what it needs) are packed from this
-// repository's node_modules and installed beside it: an offline install finds no registry
-// metadata for them in a fresh machine's npm cache.
+//   - The README's quick start, compiled by TypeScript with `skipLibCheck: false` in a fresh
+//     ES-module project (so every shipped declaration file is checked), then run on SmolLM2.
+// The main package's own dependencies (prom-client and what it needs), and TypeScript with
+// @types/node for the TypeScript project, are packed from this repository's node_modules and
+// installed beside it: an offline install finds no registry metadata for them in a fresh
+// machine's npm cache.
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFileSync, spawnSync } from 'node:child_process'
@@ -63,10 +66,10 @@ function consumerRun(dir, device) {
 }
 
 /**
- * Tarballs of the main package's runtime dependencies, the closure of its package.json
- * `dependencies` as installed here (a nested node_modules first, then the hoisted one).
+ * Tarballs of the packages `names` and of what they depend on, as installed here (a nested
+ * node_modules first, then the hoisted one).
  */
-function packDependencies(dest) {
+function packClosure(names, dest) {
   const packed = new Map()
   const visit = (name, from) => {
     const dir = [join(from, 'node_modules', name), join(root, 'node_modules', name)].find((d) => existsSync(join(d, 'package.json')))
@@ -76,8 +79,28 @@ function packDependencies(dest) {
     packed.set(dir, join(dest, out.trim().split('\n').pop()))
     for (const dep of Object.keys(JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')).dependencies ?? {})) visit(dep, dir)
   }
-  for (const dep of Object.keys(JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')).dependencies ?? {})) visit(dep, root)
+  for (const name of names) visit(name, root)
   return [...packed.values()]
+}
+
+/** Tarballs of the main package's runtime dependencies (the closure of its `dependencies`). */
+function packDependencies(dest) {
+  return packClosure(Object.keys(JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')).dependencies ?? {}), dest)
+}
+
+/**
+ * The README's quick start: the first ```ts block after the comment that names this test,
+ * loading `model` instead of the model it names.
+ */
+function readmeQuickStart(model) {
+  const readme = readFileSync(join(root, 'README.md'), 'utf8')
+  const at = readme.indexOf('<!-- __test__/package.test.mjs')
+  assert.ok(at >= 0, 'the README marks its quick start for this test')
+  const block = /```ts\n([\s\S]*?)```/.exec(readme.slice(at))
+  assert.ok(block, 'a ```ts block follows the marker')
+  const loads = block[1].match(/Runtime\.load\('[^']*'/g) ?? []
+  assert.equal(loads.length, 1, 'the quick start loads one model')
+  return block[1].replace(/Runtime\.load\('[^']*'/, `Runtime.load(${JSON.stringify(model)}`)
 }
 
 describe('npm packages installed into a fresh project', { skip }, () => {
@@ -123,6 +146,25 @@ describe('npm packages installed into a fresh project', { skip }, () => {
     assert.match(r.chunks.join(''), /Paris/)
     const cuda = consumerRun(dir, 'cuda')
     assert.equal(cuda.error?.code, 'NO_CUDA_DEVICE')
+  })
+
+  it("the README's quick start compiles (TypeScript, skipLibCheck: false) and runs", () => {
+    const dir = install('typescript', [tarballs.main, tarballs.cpu, ...packClosure(['typescript', '@types/node'], join(work, 'tarballs'))])
+    const pkg = JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8'))
+    writeFileSync(join(dir, 'package.json'), JSON.stringify({ ...pkg, type: 'module' }, null, 2))
+    // What `tsc --init` gives a Node project, made strict about declaration files.
+    writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify({
+      compilerOptions: { target: 'ES2022', module: 'nodenext', moduleResolution: 'nodenext', strict: true, skipLibCheck: false, types: ['node'], outDir: 'out' },
+      files: ['quickstart.ts'],
+    }))
+    // The demo model: a real chat model ends its answers, and its context holds both turns.
+    writeFileSync(join(dir, 'quickstart.ts'), readmeQuickStart(modelPath))
+    const env = { PATH: cleanPath.join(delimiter), HOME: dir }
+    const tsc = spawnSync(process.execPath, [join(dir, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', '.'], { cwd: dir, encoding: 'utf8', env, timeout: 120_000 })
+    assert.equal(tsc.status, 0, `tsc failed:\n${tsc.stdout}${tsc.stderr}`)
+    const run = spawnSync(process.execPath, ['out/quickstart.js'], { cwd: dir, encoding: 'utf8', env, timeout: 120_000 })
+    assert.equal(run.status, 0, `the quick start exited with ${run.status}:\n${run.stderr}`)
+    assert.match(run.stdout, /\(\d+ tokens, [\d.]+ tokens\/s\)/)
   })
 
   it('without its platform package: NO_NATIVE_BINARY naming the package to install', () => {

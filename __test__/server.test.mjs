@@ -406,13 +406,19 @@ describe('expert-runtime serve (CLI)', () => {
 
   it('refuses bad arguments with usage and exit code 2', async () => {
     const cli = path.join(path.dirname(require.resolve('../dist/index.js')), 'cli.js')
-    for (const args of [['serve'], ['fly'], ['serve', MODEL, '--port', 'x'], ['serve', MODEL, '--bogus', '1']]) {
+    const cases = [
+      [['serve'], /serve needs a model path[^]*usage: expert-runtime serve/],
+      [['fly'], /unknown command 'fly'[^]*usage: expert-runtime <command>/],
+      [['serve', MODEL, '--port', 'x'], /--port must be an integer[^]*usage: expert-runtime serve/],
+      [['serve', MODEL, '--bogus', '1'], /unknown option --bogus[^]*usage: expert-runtime serve/],
+    ]
+    for (const [args, expected] of cases) {
       const child = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'] })
       let err = ''
       child.stderr.on('data', (d) => (err += d))
       const code = await new Promise((r) => child.on('exit', r))
       assert.equal(code, 2, args.join(' '))
-      assert.match(err, /usage: expert-runtime serve/)
+      assert.match(err, expected)
     }
   })
 })

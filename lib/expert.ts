@@ -23,6 +23,7 @@ export class Expert {
     return this.#native.name
   }
 
+  /** The PEFT method (`lora` also covers rsLoRA). */
   get kind(): ExpertKind {
     return this.#native.kind as ExpertKind
   }
@@ -75,6 +76,7 @@ export class Expert {
     }
   }
 
+  /** Its description as plain data (`JSON.stringify(expert)`). */
   toJSON(): object {
     return { name: this.name, kind: this.kind, rank: this.rank, targetModules: this.targetModules, bytes: this.bytes, manifest: this.manifest }
   }

@@ -3,6 +3,7 @@ import type * as N from '../native'
 import { isPositiveU32, isU32, onlyKeys, optionsObject } from './checks'
 import { disposedError, invalidArgument, toError } from './errors'
 import { Expert } from './expert'
+import { fetchModel } from './hub'
 import { Session, checkNames, toDecision, toNativeInput } from './session'
 import type {
   ChatMessage,
@@ -29,6 +30,7 @@ export class Runtime {
     const i = n.info
     this.#info = {
       ...i,
+      dtype: i.dtype as RuntimeInfo['dtype'],
       device: i.device as RuntimeInfo['device'],
       deviceMemoryTotal: i.deviceMemoryTotal ?? null,
       binary,
@@ -37,10 +39,14 @@ export class Runtime {
     }
   }
 
-  /** Loads an HF model directory (config.json + safetensors + tokenizer) or a GGUF file. */
+  /**
+   * Loads an HF model directory (config.json + safetensors + tokenizer) or a GGUF file. A path
+   * `hf:org/repo[@revision][/file.gguf]` is fetched from the Hugging Face Hub into the cache
+   * first (`hub`, `onDownloadProgress`; docs/models.md).
+   */
   static async load(path: string, options?: LoadOptions): Promise<Runtime> {
     if (typeof path !== 'string' || path.length === 0) throw invalidArgument('path must be a non-empty string')
-    const { onProgress, ...rest } = optionsObject(options)
+    const { onProgress, onDownloadProgress, hub, ...rest } = optionsObject(options)
     for (const k of ['contextLength', 'threads'] as const) {
       const v = rest[k]
       if (v !== undefined && !isPositiveU32(v)) throw invalidArgument(`${k} must be a positive integer below 2^32`)
@@ -65,6 +71,7 @@ export class Runtime {
       throw invalidArgument(`unknown device '${String(device)}' (auto, cpu, cuda, cuda:N)`)
     }
     const { binding, variant } = bindingFor(device)
+    const modelPath = path.startsWith('hf:') ? await fetchModel(path.slice(3), hub, onDownloadProgress) : path
     // A throwing onProgress must not reach the native callback (an exception there would end
     // the process): the first one is kept and the load rejects with it once the engine is freed.
     let progressError: { error: unknown } | undefined
@@ -81,7 +88,7 @@ export class Runtime {
     let n: N.NativeRuntime
     try {
       n = await binding.loadRuntime(
-        path,
+        modelPath,
         {
           device,
           dtype,
@@ -104,6 +111,7 @@ export class Runtime {
     return new Runtime(n, variant)
   }
 
+  /** What was loaded and how it runs (a fresh copy each time). */
   get info(): RuntimeInfo {
     const i = this.#info
     const ropeScaling = i.ropeScaling && (JSON.parse(JSON.stringify(i.ropeScaling)) as RopeScalingInfo)
@@ -133,6 +141,7 @@ export class Runtime {
     }
   }
 
+  /** The text of token ids (special tokens included as their spellings). */
   detokenize(ids: number[]): string {
     this.#check()
     if (!Array.isArray(ids) || !ids.every(isU32)) throw invalidArgument('ids must be non-negative integers below 2^32')
@@ -143,15 +152,20 @@ export class Runtime {
     }
   }
 
-  /** A new conversation. `experts` sets its default experts (each must be loaded). */
+  /**
+   * A new conversation. `experts` sets its default experts (each must be loaded);
+   * `contextShift: 'drop-oldest'` keeps a long chat going past the context length.
+   */
   createSession(sessionOptions?: SessionOptions): Session {
     this.#check()
     const options = optionsObject(sessionOptions)
     if (options.system !== undefined && typeof options.system !== 'string') throw invalidArgument('system must be a string')
     const auto = options.experts === 'auto'
     if (options.experts !== undefined && !auto) checkNames(options.experts)
+    const shift = options.contextShift
+    if (shift !== undefined && shift !== 'none' && shift !== 'drop-oldest') throw invalidArgument("contextShift must be 'none' or 'drop-oldest'")
     try {
-      return new Session(this.#native.createSession(options.system, auto ? undefined : (options.experts as string[] | undefined), auto))
+      return new Session(this.#native.createSession(options.system, auto ? undefined : (options.experts as string[] | undefined), auto, shift))
     } catch (e) {
       throw toError(e)
     }
@@ -318,6 +332,7 @@ export class Runtime {
     await this.#native.dispose()
   }
 
+  /** `await using rt = await Runtime.load(…)`: `dispose()` at the end of the scope. */
   async [Symbol.asyncDispose](): Promise<void> {
     await this.dispose()
   }

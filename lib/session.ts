@@ -6,14 +6,7 @@ import type { ChatMessage, CompletionResult, FinishReason, GenerateInput, Genera
 /** @internal */
 export function toNativeInput(input: GenerateInput): N.NativeInput {
   if (typeof input === 'string') return { messages: [{ role: 'user', content: input }] }
-  if (Array.isArray(input)) {
-    for (const m of input) {
-      if (!m || typeof m.role !== 'string' || typeof m.content !== 'string') {
-        throw invalidArgument('each ChatMessage needs a string role and content')
-      }
-    }
-    return { messages: input.map(toNativeMessage) }
-  }
+  if (Array.isArray(input)) return { messages: toNativeMessages(input) }
   if (input && typeof input === 'object') {
     if ('text' in input && typeof input.text === 'string') return { text: input.text }
     if ('tokens' in input && Array.isArray(input.tokens)) {
@@ -22,6 +15,15 @@ export function toNativeInput(input: GenerateInput): N.NativeInput {
     }
   }
   throw invalidArgument('input must be a string, a ChatMessage[], { text } or { tokens }')
+}
+
+function toNativeMessages(messages: ChatMessage[]): N.JsChatMessage[] {
+  for (const m of messages) {
+    if (!m || typeof m.role !== 'string' || typeof m.content !== 'string') {
+      throw invalidArgument('each ChatMessage needs a string role and content')
+    }
+  }
+  return messages.map(toNativeMessage)
 }
 
 function toNativeMessage(m: ChatMessage): N.JsChatMessage {
@@ -229,6 +231,7 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
     }
   }
 
+  /** The chunks, one per generated token (`for await (const chunk of stream)`). Iterable once. */
   [Symbol.asyncIterator](): AsyncIterator<TokenChunk> {
     if (this.#started) throw invalidArgument('a generation stream can be iterated only once')
     this.#started = true
@@ -375,6 +378,24 @@ export class Session {
     }
   }
 
+  /**
+   * Replaces the conversation with `messages` without generating: restores a saved chat
+   * (`session.history` from an earlier session, say). Include the system message if there
+   * should be one; `reset()` still goes back to the `system` the session was created with.
+   * The next turn evaluates the restored conversation once, reusing whatever of it the prefix
+   * cache holds. Fails with `SESSION_BUSY` while the session is generating.
+   */
+  setHistory(messages: ChatMessage[]): void {
+    this.#check()
+    if (!Array.isArray(messages)) throw invalidArgument('messages must be a ChatMessage[]')
+    const native = toNativeMessages(messages)
+    try {
+      this.#native.setHistory(native)
+    } catch (e) {
+      throw toError(e)
+    }
+  }
+
   /** Forgets the conversation (keeps the system prompt) and its cache. */
   reset(): void {
     this.#check()
@@ -392,6 +413,7 @@ export class Session {
     this.#native.dispose()
   }
 
+  /** `using s = rt.createSession()`: `dispose()` at the end of the scope. */
   [Symbol.dispose](): void {
     this.dispose()
   }

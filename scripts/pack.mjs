@@ -37,6 +37,8 @@ export function packPackages(dest) {
     const stage = join(dest, 'stage', name)
     rmSync(stage, { recursive: true, force: true })
     cpSync(join(root, 'npm', name), stage, { recursive: true })
+    // Each package carries the license (npm includes LICENSE whatever `files` says).
+    copyFileSync(join(root, 'LICENSE'), join(stage, 'LICENSE'))
     stripInto(join(root, file), join(stage, file))
     return pack(stage, dest)
   }

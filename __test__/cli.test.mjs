@@ -61,6 +61,23 @@ async function inspectJson(...args) {
   return JSON.parse(r.stdout)
 }
 
+
+/** What `inspect` said of `path` (`m`) agrees with what loading it reports; `tokens` spell as said. */
+async function agreesWithLoad(m, path, tokens) {
+  const rt = await Runtime.load(path, { threads: 2 })
+  try {
+    const i = rt.info
+    assert.deepEqual(
+      [m.architecture, m.numLayers, m.hiddenSize, m.vocabSize, m.contextLength],
+      [i.architecture, i.numLayers, i.hiddenSize, i.vocabSize, i.contextLength],
+    )
+    assert.deepEqual(m.eosTokens.map((e) => e.id), i.eosTokenIds)
+    for (const e of tokens) assert.equal(rt.detokenize([e.id]), e.text)
+  } finally {
+    await rt.dispose()
+  }
+}
+
 describe('expert-runtime inspect', () => {
   let tmp
   before(() => {
@@ -111,18 +128,7 @@ describe('expert-runtime inspect', () => {
     assert.deepEqual(m.warnings, [])
 
     // What a load reports agrees.
-    const rt = await Runtime.load(dir, { threads: 2 })
-    try {
-      const i = rt.info
-      assert.deepEqual(
-        [m.architecture, m.numLayers, m.hiddenSize, m.vocabSize, m.contextLength],
-        [i.architecture, i.numLayers, i.hiddenSize, i.vocabSize, i.contextLength],
-      )
-      assert.deepEqual(m.eosTokens.map((e) => e.id), i.eosTokenIds)
-      for (const e of m.eosTokens) assert.equal(rt.detokenize([e.id]), e.text)
-    } finally {
-      await rt.dispose()
-    }
+    await agreesWithLoad(m, dir, m.eosTokens)
 
     // The text form: the same facts, the template's first lines.
     const text = await cli(['inspect', dir])
@@ -165,18 +171,7 @@ describe('expert-runtime inspect', () => {
     assert.ok(m.weights.parameters > 100e6 && m.weights.parameters < 200e6, String(m.weights.parameters))
     assert.equal(m.tokenizer.source, 'gguf')
     assert.match(m.tokenizer.chatTemplate, /<\|im_start\|>/)
-    const rt = await Runtime.load(SMOLLM2, { threads: 2 })
-    try {
-      const i = rt.info
-      assert.deepEqual(
-        [m.architecture, m.numLayers, m.hiddenSize, m.vocabSize, m.contextLength],
-        [i.architecture, i.numLayers, i.hiddenSize, i.vocabSize, i.contextLength],
-      )
-      assert.deepEqual(m.eosTokens.map((e) => e.id), i.eosTokenIds)
-      for (const e of [...m.eosTokens, m.tokenizer.bos]) assert.equal(rt.detokenize([e.id]), e.text)
-    } finally {
-      await rt.dispose()
-    }
+    await agreesWithLoad(m, SMOLLM2, [...m.eosTokens, m.tokenizer.bos])
   })
 
   it('adapters: kind, rank, alpha, targets, base model and tensors as adapter_config.json and the file say', async () => {

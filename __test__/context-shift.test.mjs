@@ -4,21 +4,16 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
-import { fixture, GREEDY, reference } from './helpers.mjs'
+import { fixture, GREEDY, reference, coded } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
-const { Runtime, ExpertRuntimeError } = require('../dist/index.js')
+const { Runtime } = require('../dist/index.js')
 
 const CONTEXT = 256
 const SYSTEM = 'You answer in one short sentence.'
 const TURN = { ...GREEDY, maxTokens: 24 }
 const question = (i) => `Question ${i}: what is the weather like today?`
 
-const coded = (code) => (e) => {
-  assert.ok(e instanceof ExpertRuntimeError, `expected ExpertRuntimeError, got ${e?.name}: ${e?.message}`)
-  assert.equal(e.code, code, e.message)
-  return true
-}
 
 describe('contextShift and setHistory (qwen3-tiny, 256-token context)', () => {
   let rt

@@ -1,6 +1,8 @@
 // Helpers shared by the Node suites (__test__/*.test.mjs). Holds no tests: `node --test __test__/`
 // runs only the files named like tests (*.test.mjs), so this one runs only when a suite imports it.
+import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
 
@@ -26,4 +28,12 @@ export async function collect(stream) {
   const chunks = []
   for await (const c of stream) chunks.push(c)
   return { chunks, result: stream.result }
+}
+
+/** `assert.rejects` / `assert.throws` matcher: an ExpertRuntimeError with this code. */
+export const coded = (code) => (e) => {
+  const { ExpertRuntimeError } = createRequire(import.meta.url)('../dist/index.js')
+  assert.ok(e instanceof ExpertRuntimeError, `expected ExpertRuntimeError, got ${e?.name}: ${e?.message}`)
+  assert.equal(e.code, code, e.message)
+  return true
 }

@@ -7,22 +7,16 @@ import { createRequire } from 'node:module'
 import path from 'node:path'
 import v8 from 'node:v8'
 import vm from 'node:vm'
-import { FIXTURES, fixture, fixtureJson, GREEDY, reference } from './helpers.mjs'
+import { FIXTURES, fixture, fixtureJson, GREEDY, reference, coded } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
-const { Runtime, Session, GenerationStream, ExpertRuntimeError } = require('../dist/index.js')
+const { Runtime, Session, GenerationStream } = require('../dist/index.js')
 
 const ref = reference('qwen3-tiny')
 // No maxTokens: a greedy run on the reference prompt goes on until the 512-token context is
 // full (it never samples an EOS), hundreds of steps, so it is still running when we act on it.
 const LONG = { tokens: ref.prompt_ids }
 
-/** `assert.rejects` / `assert.throws` matcher: an ExpertRuntimeError with this code. */
-const coded = (code) => (e) => {
-  assert.ok(e instanceof ExpertRuntimeError, `expected ExpertRuntimeError, got ${e?.name}: ${e?.message}`)
-  assert.equal(e.code, code, e.message)
-  return true
-}
 
 describe('cancellation and concurrency (qwen3-tiny)', () => {
   let rt

@@ -6,16 +6,11 @@ import { describe, it } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import path from 'node:path'
-import { collect, fixture, GREEDY, reference } from './helpers.mjs'
+import { collect, fixture, GREEDY, reference, coded } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
-const { Runtime, ExpertRuntimeError } = require('../dist/index.js')
+const { Runtime } = require('../dist/index.js')
 
-const coded = (code) => (e) => {
-  assert.ok(e instanceof ExpertRuntimeError, `expected ExpertRuntimeError, got ${e?.name}: ${e?.message}`)
-  assert.equal(e.code, code, e.message)
-  return true
-}
 
 const ref = reference('qwen3-tiny')
 

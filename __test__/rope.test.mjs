@@ -8,16 +8,11 @@ import { createRequire } from 'node:module'
 import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
-import { collect, fixture, fixtureJson, GREEDY, LOGPROB_TOL } from './helpers.mjs'
+import { collect, fixture, fixtureJson, GREEDY, LOGPROB_TOL, coded } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
-const { Runtime, ExpertRuntimeError } = require('../dist/index.js')
+const { Runtime } = require('../dist/index.js')
 
-const coded = (code) => (e) => {
-  assert.ok(e instanceof ExpertRuntimeError, `expected ExpertRuntimeError, got ${e?.name}: ${e?.message}`)
-  assert.equal(e.code, code, e.message)
-  return true
-}
 
 /** The case's base fixture model with its config.json patched as the case says. */
 function caseModel(dir, c) {

@@ -274,7 +274,7 @@ async function apiAnswers(questions, { experts = [], maxTokens, reset = [], cont
   const rt = await Runtime.load(MODEL, { threads: 2, contextLength })
   try {
     for (const e of experts) await rt.loadExpert(e)
-    const s = rt.createSession({ experts: experts.map((e) => path.basename(e)) })
+    const s = rt.createSession({ experts: experts.map((e) => path.basename(e)), contextShift: 'drop-oldest' })
     const out = []
     for (const [i, q] of questions.entries()) {
       if (reset.includes(i)) s.reset()
@@ -311,6 +311,15 @@ describe('expert-runtime chat, piped', () => {
     assert.match(r.stderr, /loaded expert lora \(lora\)/)
     assert.match(r.stderr, /\(conversation reset\)/)
     assert.match(r.stderr, /\/reset +forget the conversation/)
+  })
+
+  it('goes on past the context length: the oldest turns make room, answers equal the API’s', async () => {
+    const questions = Array.from({ length: 15 }, (_, i) => `question ${i}: what is the weather like?`)
+    const expected = await apiAnswers(questions, { maxTokens: 16, contextLength: 256 })
+    const r = await cli(['chat', MODEL, '--max-tokens', '16', '--temperature', '0', '--context-length', '256', '--threads', THREADS], { input: questions.join('\n') + '\n' })
+    assert.equal(r.code, 0, r.stderr)
+    assert.doesNotMatch(r.stderr, /CONTEXT_OVERFLOW/)
+    assert.equal(r.stdout, expected.map((a) => a + '\n').join(''))
   })
 
   it('/exit leaves before the remaining lines', async () => {

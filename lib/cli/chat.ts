@@ -10,6 +10,7 @@ import { Runtime } from '../runtime'
 import type { Session } from '../session'
 import type { GenerateOptions } from '../types'
 import { intOption, parseArgs, stringOption, UsageError } from './args'
+import { progressPrinter } from './pull'
 
 export const USAGE = `usage: expert-runtime chat <model.gguf | model-dir> [options]
 
@@ -96,9 +97,11 @@ function fail(e: unknown): void {
 
 async function load(a: ChatArgs): Promise<Runtime> {
   let lastPct = -1
+  const download = progressPrinter(a.model)
   const rt = await Runtime.load(a.model, {
     threads: a.threads,
     contextLength: a.contextLength,
+    onDownloadProgress: download.update,
     onProgress: ({ loadedBytes, totalBytes }) => {
       const pct = totalBytes > 0 ? Math.floor((100 * loadedBytes) / totalBytes) : 100
       if (pct >= lastPct + 10 || (pct === 100 && lastPct !== 100)) {
@@ -107,6 +110,7 @@ async function load(a: ChatArgs): Promise<Runtime> {
       }
     },
   })
+  download.end()
   for (const w of rt.info.warnings) process.stderr.write(`warning: ${w}\n`)
   return rt
 }
@@ -272,7 +276,8 @@ export async function chat(argv: string[]): Promise<void> {
       process.stderr.write(`loaded expert ${e.name} (${e.kind}) from ${dir}\n`)
       names.push(e.name)
     }
-    const session = rt.createSession({ system: a.system, experts: names })
+    // A terminal chat goes on past the context: the oldest turns make room (the system prompt stays).
+    const session = rt.createSession({ system: a.system, experts: names, contextShift: 'drop-oldest' })
     const i = rt.info
     process.stderr.write(`loaded ${a.model} (${i.architecture}, ${i.dtype}, ${i.device}, context ${i.contextLength})\n`)
     await new Chat(session, a, process.stdin.isTTY === true && process.stdout.isTTY === true).run()

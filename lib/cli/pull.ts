@@ -47,7 +47,7 @@ const MB = 1024 * 1024
 const mb = (n: number) => (n / MB).toFixed(1)
 
 /** Progress on stderr: redrawn in place (at most ~10 times a second) on a terminal, every 10% otherwise. */
-function progressPrinter(label: string) {
+export function progressPrinter(label: string) {
   const tty = process.stderr.isTTY === true
   let lastDraw = 0
   let lastTenth = -1

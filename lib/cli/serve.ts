@@ -5,6 +5,7 @@ import { basename, join } from 'node:path'
 import { Runtime } from '../runtime'
 import { createServer } from '../server'
 import { intOption, parseArgs, stringOption, UsageError } from './args'
+import { progressPrinter } from './pull'
 
 export const USAGE = `usage: expert-runtime serve <model.gguf | model-dir> [options]
 
@@ -46,9 +47,11 @@ export async function serve(argv: string[]): Promise<void> {
   const a = parse(argv)
   // Listen first (health says 503 while the model loads), then load.
   let lastPct = -1
+  const download = progressPrinter(a.model)
   const loading = Runtime.load(a.model, {
     threads: a.threads,
     contextLength: a.contextLength,
+    onDownloadProgress: download.update,
     onProgress: ({ loadedBytes, totalBytes }) => {
       const pct = totalBytes > 0 ? Math.floor((100 * loadedBytes) / totalBytes) : 100
       if (pct >= lastPct + 10 || pct === 100) {
@@ -84,7 +87,9 @@ export async function serve(argv: string[]): Promise<void> {
   let rt: Runtime
   try {
     rt = await loading
+    download.end()
   } catch (e) {
+    download.end()
     process.stderr.write(`expert-runtime: the model failed to load: ${(e as Error).message}\n`)
     await server.close()
     process.exit(1)

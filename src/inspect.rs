@@ -16,12 +16,12 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::engine::load::{end_of_generation_ids, read_generation_config, GenerationDefaults};
 use crate::error::{EngineError, Result};
 use crate::experts::peft::{AdapterConfig, PeftType};
 use crate::experts::Manifest;
 use crate::files;
 use crate::gguf_meta;
-use crate::model::config::token_id_list;
 use crate::model::inspect::{self as model_inspect, WeightsSummary};
 use crate::model::loader::ModelFormat;
 use crate::model::ModelConfig;
@@ -95,12 +95,13 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
 fn inspect_model(path: &Path) -> Result<ModelInspection> {
     let summary = model_inspect::summarize(path)?;
     let mut warnings = Vec::new();
-    let mut eos = summary.config.eos_token_ids.clone();
+    let mut defaults = GenerationDefaults::default();
     let tokenizer = match &summary.format {
         ModelFormat::HfDir(dir) => {
-            match generation_config_eos(dir) {
-                Ok(ids) => eos.extend(ids),
-                Err(e) => warnings.push(e),
+            // What a load refuses is a warning here: the rest of the description still holds.
+            match read_generation_config(dir) {
+                Ok(d) => defaults = d,
+                Err(e) => warnings.push(format!("{e} (a load would fail)")),
             }
             Tokenizer::from_dir(dir).map(|t| (describe_tokenizer(&t, "tokenizer.json", tokenizer_json_model(&t), None), t))
         }
@@ -114,11 +115,7 @@ fn inspect_model(path: &Path) -> Result<ModelInspection> {
         }
     };
     let tokenizer = tokenizer.map_err(|e| warnings.push(format!("the tokenizer cannot be built (a load would fail): {e}"))).ok();
-    if let Some((_, t)) = &tokenizer {
-        eos.extend(t.eos_token_ids());
-    }
-    eos.sort_unstable();
-    eos.dedup();
+    let eos = end_of_generation_ids(&summary.config, &defaults, tokenizer.as_ref().map(|(_, t)| t));
     let spelling = |id: u32| tokenizer.as_ref().and_then(|(_, t)| t.id_to_token(id));
     let eos_tokens = eos.iter().map(|&id| (id, spelling(id))).collect();
     Ok(ModelInspection {
@@ -128,18 +125,6 @@ fn inspect_model(path: &Path) -> Result<ModelInspection> {
         eos_tokens,
         warnings,
     })
-}
-
-/// `eos_token_id` of `generation_config.json` (none when the file is absent).
-fn generation_config_eos(dir: &Path) -> std::result::Result<Vec<u32>, String> {
-    let p = dir.join("generation_config.json");
-    let text = match files::read_text(&p) {
-        Ok(t) => t,
-        Err(files::ReadError::NotFound) => return Ok(Vec::new()),
-        Err(e) => return Err(format!("{}: {e}", p.display())),
-    };
-    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
-    Ok(token_id_list(v.get("eos_token_id")))
 }
 
 fn tokenizer_json_model(t: &Tokenizer) -> String {

@@ -29,7 +29,10 @@ impl ContextShift {
         match s {
             "none" => Ok(Self::None),
             "drop-oldest" => Ok(Self::DropOldest),
-            other => Err(EngineError::InvalidArgument(format!("unknown contextShift '{other}' (none, drop-oldest)"))),
+            other => {
+                let shown: String = other.chars().take(40).collect();
+                Err(EngineError::InvalidArgument(format!("unknown contextShift '{shown}' (none, drop-oldest)")))
+            }
         }
     }
 }
@@ -49,6 +52,11 @@ pub fn answer_room(max_tokens: Option<usize>, context_length: usize) -> usize {
     max_tokens.unwrap_or(context_length / 4).min(context_length / 2).max(1)
 }
 
+/// How many messages at the start of `history` are system messages (they are never dropped).
+pub fn leading_system(history: &[ChatMessage]) -> usize {
+    history.iter().take_while(|m| m.role == "system").count()
+}
+
 /// Renders `history` + `new` with `encode`; when that is longer than `budget` tokens, drops
 /// the oldest turns of `history` (never its leading system messages, never `new`) until it is
 /// not. When even the system messages and `new` alone are too long, returns that shortest
@@ -59,7 +67,7 @@ pub fn fit(
     budget: usize,
     encode: impl Fn(&[ChatMessage]) -> Result<Vec<u32>>,
 ) -> Result<Window> {
-    let head = history.iter().take_while(|m| m.role == "system").count();
+    let head = leading_system(history);
     let render = |cut: usize| -> Result<Vec<u32>> {
         let kept: Vec<ChatMessage> = history[..head].iter().chain(&history[cut..]).chain(new).cloned().collect();
         encode(&kept)

@@ -116,7 +116,8 @@ fn context_length(opts: &LoadOptions, cfg: &ModelConfig, warnings: &mut Vec<Stri
     Ok(n)
 }
 
-fn read_generation_config(dir: &Path) -> Result<GenerationDefaults> {
+/// `generation_config.json` of an HF model directory (defaults when there is none).
+pub fn read_generation_config(dir: &Path) -> Result<GenerationDefaults> {
     let p = dir.join("generation_config.json");
     let text = match files::read_text(&p) {
         Ok(t) => t,
@@ -128,6 +129,17 @@ fn read_generation_config(dir: &Path) -> Result<GenerationDefaults> {
     // Defaults every request would inherit: a bad one fails the load, not every request.
     sampling.resolve(&SamplingOverrides::default()).map_err(|e| EngineError::invalid_model(p.display(), e))?;
     Ok(GenerationDefaults { sampling, eos_token_ids: token_id_list(v.get("eos_token_id")) })
+}
+
+/// The ids that end a generation: the config's, `generation_config.json`'s and the
+/// tokenizer's (when it could be built), sorted, each once.
+pub fn end_of_generation_ids(cfg: &ModelConfig, defaults: &GenerationDefaults, tokenizer: Option<&Tokenizer>) -> Vec<u32> {
+    let mut eos: Vec<u32> = cfg.eos_token_ids.clone();
+    eos.extend(defaults.eos_token_ids.iter().copied());
+    eos.extend(tokenizer.map(Tokenizer::eos_token_ids).unwrap_or_default());
+    eos.sort_unstable();
+    eos.dedup();
+    eos
 }
 
 /// The tokenizer and chat template, tried once at load so that their defects are

@@ -182,11 +182,7 @@ impl Engine {
         // event loop alive.
         drop(progress);
         let Loaded { model, tokenizer, defaults, warnings } = loaded?;
-        let mut eos: Vec<u32> = model.cfg.eos_token_ids.clone();
-        eos.extend(defaults.eos_token_ids.iter().copied());
-        eos.extend(tokenizer.eos_token_ids());
-        eos.sort_unstable();
-        eos.dedup();
+        let eos = load::end_of_generation_ids(&model.cfg, &defaults, Some(&tokenizer));
         let context_length = model.max_positions();
         let kv_dtype = crate::kv::sizing::kv_dtype(opts.kv_cache.dtype.as_deref(), model.dtype)?;
         let info = ModelInfo {
@@ -413,23 +409,21 @@ impl Engine {
 
     /// Clears the session's history (back to its system prompt) and cache.
     pub fn reset_session(&self, session: &SessionHandle) -> Result<()> {
-        if session.shared.busy.load(Ordering::Acquire) {
-            return Err(EngineError::SessionBusy("cannot reset a session while it is generating".into()));
-        }
-        let mut h = session.shared.history.lock().unwrap();
-        h.clear();
-        if let Some(s) = &session.shared.system {
-            h.push(ChatMessage::new("system", s.clone()));
-        }
-        self.send(Command::ResetSession { id: session.id })
+        let system = session.shared.system.iter().map(|s| ChatMessage::new("system", s.clone())).collect();
+        self.replace_history(session, system, "reset a session")
     }
 
     /// Replaces the session's history with `messages` (a saved conversation, say) without
     /// generating; the session's token stream starts over, and the next turn reuses whatever
     /// of the rendered conversation is still cached. `SESSION_BUSY` while generating.
     pub fn set_history(&self, session: &SessionHandle, messages: Vec<ChatMessage>) -> Result<()> {
+        self.replace_history(session, messages, "set the history of a session")
+    }
+
+    /// The session's history becomes `messages` and its token stream starts over.
+    fn replace_history(&self, session: &SessionHandle, messages: Vec<ChatMessage>, what: &str) -> Result<()> {
         if session.shared.busy.load(Ordering::Acquire) {
-            return Err(EngineError::SessionBusy("cannot set the history of a session while it is generating".into()));
+            return Err(EngineError::SessionBusy(format!("cannot {what} while it is generating")));
         }
         *session.shared.history.lock().unwrap() = messages;
         self.send(Command::ResetSession { id: session.id })

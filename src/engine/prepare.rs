@@ -116,10 +116,10 @@ fn tokenize(
         Input::Chat(messages) => {
             let history = shared.history.lock().unwrap().clone();
             let encode = |c: &[ChatMessage]| tok.encode_chat(c, true, options.enable_thinking, tools);
-            let Window { ids, dropped } = match shared.context_shift {
-                ContextShift::DropOldest => context_shift::fit(&history, &messages, budget, encode)?,
-                ContextShift::None => Window { ids: encode(&[history, messages.clone()].concat())?, dropped: 0 },
-            };
+            // Without a shift, nothing is dropped however long the conversation (the engine
+            // reports the overflow).
+            let budget = if shared.context_shift == ContextShift::DropOldest { budget } else { usize::MAX };
+            let Window { ids, dropped } = context_shift::fit(&history, &messages, budget, encode)?;
             Prompt::Chat { ids, messages, dropped }
         }
         Input::Text(text) => Prompt::Text(Box::new(

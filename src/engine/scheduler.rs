@@ -361,7 +361,7 @@ impl Scheduler {
         // 2. Commit chat messages to the history now that the request is accepted, less the
         //    oldest turns `contextShift` left out.
         let mut history = state.shared.history.lock().unwrap();
-        let head = history.iter().take_while(|m| m.role == "system").count();
+        let head = super::context_shift::leading_system(&history);
         let end = (head + dropped).min(history.len());
         history.drain(head..end);
         history.extend(messages);

@@ -10,27 +10,12 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync,
 import { createRequire } from 'node:module'
 import os from 'node:os'
 import path from 'node:path'
-import { fixture, fixtureJson } from './helpers.mjs'
+import { CLI, fixture, fixtureJson, runCli as cli } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
-const CLI = path.join(path.dirname(require.resolve('../dist/index.js')), 'cli.js')
 const THREADS = '2'
 const SMOLLM2 = process.env.EXPERT_RUNTIME_SMOLLM2
-
-/** Runs the CLI to its exit; `input` is written to its stdin (then closed). */
-function cli(args, { input = '' } = {}) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [CLI, ...args], { stdio: ['pipe', 'pipe', 'pipe'] })
-    let stdout = ''
-    let stderr = ''
-    child.stdout.setEncoding('utf8').on('data', (d) => (stdout += d))
-    child.stderr.setEncoding('utf8').on('data', (d) => (stderr += d))
-    child.on('error', reject)
-    child.on('close', (code) => resolve({ code, stdout, stderr }))
-    child.stdin.end(input)
-  })
-}
 
 /** The tensors of a safetensors file, from its header: `{ name: { dtype, shape, data_offsets } }`. */
 function safetensorsHeader(file) {

@@ -1,6 +1,7 @@
 // Helpers shared by the Node suites (__test__/*.test.mjs). Holds no tests: `node --test __test__/`
 // runs only the files named like tests (*.test.mjs), so this one runs only when a suite imports it.
 import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import path from 'node:path'
@@ -36,4 +37,21 @@ export const coded = (code) => (e) => {
   assert.ok(e instanceof ExpertRuntimeError, `expected ExpertRuntimeError, got ${e?.name}: ${e?.message}`)
   assert.equal(e.code, code, e.message)
   return true
+}
+
+/** The command-line entry point (`expert-runtime`), as built into dist/. */
+export const CLI = fileURLToPath(new URL('../dist/cli.js', import.meta.url))
+
+/** Runs the CLI to its end: `{ code, stdout, stderr }`; `input` goes to its stdin, `env` replaces the environment. */
+export function runCli(args, { input = '', env } = {}) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [CLI, ...args], { env, stdio: ['pipe', 'pipe', 'pipe'] })
+    let stdout = ''
+    let stderr = ''
+    child.stdout.setEncoding('utf8').on('data', (d) => (stdout += d))
+    child.stderr.setEncoding('utf8').on('data', (d) => (stderr += d))
+    child.on('error', reject)
+    child.on('close', (code) => resolve({ code, stdout, stderr }))
+    child.stdin.end(input)
+  })
 }

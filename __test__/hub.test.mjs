@@ -5,19 +5,17 @@
 // a stall, hostile listings) are switched on per file. No sleeps, no network beyond loopback.
 import { describe, it, before, after, beforeEach } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import fs from 'node:fs'
 import http from 'node:http'
 import os from 'node:os'
 import path from 'node:path'
 import { createRequire } from 'node:module'
-import { collect, fixture, GREEDY, reference } from './helpers.mjs'
+import { collect, fixture, GREEDY, reference, runCli } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
 const { fetchModel, parsePullSpec, parseHfRef } = require('../dist/hub/index.js')
-const CLI = path.join(path.dirname(require.resolve('../dist/index.js')), 'cli.js')
 
 const sha256 = (b) => createHash('sha256').update(b).digest('hex')
 const gitSha1 = (b) => createHash('sha1').update(`blob ${b.length}\0`).update(b).digest('hex')
@@ -180,17 +178,8 @@ function walk(dir, base = dir) {
     .sort()
 }
 
-/** Runs the CLI to its end: { code, stdout, stderr }. (Async: the fake Hub lives in this process.) */
-function cli(args, env) {
-  return new Promise((resolve) => {
-    const child = spawn(process.execPath, [CLI, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] })
-    let stdout = ''
-    let stderr = ''
-    child.stdout.on('data', (d) => (stdout += d))
-    child.stderr.on('data', (d) => (stderr += d))
-    child.on('exit', (code) => resolve({ code, stdout, stderr }))
-  })
-}
+/** The CLI with `env` as its environment (run asynchronously: the fake Hub lives in this process). */
+const cli = (args, env) => runCli(args, { env })
 
 const QWEN3 = fixture('qwen3-tiny')
 const ref = reference('qwen3-tiny')

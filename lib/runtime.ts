@@ -162,10 +162,10 @@ export class Runtime {
     if (options.system !== undefined && typeof options.system !== 'string') throw invalidArgument('system must be a string')
     const auto = options.experts === 'auto'
     if (options.experts !== undefined && !auto) checkNames(options.experts)
-    const shift = options.contextShift
-    if (shift !== undefined && shift !== 'none' && shift !== 'drop-oldest') throw invalidArgument("contextShift must be 'none' or 'drop-oldest'")
+    // Its value is the engine's to check (INVALID_ARGUMENT for anything but 'none' / 'drop-oldest').
+    if (options.contextShift != null && typeof options.contextShift !== 'string') throw invalidArgument('contextShift must be a string')
     try {
-      return new Session(this.#native.createSession(options.system, auto ? undefined : (options.experts as string[] | undefined), auto, shift))
+      return new Session(this.#native.createSession(options.system, auto ? undefined : (options.experts as string[] | undefined), auto, options.contextShift))
     } catch (e) {
       throw toError(e)
     }

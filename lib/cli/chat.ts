@@ -9,8 +9,8 @@ import { toError } from '../errors'
 import { Runtime } from '../runtime'
 import type { Session } from '../session'
 import type { GenerateOptions } from '../types'
-import { intOption, parseArgs, stringOption, UsageError } from './args'
-import { progressPrinter } from './pull'
+import { intOption, onePositional, parseArgs, stringOption, UsageError } from './args'
+import { loadProgress } from './progress'
 
 export const USAGE = `usage: expert-runtime chat <model.gguf | model-dir> [options]
 
@@ -42,36 +42,9 @@ interface ChatArgs {
   verbose: boolean
 }
 
-/** `--expert` may repeat, which the shared parser refuses: it is taken out first. */
-function takeRepeated(argv: string[], key: string): { values: string[]; rest: string[] } {
-  const values: string[] = []
-  const rest: string[] = []
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]
-    if (a === '--') {
-      rest.push(...argv.slice(i))
-      break
-    }
-    if (a === `--${key}`) {
-      const v = argv[i + 1]
-      if (v === undefined || v.startsWith('--')) throw new UsageError(`--${key} needs a value`)
-      values.push(v)
-      i++
-    } else if (a.startsWith(`--${key}=`)) {
-      values.push(a.slice(key.length + 3))
-    } else {
-      rest.push(a)
-    }
-  }
-  return { values, rest }
-}
-
 function parse(argv: string[]): ChatArgs {
-  const { values: experts, rest } = takeRepeated(argv, 'expert')
-  const p = parseArgs(rest, { values: ['system', 'temperature', 'max-tokens', 'threads', 'context-length'], flags: ['verbose'] })
-  const [model, ...extra] = p.positional
-  if (!model) throw new UsageError('chat needs a model path')
-  if (extra.length > 0) throw new UsageError(`unexpected argument '${extra[0]}'`)
+  const p = parseArgs(argv, { values: ['system', 'temperature', 'max-tokens', 'threads', 'context-length'], flags: ['verbose'], repeatable: ['expert'] })
+  const model = onePositional(p, 'chat needs a model path')
   const t = stringOption(p, 'temperature')
   const temperature = t === undefined ? undefined : Number(t)
   if (temperature !== undefined && !(t!.trim() !== '' && Number.isFinite(temperature) && temperature >= 0)) {
@@ -79,7 +52,7 @@ function parse(argv: string[]): ChatArgs {
   }
   return {
     model,
-    experts,
+    experts: p.lists.get('expert') ?? [],
     system: stringOption(p, 'system'),
     temperature,
     maxTokens: intOption(p, 'max-tokens', 1),
@@ -96,21 +69,8 @@ function fail(e: unknown): void {
 }
 
 async function load(a: ChatArgs): Promise<Runtime> {
-  let lastPct = -1
-  const download = progressPrinter(a.model)
-  const rt = await Runtime.load(a.model, {
-    threads: a.threads,
-    contextLength: a.contextLength,
-    onDownloadProgress: download.update,
-    onProgress: ({ loadedBytes, totalBytes }) => {
-      const pct = totalBytes > 0 ? Math.floor((100 * loadedBytes) / totalBytes) : 100
-      if (pct >= lastPct + 10 || (pct === 100 && lastPct !== 100)) {
-        lastPct = pct
-        process.stderr.write(`loading ${a.model}: ${pct}%\n`)
-      }
-    },
-  })
-  download.end()
+  const { end, ...progress } = loadProgress(a.model)
+  const rt = await Runtime.load(a.model, { threads: a.threads, contextLength: a.contextLength, ...progress }).finally(end)
   for (const w of rt.info.warnings) process.stderr.write(`warning: ${w}\n`)
   return rt
 }

@@ -5,7 +5,7 @@ import { ExpertRuntimeError, toError } from '../errors'
 import { inspect } from '../inspect'
 import { Runtime } from '../runtime'
 import type { AdapterInspection, ModelInspection, WeightFilesInfo } from '../types'
-import { intOption, parseArgs, stringOption, UsageError } from './args'
+import { intOption, onePositional, parseArgs, stringOption, UsageError } from './args'
 
 export const USAGE = `usage: expert-runtime inspect <model.gguf | model-dir | adapter-dir> [options]
 
@@ -90,15 +90,14 @@ function describeModel(m: ModelInspection): string {
     rows.push(['tokenizer', 'unavailable (see warnings)'])
   }
   rows.push(['eos', m.eosTokens.map(token).join(', ') || 'none'])
-  const template = t?.chatTemplate
-  if (template != null) {
-    const lines = template.split('\n')
+  const lines = t?.chatTemplate?.split('\n')
+  if (lines) {
     rows.push(['chat template', `yes (${lines.length} lines${lines.length > TEMPLATE_LINES ? `, first ${TEMPLATE_LINES} shown; --json prints it all` : ''})`])
-    const shown = lines.slice(0, TEMPLATE_LINES).map((l) => `  | ${l}`)
-    return [table(rows), ...shown, ...m.warnings.map((x) => `warning: ${x}`)].join('\n')
+  } else {
+    rows.push(['chat template', 'none (ChatML is used)'])
   }
-  rows.push(['chat template', 'none (ChatML is used)'])
-  return [table(rows), ...m.warnings.map((x) => `warning: ${x}`)].join('\n')
+  const shown = (lines ?? []).slice(0, TEMPLATE_LINES).map((l) => `  | ${l}`)
+  return [table(rows), ...shown, ...m.warnings.map((x) => `warning: ${x}`)].join('\n')
 }
 
 function describeAdapter(a: AdapterInspection, c: Compatibility | undefined): string {
@@ -135,9 +134,7 @@ async function checkBase(adapterPath: string, base: string, threads: number | un
 
 export async function inspectCommand(argv: string[]): Promise<void> {
   const p = parseArgs(argv, { values: ['base', 'threads'], flags: ['json'] })
-  const [path, ...extra] = p.positional
-  if (!path) throw new UsageError('inspect needs a model or adapter path')
-  if (extra.length > 0) throw new UsageError(`unexpected argument '${extra[0]}'`)
+  const path = onePositional(p, 'inspect needs a model or adapter path')
   const base = stringOption(p, 'base')
   const threads = intOption(p, 'threads', 1)
   const json = p.options.has('json')

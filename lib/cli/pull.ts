@@ -3,8 +3,8 @@
 // on stdout; progress goes to stderr (one updating line on a terminal, a line per 10% otherwise).
 import { ExpertRuntimeError } from '../errors'
 import { fetchModel, parsePullSpec } from '../hub'
-import type { DownloadProgress } from '../types'
-import { intOption, parseArgs, stringOption, UsageError } from './args'
+import { intOption, onePositional, parseArgs, stringOption, UsageError } from './args'
+import { progressPrinter } from './progress'
 
 export const USAGE = `usage: expert-runtime pull <org/repo>[:file] [options]
 
@@ -25,9 +25,7 @@ https://huggingface.co). See docs/models.md.`
 
 function parse(argv: string[]) {
   const p = parseArgs(argv, { values: ['revision', 'cache', 'timeout-ms'], flags: ['offline', 'quiet'] })
-  const [spec, ...extra] = p.positional
-  if (!spec) throw new UsageError('pull needs a model (org/repo or org/repo:file)')
-  if (extra.length > 0) throw new UsageError(`unexpected argument '${extra[0]}'`)
+  const spec = onePositional(p, 'pull needs a model (org/repo or org/repo:file)')
   let ref
   try {
     ref = parsePullSpec(spec, stringOption(p, 'revision'))
@@ -41,43 +39,6 @@ function parse(argv: string[]) {
     timeoutMs: intOption(p, 'timeout-ms', 1),
     quiet: p.options.has('quiet'),
   }
-}
-
-const MB = 1024 * 1024
-const mb = (n: number) => (n / MB).toFixed(1)
-
-/** Progress on stderr: redrawn in place (at most ~10 times a second) on a terminal, every 10% otherwise. */
-export function progressPrinter(label: string) {
-  const tty = process.stderr.isTTY === true
-  let lastDraw = 0
-  let lastTenth = -1
-  let drawn = false
-  const started = Date.now()
-  const update = ({ loadedBytes, totalBytes, file }: DownloadProgress) => {
-    const fraction = totalBytes > 0 ? Math.min(1, loadedBytes / totalBytes) : 0
-    const pct = Math.floor(fraction * 100)
-    if (tty) {
-      const now = Date.now()
-      if (now - lastDraw < 100 && loadedBytes < totalBytes) return
-      lastDraw = now
-      const width = 24
-      const filled = Math.round(fraction * width)
-      const seconds = Math.max((now - started) / 1000, 0.001)
-      const bar = `[${'#'.repeat(filled)}${'.'.repeat(width - filled)}]`
-      process.stderr.write(`\r${bar} ${String(pct).padStart(3)}% ${mb(loadedBytes)}/${mb(totalBytes)} MB ${mb(loadedBytes / seconds)} MB/s ${file}\x1b[K`)
-      drawn = true
-    } else {
-      const tenth = Math.floor(pct / 10)
-      if (tenth === lastTenth) return
-      lastTenth = tenth
-      process.stderr.write(`pull ${label}: ${pct}% (${mb(loadedBytes)} of ${mb(totalBytes)} MB)\n`)
-    }
-  }
-  const end = () => {
-    if (drawn) process.stderr.write('\n')
-    drawn = false
-  }
-  return { update, end }
 }
 
 export async function pull(argv: string[]): Promise<void> {

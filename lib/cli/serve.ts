@@ -4,8 +4,8 @@ import { readdirSync, statSync } from 'node:fs'
 import { basename, join } from 'node:path'
 import { Runtime } from '../runtime'
 import { createServer } from '../server'
-import { intOption, parseArgs, stringOption, UsageError } from './args'
-import { progressPrinter } from './pull'
+import { intOption, onePositional, parseArgs, stringOption } from './args'
+import { loadProgress } from './progress'
 
 export const USAGE = `usage: expert-runtime serve <model.gguf | model-dir> [options]
 
@@ -25,9 +25,7 @@ function parse(argv: string[]) {
     values: ['experts', 'port', 'host', 'api-key', 'model-name', 'threads', 'context-length', 'max-concurrent', 'max-body-bytes'],
     optionalValue: ['cors'],
   })
-  const [model, ...extra] = p.positional
-  if (!model) throw new UsageError('serve needs a model path')
-  if (extra.length > 0) throw new UsageError(`unexpected argument '${extra[0]}'`)
+  const model = onePositional(p, 'serve needs a model path')
   return {
     model,
     experts: stringOption(p, 'experts'),
@@ -46,20 +44,8 @@ function parse(argv: string[]) {
 export async function serve(argv: string[]): Promise<void> {
   const a = parse(argv)
   // Listen first (health says 503 while the model loads), then load.
-  let lastPct = -1
-  const download = progressPrinter(a.model)
-  const loading = Runtime.load(a.model, {
-    threads: a.threads,
-    contextLength: a.contextLength,
-    onDownloadProgress: download.update,
-    onProgress: ({ loadedBytes, totalBytes }) => {
-      const pct = totalBytes > 0 ? Math.floor((100 * loadedBytes) / totalBytes) : 100
-      if (pct >= lastPct + 10 || pct === 100) {
-        lastPct = pct
-        process.stderr.write(`loading ${a.model}: ${pct}%\n`)
-      }
-    },
-  })
+  const { end, ...progress } = loadProgress(a.model)
+  const loading = Runtime.load(a.model, { threads: a.threads, contextLength: a.contextLength, ...progress }).finally(end)
   const server = createServer(loading, {
     apiKey: a.apiKey,
     expertsDir: a.experts,
@@ -87,9 +73,7 @@ export async function serve(argv: string[]): Promise<void> {
   let rt: Runtime
   try {
     rt = await loading
-    download.end()
   } catch (e) {
-    download.end()
     process.stderr.write(`expert-runtime: the model failed to load: ${(e as Error).message}\n`)
     await server.close()
     process.exit(1)

@@ -40,7 +40,7 @@ export function networkError(url: URL, e: unknown): ExpertRuntimeError {
   const err = e as { code?: string; message?: string }
   const code = err?.code ?? ''
   const why = `${url.host}: ${err?.message ?? String(e)}`
-  if (TRANSIENT_CODES.has(code) || code === 'ECONNRESET') return transientError(`connection to ${why}`, e)
+  if (TRANSIENT_CODES.has(code)) return transientError(`connection to ${why}`, e)
   if (code.startsWith('HPE_')) return downloadFailed(`${url.host} sent a malformed HTTP response: ${err?.message ?? code}`, e)
   const hint = code === 'ENOTFOUND' || code === 'ECONNREFUSED' || code === 'EAI_AGAIN' ? ' (offline? EXPERT_RUNTIME_OFFLINE=1 uses only the cache)' : ''
   return downloadFailed(`cannot reach ${why}${hint}`, e)

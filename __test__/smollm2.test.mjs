@@ -16,10 +16,8 @@ const { modelPath, skip } = smolLM2OrSkip()
 describe('SmolLM2-135M-Instruct Q4_1 GGUF', { skip }, () => {
   let rt
   before(async () => {
-    // Parity with HF and llama.cpp is about cold prompts: with quantized weights, a prompt whose
-    // prefix comes from the prefix cache differs in the last digits (the quantized kernels
-    // depend on how many rows run together), so these runs keep the prefix cache off.
-    rt = await Runtime.load(modelPath, { threads: THREADS, kvCache: { prefixCache: false } })
+    // The prefix cache stays on: quantized results do not depend on it (see the last test).
+    rt = await Runtime.load(modelPath, { threads: THREADS })
   })
   after(() => rt?.dispose())
 
@@ -113,4 +111,37 @@ describe('SmolLM2-135M-Instruct Q4_1 GGUF', { skip }, () => {
     assert.deepEqual(theirs, want, 'node-llama-cpp vs HF (and so vs ours)')
   })
 
+  it('bit-identical logprobs alone, inside a 16-session batch and after a prefix-cache hit', async () => {
+    // Every row of a Q8_0 product (Q4_1 runs repacked to Q8_0) takes the same integer kernel
+    // whatever the number of rows, and attention sums each (row, head) in one order whatever
+    // its tile: a prompt's results cannot depend on what runs beside it or on what was cached.
+    // Long enough to be prefilled as one pass of many rows alone, and as a pass of a few rows
+    // after the cache hit.
+    const text = 'Here are my notes on light and air. ' + 'Sunlight is scattered by the molecules of the air, short wavelengths most of all. '.repeat(8) +
+      'Explain in two sentences why the sky is blue, then name three colours of a sunset.'
+    const tokens = rt.tokenize(text)
+    assert.ok(tokens.length > 150, `the prompt has ${tokens.length} tokens`)
+    const opts = { ...GREEDY, maxTokens: 12, topLogprobs: 4 }
+    const trace = ({ chunks }) => chunks.map((c) => [c.tokenId, c.logprob, c.topLogprobs.map((t) => [t.tokenId, t.logprob])])
+    const fresh = await Runtime.load(modelPath, { threads: THREADS })
+    try {
+      const alone = await collect(fresh.createSession().generate({ tokens }, opts))
+      const hit = await collect(fresh.createSession().generate({ tokens }, opts))
+      assert.ok(hit.result.usage.cachedTokens > 0, 'the second run starts from the prefix cache')
+      // Fifteen other prompts of other lengths start at the same time as ours on a runtime
+      // that has cached none of them.
+      const others = Array.from({ length: 15 }, (_, i) => `Question ${i}: ${'how far is the moon '.repeat(1 + (i % 5))}?`)
+      const runs = await Promise.all([
+        ...others.slice(0, 7).map((q) => collect(rt.createSession().generate(q, opts))),
+        collect(rt.createSession().generate({ tokens }, opts)),
+        ...others.slice(7).map((q) => collect(rt.createSession().generate(q, opts))),
+      ])
+      const batched = runs[7]
+      assert.equal(batched.result.usage.cachedTokens, 0)
+      assert.deepEqual(trace(hit), trace(alone), 'after a prefix-cache hit')
+      assert.deepEqual(trace(batched), trace(alone), 'inside a batch of 16')
+    } finally {
+      await fresh.dispose()
+    }
+  })
 })

@@ -5,8 +5,9 @@
 //! AVX2 + FMA one on x86-64 and a portable one everywhere else. [`level`] picks the path once
 //! per process from what the CPU reports at run time; `EXPERT_RUNTIME_SIMD=portable` forces
 //! the portable path (tests run it on machines that have AVX2, so both paths stay covered).
-//! Wider extensions (AVX-512, AVX-VNNI) are not used by our kernels; candle's own kernels may
-//! use them, which is why tests never compare our results with candle's bit for bit.
+//! The Q8_0 matrix kernel ([`crate::model::q8`]) adds an AVX-512 VNNI path of its own, with
+//! the same results as its AVX2 and portable ones. candle's own kernels may take other wide
+//! paths, which is why tests never compare our results with candle's bit for bit.
 //!
 //! [`dot`] and [`axpy`] are inlined both into functions compiled with
 //! `#[target_feature(enable = "avx2,fma")]` and into portable ones; Rust never contracts

@@ -27,6 +27,7 @@
 //!   AVX2+FMA enabled (chosen at run time) and once portable. Both sum in the same order.
 
 use std::cell::{OnceCell, RefCell};
+use std::ops::Range;
 
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use rayon::prelude::*;
@@ -599,7 +600,7 @@ fn attend<S: KvRows>(
         // SAFETY: `Avx2Fma` is only constructed after detecting both features.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2Fma => unsafe { attend_avx2(q, kv, p0, n, rep, scale, block, sc, out) },
-        Level::Portable => attend_body(q, kv, p0, n, rep, scale, block, sc, out),
+        Level::Portable => attend_body(q, kv, p0, n, rep, scale, block, sc, out, Level::Portable),
     }
 }
 
@@ -617,7 +618,7 @@ unsafe fn attend_avx2<S: KvRows>(
     sc: &mut [f32],
     out: &mut [f32],
 ) {
-    attend_body(q, kv, p0, n, rep, scale, block, sc, out)
+    attend_body(q, kv, p0, n, rep, scale, block, sc, out, Level::Avx2Fma)
 }
 
 #[inline(always)]
@@ -632,13 +633,14 @@ fn attend_body<S: KvRows>(
     block: usize,
     sc: &mut [f32],
     out: &mut [f32],
+    simd: Level,
 ) {
     let len = p0 + n;
     if len > block {
-        return attend_blocked(q, kv, p0, n, rep, scale, block, sc, out);
+        return attend_blocked(q, kv, p0, n, rep, scale, block, sc, out, simd);
     }
     // 1. Scores: position j is seen by the rows at positions ≥ j.
-    scores(q, kv, p0, n, rep, scale, (0, len), len, sc);
+    scores(q, kv, p0, n, rep, scale, (0, len), len, sc, simd);
     // 2. Softmax per (row, query head) over what that row sees.
     for (qi, s) in sc.chunks_mut(len).take(n * rep).enumerate() {
         let s = &mut s[..p0 + qi / rep + 1];
@@ -653,7 +655,7 @@ fn attend_body<S: KvRows>(
     }
     // 3. Weighted sum of values.
     out.fill(0.0);
-    weigh_values(kv, p0, n, rep, (0, len), len, sc, out);
+    weigh_values(kv, p0, n, rep, (0, len), len, sc, out, simd);
 }
 
 /// Scores `q·k · scale` of positions `from..to` for the rows that see them, into `sc` rows of
@@ -670,13 +672,12 @@ fn scores<S: KvRows>(
     (from, to): (usize, usize),
     stride: usize,
     sc: &mut [f32],
+    simd: Level,
 ) {
     let hd = kv.hd;
     kv.for_rows(from, to, |j, slot| {
         kv.rows.with_row(false, slot, |kr| {
-            for qi in j.saturating_sub(p0) * rep..n * rep {
-                sc[qi * stride + j - from] = crate::simd::dot(&q[qi * hd..(qi + 1) * hd], kr) * scale;
-            }
+            score_key(simd, q, hd, j.saturating_sub(p0) * rep..n * rep, kr, scale, sc, stride, j - from)
         })
     });
 }
@@ -694,15 +695,69 @@ fn weigh_values<S: KvRows>(
     stride: usize,
     sc: &[f32],
     out: &mut [f32],
+    simd: Level,
 ) {
-    let hd = kv.hd;
     kv.for_rows(from, to, |j, slot| {
-        kv.rows.with_row(true, slot, |vr| {
-            for qi in j.saturating_sub(p0) * rep..n * rep {
-                crate::simd::axpy(sc[qi * stride + j - from], vr, &mut out[qi * hd..(qi + 1) * hd]);
-            }
-        })
+        kv.rows.with_row(true, slot, |vr| weigh_value(simd, vr, j.saturating_sub(p0) * rep..n * rep, sc, stride, j - from, out))
     });
+}
+
+/// `sc[qi · stride + col] = q_qi · k · scale` for the query rows `qis`, compiled for `simd`
+/// (the closures of [`scores`] do not inherit `attend_avx2`'s target features, so the inner
+/// loop is its own AVX2 function).
+#[allow(clippy::too_many_arguments)]
+fn score_key(
+    simd: Level,
+    q: &[f32],
+    hd: usize,
+    qis: Range<usize>,
+    k: &[f32],
+    scale: f32,
+    sc: &mut [f32],
+    stride: usize,
+    col: usize,
+) {
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn body(q: &[f32], hd: usize, qis: Range<usize>, k: &[f32], scale: f32, sc: &mut [f32], stride: usize, col: usize) {
+        for qi in qis {
+            sc[qi * stride + col] = simd::dot(&q[qi * hd..(qi + 1) * hd], k) * scale;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn avx2(q: &[f32], hd: usize, qis: Range<usize>, k: &[f32], scale: f32, sc: &mut [f32], stride: usize, col: usize) {
+        body(q, hd, qis, k, scale, sc, stride, col)
+    }
+    match simd {
+        // SAFETY: `Avx2Fma` is only constructed after detecting both features.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2Fma => unsafe { avx2(q, hd, qis, k, scale, sc, stride, col) },
+        Level::Portable => body(q, hd, qis, k, scale, sc, stride, col),
+    }
+}
+
+/// `out_qi += sc[qi · stride + col] · v` for the query rows `qis`, compiled for `simd`.
+fn weigh_value(simd: Level, v: &[f32], qis: Range<usize>, sc: &[f32], stride: usize, col: usize, out: &mut [f32]) {
+    #[inline(always)]
+    fn body(v: &[f32], qis: Range<usize>, sc: &[f32], stride: usize, col: usize, out: &mut [f32]) {
+        let hd = v.len();
+        for qi in qis {
+            simd::axpy(sc[qi * stride + col], v, &mut out[qi * hd..(qi + 1) * hd]);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2(v: &[f32], qis: Range<usize>, sc: &[f32], stride: usize, col: usize, out: &mut [f32]) {
+        body(v, qis, sc, stride, col, out)
+    }
+    match simd {
+        // SAFETY: as in `score_key`.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2Fma => unsafe { avx2(v, qis, sc, stride, col, out) },
+        Level::Portable => body(v, qis, sc, stride, col, out),
+    }
 }
 
 /// [`attend_body`] past one key block: per block of `block` positions, the scores of the
@@ -721,6 +776,7 @@ fn attend_blocked<S: KvRows>(
     block: usize,
     sc: &mut [f32],
     out: &mut [f32],
+    simd: Level,
 ) {
     let (hd, len) = (kv.hd, p0 + n);
     // Allocated per call: this path runs only past `block` positions, where the work per call
@@ -733,7 +789,7 @@ fn attend_blocked<S: KvRows>(
         // Rows at positions < b0 see nothing of this block.
         let first = b0.saturating_sub(p0) * rep;
         // 1. Scores of the block.
-        scores(q, kv, p0, n, rep, scale, (b0, b1), block, sc);
+        scores(q, kv, p0, n, rep, scale, (b0, b1), block, sc, simd);
         // 2. Fold the block into each row's running max and sum; rescale what it has summed.
         for qi in first..n * rep {
             let seen = (p0 + qi / rep + 1).min(b1) - b0;
@@ -752,7 +808,7 @@ fn attend_blocked<S: KvRows>(
             m[qi] = m_new;
         }
         // 3. Unnormalised weighted sum of the block's values.
-        weigh_values(kv, p0, n, rep, (b0, b1), block, sc, out);
+        weigh_values(kv, p0, n, rep, (b0, b1), block, sc, out, simd);
     }
     for qi in 0..n * rep {
         let inv = 1.0 / l[qi];

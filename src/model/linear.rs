@@ -17,13 +17,6 @@ use crate::error::Result;
 /// over at prefill sizes, and the dequantized copy lives only for the call.
 const DENSE_PREFILL_ROWS: usize = 32;
 
-/// The packed Q8_0 kernel reads each weight group once for all rows of a call, so it keeps
-/// winning over dequantize-then-GEMM for larger batches than candle's kernels do: up to here
-/// (decode batches of many sessions), it runs; from here on (prompt chunks), the dense GEMM.
-/// Below it a row's result is the same whatever else is batched with it. (Measured on 2
-/// cores: 64 decode rows of SmolLM2 147 tok/s this way against 104 through the GEMM.)
-const Q8_DENSE_ROWS: usize = 128;
-
 /// A dense single-row product (decode) over at least this many weights is split by output
 /// rows across the thread pool: candle's GEMV runs on one thread, and decode of a dense model
 /// is bound by how fast the weights stream from memory. (Mapped weights split the same way.)
@@ -55,7 +48,8 @@ pub enum Weight {
     /// `[out, in]` in the model dtype.
     Dense(Tensor),
     Quantized(QMatMul),
-    /// Q8_0 on CPU, repacked for our own decode kernel ([`super::q8`]); the only copy kept.
+    /// Q8_0 on CPU, repacked for our own integer kernel ([`super::q8`]), which runs every row
+    /// count with the same arithmetic; the only copy kept.
     Q8Packed(PackedQ8_0),
     /// Dense, read in place from a memory-mapped file ([`super::mapped`]); CPU only.
     Mapped(Mapped),
@@ -132,7 +126,7 @@ impl Linear {
                 let w = q.dequantize(x.device())?.to_dtype(x.dtype())?;
                 x.matmul(&w.t()?)?
             }
-            Weight::Q8Packed(p) => p.forward(x, Q8_DENSE_ROWS)?,
+            Weight::Q8Packed(p) => p.forward(x)?,
             Weight::Mapped(m) => m.forward(x)?.to_dtype(x.dtype())?,
             Weight::Quantized(q) => {
                 // Quantized kernels take f32 activations; the result is cast back.

@@ -1,29 +1,36 @@
-//! Our own Q8_0 matrix–vector kernel for CPU decode (one activation row at a time).
+//! Our own Q8_0 matrix kernel on CPU: decode, batched decode and prefill all run it, with the
+//! same arithmetic for any number of rows.
 //!
 //! Design:
 //! - **Layout.** At load a `[n, k]` Q8_0 tensor (34-byte blocks: f16 scale + 32 i8) is repacked
-//!   into groups of 4 output rows. For each block column `b` a group stores the four scales as
-//!   f32 (16 B, converted once from f16, exactly) followed by the four rows' 32 quants (128 B):
-//!   144 B per block-quad. One pass over a group streams 4 rows with one contiguous read and
-//!   reuses each activation block 4 times. `n` is padded up to a multiple of 4 with zero rows
-//!   (scale 0), never written to the output. Size: 36 B per 32 weights (Q8_0: 34 B), and this
-//!   is the only copy kept: prefill (≥ 32 rows) and embeddings dequantize from it.
-//! - **Numerics.** The activation row is quantized to Q8_0 exactly like ggml/candle
-//!   (`d = amax / 127`, `q = round(x / d)` with `1/d` from the unrounded `d`, `d` stored
-//!   through f16), and each output is `Σ_blocks (d_w · d_x) · Σ q_w q_x` accumulated in an
-//!   8-lane f32 FMA vector then horizontally summed in candle's order (the AVX2 path is the
-//!   same arithmetic as candle's AVX2 `vec_dot_q8_0_q8_0`; on CPUs with AVX-512 VNNI candle
-//!   takes other kernels that quantize activations in 256-blocks, so candle is not a bit-exact
-//!   reference). The portable path (no AVX2/FMA, or `EXPERT_RUNTIME_SIMD=portable`) sums
-//!   blocks sequentially. Tests hold every path to the exact f64 product of the dequantized
-//!   weights and the quantized activations, within the f32 summation bound.
-//! - **Threads.** Output rows are split into chunks of whole 4-row groups on rayon (candle's
-//!   own pool spins on a barrier); small matrices run on the calling thread.
-//! - **Allocation.** Besides the output, none per call: the quantized activation lives in a
-//!   thread-local scratch (a fresh one is used if that scratch is already borrowed, e.g. a
-//!   re-entrant call from rayon work stealing).
+//!   into tiles of 16 output rows. For each block column `b` a tile stores the 16 rows' quants
+//!   as 8 lines of 64 bytes, line `j` holding `k = 4j..4j+3` of each of the 16 rows in turn
+//!   (the operand layout of a VNNI dot product, whose 16 lanes are then the 16 outputs), biased
+//!   by 128 to `u8`; the tile's f16 scales follow all its quant blocks. 544 B per 16 × 32
+//!   weights, exactly Q8_0's size; `n` is padded up to a multiple of 16 with zero-scale rows,
+//!   never written to the output. This is the only copy kept: embeddings and the adapters that
+//!   need the dense weight dequantize from it.
+//! - **Numerics.** Each activation row is quantized to Q8_0 exactly like ggml/candle (`d = amax
+//!   / 127`, `q = round(x / d)` with `1/d` from the unrounded `d`, `d` rounded through f16).
+//!   Each output is then, over blocks in order, `acc = acc + (d_w · d_x) · Σ q_w q_x` in f32
+//!   (two products and a sum, each rounded; no FMA), where the integer block dot is exact on
+//!   every path. So every path (portable, AVX2, AVX-512 VNNI) gives the same bits, and a row's
+//!   result does not depend on how many rows share the call: a prompt, a decode step, a batch
+//!   of sessions and a prefix-cache hit all see the same logits.
+//! - **Paths.** AVX-512 VNNI: one `vpdpbusd` per 64 weight bytes gives the 16 outputs' partial
+//!   sums in its lanes (the `+128` bias of the weights is taken back by starting from
+//!   `-128 · Σ q_x`); up to 4 activation rows share each weight load. AVX2: the same tile read
+//!   as two 8-lane halves, `maddubs` on `|q_w|` and `q_x` with `q_w`'s sign. Portable: plain
+//!   loops (any CPU, or `EXPERT_RUNTIME_SIMD=portable`).
+//! - **Threads.** Tiles are split into chunks on rayon (candle's own pool spins on a barrier);
+//!   small matrices run on the calling thread. Within a chunk, rows go in groups of 64 so a
+//!   tile's weights stay in cache while the activation rows stream past.
+//! - **Allocation.** Besides the output, a per-call staging buffer of the output's size and
+//!   the quantized activations (a thread-local scratch reused across calls, or a fresh one if
+//!   that scratch is already borrowed by a re-entrant call from rayon work stealing).
 
 use std::cell::RefCell;
+use std::sync::OnceLock;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Tensor};
@@ -36,72 +43,289 @@ use crate::simd::{self, Level};
 /// Q8_0 block length.
 pub const QK: usize = 32;
 const Q8_0_BYTES: usize = 2 + QK;
-/// Bytes of one block column of a 4-row group: 4 f32 scales + 4 × 32 quants.
-const GROUP_BLOCK_BYTES: usize = 4 * 4 + 4 * QK;
+/// Output rows per tile.
+const TN: usize = 16;
+/// Quant bytes of one block column of a tile (8 lines of 64).
+const TILE_Q: usize = TN * QK;
+/// Scale bytes of one block column of a tile (16 f16).
+const TILE_S: usize = TN * 2;
+/// Activation rows per pass over a tile's weights (kept in cache in between).
+const ROW_GROUP: usize = 64;
 
-/// A `[n, k]` Q8_0 weight repacked in 4-row groups (see the module note).
-pub struct PackedQ8_0 {
-    data: Vec<u8>,
-    n: usize,
-    k: usize,
+/// A kernel path of this module.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Path {
+    Portable,
+    /// x86-64 with AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// x86-64 with AVX-512 (F, BW, VL) and VNNI.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
+}
+
+/// The path this process runs (detected once; portable when `simd::level()` is).
+pub fn path() -> Path {
+    static PATH: OnceLock<Path> = OnceLock::new();
+    *PATH.get_or_init(|| if simd::level() == Level::Portable { Path::Portable } else { best_path() })
+}
+
+/// Every path this CPU can run, portable first (tests compare them).
+pub fn paths() -> Vec<Path> {
+    let mut v = vec![Path::Portable];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+            v.push(Path::Avx2);
+        }
+        if best_path() == Path::Avx512Vnni {
+            v.push(Path::Avx512Vnni);
+        }
+    }
+    v
+}
+
+fn best_path() -> Path {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vnni")
+        {
+            return Path::Avx512Vnni;
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+            return Path::Avx2;
+        }
+    }
+    Path::Portable
+}
+
+/// Activation rows quantized to Q8_0: `q [rows, k]`, `d [rows, nb]` (f16-rounded scales as
+/// f32) and `c [rows, nb] = -128 · Σ q` per block (the VNNI path's starting sum).
+#[derive(Default)]
+struct QuantRows {
+    q: Vec<i8>,
+    d: Vec<f32>,
+    c: Vec<i32>,
+}
+
+impl QuantRows {
+    fn fill(&mut self, x: &[f32], rows: usize, k: usize) {
+        let nb = k / QK;
+        self.q.resize(rows * k, 0);
+        self.d.resize(rows * nb, 0.0);
+        self.c.resize(rows * nb, 0);
+        let one = |((q, d), c): ((&mut [i8], &mut [f32]), &mut [i32]), xr: &[f32]| {
+            quantize_row(xr, q, d);
+            for (cb, qb) in c.iter_mut().zip(q.chunks_exact(QK)) {
+                *cb = -128 * qb.iter().map(|&v| v as i32).sum::<i32>();
+            }
+        };
+        if rows == 1 {
+            one(((&mut self.q[..], &mut self.d[..]), &mut self.c[..]), x);
+        } else {
+            self.q
+                .par_chunks_mut(k)
+                .zip(self.d.par_chunks_mut(nb))
+                .zip(self.c.par_chunks_mut(nb))
+                .zip(x.par_chunks(k))
+                .for_each(|(parts, xr)| one(parts, xr));
+        }
+    }
 }
 
 thread_local! {
-    static SCRATCH: RefCell<(Vec<i8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    static SCRATCH: RefCell<QuantRows> = RefCell::new(QuantRows::default());
 }
 
 /// Quantizes `x` (`len = k`) to Q8_0 exactly as candle's `BlockQ8_0::from_float`; the scales
 /// are returned already widened to f32 (the f16 rounding is kept).
 pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
-    match simd::level() {
-        // SAFETY: `Avx2Fma` is only constructed after AVX2 and FMA were detected.
+    quantize_row_at(path(), x, q, d)
+}
+
+fn quantize_row_at(path: Path, x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    assert!(x.len().is_multiple_of(QK) && q.len() >= x.len() && d.len() >= x.len() / QK);
+    match path {
+        // SAFETY: the x86 paths are only constructed after AVX2 was detected; lengths asserted.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2Fma => unsafe { quantize_row_avx2(x, q, d) },
-        Level::Portable => quantize_row_body(x, q, d),
+        Path::Avx2 | Path::Avx512Vnni => unsafe { x86::quantize_row_avx2(x, q, d) },
+        Path::Portable => quantize_row_portable(x, q, d),
     }
 }
 
-/// The same code compiled for AVX2: `round` becomes an exact inline sequence instead of a
-/// `roundf` call per value (quantize-on-load runs it over every weight).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_row_avx2(x: &[f32], q: &mut [i8], d: &mut [f32]) {
-    quantize_row_body(x, q, d)
+/// Block scale as ggml computes it: `(d rounded through f16, 1/d from the unrounded d)`.
+#[inline(always)]
+fn block_scale(amax: f32) -> (f32, f32) {
+    let s = amax / 127.0;
+    let id = if s != 0.0 { 1.0 / s } else { 0.0 };
+    (f16::from_f32(s).to_f32(), id)
 }
 
-#[inline(always)]
-fn quantize_row_body(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+fn quantize_row_portable(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     for (b, xs) in x.chunks_exact(QK).enumerate() {
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = amax / 127.0;
-        let id = if s != 0.0 { 1.0 / s } else { 0.0 };
-        d[b] = f16::from_f32(s).to_f32();
+        let (db, id) = block_scale(amax);
+        d[b] = db;
         for (o, v) in q[b * QK..(b + 1) * QK].iter_mut().zip(xs) {
             *o = (v * id).round() as i8;
         }
     }
 }
 
+/// A `[n, k]` Q8_0 weight repacked in 16-row tiles (see the module note).
+pub struct PackedQ8_0 {
+    /// The tiles start at `data[off]`, 64-byte aligned.
+    data: Vec<u8>,
+    off: usize,
+    n: usize,
+    k: usize,
+}
+
 impl PackedQ8_0 {
-    /// `x [rows, k]` (any float dtype, CPU) → `[rows, n]` in `x`'s dtype: the packed kernel for
-    /// few rows, a dense GEMM over the dequantized weight from `dense_from_rows` rows on.
-    pub fn forward(&self, x: &Tensor, dense_from_rows: usize) -> Result<Tensor> {
-        let rows = x.dim(0)?;
-        if rows >= dense_from_rows {
-            let w = Tensor::from_vec(self.dequantize(), (self.rows(), self.cols()), x.device())?.to_dtype(x.dtype())?;
-            return Ok(x.matmul(&w.t()?)?);
+    /// A zeroed matrix (every scale 0) for `[n, k]`.
+    fn zeroed(n: usize, k: usize) -> Result<Self> {
+        if n == 0 || k == 0 || !k.is_multiple_of(QK) {
+            return Err(EngineError::Internal(format!("a [{n}, {k}] matrix cannot be packed as Q8_0")));
         }
-        let xf = x.to_dtype(DType::F32)?.contiguous()?;
-        let mut out = vec![0f32; rows * self.rows()];
-        {
-            let (storage, layout) = xf.storage_and_layout();
-            let candle_core::Storage::Cpu(cpu) = &*storage else {
-                return Err(EngineError::InvalidModel("a packed Q8_0 weight needs a CPU tensor".into()));
-            };
-            let xs = &cpu.as_slice::<f32>()?[layout.start_offset()..][..rows * self.cols()];
-            self.matmul(xs, rows, &mut out);
+        let bytes = n
+            .div_ceil(TN)
+            .checked_mul(k / QK * (TILE_Q + TILE_S))
+            .and_then(|b| b.checked_add(64))
+            .ok_or_else(|| EngineError::OutOfMemory(format!("a [{n}, {k}] Q8_0 matrix is too large")))?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(bytes)
+            .map_err(|_| EngineError::OutOfMemory(format!("cannot allocate a [{n}, {k}] Q8_0 matrix")))?;
+        data.resize(bytes, 0u8);
+        let off = data.as_ptr().align_offset(64).min(63);
+        Ok(Self { data, off, n, k })
+    }
+
+    fn nb(&self) -> usize {
+        self.k / QK
+    }
+
+    fn tile_bytes(&self) -> usize {
+        self.nb() * (TILE_Q + TILE_S)
+    }
+
+    fn tiles(&self) -> usize {
+        self.n.div_ceil(TN)
+    }
+
+    /// Tile `t`: its quant blocks (`nb × 512` B) and scales (`nb × 32` B).
+    fn tile(&self, t: usize) -> (&[u8], &[u8]) {
+        let tb = self.tile_bytes();
+        self.data[self.off + t * tb..][..tb].split_at(self.nb() * TILE_Q)
+    }
+
+    /// Every tile, mutably, for filling in parallel.
+    fn tiles_mut(&mut self) -> rayon::slice::ChunksMut<'_, u8> {
+        let (tb, len) = (self.tile_bytes(), self.tiles() * self.tile_bytes());
+        self.data[self.off..self.off + len].par_chunks_mut(tb)
+    }
+
+    /// Writes row `lane` of a tile's block `b`: scale bits `d` and 32 quants.
+    fn put(tile: &mut [u8], nb: usize, lane: usize, b: usize, d: u16, q: &[i8]) {
+        let (qs, ss) = tile.split_at_mut(nb * TILE_Q);
+        ss[b * TILE_S + lane * 2..][..2].copy_from_slice(&d.to_le_bytes());
+        let blk = &mut qs[b * TILE_Q..][..TILE_Q];
+        for (j, quad) in q.chunks_exact(4).enumerate() {
+            for (i, &v) in quad.iter().enumerate() {
+                blk[j * 64 + lane * 4 + i] = (v as u8) ^ 0x80;
+            }
         }
-        Ok(Tensor::from_vec(out, (rows, self.rows()), x.device())?.to_dtype(x.dtype())?)
+    }
+
+    /// Quantizes a `[n, k]` matrix straight into the packed layout (quantize on load): `row(r,
+    /// out)` writes row `r` in f32 into `out` (`len = k`). The blocks are those of
+    /// [`quantize_row`] (candle's and ggml's Q8_0 quantizer), so the result equals
+    /// [`Self::from_qtensor`] of the same matrix quantized by candle. Tiles run in parallel; a
+    /// failing `row` fails the whole.
+    pub fn from_rows(n: usize, k: usize, row: impl Fn(usize, &mut [f32]) -> Result<()> + Sync) -> Result<Self> {
+        let mut p = Self::zeroed(n, k)?;
+        let nb = p.nb();
+        p.tiles_mut().enumerate().try_for_each_init(
+            || (vec![0f32; k], vec![0i8; k], vec![0f32; nb]),
+            |(x, q, d), (t, tile)| -> Result<()> {
+                for lane in 0..TN.min(n - t * TN) {
+                    row(t * TN + lane, x)?;
+                    quantize_row(x, q, d);
+                    for b in 0..nb {
+                        Self::put(tile, nb, lane, b, f16::from_f32(d[b]).to_bits(), &q[b * QK..(b + 1) * QK]);
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        Ok(p)
+    }
+
+    /// Repacks a 2-D Q8_0 `QTensor` of shape `[n, k]`.
+    pub fn from_qtensor(q: &QTensor) -> Result<Self> {
+        if q.dtype() != GgmlDType::Q8_0 {
+            return Err(EngineError::InvalidModel(format!("PackedQ8_0 needs Q8_0, got {:?}", q.dtype())));
+        }
+        let (n, k) = q.shape().dims2()?;
+        Self::from_q8_0_bytes(&q.data()?, n, k)
+    }
+
+    /// Repacks raw GGUF Q8_0 blocks (row-major, `k / 32` blocks per row).
+    pub fn from_q8_0_bytes(bytes: &[u8], n: usize, k: usize) -> Result<Self> {
+        let mut p = Self::zeroed(n, k)?;
+        let nb = p.nb();
+        if n.checked_mul(nb * Q8_0_BYTES) != Some(bytes.len()) {
+            return Err(EngineError::InvalidModel(format!("{} bytes of Q8_0 do not make a [{n}, {k}] matrix", bytes.len())));
+        }
+        p.tiles_mut().enumerate().for_each(|(t, tile)| {
+            let mut q = [0i8; QK];
+            for lane in 0..TN.min(n - t * TN) {
+                for b in 0..nb {
+                    let src = &bytes[((t * TN + lane) * nb + b) * Q8_0_BYTES..][..Q8_0_BYTES];
+                    for (o, &v) in q.iter_mut().zip(&src[2..]) {
+                        *o = v as i8;
+                    }
+                    Self::put(tile, nb, lane, b, u16::from_le_bytes([src[0], src[1]]), &q);
+                }
+            }
+        });
+        Ok(p)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held (the tiles, with their padding rows).
+    pub fn size_in_bytes(&self) -> usize {
+        self.tiles() * self.tile_bytes()
+    }
+
+    /// Row `r` dequantized (`q · d`, as candle's `to_float`) into `out` (`len = k`).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.n && out.len() == self.k);
+        let (qs, ss) = self.tile(r / TN);
+        let lane = r % TN;
+        for (b, o) in out.chunks_exact_mut(QK).enumerate() {
+            let d = scale(ss, b, lane);
+            let blk = &qs[b * TILE_Q..][..TILE_Q];
+            for (i, v) in o.iter_mut().enumerate() {
+                *v = ((blk[(i / 4) * 64 + lane * 4 + i % 4] ^ 0x80) as i8) as f32 * d;
+            }
+        }
+    }
+
+    /// The whole matrix dequantized, row-major `[n, k]`.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.n * self.k];
+        out.par_chunks_mut(self.k).enumerate().for_each(|(r, o)| self.dequantize_row(r, o));
+        out
     }
 
     /// Rows `ids` of the weight, dequantized: `[ids.., k]` in f32.
@@ -123,293 +347,306 @@ impl PackedQ8_0 {
         Ok(Tensor::from_vec(out, dims, ids.device())?)
     }
 
-    /// Quantizes a `[n, k]` matrix straight into the packed layout (quantize on load): `row(r,
-    /// out)` writes row `r` in f32 into `out` (`len = k`). The blocks are those of
-    /// [`quantize_row`] (candle's and ggml's Q8_0 quantizer), so the result equals
-    /// [`Self::from_qtensor`] of the same matrix quantized by candle. Groups of 4 rows run in
-    /// parallel; a failing `row` fails the whole.
-    pub fn from_rows(n: usize, k: usize, row: impl Fn(usize, &mut [f32]) -> Result<()> + Sync) -> Result<Self> {
-        if n == 0 || k == 0 || !k.is_multiple_of(QK) {
-            return Err(EngineError::Internal(format!("a [{n}, {k}] matrix cannot be packed as Q8_0")));
+    /// `x [rows, k]` (any float dtype, CPU) → `[rows, n]` in `x`'s dtype.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        let xf = x.to_dtype(DType::F32)?.contiguous()?;
+        let mut out = vec![0f32; rows * self.rows()];
+        {
+            let (storage, layout) = xf.storage_and_layout();
+            let candle_core::Storage::Cpu(cpu) = &*storage else {
+                return Err(EngineError::InvalidModel("a packed Q8_0 weight needs a CPU tensor".into()));
+            };
+            let xs = &cpu.as_slice::<f32>()?[layout.start_offset()..][..rows * self.cols()];
+            self.matmul(xs, rows, &mut out);
         }
-        let nb = k / QK;
-        let gbytes = nb * GROUP_BLOCK_BYTES;
-        let mut data = Vec::new();
-        data.try_reserve_exact(n.div_ceil(4) * gbytes)
-            .map_err(|_| EngineError::OutOfMemory(format!("cannot allocate a [{n}, {k}] Q8_0 matrix")))?;
-        data.resize(n.div_ceil(4) * gbytes, 0u8);
-        data.par_chunks_mut(gbytes).enumerate().try_for_each_init(
-            || (vec![0f32; k], vec![0i8; k], vec![0f32; nb]),
-            |(x, q, d), (g, dst)| -> Result<()> {
-                for r in 0..4.min(n - g * 4) {
-                    row(g * 4 + r, x)?;
-                    quantize_row(x, q, d);
-                    for b in 0..nb {
-                        let o = b * GROUP_BLOCK_BYTES;
-                        dst[o + r * 4..o + r * 4 + 4].copy_from_slice(&d[b].to_le_bytes());
-                        for (t, &v) in dst[o + 16 + r * QK..o + 16 + (r + 1) * QK].iter_mut().zip(&q[b * QK..(b + 1) * QK]) {
-                            *t = v as u8;
-                        }
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        Ok(Self { data, n, k })
+        Ok(Tensor::from_vec(out, (rows, self.rows()), x.device())?.to_dtype(x.dtype())?)
     }
 
-    /// Repacks a 2-D Q8_0 `QTensor` of shape `[n, k]`.
-    pub fn from_qtensor(q: &QTensor) -> Result<Self> {
-        if q.dtype() != GgmlDType::Q8_0 {
-            return Err(EngineError::InvalidModel(format!("PackedQ8_0 needs Q8_0, got {:?}", q.dtype())));
-        }
-        let (n, k) = q.shape().dims2()?;
-        Ok(Self::from_q8_0_bytes(&q.data()?, n, k))
+    /// `out[r, i] = Σ_j W[i, j] x[r, j]` for `rows` activation rows (`x`: `[rows, k]`, `out`:
+    /// `[rows, n]`), each row quantized to Q8_0 first (candle's `QMatMul` semantics). A row's
+    /// result does not depend on the other rows (see the module note).
+    pub fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32]) {
+        self.matmul_at(path(), x, rows, out)
     }
 
-    /// Repacks raw GGUF Q8_0 blocks (row-major, `k / 32` blocks per row).
-    pub fn from_q8_0_bytes(bytes: &[u8], n: usize, k: usize) -> Self {
-        assert!(k.is_multiple_of(QK), "Q8_0 row length {k} is not a multiple of {QK}");
-        let nb = k / QK;
-        assert_eq!(bytes.len(), n * nb * Q8_0_BYTES, "Q8_0 byte count does not match [{n}, {k}]");
-        let groups = n.div_ceil(4);
-        let gbytes = nb * GROUP_BLOCK_BYTES;
-        let mut data = vec![0u8; groups * gbytes];
-        data.par_chunks_mut(gbytes).enumerate().for_each(|(g, dst)| {
-            for r in 0..4 {
-                let row = g * 4 + r;
-                if row >= n {
-                    break; // padding rows stay zero (scale 0)
-                }
-                for b in 0..nb {
-                    let src = &bytes[(row * nb + b) * Q8_0_BYTES..][..Q8_0_BYTES];
-                    let d = f16::from_le_bytes([src[0], src[1]]).to_f32();
-                    let o = b * GROUP_BLOCK_BYTES;
-                    dst[o + r * 4..o + r * 4 + 4].copy_from_slice(&d.to_le_bytes());
-                    dst[o + 16 + r * QK..o + 16 + (r + 1) * QK].copy_from_slice(&src[2..]);
-                }
-            }
-        });
-        Self { data, n, k }
-    }
-
-    pub fn rows(&self) -> usize {
-        self.n
-    }
-
-    pub fn cols(&self) -> usize {
-        self.k
-    }
-
-    pub fn size_in_bytes(&self) -> usize {
-        self.data.len()
-    }
-
-    fn group(&self, g: usize) -> &[u8] {
-        let gbytes = self.k / QK * GROUP_BLOCK_BYTES;
-        &self.data[g * gbytes..(g + 1) * gbytes]
-    }
-
-    /// Row `r` dequantized (`q · d`, as candle's `to_float`) into `out` (`len = k`).
-    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        assert!(r < self.n && out.len() == self.k);
-        let g = self.group(r / 4);
-        let i = r % 4;
-        for (b, o) in out.chunks_exact_mut(QK).enumerate() {
-            let blk = &g[b * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
-            let d = f32::from_le_bytes(blk[i * 4..i * 4 + 4].try_into().unwrap());
-            for (v, &q) in o.iter_mut().zip(&blk[16 + i * QK..16 + (i + 1) * QK]) {
-                *v = q as i8 as f32 * d;
-            }
-        }
-    }
-
-    /// The whole matrix dequantized, row-major `[n, k]`.
-    pub fn dequantize(&self) -> Vec<f32> {
-        let mut out = vec![0f32; self.n * self.k];
-        out.par_chunks_mut(self.k).enumerate().for_each(|(r, o)| self.dequantize_row(r, o));
-        out
-    }
-
-    /// `out[i] = Σ_j W[i, j] x[j]` for one activation row (`x.len() = k`, `out.len() = n`),
-    /// with `x` quantized to Q8_0 first (candle's `QMatMul` semantics).
+    /// `matmul` for one row.
     pub fn gemv(&self, x: &[f32], out: &mut [f32]) {
-        self.gemv_at(simd::level(), x, out)
+        self.matmul(x, 1, out)
     }
 
-    fn gemv_at(&self, level: Level, x: &[f32], out: &mut [f32]) {
-        assert_eq!(x.len(), self.k);
-        assert_eq!(out.len(), self.n);
-        let nb = self.k / QK;
-        let run = |xq: &mut Vec<i8>, xd: &mut Vec<f32>, out: &mut [f32]| {
-            xq.resize(self.k, 0);
-            xd.resize(nb, 0.0);
-            quantize_row(x, xq, xd);
-            self.gemv_quantized(level, xq, xd, out);
-        };
+    fn matmul_at(&self, path: Path, x: &[f32], rows: usize, out: &mut [f32]) {
+        assert_eq!(x.len(), rows * self.k);
+        assert_eq!(out.len(), rows * self.n);
+        if rows == 0 {
+            return;
+        }
         SCRATCH.with(|s| match s.try_borrow_mut() {
-            Ok(mut s) => {
-                let (xq, xd) = &mut *s;
-                run(xq, xd, out)
-            }
-            Err(_) => run(&mut Vec::new(), &mut Vec::new(), out),
+            Ok(mut s) => self.matmul_quantized(path, &mut s, x, rows, out),
+            Err(_) => self.matmul_quantized(path, &mut QuantRows::default(), x, rows, out),
         })
     }
 
-    /// `gemv` for each of `rows` activation rows (`x`: `[rows, k]`, `out`: `[rows, n]`).
-    /// Rows are quantized once, then every group of 4 weight rows is read once for all of them
-    /// (it stays in cache while the activation rows stream past), so a batch of decode rows
-    /// costs about one pass over the weights. Each output is the same integer block dot as in
-    /// [`Self::gemv`]: a row's result does not depend on the rows batched with it.
-    pub fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32]) {
-        self.matmul_at(simd::level(), x, rows, out)
-    }
-
-    fn matmul_at(&self, level: Level, x: &[f32], rows: usize, out: &mut [f32]) {
-        assert_eq!(x.len(), rows * self.k);
-        assert_eq!(out.len(), rows * self.n);
-        if rows == 1 {
-            return self.gemv_at(level, x, out);
-        }
-        let nb = self.k / QK;
-        let mut xq = vec![0i8; rows * self.k];
-        let mut xd = vec![0f32; rows * nb];
-        xq.par_chunks_mut(self.k)
-            .zip(xd.par_chunks_mut(nb))
-            .zip(x.par_chunks(self.k))
-            .for_each(|((q, d), xr)| quantize_row(xr, q, d));
-        let groups = self.n.div_ceil(4);
-        // `t[g][row][0..4]`: the group's four outputs for each row, transposed into `out` after.
-        let mut t = vec![0f32; groups * rows * 4];
+    fn matmul_quantized(&self, path: Path, xs: &mut QuantRows, x: &[f32], rows: usize, out: &mut [f32]) {
+        xs.fill(x, rows, self.k);
+        let xs = &*xs;
+        let tiles = self.tiles();
+        // Staging: `stage[t][r]` is tile `t`'s 16 outputs for row `r`.
+        let mut stage = vec![[0f32; TN]; tiles * rows];
         let threads = rayon::current_num_threads().max(1);
-        let chunk_groups = groups.div_ceil(threads * 4).max(1);
-        t.par_chunks_mut(chunk_groups * rows * 4).enumerate().for_each(|(c, tc)| {
-            for (i, tg) in tc.chunks_mut(rows * 4).enumerate() {
-                let gd = self.group(c * chunk_groups + i);
-                for (r, acc) in tg.chunks_exact_mut(4).enumerate() {
-                    let acc: &mut [f32; 4] = acc.try_into().expect("chunks of 4");
-                    let (q, d) = (&xq[r * self.k..(r + 1) * self.k], &xd[r * nb..(r + 1) * nb]);
-                    group4(level, gd, nb, q, d, acc);
+        // Chunks of whole tiles: at least ~64 KiB of weights × rows of work, ~4 per thread.
+        let min_tiles = (64 * 1024 / (self.tile_bytes() * rows)).max(1);
+        let chunk = tiles.div_ceil(threads * 4).max(min_tiles);
+        let run = |t0: usize, st: &mut [[f32; TN]]| {
+            let n_tiles = st.len() / rows;
+            for r0 in (0..rows).step_by(ROW_GROUP) {
+                let r1 = (r0 + ROW_GROUP).min(rows);
+                for i in 0..n_tiles {
+                    let (qs, ss) = self.tile(t0 + i);
+                    tile_rows(path, qs, ss, self.nb(), xs, self.k, r0..r1, &mut st[i * rows + r0..i * rows + r1]);
                 }
             }
-        });
-        for (r, o) in out.chunks_exact_mut(self.n).enumerate() {
-            for (g, og) in o.chunks_mut(4).enumerate() {
-                let src = &t[(g * rows + r) * 4..][..og.len()];
-                og.copy_from_slice(src);
-            }
-        }
-    }
-
-    fn gemv_quantized(&self, level: Level, xq: &[i8], xd: &[f32], out: &mut [f32]) {
-        let nb = self.k / QK;
-        let groups = self.n.div_ceil(4);
-        // One group: 4 output rows (fewer in the last, padded group).
-        let do_group = |g: usize, o: &mut [f32]| {
-            let mut acc = [0f32; 4];
-            group4(level, self.group(g), nb, xq, xd, &mut acc);
-            o.copy_from_slice(&acc[..o.len()]);
         };
-        // Chunk of whole groups per task: at least ~64 KiB of weights, and ~4 tasks per thread.
-        let threads = rayon::current_num_threads().max(1);
-        let min_groups = (64 * 1024 / (nb * GROUP_BLOCK_BYTES)).max(1);
-        let chunk_groups = groups.div_ceil(threads * 4).max(min_groups);
-        if groups <= chunk_groups || threads == 1 {
-            for (g, o) in out.chunks_mut(4).enumerate() {
-                do_group(g, o);
-            }
+        if tiles <= chunk || threads == 1 {
+            run(0, &mut stage);
         } else {
-            out.par_chunks_mut(chunk_groups * 4).enumerate().for_each(|(c, oc)| {
-                for (i, o) in oc.chunks_mut(4).enumerate() {
-                    do_group(c * chunk_groups + i, o);
-                }
-            });
+            stage.par_chunks_mut(chunk * rows).enumerate().for_each(|(c, st)| run(c * chunk, st));
+        }
+        for (r, o) in out.chunks_exact_mut(self.n).enumerate() {
+            for (t, ot) in o.chunks_mut(TN).enumerate() {
+                ot.copy_from_slice(&stage[t * rows + r][..ot.len()]);
+            }
         }
     }
 }
 
-/// Four rows of one group against a quantized activation row, on `level`'s path.
-fn group4(level: Level, gd: &[u8], nb: usize, xq: &[i8], xd: &[f32], acc: &mut [f32; 4]) {
-    debug_assert!(gd.len() >= nb * GROUP_BLOCK_BYTES && xq.len() >= nb * QK && xd.len() >= nb);
-    match level {
-        // SAFETY: `Avx2Fma` is only constructed after AVX2 and FMA were detected; `gd` holds
-        // `nb` block-quads of `GROUP_BLOCK_BYTES`, `xq` `nb * 32` quants and `xd` `nb` scales
-        // (every caller slices them so; checked in debug builds above).
+/// Scale of `lane` in block `b` of a tile's scales.
+#[inline]
+fn scale(ss: &[u8], b: usize, lane: usize) -> f32 {
+    f16::from_le_bytes([ss[b * TILE_S + lane * 2], ss[b * TILE_S + lane * 2 + 1]]).to_f32()
+}
+
+/// One tile against activation rows `rows` of `xs`: `out[i]` gets row `rows.start + i`'s 16
+/// outputs.
+#[allow(clippy::too_many_arguments)]
+fn tile_rows(
+    path: Path,
+    qs: &[u8],
+    ss: &[u8],
+    nb: usize,
+    xs: &QuantRows,
+    k: usize,
+    rows: std::ops::Range<usize>,
+    out: &mut [[f32; TN]],
+) {
+    assert!(qs.len() == nb * TILE_Q && ss.len() == nb * TILE_S && out.len() == rows.len());
+    assert!(xs.q.len() >= rows.end * k && xs.d.len() >= rows.end * nb && xs.c.len() >= rows.end * nb && k == nb * QK);
+    match path {
+        // SAFETY: each x86 path is only constructed after its features were detected; the
+        // asserts above bound every pointer the kernels read (see their notes).
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2Fma => unsafe { avx2::group4(gd, nb, xq, xd, acc) },
-        Level::Portable => group4_scalar(gd, nb, xq, xd, acc),
+        Path::Avx512Vnni => unsafe { x86::tile_rows_vnni(qs, ss, nb, xs, k, rows, out) },
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { x86::tile_rows_avx2(qs, ss, nb, xs, k, rows, out) },
+        Path::Portable => {
+            for (r, o) in rows.zip(out) {
+                tile_row_portable(qs, ss, nb, &xs.q[r * k..(r + 1) * k], &xs.d[r * nb..(r + 1) * nb], o);
+            }
+        }
     }
 }
 
-/// Portable fallback: per row, integer block dot, scaled and summed in f32.
-fn group4_scalar(gd: &[u8], nb: usize, xq: &[i8], xd: &[f32], acc: &mut [f32; 4]) {
+/// The reference arithmetic: per output, blocks in order, `acc + (d_w · d_x) · Σ q_w q_x`.
+fn tile_row_portable(qs: &[u8], ss: &[u8], nb: usize, xq: &[i8], xd: &[f32], out: &mut [f32; TN]) {
+    let mut acc = [0f32; TN];
     for b in 0..nb {
-        let blk = &gd[b * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
-        let xb = &xq[b * QK..(b + 1) * QK];
-        for (r, a) in acc.iter_mut().enumerate() {
-            let dw = f32::from_le_bytes(blk[r * 4..r * 4 + 4].try_into().unwrap());
-            let qs = &blk[16 + r * QK..16 + (r + 1) * QK];
-            let s: i32 = qs.iter().zip(xb).map(|(&w, &x)| (w as i8 as i32) * (x as i32)).sum();
-            *a += (dw * xd[b]) * s as f32;
+        let blk = &qs[b * TILE_Q..][..TILE_Q];
+        let xb = &xq[b * QK..][..QK];
+        let mut isum = [0i32; TN];
+        for (j, line) in blk.chunks_exact(64).enumerate() {
+            for (lane, s) in isum.iter_mut().enumerate() {
+                for i in 0..4 {
+                    *s += ((line[lane * 4 + i] ^ 0x80) as i8 as i32) * xb[j * 4 + i] as i32;
+                }
+            }
+        }
+        for (lane, a) in acc.iter_mut().enumerate() {
+            *a += scale(ss, b, lane) * xd[b] * isum[lane] as f32;
         }
     }
+    *out = acc;
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{GROUP_BLOCK_BYTES, QK};
+mod x86 {
+    use super::{QuantRows, QK, TILE_Q, TILE_S, TN};
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
-    /// 8 lanes of i32 pair sums of `x · y` as f32 (ggml's `mul_sum_i8_pairs_float`): `|x|`
-    /// times `y` with `x`'s sign, so `maddubs` (u8 × i8) applies; no saturation as
-    /// `|q| ≤ 127` (2 · 127² < 2¹⁵).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
-        let ax = _mm256_sign_epi8(x, x);
-        let sy = _mm256_sign_epi8(y, x);
-        let p16 = _mm256_maddubs_epi16(ax, sy);
-        let p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-        _mm256_cvtepi32_ps(p32)
-    }
-
-    /// Horizontal sum in candle's `hsum_float_8` order.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum_float_8(x: __m256) -> f32 {
-        let res = _mm256_extractf128_ps(x, 1);
-        let res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-        let res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-        let res = _mm_add_ss(res, _mm_movehdup_ps(res));
-        _mm_cvtss_f32(res)
-    }
-
-    /// Four rows of one group against the quantized activation.
+    /// [`super::quantize_row_portable`] in AVX2, bit for bit: `f32::max` ignores NaN (so does
+    /// `max_ps` with the new value first), rounding is half away from zero, and the `as i8`
+    /// conversion saturates and sends NaN to 0.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA; `gd.len() >= nb * GROUP_BLOCK_BYTES`,
-    /// `xq.len() >= nb * 32`, `xd.len() >= nb`. All loads are unaligned loads inside those
-    /// slices (checked by the debug asserts).
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn group4(gd: &[u8], nb: usize, xq: &[i8], xd: &[f32], out: &mut [f32; 4]) {
-        debug_assert!(gd.len() >= nb * GROUP_BLOCK_BYTES && xq.len() >= nb * QK && xd.len() >= nb);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut p = gd.as_ptr();
-        for b in 0..nb {
-            let y = _mm256_loadu_si256(xq.as_ptr().add(b * QK) as *const __m256i);
-            let dy = *xd.get_unchecked(b);
-            let qs = p.add(16);
-            for (r, a) in acc.iter_mut().enumerate() {
-                let dw = std::ptr::read_unaligned((p as *const f32).add(r));
-                let x = _mm256_loadu_si256(qs.add(r * QK) as *const __m256i);
-                // Same operand order as candle: d = d_w · d_x, acc = d · q + acc.
-                let d = _mm256_set1_ps(dw * dy);
-                *a = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(x, y), *a);
+    /// AVX2 must be present; `x.len()` a multiple of 32, `q.len() >= x.len()`, `d.len() >=
+    /// x.len() / 32` (asserted by the caller).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize_row_avx2(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+        let sign = _mm256_set1_ps(-0.0);
+        let half = _mm256_set1_ps(0.5);
+        let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+        for b in 0..x.len() / QK {
+            let p = x.as_ptr().add(b * QK);
+            let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+            let mut m = _mm256_setzero_ps();
+            for vi in v {
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, vi), m);
             }
-            p = p.add(GROUP_BLOCK_BYTES);
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m1 = _mm_max_ss(m2, _mm_movehdup_ps(m2));
+            let (db, id) = super::block_scale(_mm_cvtss_f32(m1));
+            *d.get_unchecked_mut(b) = db;
+            let idv = _mm256_set1_ps(id);
+            let mut ints = [_mm256_setzero_si256(); 4];
+            for (i, vi) in v.into_iter().enumerate() {
+                let y = _mm256_mul_ps(vi, idv);
+                // Half away from zero: nearest-even, except exact halves go to trunc ± 1.
+                let t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(y, t));
+                let away = _mm256_add_ps(t, _mm256_or_ps(_mm256_and_ps(y, sign), _mm256_set1_ps(1.0)));
+                let near = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                let r = _mm256_blendv_ps(near, away, _mm256_cmp_ps(frac, half, _CMP_EQ_OQ));
+                // NaN → 0, then saturate to the i8 range.
+                let r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+                ints[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+            }
+            let w01 = _mm256_packs_epi32(ints[0], ints[1]);
+            let w23 = _mm256_packs_epi32(ints[2], ints[3]);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.as_mut_ptr().add(b * QK) as *mut __m256i, bytes);
         }
-        for r in 0..4 {
-            out[r] = hsum_float_8(acc[r]);
+    }
+
+    /// # Safety
+    /// AVX-512 F/BW/VL and VNNI must be present; `qs`, `ss`, `out` and `xs` as asserted by
+    /// `super::tile_rows` (every read below is inside them).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn tile_rows_vnni(
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        rows: Range<usize>,
+        out: &mut [[f32; TN]],
+    ) {
+        let mut r = rows.start;
+        let mut o = 0;
+        while r < rows.end {
+            let take = (rows.end - r).min(4);
+            let out4 = &mut out[o..o + take];
+            match take {
+                4 => vnni::<4>(qs, ss, nb, xs, k, r, out4),
+                3 => vnni::<3>(qs, ss, nb, xs, k, r, out4),
+                2 => vnni::<2>(qs, ss, nb, xs, k, r, out4),
+                _ => vnni::<1>(qs, ss, nb, xs, k, r, out4),
+            }
+            r += take;
+            o += take;
+        }
+    }
+
+    /// `R` rows from `r0` against one tile.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn vnni<const R: usize>(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+        let mut acc = [_mm512_setzero_ps(); R];
+        let xq = xs.q.as_ptr().add(r0 * k);
+        for b in 0..nb {
+            let mut isum = [_mm512_setzero_si512(); R];
+            for (r, s) in isum.iter_mut().enumerate() {
+                *s = _mm512_set1_epi32(*xs.c.get_unchecked((r0 + r) * nb + b));
+            }
+            let blk = qs.as_ptr().add(b * TILE_Q);
+            for j in 0..8 {
+                let w = _mm512_loadu_si512(blk.add(j * 64) as *const _);
+                for (r, s) in isum.iter_mut().enumerate() {
+                    let quad = std::ptr::read_unaligned(xq.add(r * k + b * QK + j * 4) as *const i32);
+                    *s = _mm512_dpbusd_epi32(*s, w, _mm512_set1_epi32(quad));
+                }
+            }
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(ss.as_ptr().add(b * TILE_S) as *const __m256i));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let d = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.d.get_unchecked((r0 + r) * nb + b)));
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[r])));
+            }
+        }
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            _mm512_storeu_ps(o.as_mut_ptr(), *a);
+        }
+    }
+
+    /// # Safety
+    /// AVX2 and F16C must be present; slices as for `tile_rows_vnni`.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn tile_rows_avx2(
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        rows: Range<usize>,
+        out: &mut [[f32; TN]],
+    ) {
+        let mut r = rows.start;
+        let mut o = 0;
+        while r < rows.end {
+            let take = (rows.end - r).min(2);
+            let out2 = &mut out[o..o + take];
+            match take {
+                2 => avx2::<2>(qs, ss, nb, xs, k, r, out2),
+                _ => avx2::<1>(qs, ss, nb, xs, k, r, out2),
+            }
+            r += take;
+            o += take;
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn avx2<const R: usize>(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let xq = xs.q.as_ptr().add(r0 * k);
+        let bias = _mm256_set1_epi8(-128);
+        let ones = _mm256_set1_epi16(1);
+        for b in 0..nb {
+            let mut isum = [[_mm256_setzero_si256(); 2]; R];
+            let blk = qs.as_ptr().add(b * TILE_Q);
+            for j in 0..8 {
+                for h in 0..2 {
+                    let w = _mm256_xor_si256(_mm256_loadu_si256(blk.add(j * 64 + h * 32) as *const __m256i), bias);
+                    let aw = _mm256_sign_epi8(w, w);
+                    for (r, s) in isum.iter_mut().enumerate() {
+                        let quad = std::ptr::read_unaligned(xq.add(r * k + b * QK + j * 4) as *const i32);
+                        let sx = _mm256_sign_epi8(_mm256_set1_epi32(quad), w);
+                        // |q_w| ≤ 128 and |q_x| ≤ 127: a pair sum is at most 32512, no saturation.
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                        s[h] = _mm256_add_epi32(s[h], p);
+                    }
+                }
+            }
+            for h in 0..2 {
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(ss.as_ptr().add(b * TILE_S + h * 16) as *const __m128i));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.d.get_unchecked((r0 + r) * nb + b)));
+                    a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[r][h])));
+                }
+            }
+        }
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
         }
     }
 }
@@ -456,6 +693,28 @@ mod tests {
         deq.chunks_exact(k).map(|w| w.iter().zip(&step).map(|(w, s)| w.abs() as f64 * s).sum::<f64>() + 1e-6).collect()
     }
 
+    /// The product on every path (each must equal the portable one bit for bit), with each
+    /// batched row equal to the same row alone.
+    fn every_path(packed: &PackedQ8_0, x: &[f32], rows: usize) -> Vec<f32> {
+        let (n, k) = (packed.rows(), packed.cols());
+        let mut want = vec![0f32; rows * n];
+        packed.matmul_at(Path::Portable, x, rows, &mut want);
+        for p in paths() {
+            let mut y = vec![0f32; rows * n];
+            packed.matmul_at(p, x, rows, &mut y);
+            assert!(
+                y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{p:?} [{n}x{k}] × {rows} rows differs from portable"
+            );
+            for r in [0, rows / 2, rows - 1] {
+                let mut alone = vec![0f32; n];
+                packed.matmul_at(p, &x[r * k..(r + 1) * k], 1, &mut alone);
+                assert_eq!(alone[..], y[r * n..(r + 1) * n], "{p:?} [{n}x{k}] row {r} of {rows}");
+            }
+        }
+        want
+    }
+
     fn check(n: usize, k: usize, rows: usize) {
         let dev = Device::Cpu;
         let w = Tensor::randn(0f32, 0.05, (n, k), &dev).unwrap();
@@ -466,36 +725,26 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (rows, k), &dev).unwrap();
         let candle: Vec<f32> = mm.forward(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         let xv: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+        let y = every_path(&packed, &xv, rows);
         let mut xq = vec![0i8; k];
         let mut xd = vec![0f32; k / QK];
-        for level in simd::levels() {
-            let mut y = vec![0f32; rows * n];
-            packed.matmul_at(level, &xv, rows, &mut y);
-            for r in 0..rows {
-                let xr = &xv[r * k..(r + 1) * k];
-                // A batched row equals the same row alone, bit for bit.
-                let mut alone = vec![0f32; n];
-                packed.gemv_at(level, xr, &mut alone);
-                assert_eq!(alone[..], y[r * n..(r + 1) * n], "{level:?} [{n}x{k}] row {r} of {rows}");
-                // Every output within the f32 rounding bound of the exact product.
-                quantize_row(xr, &mut xq, &mut xd);
-                for (i, (want, tol)) in exact_with_bound(&deq, k, &xq, &xd).into_iter().enumerate() {
-                    let got = y[r * n + i] as f64;
-                    assert!(
-                        (got - want).abs() <= tol,
-                        "{level:?} [{n}x{k}] row {r} out {i}: {got} vs exact {want} (bound {tol:e})"
-                    );
-                }
-                // candle's QMatMul computes the same product by a CPU-dependent path (see the
-                // module note): both it and we must be within the activation-quantization bound
-                // of the product with the unquantized activation.
-                let bounds = activation_quantization_bound(&deq, k, xr);
-                for (i, (wr, tol)) in deq.chunks_exact(k).zip(bounds).enumerate() {
-                    let truth: f64 = wr.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    let (ours, theirs) = (y[r * n + i] as f64, candle[r * n + i] as f64);
-                    assert!((ours - truth).abs() <= tol, "{level:?} [{n}x{k}] out {i}: ours {ours} vs {truth} (bound {tol})");
-                    assert!((theirs - truth).abs() <= tol, "[{n}x{k}] out {i}: candle {theirs} vs {truth} (bound {tol})");
-                }
+        for r in 0..rows {
+            let xr = &xv[r * k..(r + 1) * k];
+            // Every output within the f32 rounding bound of the exact product.
+            quantize_row(xr, &mut xq, &mut xd);
+            for (i, (want, tol)) in exact_with_bound(&deq, k, &xq, &xd).into_iter().enumerate() {
+                let got = y[r * n + i] as f64;
+                assert!((got - want).abs() <= tol, "[{n}x{k}] row {r} out {i}: {got} vs exact {want} (bound {tol:e})");
+            }
+            // candle's QMatMul computes the same product by a CPU-dependent path (see the
+            // module note): both it and we must be within the activation-quantization bound
+            // of the product with the unquantized activation.
+            let bounds = activation_quantization_bound(&deq, k, xr);
+            for (i, (wr, tol)) in deq.chunks_exact(k).zip(bounds).enumerate() {
+                let truth: f64 = wr.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let (ours, theirs) = (y[r * n + i] as f64, candle[r * n + i] as f64);
+                assert!((ours - truth).abs() <= tol, "[{n}x{k}] out {i}: ours {ours} vs {truth} (bound {tol})");
+                assert!((theirs - truth).abs() <= tol, "[{n}x{k}] out {i}: candle {theirs} vs {truth} (bound {tol})");
             }
         }
         assert_eq!(packed.dequantize(), deq);
@@ -516,6 +765,34 @@ mod tests {
         check(67, 1024, 3);
         check(130, 3072, 40);
         check(256, 3072, 5);
+        // Prefill sizes: more rows than a row group, not a multiple of 4.
+        check(96, 576, 131);
+    }
+
+    /// Weights of -128 (a Q8_0 file may hold them; our quantizer never writes them) and
+    /// activations of ±127 take the AVX2 path's largest pair sums: no saturation, same bits.
+    #[test]
+    fn extreme_quants_are_exact() {
+        let (n, k) = (19, 64);
+        let nb = k / QK;
+        let mut bytes = Vec::new();
+        for r in 0..n {
+            for b in 0..nb {
+                bytes.extend(f16::from_f32(0.5 + r as f32 / 8.0 + b as f32).to_le_bytes());
+                bytes.extend((0..QK).map(|i| if (i + r) % 3 == 0 { 0x80 } else { 0x7f }));
+            }
+        }
+        let packed = PackedQ8_0::from_q8_0_bytes(&bytes, n, k).unwrap();
+        // Activations quantizing to ±127 with scale 1.
+        let x: Vec<f32> = (0..2 * k).map(|i| if i % 2 == 0 { 127.0 } else { -127.0 }).collect();
+        let y = every_path(&packed, &x, 2);
+        let deq = packed.dequantize();
+        let (mut xq, mut xd) = (vec![0i8; k], vec![0f32; nb]);
+        quantize_row(&x[..k], &mut xq, &mut xd);
+        assert!(xq.iter().all(|v| v.abs() == 127) && xd.iter().all(|&d| d == 1.0));
+        for (i, (want, tol)) in exact_with_bound(&deq, k, &xq, &xd).into_iter().enumerate() {
+            assert!((y[i] as f64 - want).abs() <= tol, "out {i}: {} vs {want}", y[i]);
+        }
     }
 
     /// The bound in `check` is tight enough to catch a wrong result: dropping one block of one
@@ -540,12 +817,50 @@ mod tests {
         assert!((wrong - want).abs() > 100.0 * tol, "{wrong} vs {want} ± {tol}");
     }
 
+    /// Every path quantizes like the portable code (candle's quantizer), including halves,
+    /// NaN, infinities, subnormal and huge blocks.
+    #[test]
+    fn every_path_quantizes_the_same() {
+        let mut x: Vec<f32> = (0..32 * 64).map(|i| ((i * 7919 % 2001) as f32 - 1000.0) / 37.0).collect();
+        // Values landing exactly on halves after scaling by 127 / amax (amax 127 → id 1).
+        x[..32].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 - 15.5);
+        x[31] = 127.0;
+        x[32..64].iter_mut().enumerate().for_each(|(i, v)| *v = -(i as f32) - 0.5);
+        x[63] = -127.0;
+        x[64] = f32::NAN;
+        x[96] = f32::INFINITY;
+        x[128] = f32::NEG_INFINITY;
+        x[160..192].iter_mut().for_each(|v| *v = 1e-42);
+        x[192..224].iter_mut().enumerate().for_each(|(i, v)| *v = if i == 0 { 0.0 } else { -0.0 });
+        x[224..256].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 16.0) * 1e37);
+        let (mut q0, mut d0) = (vec![0i8; x.len()], vec![0f32; x.len() / QK]);
+        quantize_row_portable(&x, &mut q0, &mut d0);
+        assert_eq!(
+            &q0[..32],
+            &(0..32).map(|i| if i == 31 { 127 } else { ((i as f32 - 15.5).round()) as i8 }).collect::<Vec<_>>()[..]
+        );
+        for p in paths() {
+            let (mut q, mut d) = (vec![0i8; x.len()], vec![0f32; x.len() / QK]);
+            quantize_row_at(p, &x, &mut q, &mut d);
+            assert_eq!(q, q0, "{p:?}");
+            assert!(d.iter().zip(&d0).all(|(a, b)| a.to_bits() == b.to_bits()), "{p:?}");
+        }
+    }
+
     #[test]
     fn zero_rows_and_activation() {
         let (n, k) = (6, 64);
-        let packed = PackedQ8_0::from_q8_0_bytes(&vec![0u8; n * (k / QK) * Q8_0_BYTES], n, k);
+        let packed = PackedQ8_0::from_q8_0_bytes(&vec![0u8; n * (k / QK) * Q8_0_BYTES], n, k).unwrap();
         let mut y = vec![1f32; n];
         packed.gemv(&vec![0f32; k], &mut y);
         assert!(y.iter().all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        assert!(PackedQ8_0::from_q8_0_bytes(&[0u8; 33], 1, 32).is_err());
+        assert!(PackedQ8_0::from_q8_0_bytes(&[], 0, 32).is_err());
+        assert!(PackedQ8_0::from_q8_0_bytes(&[0u8; 34], 1, 31).is_err());
+        assert_eq!(PackedQ8_0::from_rows(usize::MAX / 2, 1 << 20, |_, _| Ok(())).err().map(|e| e.code()), Some("OUT_OF_MEMORY"));
     }
 }

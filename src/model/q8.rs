@@ -445,9 +445,9 @@ fn tile_rows(
         // SAFETY: each x86 path is only constructed after its features were detected; the
         // asserts above bound every pointer the kernels read (see their notes).
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512Vnni => unsafe { x86::tile_rows_vnni(qs, ss, nb, xs, k, rows, out) },
+        Path::Avx512Vnni => unsafe { x86::rows_vnni(qs, ss, nb, xs, k, rows.start, out) },
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { x86::tile_rows_avx2(qs, ss, nb, xs, k, rows, out) },
+        Path::Avx2 => unsafe { x86::rows_avx2(qs, ss, nb, xs, k, rows.start, out) },
         Path::Portable => {
             for (r, o) in rows.zip(out) {
                 tile_row_portable(qs, ss, nb, &xs.q[r * k..(r + 1) * k], &xs.d[r * nb..(r + 1) * nb], o);
@@ -481,7 +481,6 @@ fn tile_row_portable(qs: &[u8], ss: &[u8], nb: usize, xq: &[i8], xd: &[f32], out
 mod x86 {
     use super::{QuantRows, QK, TILE_Q, TILE_S, TN};
     use std::arch::x86_64::*;
-    use std::ops::Range;
 
     /// [`super::quantize_row_portable`] in AVX2, bit for bit: `f32::max` ignores NaN (so does
     /// `max_ps` with the new value first), rounding is half away from zero, and the `as i8`
@@ -528,32 +527,21 @@ mod x86 {
         }
     }
 
+    /// Rows from `r0` (`out.len()` of them) against one tile, 4 sharing each weight load.
+    ///
     /// # Safety
     /// AVX-512 F/BW/VL and VNNI must be present; `qs`, `ss`, `out` and `xs` as asserted by
     /// `super::tile_rows` (every read below is inside them).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn tile_rows_vnni(
-        qs: &[u8],
-        ss: &[u8],
-        nb: usize,
-        xs: &QuantRows,
-        k: usize,
-        rows: Range<usize>,
-        out: &mut [[f32; TN]],
-    ) {
-        let mut r = rows.start;
-        let mut o = 0;
-        while r < rows.end {
-            let take = (rows.end - r).min(4);
-            let out4 = &mut out[o..o + take];
-            match take {
-                4 => vnni::<4>(qs, ss, nb, xs, k, r, out4),
-                3 => vnni::<3>(qs, ss, nb, xs, k, r, out4),
-                2 => vnni::<2>(qs, ss, nb, xs, k, r, out4),
-                _ => vnni::<1>(qs, ss, nb, xs, k, r, out4),
+    pub(super) unsafe fn rows_vnni(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+        for (i, o) in out.chunks_mut(4).enumerate() {
+            let r = r0 + i * 4;
+            match o.len() {
+                4 => vnni::<4>(qs, ss, nb, xs, k, r, o),
+                3 => vnni::<3>(qs, ss, nb, xs, k, r, o),
+                2 => vnni::<2>(qs, ss, nb, xs, k, r, o),
+                _ => vnni::<1>(qs, ss, nb, xs, k, r, o),
             }
-            r += take;
-            o += take;
         }
     }
 
@@ -587,29 +575,17 @@ mod x86 {
         }
     }
 
+    /// Rows from `r0` (`out.len()` of them) against one tile, 2 sharing each weight load.
+    ///
     /// # Safety
-    /// AVX2 and F16C must be present; slices as for `tile_rows_vnni`.
+    /// AVX2 and F16C must be present; slices as for `rows_vnni`.
     #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn tile_rows_avx2(
-        qs: &[u8],
-        ss: &[u8],
-        nb: usize,
-        xs: &QuantRows,
-        k: usize,
-        rows: Range<usize>,
-        out: &mut [[f32; TN]],
-    ) {
-        let mut r = rows.start;
-        let mut o = 0;
-        while r < rows.end {
-            let take = (rows.end - r).min(2);
-            let out2 = &mut out[o..o + take];
-            match take {
-                2 => avx2::<2>(qs, ss, nb, xs, k, r, out2),
-                _ => avx2::<1>(qs, ss, nb, xs, k, r, out2),
+    pub(super) unsafe fn rows_avx2(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+        for (i, o) in out.chunks_mut(2).enumerate() {
+            match o.len() {
+                2 => avx2::<2>(qs, ss, nb, xs, k, r0 + i * 2, o),
+                _ => avx2::<1>(qs, ss, nb, xs, k, r0 + i * 2, o),
             }
-            r += take;
-            o += take;
         }
     }
 

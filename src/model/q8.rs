@@ -72,6 +72,7 @@ pub fn path() -> Path {
 
 /// Every path this CPU can run, portable first (tests compare them).
 pub fn paths() -> Vec<Path> {
+    #[allow(unused_mut)] // nothing is added off x86-64
     let mut v = vec![Path::Portable];
     #[cfg(target_arch = "x86_64")]
     {

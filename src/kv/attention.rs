@@ -27,7 +27,6 @@
 //!   AVX2+FMA enabled (chosen at run time) and once portable. Both sum in the same order.
 
 use std::cell::{OnceCell, RefCell};
-use std::ops::Range;
 
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use rayon::prelude::*;
@@ -675,9 +674,13 @@ fn scores<S: KvRows>(
     simd: Level,
 ) {
     let hd = kv.hd;
+    // `dot_at` / `axpy_at` (not `dot` / `axpy`): these closures do not inherit
+    // `attend_avx2`'s target features, so inlined code here would be SSE only.
     kv.for_rows(from, to, |j, slot| {
         kv.rows.with_row(false, slot, |kr| {
-            score_key(simd, q, hd, j.saturating_sub(p0) * rep..n * rep, kr, scale, sc, stride, j - from)
+            for qi in j.saturating_sub(p0) * rep..n * rep {
+                sc[qi * stride + j - from] = simd::dot_at(simd, &q[qi * hd..(qi + 1) * hd], kr) * scale;
+            }
         })
     });
 }
@@ -697,67 +700,14 @@ fn weigh_values<S: KvRows>(
     out: &mut [f32],
     simd: Level,
 ) {
+    let hd = kv.hd;
     kv.for_rows(from, to, |j, slot| {
-        kv.rows.with_row(true, slot, |vr| weigh_value(simd, vr, j.saturating_sub(p0) * rep..n * rep, sc, stride, j - from, out))
+        kv.rows.with_row(true, slot, |vr| {
+            for qi in j.saturating_sub(p0) * rep..n * rep {
+                simd::axpy_at(simd, sc[qi * stride + j - from], vr, &mut out[qi * hd..(qi + 1) * hd]);
+            }
+        })
     });
-}
-
-/// `sc[qi · stride + col] = q_qi · k · scale` for the query rows `qis`, compiled for `simd`
-/// (the closures of [`scores`] do not inherit `attend_avx2`'s target features, so the inner
-/// loop is its own AVX2 function).
-#[allow(clippy::too_many_arguments)]
-fn score_key(
-    simd: Level,
-    q: &[f32],
-    hd: usize,
-    qis: Range<usize>,
-    k: &[f32],
-    scale: f32,
-    sc: &mut [f32],
-    stride: usize,
-    col: usize,
-) {
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn body(q: &[f32], hd: usize, qis: Range<usize>, k: &[f32], scale: f32, sc: &mut [f32], stride: usize, col: usize) {
-        for qi in qis {
-            sc[qi * stride + col] = simd::dot(&q[qi * hd..(qi + 1) * hd], k) * scale;
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn avx2(q: &[f32], hd: usize, qis: Range<usize>, k: &[f32], scale: f32, sc: &mut [f32], stride: usize, col: usize) {
-        body(q, hd, qis, k, scale, sc, stride, col)
-    }
-    match simd {
-        // SAFETY: `Avx2Fma` is only constructed after detecting both features.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2Fma => unsafe { avx2(q, hd, qis, k, scale, sc, stride, col) },
-        Level::Portable => body(q, hd, qis, k, scale, sc, stride, col),
-    }
-}
-
-/// `out_qi += sc[qi · stride + col] · v` for the query rows `qis`, compiled for `simd`.
-fn weigh_value(simd: Level, v: &[f32], qis: Range<usize>, sc: &[f32], stride: usize, col: usize, out: &mut [f32]) {
-    #[inline(always)]
-    fn body(v: &[f32], qis: Range<usize>, sc: &[f32], stride: usize, col: usize, out: &mut [f32]) {
-        let hd = v.len();
-        for qi in qis {
-            simd::axpy(sc[qi * stride + col], v, &mut out[qi * hd..(qi + 1) * hd]);
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn avx2(v: &[f32], qis: Range<usize>, sc: &[f32], stride: usize, col: usize, out: &mut [f32]) {
-        body(v, qis, sc, stride, col, out)
-    }
-    match simd {
-        // SAFETY: as in `score_key`.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2Fma => unsafe { avx2(v, qis, sc, stride, col, out) },
-        Level::Portable => body(v, qis, sc, stride, col, out),
-    }
 }
 
 /// [`attend_body`] past one key block: per block of `block` positions, the scores of the

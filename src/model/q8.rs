@@ -76,10 +76,10 @@ pub fn paths() -> Vec<Path> {
     let mut v = vec![Path::Portable];
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+        if x86::has_avx2() {
             v.push(Path::Avx2);
         }
-        if best_path() == Path::Avx512Vnni {
+        if x86::has_vnni() {
             v.push(Path::Avx512Vnni);
         }
     }
@@ -87,20 +87,7 @@ pub fn paths() -> Vec<Path> {
 }
 
 fn best_path() -> Path {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vl")
-            && std::is_x86_feature_detected!("avx512vnni")
-        {
-            return Path::Avx512Vnni;
-        }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
-            return Path::Avx2;
-        }
-    }
-    Path::Portable
+    *paths().last().expect("portable is always there")
 }
 
 /// Activation rows quantized to Q8_0: `q [rows, k]`, `d [rows, nb]` (f16-rounded scales as
@@ -143,7 +130,7 @@ thread_local! {
 
 /// Quantizes `x` (`len = k`) to Q8_0 exactly as candle's `BlockQ8_0::from_float`; the scales
 /// are returned already widened to f32 (the f16 rounding is kept).
-pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     quantize_row_at(path(), x, q, d)
 }
 
@@ -233,10 +220,8 @@ impl PackedQ8_0 {
         let (qs, ss) = tile.split_at_mut(nb * TILE_Q);
         ss[b * TILE_S + lane * 2..][..2].copy_from_slice(&d.to_le_bytes());
         let blk = &mut qs[b * TILE_Q..][..TILE_Q];
-        for (j, quad) in q.chunks_exact(4).enumerate() {
-            for (i, &v) in quad.iter().enumerate() {
-                blk[j * 64 + lane * 4 + i] = (v as u8) ^ 0x80;
-            }
+        for (i, &v) in q.iter().enumerate() {
+            blk[quant_at(lane, i)] = (v as u8) ^ 0x80;
         }
     }
 
@@ -317,7 +302,7 @@ impl PackedQ8_0 {
             let d = scale(ss, b, lane);
             let blk = &qs[b * TILE_Q..][..TILE_Q];
             for (i, v) in o.iter_mut().enumerate() {
-                *v = ((blk[(i / 4) * 64 + lane * 4 + i % 4] ^ 0x80) as i8) as f32 * d;
+                *v = ((blk[quant_at(lane, i)] ^ 0x80) as i8) as f32 * d;
             }
         }
     }
@@ -371,11 +356,6 @@ impl PackedQ8_0 {
         self.matmul_at(path(), x, rows, out)
     }
 
-    /// `matmul` for one row.
-    pub fn gemv(&self, x: &[f32], out: &mut [f32]) {
-        self.matmul(x, 1, out)
-    }
-
     fn matmul_at(&self, path: Path, x: &[f32], rows: usize, out: &mut [f32]) {
         assert_eq!(x.len(), rows * self.k);
         assert_eq!(out.len(), rows * self.n);
@@ -421,6 +401,13 @@ impl PackedQ8_0 {
     }
 }
 
+/// Byte of row `lane`'s quant `i` (0..32) within a tile's block: line `i / 4`, then the lane's
+/// 4 bytes.
+#[inline(always)]
+fn quant_at(lane: usize, i: usize) -> usize {
+    (i / 4) * 64 + lane * 4 + i % 4
+}
+
 /// Scale of `lane` in block `b` of a tile's scales.
 #[inline]
 fn scale(ss: &[u8], b: usize, lane: usize) -> f32 {
@@ -464,6 +451,8 @@ fn tile_row_portable(qs: &[u8], ss: &[u8], nb: usize, xq: &[i8], xd: &[f32], out
         let blk = &qs[b * TILE_Q..][..TILE_Q];
         let xb = &xq[b * QK..][..QK];
         let mut isum = [0i32; TN];
+        // Line by line (the layout's order, contiguous reads): line `j` holds quants
+        // `4j..4j+4` of each lane, as `quant_at` places them.
         for (j, line) in blk.chunks_exact(64).enumerate() {
             for (lane, s) in isum.iter_mut().enumerate() {
                 for i in 0..4 {
@@ -482,6 +471,20 @@ fn tile_row_portable(qs: &[u8], ss: &[u8], nb: usize, xq: &[i8], xd: &[f32], out
 mod x86 {
     use super::{QuantRows, QK, TILE_Q, TILE_S, TN};
     use std::arch::x86_64::*;
+
+    /// What [`super::Path::Avx2`] needs.
+    pub(super) fn has_avx2() -> bool {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c")
+    }
+
+    /// What [`super::Path::Avx512Vnni`] needs (its quantizer is the AVX2 one).
+    pub(super) fn has_vnni() -> bool {
+        has_avx2()
+            && std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vnni")
+    }
 
     /// [`super::quantize_row_portable`] in AVX2, bit for bit: `f32::max` ignores NaN (so does
     /// `max_ps` with the new value first), rounding is half away from zero, and the `as i8`
@@ -829,7 +832,7 @@ mod tests {
         let (n, k) = (6, 64);
         let packed = PackedQ8_0::from_q8_0_bytes(&vec![0u8; n * (k / QK) * Q8_0_BYTES], n, k).unwrap();
         let mut y = vec![1f32; n];
-        packed.gemv(&vec![0f32; k], &mut y);
+        packed.matmul(&vec![0f32; k], 1, &mut y);
         assert!(y.iter().all(|v| *v == 0.0));
     }
 

@@ -129,6 +129,15 @@ const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
   toolChoice: [(v) => typeof v === 'string', 'a string'],
   toolChoiceName: [(v) => typeof v === 'string', 'a string'],
   parallelToolCalls: [(v) => typeof v === 'boolean', 'a boolean'],
+  speculative: [isSpeculative, "{ type: 'ngram', maxDraft?, ngram?, minNgram? } with non-negative integers below 2^32"],
+}
+
+function isSpeculative(v: unknown): boolean {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) return false
+  const o = v as Record<string, unknown>
+  const known = ['type', 'maxDraft', 'ngram', 'minNgram']
+  if (typeof o.type !== 'string' || Object.keys(o).some((k) => !known.includes(k))) return false
+  return ['maxDraft', 'ngram', 'minNgram'].every((k) => o[k] === undefined || isU32(o[k]))
 }
 
 function toNativeOptions(o: GenerateOptions): N.NativeGenerateOptions {

@@ -513,6 +513,29 @@ export interface GenerateOptions {
   toolChoice?: ToolChoice
   /** Allow several calls in one answer where the template family does (default true). */
   parallelToolCalls?: boolean
+  /**
+   * Speculative decoding: guess the next tokens and check them all in one pass. With
+   * `{ type: 'ngram' }` (prompt lookup) the guesses are copied from earlier in the
+   * conversation where its last tokens occurred, so answers that repeat their input (code
+   * edits, quoting, summaries, RAG) run several tokens per step. The output is the same as
+   * without it: greedy tokens, and with a `seed` the same sampled tokens (each guess is kept
+   * only when it equals what sampling that position picks). Ignored with `responseFormat`
+   * and forced tool calls. `usage.draftTokens` / `usage.acceptedDraftTokens` report the
+   * guesses and how many were kept.
+   */
+  speculative?: SpeculativeOptions
+}
+
+/** `GenerateOptions.speculative`. */
+export interface SpeculativeOptions {
+  /** `'ngram'`: drafts copied from the context (no second model). */
+  type: 'ngram'
+  /** Draft tokens per step at most (1–64, default 8); the length adapts to what is accepted. */
+  maxDraft?: number
+  /** The longest suffix of the conversation matched (1–16, default 3). */
+  ngram?: number
+  /** The shortest suffix matched (1–`ngram`, default 2). */
+  minNgram?: number
 }
 
 /** One generated token, as a stream yields it. */
@@ -551,6 +574,10 @@ export interface CompletionUsage {
   completionTokens: number
   /** Of `promptTokens`, those taken from the KV cache instead of being evaluated. */
   cachedTokens: number
+  /** Tokens proposed by speculative decoding and checked by the model (0 without it). */
+  draftTokens: number
+  /** Of `draftTokens`, those the model agreed with: each saved a decode step. */
+  acceptedDraftTokens: number
 }
 
 /** Where one request's time went. Times in milliseconds, rates in tokens per second. */

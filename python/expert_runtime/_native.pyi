@@ -81,6 +81,14 @@ class NamedToolChoice(TypedDict):
     type: Literal["function"]
     function: Dict[Literal["name"], str]
 
+class _SpeculativeRequired(TypedDict):
+    type: Literal["ngram"]
+
+class Speculative(_SpeculativeRequired, total=False):
+    max_draft: int  # draft tokens per step at most, 1..64 (default 8)
+    ngram: int  # longest suffix matched, 1..16 (default 3)
+    min_ngram: int  # shortest suffix matched (default 2, at most ngram)
+
 class GenerateOptions(TypedDict, total=False):
     max_tokens: int
     temperature: float  # 0 = greedy
@@ -100,6 +108,7 @@ class GenerateOptions(TypedDict, total=False):
     tools: Sequence[Tool]
     tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice]
     parallel_tool_calls: bool
+    speculative: Speculative
 
 class EmbedOptions(TypedDict, total=False):
     pooling: Literal["mean", "last"]
@@ -198,6 +207,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    draft_tokens: int
+    accepted_draft_tokens: int
 
 class Timings:
     ttft_ms: float

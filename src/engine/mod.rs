@@ -15,6 +15,7 @@ pub mod request;
 pub mod routing;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculative;
 pub mod stats;
 pub mod structured;
 
@@ -29,6 +30,7 @@ pub use request::{
     Completion, Event, ExpertChoice, FinishReason, GenerateOptions, Input, Pooling, SessionShared, TokenChunk, ToolChoice,
 };
 pub use routing::EmbedOptions;
+pub use speculative::SpeculativeOptions;
 
 use crate::error::{EngineError, Result};
 use crate::experts::{Expert, ExpertLoadOptions, Registry};

@@ -71,6 +71,8 @@ pub struct GenerateOptions {
     pub tool_choice: ToolChoice,
     /// Several calls in one answer (where the template family allows it); default true.
     pub parallel_tool_calls: Option<bool>,
+    /// Speculative decoding by prompt lookup (`None`: plain decoding).
+    pub speculative: Option<super::speculative::SpeculativeOptions>,
 }
 
 /// A request's input once tokenized (off the engine thread, see `engine::prepare`).
@@ -124,6 +126,10 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    /// Tokens proposed by speculative decoding and checked by the model.
+    pub draft_tokens: usize,
+    /// Of `draft_tokens`, those the model agreed with (each saved a decode step).
+    pub accepted_draft_tokens: usize,
 }
 
 #[derive(Clone, Debug, Default)]

@@ -45,6 +45,7 @@ use crate::model::decoder::{Logits, PassOutput, SeqChunk};
 use crate::model::Decoder;
 use crate::sampling::{Constraint, Sampled, Sampler, SamplingParams};
 use crate::tokenizer::{ChatMessage, Tokenizer};
+use llguidance::toktrie::SimpleVob;
 
 /// Rows one forward pass evaluates at most on CPU (decode rows first, then prompt chunks).
 /// Large enough for efficient prefill matmuls, small enough that decoding sessions keep a
@@ -592,6 +593,8 @@ impl Scheduler {
                     };
                     let logits = match row {
                         Row::Embed(_) => Logits::Hidden,
+                        // A speculative step needs the pending token's row and each draft's.
+                        Row::Generate(i) if pos + n == target && self.running[i].drafted() > 0 => Logits::All,
                         Row::Generate(_) if pos + n == target => Logits::Last,
                         Row::Generate(_) => Logits::None,
                     };
@@ -651,7 +654,8 @@ impl Scheduler {
             let Row::Generate(i) = row else { continue };
             let seq = &self.running[i];
             if pos + n == self.sessions[&seq.session].target() {
-                out.push(seq.constraint.is_none() && seq.sampler.greedy_only());
+                let greedy = seq.constraint.is_none() && seq.sampler.greedy_only();
+                out.extend(std::iter::repeat_n(greedy, 1 + seq.drafted()));
             }
         }
         out
@@ -662,18 +666,28 @@ impl Scheduler {
     /// Embedding texts take at most half the budget while a prompt is being read.
     fn plan_step(&mut self) -> Vec<Planned> {
         let mut decoding = 0;
-        for seq in &self.running {
+        for seq in &mut self.running {
             let st = self.sessions.get_mut(&seq.session).expect("reaped");
             if st.table.len() == st.target() {
                 st.tokens.push(seq.last_token.expect("a decode step follows a sampled token"));
+                // Drafts fit the positions the request holds and the tokens it may still emit
+                // (the pass emits at most one more than it drafts).
+                let room =
+                    seq.limit.saturating_sub(st.target()).min(seq.max_tokens.saturating_sub(seq.usage.completion_tokens + 1));
+                if let Some(d) = &mut seq.drafter {
+                    st.tokens.extend_from_slice(d.propose(&st.tokens, room));
+                }
             }
-            decoding += (st.target() - st.table.len() == 1) as usize;
+            let left = st.target() - st.table.len();
+            if left == 1 + seq.drafted() {
+                decoding += left;
+            }
         }
         let mut budget = self.step_tokens.saturating_sub(decoding).max(self.kv.block_size());
         let mut plan: Vec<Planned> = Vec::with_capacity(self.running.len() + self.embeds.running.len());
         let prefilling = self.running.iter().any(|seq| {
             let st = &self.sessions[&seq.session];
-            st.target() - st.table.len() > 1
+            st.target() - st.table.len() > 1 + seq.drafted()
         });
         let mut embed_budget = if prefilling { budget / 2 } else { budget };
         for (j, job) in self.embeds.running.iter().enumerate() {
@@ -688,11 +702,12 @@ impl Scheduler {
         for (i, seq) in self.running.iter().enumerate() {
             let st = &self.sessions[&seq.session];
             let left = st.target() - st.table.len();
-            let n = if left == 1 { 1 } else { left.min(budget) };
+            let decode_rows = 1 + seq.drafted();
+            let n = if left == decode_rows { left } else { left.min(budget) };
             if n == 0 {
                 continue;
             }
-            if left > 1 {
+            if left > decode_rows {
                 budget -= n;
             }
             plan.push(Planned { row: Row::Generate(i), pos: st.table.len(), n });
@@ -738,6 +753,16 @@ impl Scheduler {
             let Row::Generate(i) = row else { continue };
             let seq = &mut self.running[i];
             let st = self.sessions.get_mut(&seq.session).expect("reaped");
+            let drafted = seq.drafted();
+            if drafted > 0 {
+                let ended = verify_drafts(seq, st, pos, &rows[next_row..next_row + 1 + drafted], &self.tokenizer);
+                next_row += 1 + drafted;
+                self.kv.cache_full_blocks(&st.table, pos, st.shareable, &st.set_key, |p| st.key_at(p));
+                if let Some(reason) = ended {
+                    done.push((i, reason));
+                }
+                continue;
+            }
             st.table.advance(pos + n);
             self.kv.cache_full_blocks(&st.table, pos, st.shareable, &st.set_key, |p| st.key_at(p));
             if pos + n < st.target() {
@@ -756,11 +781,7 @@ impl Scheduler {
                 Some(c) => c.mask(),
                 None => None,
             };
-            let sampled = match row {
-                RowLogits::Full(row) => seq.sampler.sample_masked(row, &st.tokens, mask),
-                // Only rows without a mask are reduced on the device.
-                &RowLogits::Greedy { token, log_sum } => Sampled { token, logprob: -log_sum, top_logprobs: Vec::new() },
-            };
+            let sampled = sample_row(&mut seq.sampler, row, &st.tokens, mask);
             let room_left = st.table.len() < seq.limit;
             if let Some(reason) = seq.on_token(&self.tokenizer, sampled, room_left) {
                 done.push((i, reason));
@@ -828,4 +849,51 @@ impl Scheduler {
         }
         self.embeds.fail_all(EngineError::Disposed("the runtime was disposed".into()));
     }
+}
+
+/// Samples one row of logits with `context` as the tokens before it (for penalties).
+fn sample_row(sampler: &mut Sampler, row: &RowLogits, context: &[u32], mask: Option<&SimpleVob>) -> Sampled {
+    match row {
+        RowLogits::Full(row) => sampler.sample_masked(row, context, mask),
+        // Only rows without a mask are reduced on the device.
+        &RowLogits::Greedy { token, log_sum } => Sampled { token, logprob: -log_sum, top_logprobs: Vec::new() },
+    }
+}
+
+/// Step 3b for a speculative chunk (see `engine::speculative`): the chunk evaluated the pending
+/// token and the drafts after it from `pos`; `rows` are their logits. Samples each row as plain
+/// decoding would, keeps drafts while they equal the sampled token, then drops the rest from
+/// the stream; the table advances over the evaluated positions that stay. Returns why the
+/// request ended, if it did.
+fn verify_drafts(
+    seq: &mut Sequence,
+    st: &mut SessionState,
+    pos: usize,
+    rows: &[RowLogits],
+    tok: &Tokenizer,
+) -> Option<FinishReason> {
+    let drafts = seq.drafter.as_ref().map(|d| d.pending().to_vec()).unwrap_or_default();
+    // Index in `st.tokens` of the token row 0 evaluated.
+    let base = pos - st.n_virtual;
+    let mut used = 0;
+    let mut accepted = 0;
+    let mut ended = None;
+    for (r, row) in rows.iter().enumerate() {
+        let sampled = sample_row(&mut seq.sampler, row, &st.tokens[..base + r + 1], None);
+        let hit = drafts.get(r) == Some(&sampled.token);
+        used = r + 1;
+        ended = seq.on_token(tok, sampled, pos + used < seq.limit);
+        accepted += hit as usize;
+        if ended.is_some() || !hit {
+            break;
+        }
+    }
+    st.tokens.truncate(base + used);
+    st.table.advance(pos + used);
+    seq.usage.draft_tokens += drafts.len();
+    seq.usage.accepted_draft_tokens += accepted;
+    if let Some(d) = &mut seq.drafter {
+        d.verified(accepted);
+    }
+    ended
 }

@@ -84,6 +84,9 @@ pub struct Sequence {
     routing: Option<Decision>,
     /// The grammar the output obeys (its mask is computed by the scheduler each step).
     pub constraint: Option<Box<Constraint>>,
+    /// Proposes draft tokens when the request asked for speculative decoding (never with a
+    /// grammar: its mask is computed one token at a time).
+    pub drafter: Option<super::speculative::Drafter>,
     /// Splits the text into plain text and tool calls, when the request offers tools.
     tools: Option<ToolStream>,
     tool_calls: Vec<ToolCall>,
@@ -116,7 +119,7 @@ impl Sequence {
         let GenerateRequest { session, prompt: _, options, experts, routing, events, cancel, structured } = req;
         Self {
             session,
-            usage: Usage { prompt_tokens: prompt.len(), completion_tokens: 0, cached_tokens: 0 },
+            usage: Usage { prompt_tokens: prompt.len(), ..Usage::default() },
             prompt,
             n_virtual: experts.num_virtual_tokens(),
             limit: 0,
@@ -131,6 +134,11 @@ impl Sequence {
             is_chat,
             experts,
             routing,
+            drafter: options
+                .speculative
+                .clone()
+                .filter(|_| structured.constraint.is_none())
+                .map(super::speculative::Drafter::new),
             constraint: structured.constraint,
             tools: structured.tools,
             tool_calls: Vec::new(),
@@ -149,6 +157,11 @@ impl Sequence {
     /// Cancelled by the caller, or nobody listens any more (the JS stream was dropped).
     pub fn is_cancelled(&self) -> bool {
         self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
+    }
+
+    /// Draft tokens appended to the session's stream for this step (0: plain decoding).
+    pub fn drafted(&self) -> usize {
+        self.drafter.as_ref().map_or(0, |d| d.pending().len())
     }
 
     pub fn mark_prefill_done(&mut self) {

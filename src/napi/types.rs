@@ -2,7 +2,7 @@
 
 use napi_derive::napi;
 
-use super::error::invalid;
+use super::error::{invalid, to_napi};
 use super::structured::{tool_choice, JsToolCall, JsToolCallDelta, NativeResponseFormat, NativeTool};
 use crate::engine::{self, Completion, TokenChunk};
 use crate::experts::router::{Decision, RouterSettings, Weights};
@@ -147,6 +147,25 @@ pub struct NativeGenerateOptions {
     pub tool_choice: Option<String>,
     pub tool_choice_name: Option<String>,
     pub parallel_tool_calls: Option<bool>,
+    pub speculative: Option<NativeSpeculative>,
+}
+
+/// `speculative`: drafted tokens checked in one pass (see `engine::speculative`).
+#[napi(object)]
+pub struct NativeSpeculative {
+    /// 'ngram' (prompt lookup).
+    #[napi(js_name = "type")]
+    pub kind: String,
+    pub max_draft: Option<u32>,
+    pub ngram: Option<u32>,
+    pub min_ngram: Option<u32>,
+}
+
+impl NativeSpeculative {
+    fn into_engine(self) -> napi::Result<engine::SpeculativeOptions> {
+        let n = |v: Option<u32>| v.map(|x| x as usize);
+        engine::SpeculativeOptions::new(&self.kind, n(self.max_draft), n(self.ngram), n(self.min_ngram)).map_err(to_napi)
+    }
 }
 
 #[napi(object)]
@@ -172,6 +191,10 @@ pub struct JsUsage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub cached_tokens: u32,
+    /// Tokens proposed by speculative decoding and checked by the model.
+    pub draft_tokens: u32,
+    /// Of `draftTokens`, those the model agreed with.
+    pub accepted_draft_tokens: u32,
 }
 
 #[napi(object)]
@@ -340,6 +363,8 @@ impl From<Completion> for JsCompletion {
                 prompt_tokens: c.usage.prompt_tokens as u32,
                 completion_tokens: c.usage.completion_tokens as u32,
                 cached_tokens: c.usage.cached_tokens as u32,
+                draft_tokens: c.usage.draft_tokens as u32,
+                accepted_draft_tokens: c.usage.accepted_draft_tokens as u32,
             },
             timings: JsTimings {
                 ttft_ms: c.timings.ttft_ms,
@@ -398,6 +423,7 @@ impl NativeGenerateOptions {
             tools: self.tools.unwrap_or_default().into_iter().map(NativeTool::into_engine).collect::<napi::Result<_>>()?,
             tool_choice: tool_choice(self.tool_choice, self.tool_choice_name)?,
             parallel_tool_calls: self.parallel_tool_calls,
+            speculative: self.speculative.map(NativeSpeculative::into_engine).transpose()?,
         })
     }
 }

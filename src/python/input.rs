@@ -30,6 +30,7 @@ pub const GENERATE_OPTIONS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "speculative",
 ];
 
 const INPUT_SHAPES: &str = "input must be a str, a list of {\"role\", \"content\"} dicts, {\"text\": str} or {\"tokens\": [int]}";
@@ -163,7 +164,17 @@ pub fn generate_options(kw: Option<&Bound<'_, PyDict>>) -> PyResult<engine::Gene
         },
         tool_choice,
         parallel_tool_calls: k.bool("parallel_tool_calls")?,
+        speculative: k.any("speculative")?.map(|v| speculative(&v)).transpose()?,
     })
+}
+
+/// `{"type": "ngram", "max_draft"?: int, "ngram"?: int, "min_ngram"?: int}`.
+fn speculative(v: &Bound<'_, PyAny>) -> PyResult<engine::SpeculativeOptions> {
+    let d = dict(v, "speculative")?;
+    let k = Kwargs::new(Some(&d), &["type", "max_draft", "ngram", "min_ngram"], "speculative")?;
+    let kind = k.string("type")?.ok_or_else(|| invalid("speculative needs a string 'type'"))?;
+    let n = |name: &str| k.u32(name).map(|v| v.map(|x| x as usize));
+    engine::SpeculativeOptions::new(&kind, n("max_draft")?, n("ngram")?, n("min_ngram")?).map_err(to_py)
 }
 
 /// `{"type": "json_schema", "schema": {...}}` (or OpenAI's `{"type": "json_schema",

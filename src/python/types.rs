@@ -132,6 +132,10 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the KV cache (the session's earlier turns, a shared prefix).
     pub cached_tokens: usize,
+    /// Tokens proposed by speculative decoding and checked by the model.
+    pub draft_tokens: usize,
+    /// Of `draft_tokens`, those the model agreed with.
+    pub accepted_draft_tokens: usize,
 }
 
 #[pyclass(module = "expert_runtime", frozen, get_all)]
@@ -192,6 +196,8 @@ impl From<engine::Completion> for Completion {
                 prompt_tokens: c.usage.prompt_tokens,
                 completion_tokens: c.usage.completion_tokens,
                 cached_tokens: c.usage.cached_tokens,
+                draft_tokens: c.usage.draft_tokens,
+                accepted_draft_tokens: c.usage.accepted_draft_tokens,
             },
             timings: Timings {
                 ttft_ms: c.timings.ttft_ms,

@@ -185,6 +185,9 @@ describe('OpenAI server', () => {
       [() => c.chat.completions.create({ model: 'tiny', stream: true, messages: [{ role: 'user', content: 'word '.repeat(2000) }] }), OpenAI.BadRequestError, 400, 'context_length_exceeded'],
       [() => c.completions.create({ model: 'tiny', stream: true, prompt: 'word '.repeat(2000) }), OpenAI.BadRequestError, 400, 'context_length_exceeded'],
       [() => c.embeddings.create({ model: 'tiny', input: [[1, 2]] }), OpenAI.BadRequestError, 400, null, 'input'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, speculative: 'ngram' }), OpenAI.BadRequestError, 400, null, 'speculative'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, speculative: { type: 'ngram', max_draft: 1.5 } }), OpenAI.BadRequestError, 400, null, 'speculative'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, speculative: { type: 'ngram', max_draft: 99 } }), OpenAI.BadRequestError, 400, 'INVALID_ARGUMENT', 'speculative'],
     ]
     for (const [f, cls, status, code, param] of cases) {
       await assert.rejects(f, (e) => {
@@ -198,6 +201,9 @@ describe('OpenAI server', () => {
     // Unknown fields are ignored, as OpenAI does; the extensions are accepted.
     const r = await c.chat.completions.create({ model: 'tiny', messages: MSGS, max_tokens: 2, frobnicate: true, top_k: 5, min_p: 0.1, repetition_penalty: 1.1, user: 'u1', seed: -3 })
     assert.equal(r.choices.length, 1)
+    const plain = await c.chat.completions.create({ model: 'tiny', messages: MSGS, max_tokens: 16, temperature: 0 })
+    const spec = await c.chat.completions.create({ model: 'tiny', messages: MSGS, max_tokens: 16, temperature: 0, speculative: { type: 'ngram', max_draft: 4, ngram: 1 } })
+    assert.equal(spec.choices[0].message.content, plain.choices[0].message.content)
     // Malformed JSON, not UTF-8, not an object, wrong method, unknown route.
     for (const [body, status] of [['{bad', 400], [Buffer.from([0x7b, 0xff, 0xfe, 0x7d]), 400], ['[1,2]', 400], ['', 400]]) {
       const res = await fetch(`${srv.base}/v1/chat/completions`, { method: 'POST', body })

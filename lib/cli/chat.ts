@@ -21,6 +21,8 @@ export const USAGE = `usage: expert-runtime chat <model.gguf | model-dir> [optio
   --max-tokens N         the longest answer (default: the rest of the context)
   --threads N            engine threads (default: all cores)
   --context-length N     the context length (default: the model's)
+  --speculative          speculative decoding by prompt lookup (same answers; faster where
+                         they repeat the conversation, as code edits do)
   --verbose              after each answer, print its token count and speed
 
 In the chat: /reset forgets the conversation, /help lists commands, /exit (or Ctrl-D) leaves.
@@ -39,11 +41,12 @@ interface ChatArgs {
   maxTokens?: number
   threads?: number
   contextLength?: number
+  speculative: boolean
   verbose: boolean
 }
 
 function parse(argv: string[]): ChatArgs {
-  const p = parseArgs(argv, { values: ['system', 'temperature', 'max-tokens', 'threads', 'context-length'], flags: ['verbose'], repeatable: ['expert'] })
+  const p = parseArgs(argv, { values: ['system', 'temperature', 'max-tokens', 'threads', 'context-length'], flags: ['verbose', 'speculative'], repeatable: ['expert'] })
   const model = onePositional(p, 'chat needs a model path')
   const t = stringOption(p, 'temperature')
   const temperature = t === undefined ? undefined : Number(t)
@@ -58,6 +61,7 @@ function parse(argv: string[]): ChatArgs {
     maxTokens: intOption(p, 'max-tokens', 1),
     threads: intOption(p, 'threads', 1),
     contextLength: intOption(p, 'context-length', 1),
+    speculative: p.options.has('speculative'),
     verbose: p.options.has('verbose'),
   }
 }
@@ -91,7 +95,7 @@ class Chat {
     this.#session = session
     this.#tty = tty
     this.#verbose = a.verbose
-    this.#options = { temperature: a.temperature, maxTokens: a.maxTokens }
+    this.#options = { temperature: a.temperature, maxTokens: a.maxTokens, speculative: a.speculative ? { type: 'ngram' } : undefined }
     this.#rl = createInterface({ input: process.stdin, output: tty ? process.stdout : undefined, terminal: tty, prompt: '> ' })
     // In a terminal readline reads Ctrl-C as a key; otherwise it arrives as a signal.
     this.#rl.on('SIGINT', this.#onInterrupt)
@@ -207,7 +211,8 @@ class Chat {
         const t = r.timings
         this.#note(
           `[${r.usage.completionTokens} tokens, ${t.tokensPerSecond.toFixed(1)} tok/s; prompt ${r.usage.promptTokens} tokens ` +
-            `(${r.usage.cachedTokens} cached), first token after ${t.ttftMs.toFixed(0)} ms]`,
+            `(${r.usage.cachedTokens} cached), first token after ${t.ttftMs.toFixed(0)} ms` +
+            (r.usage.draftTokens ? `; ${r.usage.acceptedDraftTokens} of ${r.usage.draftTokens} drafted tokens kept]` : ']'),
         )
       }
     } catch (e) {

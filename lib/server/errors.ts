@@ -31,6 +31,7 @@ const PARAMS: Record<string, string> = {
   seed: 'seed',
   stop: 'stop',
   topLogprobs: 'top_logprobs',
+  speculative: 'speculative',
 }
 
 /** The HTTP answer for anything thrown while serving a request. */

@@ -21,7 +21,8 @@ function int(body: Body, key: string, min: number, max = Number.MAX_SAFE_INTEGER
 
 /**
  * The sampling options of a chat or text completion request, as `GenerateOptions`: OpenAI's
- * fields, plus `top_k`, `min_p` and `repetition_penalty` as extensions (as vLLM accepts them).
+ * fields, plus `top_k`, `min_p` and `repetition_penalty` as extensions (as vLLM accepts them),
+ * and `speculative` (prompt-lookup decoding).
  * Types are checked here (400 naming the field); ranges by the engine.
  */
 export function samplingOptions(body: Body, maxTokensKeys: string[]): GenerateOptions {
@@ -49,6 +50,22 @@ export function samplingOptions(body: Body, maxTokensKeys: string[]): GenerateOp
     if (!Array.isArray(list) || !list.every((s) => typeof s === 'string')) throw badRequest('stop must be a string or an array of strings', 'stop')
     if (list.length > 16) throw badRequest('stop takes at most 16 strings', 'stop')
     o.stop = list
+  }
+  const spec = body.speculative
+  if (spec !== undefined && spec !== null) {
+    // Extension: speculative decoding, `{ "type": "ngram", "max_draft"?, "ngram"?, "min_ngram"? }`.
+    const shape = 'speculative must be { "type": "ngram", "max_draft"?: int, "ngram"?: int, "min_ngram"?: int }'
+    if (typeof spec !== 'object' || Array.isArray(spec)) throw badRequest(shape, 'speculative')
+    const sp = spec as Body
+    if (Object.keys(sp).some((k) => !['type', 'max_draft', 'ngram', 'min_ngram'].includes(k)) || typeof sp.type !== 'string') throw badRequest(shape, 'speculative')
+    const field = (k: string) => {
+      const v = sp[k]
+      if (v === undefined || v === null) return undefined
+      if (!Number.isInteger(v) || (v as number) < 0 || (v as number) > 2 ** 32 - 1) throw badRequest(shape, 'speculative')
+      return v as number
+    }
+    o.speculative = { type: sp.type as 'ngram', maxDraft: field('max_draft'), ngram: field('ngram'), minNgram: field('min_ngram') }
+    for (const k of ['maxDraft', 'ngram', 'minNgram'] as const) if (o.speculative[k] === undefined) delete o.speculative[k]
   }
   const n = body.n
   if (n !== undefined && n !== null && n !== 1) throw badRequest('only n = 1 is supported', 'n')

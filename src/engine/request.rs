@@ -183,7 +183,7 @@ impl Completion {
 
 pub enum Event {
     Token(TokenChunk),
-    Done(Completion),
+    Done(Box<Completion>),
     Error(EngineError),
 }
 

@@ -312,7 +312,7 @@ impl Scheduler {
         if req.cancel.load(Ordering::Relaxed) {
             // Cancelled before it started: nothing ran, nothing joins the history.
             state.shared.busy.store(false, Ordering::Release);
-            let _ = req.events.send(Event::Done(Completion::cancelled_unstarted()));
+            let _ = req.events.send(Event::Done(Box::new(Completion::cancelled_unstarted())));
             return Ok(());
         }
         let params = self.sampling_params(&req)?;
@@ -828,7 +828,7 @@ impl Scheduler {
         }
         // Counters first: a caller that sees the end reads stats without this request.
         self.publish();
-        let _ = events.send(Event::Done(done));
+        let _ = events.send(Event::Done(Box::new(done)));
     }
 
     fn fail(&mut self, seq: Sequence, e: EngineError) {

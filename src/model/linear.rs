@@ -128,6 +128,20 @@ impl Linear {
             }
             Weight::Q8Packed(p) => p.forward(x)?,
             Weight::Mapped(m) => m.forward(x)?.to_dtype(x.dtype())?,
+            Weight::Quantized(QMatMul::QTensor(q))
+                if q.dtype() == GgmlDType::Q6K && x.dim(0)? == 1 && cpu_kernels(x.device()) =>
+            {
+                // candle multiplies one row by a Q6_K weight with a kernel of its own (compact
+                // GEMV) and 2..31 rows with its tiled kernel, whose rounding differs: one row goes
+                // through the tiled kernel too (beside a zero row), so a row's result does not
+                // depend on how many rows share the pass (speculative verification, batching).
+                let dt = x.dtype();
+                let x2 = Tensor::cat(
+                    &[&x.to_dtype(candle_core::DType::F32)?, &x.zeros_like()?.to_dtype(candle_core::DType::F32)?],
+                    0,
+                )?;
+                QMatMul::QTensor(q.clone()).forward(&x2)?.narrow(0, 0, 1)?.to_dtype(dt)?
+            }
             Weight::Quantized(q) => {
                 // Quantized kernels take f32 activations; the result is cast back.
                 let dt = x.dtype();
@@ -186,5 +200,34 @@ mod tests {
         let b = x16.matmul(&w16.t().unwrap()).unwrap().to_dtype(DType::F32).unwrap();
         let d = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(d < 0.5, "f16 max |Δ| {d}");
+    }
+
+    /// A row multiplied by a K-quant weight gives the same bits alone and among up to 31 rows
+    /// (below the dense prefill path): what speculative verification and batched decoding
+    /// rely on. Checks candle's kernel choice too: it takes another kernel for one Q6_K row.
+    #[test]
+    fn k_quant_rows_do_not_depend_on_the_rows_beside_them() {
+        use candle_core::quantized::QTensor;
+        let dev = Device::Cpu;
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+            let w = Tensor::randn(0f32, 1.0, (64, 512), &dev).unwrap();
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let lin = Linear {
+                weight: Weight::Quantized(QMatMul::from_qtensor(q).unwrap()),
+                bias: None,
+                out_features: 64,
+                in_features: 512,
+            };
+            let x = Tensor::randn(0f32, 1.0, (DENSE_PREFILL_ROWS - 1, 512), &dev).unwrap();
+            let all: Vec<Vec<f32>> = lin.forward(&x).unwrap().to_vec2().unwrap();
+            for rows in [1, 2, 3, 5, 9] {
+                let some: Vec<Vec<f32>> = lin.forward(&x.narrow(0, 0, rows).unwrap()).unwrap().to_vec2().unwrap();
+                assert_eq!(some[..], all[..rows], "{dtype:?}, {rows} rows");
+            }
+            // And close to the dense product (quantization error only).
+            let want: Vec<Vec<f32>> = x.matmul(&lin.dequantized_f32().unwrap().t().unwrap()).unwrap().to_vec2().unwrap();
+            let d = all.iter().flatten().zip(want.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(d < 1.0, "{dtype:?}: max |Δ| {d} against the dequantized weight");
+        }
     }
 }

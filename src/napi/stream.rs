@@ -51,7 +51,7 @@ impl AsyncGenerator for TokenStream {
                 }
                 Some(Event::Done(mut c)) => {
                     delivery.lock().unwrap().settle(&mut c);
-                    *summary.lock().unwrap() = Some(c);
+                    *summary.lock().unwrap() = Some(*c);
                     rx.close();
                     Ok(None)
                 }

@@ -103,7 +103,7 @@ impl Shared {
                         r.delivery.left_after(self.delivered.load(Ordering::Acquire));
                     }
                     r.delivery.settle(&mut c);
-                    *self.summary.lock().unwrap() = Some(c);
+                    *self.summary.lock().unwrap() = Some(*c);
                     self.end(&mut r);
                     return Next::End;
                 }

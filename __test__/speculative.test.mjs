@@ -64,6 +64,7 @@ describe('speculative decoding on the fixtures', () => {
         {},
         { type: 'lookahead' },
         { type: 'draft' },
+        { type: 'draft', model: null },
         { type: 'ngram', maxDraft: 0 },
         { type: 'ngram', maxDraft: 65 },
         { type: 'ngram', maxDraft: -1 },
@@ -85,6 +86,75 @@ describe('speculative decoding on the fixtures', () => {
     } finally {
       await rt.dispose()
     }
+  })
+})
+
+describe('speculative decoding with a draft model', () => {
+  const QWEN3 = path.join(FIXTURES, 'qwen3-tiny')
+  const REF = fixtureJson('qwen3-tiny', 'reference.json')
+  let rt, same, other
+  before(async () => {
+    rt = await Runtime.load(QWEN3)
+    same = await Runtime.load(QWEN3) // the same weights: its drafts are the target's own tokens
+    other = await Runtime.load(path.join(FIXTURES, 'llama-tiny')) // same tokenizer, other weights
+  })
+  after(async () => {
+    await Promise.all([rt?.dispose(), same?.dispose(), other?.dispose()])
+  })
+
+  const cases = () => [['f32 reference', { prompt_ids: REF.prompt_ids, steps: REF.f32.steps }]]
+
+  it('gives the HF reference tokens with drafts from the same model (nearly all kept) and from another (few kept)', async () => {
+    assert.ok(cases().length > 0, 'the reference has cases')
+    for (const [model, minKept] of [[same, 0.9], [other, 0]]) {
+      let drafted = 0
+      let kept = 0
+      for (const [name, c] of cases()) {
+        const s = rt.createSession()
+        const { chunks, result } = await collect(s.generate({ tokens: c.prompt_ids }, { ...GREEDY, maxTokens: c.steps.length, speculative: { type: 'draft', model, maxDraft: 4 } }))
+        s.dispose()
+        assert.deepEqual(chunks.map((x) => x.tokenId), c.steps.map((x) => x.token), `${name}: greedy tokens`)
+        chunks.forEach((x, i) => assert.ok(Math.abs(x.logprob - c.steps[i].logprob) <= LOGPROB_TOL, `${name} step ${i}`))
+        drafted += result.usage.draftTokens
+        kept += result.usage.acceptedDraftTokens
+      }
+      assert.ok(drafted > 0, 'drafts were proposed')
+      assert.ok(kept >= minKept * drafted, `${kept} of ${drafted} drafts kept`)
+      if (model === other) assert.ok(kept < drafted, 'another model is sometimes wrong')
+    }
+    // Longer than the reference: the same tokens as plain decoding.
+    const plain = await rt.createSession().complete({ tokens: REF.prompt_ids }, { ...GREEDY, maxTokens: 80 })
+    for (const model of [same, other]) {
+      const r = await rt.createSession().complete({ tokens: REF.prompt_ids }, { ...GREEDY, maxTokens: 80, speculative: { type: 'draft', model } })
+      assert.deepEqual(r.tokens, plain.tokens)
+    }
+  })
+
+  it('refuses a draft model with another vocabulary, a disposed one, and misplaced fields', async () => {
+    const s = rt.createSession()
+    const gone = await Runtime.load(QWEN3)
+    await gone.dispose()
+    await assert.rejects(s.complete({ tokens: [1, 2, 3] }, { maxTokens: 2, speculative: { type: 'draft', model: gone } }), coded('DISPOSED'))
+    for (const speculative of [
+      { type: 'draft' },
+      { type: 'draft', model: {} },
+      { type: 'draft', model: 'qwen3-tiny' },
+      { type: 'ngram', model: same },
+      { type: 'draft', model: same, ngram: 2 },
+      { type: 'draft', model: same, maxDraft: 0 },
+    ]) {
+      await assert.rejects(s.complete({ tokens: [1, 2, 3] }, { maxTokens: 2, speculative }), coded('INVALID_ARGUMENT'), String(speculative.type))
+    }
+    const { modelPath, skip } = smolLM2OrSkip()
+    if (!skip) {
+      const big = await Runtime.load(modelPath, { threads: 2 })
+      try {
+        await assert.rejects(s.complete({ tokens: [1, 2, 3] }, { maxTokens: 2, speculative: { type: 'draft', model: big } }), (e) => coded('INVALID_ARGUMENT')(e) && /vocabulary/.test(e.message))
+      } finally {
+        await big.dispose()
+      }
+    }
+    assert.equal((await s.complete({ tokens: [1, 2, 3] }, { ...GREEDY, maxTokens: 3, speculative: { type: 'draft', model: same } })).usage.completionTokens, 3)
   })
 })
 

@@ -3,6 +3,7 @@ import type * as N from '../native'
 import { isPositiveU32, isU32, onlyKeys, optionsObject } from './checks'
 import { disposedError, invalidArgument, toError } from './errors'
 import { Expert } from './expert'
+import { runtimeHandles } from './handles'
 import { fetchModel } from './hub'
 import { Session, checkNames, toDecision, toNativeInput } from './session'
 import type {
@@ -27,6 +28,7 @@ export class Runtime {
 
   private constructor(n: N.NativeRuntime, binary: Variant) {
     this.#native = n
+    runtimeHandles.set(this, n)
     const i = n.info
     this.#info = {
       ...i,

@@ -1,6 +1,7 @@
 import type * as N from '../native'
 import { isAbortSignal, isU32, optionsObject } from './checks'
 import { ExpertRuntimeError, disposedError, invalidArgument, toError } from './errors'
+import { runtimeHandles } from './handles'
 import type { ChatMessage, CompletionResult, FinishReason, GenerateInput, GenerateOptions, RouteDecision, TokenChunk, ToolCall } from './types'
 
 /** @internal */
@@ -129,7 +130,15 @@ const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
   toolChoice: [(v) => typeof v === 'string', 'a string'],
   toolChoiceName: [(v) => typeof v === 'string', 'a string'],
   parallelToolCalls: [(v) => typeof v === 'boolean', 'a boolean'],
-  speculative: [isSpeculative, "{ type: 'ngram', maxDraft?, ngram?, minNgram? } with non-negative integers below 2^32"],
+  speculative: [isSpeculative, "{ type: 'ngram', maxDraft?, ngram?, minNgram? } or { type: 'draft', model, maxDraft? } with non-negative integers below 2^32"],
+}
+
+/** The native handle of `speculative.model` (a draft model's Runtime), when one is given. */
+function draftHandle(spec: unknown): N.NativeRuntime | undefined {
+  if (typeof spec !== 'object' || spec === null || !('model' in spec) || (spec as { model?: unknown }).model === undefined) return undefined
+  const h = runtimeHandles.get((spec as { model: object }).model)
+  if (!h) throw invalidArgument('speculative.model must be a Runtime (from Runtime.load)')
+  return h
 }
 
 function isSpeculative(v: unknown): boolean {
@@ -146,6 +155,11 @@ function toNativeOptions(o: GenerateOptions): N.NativeGenerateOptions {
   given.toolChoiceName = undefined
   if (o.responseFormat !== undefined) given.responseFormat = toNativeFormat(o.responseFormat)
   if (o.tools !== undefined) given.tools = toNativeTools(o.tools)
+  // The draft model travels beside the options (see draftHandle).
+  if (typeof o.speculative === 'object' && o.speculative !== null && !Array.isArray(o.speculative)) {
+    const { model: _model, ...rest } = o.speculative as unknown as Record<string, unknown>
+    given.speculative = rest
+  }
   Object.assign(given, { toolChoice: undefined }, toolChoiceFields(o.toolChoice))
   for (const [k, [test, what]] of Object.entries(OPTION_TYPES) as [keyof N.NativeGenerateOptions, Check][]) {
     const v = given[k]
@@ -337,7 +351,7 @@ export class Session {
       const o = optionsObject(options)
       if (o.signal !== undefined && !isAbortSignal(o.signal)) throw invalidArgument('signal must be an AbortSignal')
       signal = o.signal
-      native = this.#native.generate(toNativeInput(input), toNativeOptions(o))
+      native = this.#native.generate(toNativeInput(input), toNativeOptions(o), draftHandle(o.speculative))
     } catch (e) {
       error = toError(e)
     }

@@ -517,7 +517,8 @@ export interface GenerateOptions {
    * Speculative decoding: guess the next tokens and check them all in one pass. With
    * `{ type: 'ngram' }` (prompt lookup) the guesses are copied from earlier in the
    * conversation where its last tokens occurred, so answers that repeat their input (code
-   * edits, quoting, summaries, RAG) run several tokens per step. The output is the same as
+   * edits, quoting, summaries, RAG) run several tokens per step; with
+   * `{ type: 'draft', model }` a smaller model with the same tokenizer guesses. The output is the same as
    * without it: greedy tokens, and with a `seed` the same sampled tokens (each guess is kept
    * only when it equals what sampling that position picks). Ignored with `responseFormat`
    * and forced tool calls. `usage.draftTokens` / `usage.acceptedDraftTokens` report the
@@ -526,17 +527,30 @@ export interface GenerateOptions {
   speculative?: SpeculativeOptions
 }
 
-/** `GenerateOptions.speculative`. */
-export interface SpeculativeOptions {
-  /** `'ngram'`: drafts copied from the context (no second model). */
-  type: 'ngram'
-  /** Draft tokens per step at most (1–64, default 8); the length adapts to what is accepted. */
-  maxDraft?: number
-  /** The longest suffix of the conversation matched (1–16, default 3). */
-  ngram?: number
-  /** The shortest suffix matched (1–`ngram`, default 2). */
-  minNgram?: number
-}
+/** `GenerateOptions.speculative`: prompt lookup, or a smaller model with the same tokenizer. */
+export type SpeculativeOptions =
+  | {
+      /** `'ngram'`: drafts copied from the context (no second model). */
+      type: 'ngram'
+      /** Draft tokens per step at most (1–64, default 8); the length adapts to what is accepted. */
+      maxDraft?: number
+      /** The longest suffix of the conversation matched (1–16, default 3). */
+      ngram?: number
+      /** The shortest suffix matched (1–`ngram`, default 2). */
+      minNgram?: number
+    }
+  | {
+      /**
+       * `'draft'`: a smaller model proposes the drafts, greedily. It must share this model's
+       * tokenizer (checked: `INVALID_ARGUMENT` otherwise); it runs on this runtime's engine
+       * thread, with a private cache per request.
+       */
+      type: 'draft'
+      /** The draft model, loaded with `Runtime.load`. */
+      model: import('./runtime').Runtime
+      /** Draft tokens per step at most (1–64, default 4); the length adapts to what is accepted. */
+      maxDraft?: number
+    }
 
 /** One generated token, as a stream yields it. */
 export interface TokenChunk {

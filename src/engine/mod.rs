@@ -30,7 +30,7 @@ pub use request::{
     Completion, Event, ExpertChoice, FinishReason, GenerateOptions, Input, Pooling, SessionShared, TokenChunk, ToolChoice,
 };
 pub use routing::EmbedOptions;
-pub use speculative::SpeculativeOptions;
+pub use speculative::{DraftModel, SpeculativeOptions};
 
 use crate::error::{EngineError, Result};
 use crate::experts::{Expert, ExpertLoadOptions, Registry};
@@ -322,6 +322,9 @@ impl Engine {
         let live = live.as_ref().ok_or_else(disposed)?;
         // The request pins its experts now (or when the router has chosen them): a later
         // unload or hot-swap does not affect it.
+        if let Some(d) = options.speculative.as_ref().and_then(|s| s.draft.as_ref()) {
+            d.check_compatible(live.model.cfg.vocab_size, &live.tokenizer)?;
+        }
         let choice = options.experts.clone().unwrap_or_else(|| session.shared.experts.lock().unwrap().clone());
         let experts = match &choice {
             ExpertChoice::Named(names) => live.experts.resolve(names)?,
@@ -346,6 +349,13 @@ impl Engine {
             ExpertChoice::Auto => self.route_and_submit(live, pending)?,
         }
         Ok(Generation { events, cancel, delivery })
+    }
+
+    /// This runtime's model as another runtime's draft model (`speculative: { type: 'draft' }`).
+    pub fn draft_model(&self) -> Result<DraftModel> {
+        let live = self.live.read().unwrap();
+        let live = live.as_ref().ok_or_else(disposed)?;
+        Ok(DraftModel { decoder: live.model.clone(), tokenizer: live.tokenizer.clone() })
     }
 
     /// Replaces the session's default expert set. Refused with `SESSION_BUSY` while the session

@@ -1,8 +1,10 @@
-//! Speculative decoding by prompt lookup (n-gram drafting).
+//! Speculative decoding: prompt lookup (n-gram drafting) or a smaller draft model.
 //!
-//! A decoding request that asks for it proposes up to `k` tokens by finding the stream's last
-//! few tokens earlier in the stream (the prompt, earlier turns, its own output) and copying what
-//! followed them there. The scheduler appends the proposal to the session's stream and evaluates
+//! A decoding request that asks for it proposes up to `k` tokens: with `ngram`, by finding the
+//! stream's last few tokens earlier in the stream (the prompt, earlier turns, its own output)
+//! and copying what followed them there; with `draft`, by running a second, smaller model with
+//! the same vocabulary greedily for `k` tokens (on the engine thread, with a private
+//! single-sequence KV cache that keeps the longest prefix still valid after a rejection). The scheduler appends the proposal to the session's stream and evaluates
 //! the pending token plus the drafts as `1 + k` rows of the request's normal chunk in the batched
 //! pass; then each row is sampled in order, exactly as plain decoding samples it (same context,
 //! same sampler, same RNG draw), and the drafts are kept while they equal what was sampled. The
@@ -25,14 +27,22 @@
 //! [`MISSES_TO_PAUSE`] verifications in a row accept nothing, drafting pauses for as many steps
 //! as misses so far (capped), so free-form text that rarely repeats costs almost nothing.
 
+use std::sync::Arc;
+
 use crate::error::{EngineError, Result};
+use crate::kv::KvCache;
+use crate::model::decoder::Logits;
+use crate::model::Decoder;
+use crate::tokenizer::Tokenizer;
 
 /// The most draft tokens a request may ask for per step.
 pub const MAX_DRAFT: usize = 64;
 /// The longest n-gram a request may ask to match.
 pub const MAX_NGRAM: usize = 16;
-/// Defaults: up to 8 drafts, matched on the last 3 tokens down to 2.
+/// Defaults: up to 8 drafts, matched on the last 3 tokens down to 2 (a draft model: up to 4,
+/// each costing one of its passes).
 pub const DEFAULT_MAX_DRAFT: usize = 8;
+pub const DEFAULT_MODEL_DRAFT: usize = 4;
 pub const DEFAULT_NGRAM: usize = 3;
 pub const DEFAULT_MIN_NGRAM: usize = 2;
 /// Verifications in a row that accept nothing before drafting pauses.
@@ -42,26 +52,85 @@ const MAX_PAUSE: u32 = 32;
 /// How far back the lookup searches (tokens before the end of the stream).
 const LOOKBACK: usize = 1 << 16;
 
+/// A second model proposing drafts: its weights and tokenizer (shared with the runtime that
+/// loaded it, kept alive by the requests that use it).
+#[derive(Clone)]
+pub struct DraftModel {
+    pub decoder: Arc<Decoder>,
+    pub tokenizer: Arc<Tokenizer>,
+}
+
+impl std::fmt::Debug for DraftModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraftModel").field("vocab_size", &self.decoder.cfg.vocab_size).finish()
+    }
+}
+
+impl PartialEq for DraftModel {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.decoder, &other.decoder)
+    }
+}
+
+impl Eq for DraftModel {}
+
+impl DraftModel {
+    /// Checks that this model's token ids mean what `tokenizer`'s do (same vocabulary size,
+    /// same ids for a probe text with words, digits, code and non-Latin script), so its
+    /// drafts can be compared with the target's tokens.
+    pub fn check_compatible(&self, vocab_size: usize, tokenizer: &Tokenizer) -> Result<()> {
+        const PROBE: &str = "The quick brown fox, 1234567 jumps! fn main() { let x = vec![1, 2]; } Größe 東京 🙂";
+        let ours = self.tokenizer.encode(PROBE, false);
+        let theirs = tokenizer.encode(PROBE, false);
+        if self.decoder.cfg.vocab_size != vocab_size || ours.is_err() || ours != theirs {
+            return Err(EngineError::InvalidArgument(format!(
+                "speculative.model has another vocabulary (its vocabulary has {} tokens, this model's {vocab_size}, or they tokenize text differently): a draft model must share the target's tokenizer",
+                self.decoder.cfg.vocab_size
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// A request's speculative-decoding settings (`generate(…, { speculative })`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpeculativeOptions {
     /// Draft tokens per step at most (1..=[`MAX_DRAFT`]).
     pub max_draft: usize,
-    /// The longest suffix of the stream matched (1..=[`MAX_NGRAM`]).
+    /// The longest suffix of the stream matched (1..=[`MAX_NGRAM`]); n-gram drafting only.
     pub ngram: usize,
     /// The shortest suffix matched (1..=`ngram`).
     pub min_ngram: usize,
+    /// `type: 'draft'`: the model that proposes the drafts.
+    pub draft: Option<DraftModel>,
 }
 
 impl SpeculativeOptions {
-    /// The options of a `type` (only `ngram` so far), checked.
-    pub fn new(kind: &str, max_draft: Option<usize>, ngram: Option<usize>, min_ngram: Option<usize>) -> Result<Self> {
-        match kind {
-            "ngram" => Self::ngram(max_draft, ngram, min_ngram),
-            "draft" => Err(EngineError::InvalidArgument(
-                "speculative.type 'draft' (a second model) is not supported yet; use 'ngram'".into(),
-            )),
-            other => Err(EngineError::InvalidArgument(format!("speculative.type must be 'ngram', not {other:?}"))),
+    /// The options of a `type` (`ngram`, or `draft` with its model), checked.
+    pub fn new(
+        kind: &str,
+        max_draft: Option<usize>,
+        ngram: Option<usize>,
+        min_ngram: Option<usize>,
+        draft: Option<DraftModel>,
+    ) -> Result<Self> {
+        match (kind, draft) {
+            ("ngram", None) => Self::ngram(max_draft, ngram, min_ngram),
+            ("ngram", Some(_)) => Err(EngineError::InvalidArgument("speculative.model is for type 'draft'".into())),
+            ("draft", Some(model)) => {
+                if ngram.is_some() || min_ngram.is_some() {
+                    return Err(EngineError::InvalidArgument("speculative.ngram and minNgram are for type 'ngram'".into()));
+                }
+                let mut o = Self::ngram(Some(max_draft.unwrap_or(DEFAULT_MODEL_DRAFT)), None, None)?;
+                o.draft = Some(model);
+                Ok(o)
+            }
+            ("draft", None) => {
+                Err(EngineError::InvalidArgument("speculative type 'draft' needs a model (a loaded Runtime)".into()))
+            }
+            (other, _) => {
+                Err(EngineError::InvalidArgument(format!("speculative.type must be 'ngram' or 'draft', not {other:?}")))
+            }
         }
     }
 
@@ -79,7 +148,7 @@ impl SpeculativeOptions {
         if !(1..=ngram).contains(&min_ngram) {
             return Err(EngineError::InvalidArgument("speculative.minNgram must be between 1 and speculative.ngram".into()));
         }
-        Ok(Self { max_draft, ngram, min_ngram })
+        Ok(Self { max_draft, ngram, min_ngram, draft: None })
     }
 }
 
@@ -108,10 +177,58 @@ pub fn lookup(stream: &[u32], max_n: usize, min_n: usize, max_len: usize) -> &[u
     &[]
 }
 
+/// Where a request's drafts come from.
+enum Source {
+    Lookup,
+    Model(Box<ModelDrafter>),
+    /// The draft model failed (its error is not the request's): plain decoding from then on.
+    Off,
+}
+
+/// A draft model's state for one request: its cache holds the keys and values of `fed`.
+struct ModelDrafter {
+    model: DraftModel,
+    cache: Option<KvCache>,
+    fed: Vec<u32>,
+}
+
+impl ModelDrafter {
+    /// Up to `want` greedy tokens of the draft model after `stream`; `room` bounds the
+    /// positions the request can still reach (sizes the cache on first use).
+    fn propose(&mut self, stream: &[u32], want: usize, room: usize) -> Result<Vec<u32>> {
+        let d = &self.model.decoder;
+        let cache = match &mut self.cache {
+            Some(c) => c,
+            None => self.cache.insert(d.new_cache(d.max_positions().min(stream.len().saturating_add(room).saturating_add(2)))?),
+        };
+        // Positions `stream.len() .. stream.len() + want - 1` are evaluated (the last draft is not).
+        let want = want.min((cache.max_len() + 1).saturating_sub(stream.len()));
+        if want == 0 || stream.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Keep what is still valid: the common prefix, less the last token (its logits are needed).
+        let keep = self.fed.iter().zip(stream).take_while(|(a, b)| a == b).count().min(stream.len() - 1);
+        cache.truncate(keep);
+        self.fed.truncate(keep);
+        let mut logits = d.forward(&stream[keep..], cache, Logits::Last)?;
+        self.fed.extend_from_slice(&stream[keep..]);
+        let mut out = Vec::with_capacity(want);
+        loop {
+            let (tok, _) = crate::sampling::argmax(&logits.to_vec1::<f32>()?);
+            out.push(tok as u32);
+            if out.len() == want {
+                return Ok(out);
+            }
+            logits = d.forward(&out[out.len() - 1..], cache, Logits::Last)?;
+            self.fed.push(tok as u32);
+        }
+    }
+}
+
 /// A request's drafting state.
-#[derive(Debug)]
 pub struct Drafter {
     opts: SpeculativeOptions,
+    source: Source,
     /// Draft length to propose next (adapts, 1..=max_draft).
     next_len: usize,
     misses: u32,
@@ -123,7 +240,11 @@ pub struct Drafter {
 
 impl Drafter {
     pub fn new(opts: SpeculativeOptions) -> Self {
-        Self { next_len: opts.max_draft, opts, misses: 0, paused: 0, pending: Vec::new() }
+        let source = match &opts.draft {
+            Some(model) => Source::Model(Box::new(ModelDrafter { model: model.clone(), cache: None, fed: Vec::new() })),
+            None => Source::Lookup,
+        };
+        Self { next_len: opts.max_draft, opts, source, misses: 0, paused: 0, pending: Vec::new() }
     }
 
     /// Drafts in flight (0 when this step decodes plainly).
@@ -132,7 +253,8 @@ impl Drafter {
     }
 
     /// Proposes drafts to follow `stream` (which ends with the token about to be evaluated), at
-    /// most `room` of them; they become [`Self::pending`].
+    /// most `room` of them; they become [`Self::pending`]. A draft model that fails turns
+    /// drafting off for the rest of the request.
     pub fn propose(&mut self, stream: &[u32], room: usize) -> &[u32] {
         self.pending.clear();
         if self.paused > 0 {
@@ -140,8 +262,14 @@ impl Drafter {
             return &self.pending;
         }
         let want = self.next_len.min(room);
-        let found = lookup(stream, self.opts.ngram, self.opts.min_ngram, want);
-        self.pending.extend_from_slice(found);
+        match &mut self.source {
+            Source::Lookup => self.pending.extend_from_slice(lookup(stream, self.opts.ngram, self.opts.min_ngram, want)),
+            Source::Model(m) if want > 0 => match m.propose(stream, want, room) {
+                Ok(d) => self.pending = d,
+                Err(_) => self.source = Source::Off,
+            },
+            Source::Model(_) | Source::Off => {}
+        }
         &self.pending
     }
 
@@ -198,13 +326,13 @@ mod tests {
 
     #[test]
     fn options_are_range_checked() {
-        assert_eq!(SpeculativeOptions::new("ngram", Some(4), None, None).unwrap().max_draft, 4);
+        assert_eq!(SpeculativeOptions::new("ngram", Some(4), None, None, None).unwrap().max_draft, 4);
         for kind in ["draft", "", "NGRAM"] {
-            assert_eq!(SpeculativeOptions::new(kind, None, None, None).unwrap_err().code(), "INVALID_ARGUMENT");
+            assert_eq!(SpeculativeOptions::new(kind, None, None, None, None).unwrap_err().code(), "INVALID_ARGUMENT");
         }
         assert_eq!(
             SpeculativeOptions::ngram(None, None, None).unwrap(),
-            SpeculativeOptions { max_draft: 8, ngram: 3, min_ngram: 2 }
+            SpeculativeOptions { max_draft: 8, ngram: 3, min_ngram: 2, draft: None }
         );
         assert_eq!(SpeculativeOptions::ngram(None, Some(1), None).unwrap().min_ngram, 1);
         for (d, n, m) in [

@@ -29,6 +29,11 @@ impl NativeRuntime {
     fn engine(&self) -> Result<Arc<Engine>> {
         self.engine.lock().unwrap().clone().ok_or_else(|| disposed("runtime"))
     }
+
+    /// This runtime's model, to draft for another runtime's requests.
+    pub(super) fn draft_model(&self) -> Result<crate::engine::DraftModel> {
+        self.engine()?.draft_model().map_err(to_napi)
+    }
 }
 
 /// Loads a model on a new engine thread; resolves once it is ready. Progress callbacks are

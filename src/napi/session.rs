@@ -7,6 +7,7 @@ use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
 use super::error::{disposed, to_napi};
+use super::runtime::NativeRuntime;
 use super::stream::TokenStream;
 use super::types::{JsChatMessage, NativeGenerateOptions, NativeInput};
 use crate::engine::{Engine, ExpertChoice, SessionHandle};
@@ -38,11 +39,18 @@ impl NativeSession {
 impl NativeSession {
     /// Queues a request and returns its token stream. Throws `SESSION_BUSY` synchronously
     /// when this session is already generating.
+    /// `draft`: the runtime whose model proposes drafts (`speculative: { type: 'draft' }`).
     #[napi]
-    pub fn generate(&self, input: NativeInput, options: Option<NativeGenerateOptions>) -> Result<TokenStream> {
+    pub fn generate(
+        &self,
+        input: NativeInput,
+        options: Option<NativeGenerateOptions>,
+        draft: Option<&NativeRuntime>,
+    ) -> Result<TokenStream> {
         self.check()?;
         let input = input.into_engine()?;
-        let options = options.unwrap_or_default().into_engine()?;
+        let draft = draft.map(NativeRuntime::draft_model).transpose()?;
+        let options = options.unwrap_or_default().into_engine(draft)?;
         let g = self.engine.generate(&self.handle, input, options).map_err(to_napi)?;
         Ok(TokenStream::new(g))
     }

@@ -153,7 +153,7 @@ pub struct NativeGenerateOptions {
 /// `speculative`: drafted tokens checked in one pass (see `engine::speculative`).
 #[napi(object)]
 pub struct NativeSpeculative {
-    /// 'ngram' (prompt lookup).
+    /// 'ngram' (prompt lookup) or 'draft' (the model is passed beside the options).
     #[napi(js_name = "type")]
     pub kind: String,
     pub max_draft: Option<u32>,
@@ -162,9 +162,9 @@ pub struct NativeSpeculative {
 }
 
 impl NativeSpeculative {
-    fn into_engine(self) -> napi::Result<engine::SpeculativeOptions> {
+    fn into_engine(self, draft: Option<engine::DraftModel>) -> napi::Result<engine::SpeculativeOptions> {
         let n = |v: Option<u32>| v.map(|x| x as usize);
-        engine::SpeculativeOptions::new(&self.kind, n(self.max_draft), n(self.ngram), n(self.min_ngram)).map_err(to_napi)
+        engine::SpeculativeOptions::new(&self.kind, n(self.max_draft), n(self.ngram), n(self.min_ngram), draft).map_err(to_napi)
     }
 }
 
@@ -395,7 +395,7 @@ impl NativeGenerateOptions {
     /// Types were checked in TypeScript (`lib/session.ts`) and ranges are checked once by
     /// `SamplingParams::validate`; this only converts (a non-finite number stays non-finite
     /// and is refused there).
-    pub fn into_engine(self) -> napi::Result<engine::GenerateOptions> {
+    pub fn into_engine(self, draft: Option<engine::DraftModel>) -> napi::Result<engine::GenerateOptions> {
         let f32_of = |v: Option<f64>| v.map(|x| x as f32);
         Ok(engine::GenerateOptions {
             max_tokens: self.max_tokens.map(|n| n as usize),
@@ -423,7 +423,11 @@ impl NativeGenerateOptions {
             tools: self.tools.unwrap_or_default().into_iter().map(NativeTool::into_engine).collect::<napi::Result<_>>()?,
             tool_choice: tool_choice(self.tool_choice, self.tool_choice_name)?,
             parallel_tool_calls: self.parallel_tool_calls,
-            speculative: self.speculative.map(NativeSpeculative::into_engine).transpose()?,
+            speculative: match self.speculative {
+                Some(s) => Some(s.into_engine(draft)?),
+                None if draft.is_some() => return Err(invalid("a draft runtime was given without speculative options")),
+                None => None,
+            },
         })
     }
 }

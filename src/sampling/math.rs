@@ -156,7 +156,7 @@ pub(super) fn weights_into(xs: &[f32], lmax: f32, inv_t: f32, out: &mut [f32]) -
 
 /// Argmax, ties -> lowest index, NaN ignored. `(0, -inf)` if nothing > -inf.
 /// A vectorised max pass, then the first position holding it.
-pub(super) fn argmax(xs: &[f32]) -> (usize, f32) {
+pub(crate) fn argmax(xs: &[f32]) -> (usize, f32) {
     let m = max_of(xs);
     if m == f32::NEG_INFINITY {
         return (0, m);

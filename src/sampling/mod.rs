@@ -28,6 +28,7 @@ mod sampler;
 pub mod tool_grammar;
 
 pub use constraint::{Constraint, GrammarCompiler, ResponseFormat, TokenVocab};
+pub(crate) use math::argmax;
 pub use overrides::SamplingOverrides;
 pub use penalties::{apply_frequency_presence_penalty, apply_repetition_penalty, DistinctMarker, TokenCounts};
 pub use sampler::Sampler;

@@ -74,3 +74,22 @@ def test_session_default_experts(runtimes):
         s.reset()
         r = s.complete({"tokens": base["prompt_ids"]}, max_tokens=len(base["steps"]), temperature=0)
         assert r.tokens == [x["token"] for x in base["steps"]]
+
+
+def test_speculative_ngram_keeps_the_reference_tokens():
+    ref = fixture_json("qwen3-tiny", "reference.json")
+    steps = ref["f32"]["steps"]
+    with Runtime.load(FIXTURES / "qwen3-tiny") as rt:
+        stream = rt.create_session().generate(
+            {"tokens": ref["prompt_ids"]},
+            max_tokens=len(steps),
+            temperature=0,
+            speculative={"type": "ngram", "ngram": 1, "min_ngram": 1, "max_draft": 4},
+        )
+        assert_steps(list(stream), steps, "qwen3-tiny speculative")
+        u = stream.result.usage
+        assert 0 < u.draft_tokens and 0 <= u.accepted_draft_tokens <= u.draft_tokens
+        for bad in [{"type": "ngram", "max_draft": 0}, {"type": "draft"}, {"type": "ngram", "bogus": 1}, "ngram"]:
+            with pytest.raises(Exception) as e:
+                rt.create_session().complete({"tokens": [1, 2]}, max_tokens=2, speculative=bad)
+            assert getattr(e.value, "code", None) == "INVALID_ARGUMENT", bad

@@ -188,6 +188,9 @@ describe('OpenAI server', () => {
       [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, speculative: 'ngram' }), OpenAI.BadRequestError, 400, null, 'speculative'],
       [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, speculative: { type: 'ngram', max_draft: 1.5 } }), OpenAI.BadRequestError, 400, null, 'speculative'],
       [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, speculative: { type: 'ngram', max_draft: 99 } }), OpenAI.BadRequestError, 400, 'INVALID_ARGUMENT', 'speculative'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, speculative: { type: 'ngram', ngram: '3' } }), OpenAI.BadRequestError, 400, null, 'speculative'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, speculative: { type: 'ngram', max_draft: 2 ** 40 } }), OpenAI.BadRequestError, 400, null, 'speculative'],
+      [() => c.chat.completions.create({ model: 'tiny', messages: MSGS, speculative: { type: 7 } }), OpenAI.BadRequestError, 400, null, 'speculative'],
     ]
     for (const [f, cls, status, code, param] of cases) {
       await assert.rejects(f, (e) => {

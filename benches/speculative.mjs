@@ -166,7 +166,7 @@ async function childLlama(spec) {
 // parent
 // ------------------------------------------------------------------------------------------
 
-const spawnChild = (spec) => runChild(fileURLToPath(import.meta.url), { ...spec }, `${spec.engine} ${spec.path}`)
+const spawnChild = (spec) => runChild(fileURLToPath(import.meta.url), spec, `${spec.engine} ${spec.path}`)
 
 /** Decode tok/s over a task's prompts: tokens after each first one over the summed spans. */
 function rate(runs) {

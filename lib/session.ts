@@ -135,8 +135,9 @@ const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
 
 /** The native handle of `speculative.model` (a draft model's Runtime), when one is given. */
 function draftHandle(spec: unknown): N.NativeRuntime | undefined {
-  if (typeof spec !== 'object' || spec === null || !('model' in spec) || (spec as { model?: unknown }).model === undefined) return undefined
-  const h = runtimeHandles.get((spec as { model: object }).model)
+  const model = typeof spec === 'object' && spec !== null ? (spec as { model?: unknown }).model : undefined
+  if (model === undefined) return undefined
+  const h = typeof model === 'object' && model !== null ? runtimeHandles.get(model) : undefined
   if (!h) throw invalidArgument('speculative.model must be a Runtime (from Runtime.load)')
   return h
 }
@@ -144,9 +145,9 @@ function draftHandle(spec: unknown): N.NativeRuntime | undefined {
 function isSpeculative(v: unknown): boolean {
   if (typeof v !== 'object' || v === null || Array.isArray(v)) return false
   const o = v as Record<string, unknown>
-  const known = ['type', 'maxDraft', 'ngram', 'minNgram']
-  if (typeof o.type !== 'string' || Object.keys(o).some((k) => !known.includes(k))) return false
-  return ['maxDraft', 'ngram', 'minNgram'].every((k) => o[k] === undefined || isU32(o[k]))
+  const counts = ['maxDraft', 'ngram', 'minNgram']
+  if (typeof o.type !== 'string' || Object.keys(o).some((k) => k !== 'type' && !counts.includes(k))) return false
+  return counts.every((k) => o[k] === undefined || isU32(o[k]))
 }
 
 function toNativeOptions(o: GenerateOptions): N.NativeGenerateOptions {

@@ -518,11 +518,11 @@ export interface GenerateOptions {
    * `{ type: 'ngram' }` (prompt lookup) the guesses are copied from earlier in the
    * conversation where its last tokens occurred, so answers that repeat their input (code
    * edits, quoting, summaries, RAG) run several tokens per step; with
-   * `{ type: 'draft', model }` a smaller model with the same tokenizer guesses. The output is the same as
-   * without it: greedy tokens, and with a `seed` the same sampled tokens (each guess is kept
-   * only when it equals what sampling that position picks). Ignored with `responseFormat`
-   * and forced tool calls. `usage.draftTokens` / `usage.acceptedDraftTokens` report the
-   * guesses and how many were kept.
+   * `{ type: 'draft', model }` a smaller model with the same tokenizer guesses. The output is
+   * the same as without it: greedy tokens, and with a `seed` the same sampled tokens (each
+   * guess is kept only when it equals what sampling that position picks). Ignored with
+   * `responseFormat` and forced tool calls. `usage.draftTokens` / `usage.acceptedDraftTokens`
+   * report the guesses and how many were kept.
    */
   speculative?: SpeculativeOptions
 }

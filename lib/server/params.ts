@@ -5,17 +5,18 @@ type Body = Record<string, unknown>
 
 const isNum = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v)
 
-function num(body: Body, key: string): number | undefined {
+/** `body[key]` as a number; a wrong type is a 400 naming `name` (the field as the client sent it). */
+function num(body: Body, key: string, name = key): number | undefined {
   const v = body[key]
   if (v === undefined || v === null) return undefined
-  if (!isNum(v)) throw badRequest(`${key} must be a number`, key)
+  if (!isNum(v)) throw badRequest(`${name} must be a number`, name.split('.')[0])
   return v
 }
 
-function int(body: Body, key: string, min: number, max = Number.MAX_SAFE_INTEGER): number | undefined {
-  const v = num(body, key)
+function int(body: Body, key: string, min: number, max = Number.MAX_SAFE_INTEGER, name = key): number | undefined {
+  const v = num(body, key, name)
   if (v === undefined) return undefined
-  if (!Number.isInteger(v) || v < min || v > max) throw badRequest(`${key} must be an integer from ${min} to ${max}`, key)
+  if (!Number.isInteger(v) || v < min || v > max) throw badRequest(`${name} must be an integer from ${min} to ${max}`, name.split('.')[0])
   return v
 }
 
@@ -58,14 +59,9 @@ export function samplingOptions(body: Body, maxTokensKeys: string[]): GenerateOp
     if (typeof spec !== 'object' || Array.isArray(spec)) throw badRequest(shape, 'speculative')
     const sp = spec as Body
     if (Object.keys(sp).some((k) => !['type', 'max_draft', 'ngram', 'min_ngram'].includes(k)) || typeof sp.type !== 'string') throw badRequest(shape, 'speculative')
-    const field = (k: string) => {
-      const v = sp[k]
-      if (v === undefined || v === null) return undefined
-      if (!Number.isInteger(v) || (v as number) < 0 || (v as number) > 2 ** 32 - 1) throw badRequest(shape, 'speculative')
-      return v as number
-    }
+    const field = (k: string) => int(sp, k, 0, 2 ** 32 - 1, `speculative.${k}`)
+    // Unset fields stay undefined: the engine fills its defaults.
     o.speculative = { type: sp.type as 'ngram', maxDraft: field('max_draft'), ngram: field('ngram'), minNgram: field('min_ngram') }
-    for (const k of ['maxDraft', 'ngram', 'minNgram'] as const) if (o.speculative[k] === undefined) delete o.speculative[k]
   }
   const n = body.n
   if (n !== undefined && n !== null && n !== 1) throw badRequest('only n = 1 is supported', 'n')

@@ -89,7 +89,16 @@ def test_speculative_ngram_keeps_the_reference_tokens():
         assert_steps(list(stream), steps, "qwen3-tiny speculative")
         u = stream.result.usage
         assert 0 < u.draft_tokens and 0 <= u.accepted_draft_tokens <= u.draft_tokens
-        for bad in [{"type": "ngram", "max_draft": 0}, {"type": "draft"}, {"type": "ngram", "bogus": 1}, "ngram"]:
+        for bad in [
+            {"type": "ngram", "max_draft": 0},
+            {"type": "ngram", "max_draft": 2**40},
+            {"type": "ngram", "max_draft": -1},
+            {"type": "ngram", "ngram": "3"},
+            {"type": "ngram", "ngram": float("nan")},
+            {"type": "draft"},
+            {"type": "ngram", "bogus": 1},
+            "ngram",
+        ]:
             with pytest.raises(Exception) as e:
                 rt.create_session().complete({"tokens": [1, 2]}, max_tokens=2, speculative=bad)
             assert getattr(e.value, "code", None) == "INVALID_ARGUMENT", bad

@@ -71,7 +71,7 @@ pub struct GenerateOptions {
     pub tool_choice: ToolChoice,
     /// Several calls in one answer (where the template family allows it); default true.
     pub parallel_tool_calls: Option<bool>,
-    /// Speculative decoding by prompt lookup (`None`: plain decoding).
+    /// Speculative decoding by prompt lookup or a draft model (`None`: plain decoding).
     pub speculative: Option<super::speculative::SpeculativeOptions>,
 }
 

@@ -872,15 +872,15 @@ fn verify_drafts(
     rows: &[RowLogits],
     tok: &Tokenizer,
 ) -> Option<FinishReason> {
-    let drafts = seq.drafter.as_ref().map(|d| d.pending().to_vec()).unwrap_or_default();
-    // Index in `st.tokens` of the token row 0 evaluated.
+    // Index in `st.tokens` of the token row 0 evaluated; the drafts follow it there.
     let base = pos - st.n_virtual;
+    let drafted = rows.len() - 1;
     let mut used = 0;
     let mut accepted = 0;
     let mut ended = None;
     for (r, row) in rows.iter().enumerate() {
         let sampled = sample_row(&mut seq.sampler, row, &st.tokens[..base + r + 1], None);
-        let hit = drafts.get(r) == Some(&sampled.token);
+        let hit = r < drafted && st.tokens[base + r + 1] == sampled.token;
         used = r + 1;
         ended = seq.on_token(tok, sampled, pos + used < seq.limit);
         accepted += hit as usize;
@@ -890,7 +890,7 @@ fn verify_drafts(
     }
     st.tokens.truncate(base + used);
     st.table.advance(pos + used);
-    seq.usage.draft_tokens += drafts.len();
+    seq.usage.draft_tokens += drafted;
     seq.usage.accepted_draft_tokens += accepted;
     if let Some(d) = &mut seq.drafter {
         d.verified(accepted);

@@ -134,11 +134,7 @@ impl Sequence {
             is_chat,
             experts,
             routing,
-            drafter: options
-                .speculative
-                .clone()
-                .filter(|_| structured.constraint.is_none())
-                .map(super::speculative::Drafter::new),
+            drafter: options.speculative.filter(|_| structured.constraint.is_none()).map(super::speculative::Drafter::new),
             constraint: structured.constraint,
             tools: structured.tools,
             tool_calls: Vec::new(),

@@ -4,9 +4,10 @@
 //! stream's last few tokens earlier in the stream (the prompt, earlier turns, its own output)
 //! and copying what followed them there; with `draft`, by running a second, smaller model with
 //! the same vocabulary greedily for `k` tokens (on the engine thread, with a private
-//! single-sequence KV cache that keeps the longest prefix still valid after a rejection). The scheduler appends the proposal to the session's stream and evaluates
-//! the pending token plus the drafts as `1 + k` rows of the request's normal chunk in the batched
-//! pass; then each row is sampled in order, exactly as plain decoding samples it (same context,
+//! single-sequence KV cache that keeps the longest prefix still valid after a rejection).
+//!
+//! The scheduler appends the proposal to the session's stream and evaluates the pending token
+//! plus the drafts as `1 + k` rows of the request's normal chunk in the batched pass; then each row is sampled in order, exactly as plain decoding samples it (same context,
 //! same sampler, same RNG draw), and the drafts are kept while they equal what was sampled. The
 //! first difference is itself the next token, so every verification pass emits at least one.
 //! Rejected positions were written to the request's own blocks past its table's length; the

@@ -128,19 +128,16 @@ impl Linear {
             }
             Weight::Q8Packed(p) => p.forward(x)?,
             Weight::Mapped(m) => m.forward(x)?.to_dtype(x.dtype())?,
-            Weight::Quantized(QMatMul::QTensor(q))
+            Weight::Quantized(mm @ QMatMul::QTensor(q))
                 if q.dtype() == GgmlDType::Q6K && x.dim(0)? == 1 && cpu_kernels(x.device()) =>
             {
                 // candle multiplies one row by a Q6_K weight with a kernel of its own (compact
                 // GEMV) and 2..31 rows with its tiled kernel, whose rounding differs: one row goes
                 // through the tiled kernel too (beside a zero row), so a row's result does not
                 // depend on how many rows share the pass (speculative verification, batching).
-                let dt = x.dtype();
-                let x2 = Tensor::cat(
-                    &[&x.to_dtype(candle_core::DType::F32)?, &x.zeros_like()?.to_dtype(candle_core::DType::F32)?],
-                    0,
-                )?;
-                QMatMul::QTensor(q.clone()).forward(&x2)?.narrow(0, 0, 1)?.to_dtype(dt)?
+                let xf = x.to_dtype(candle_core::DType::F32)?;
+                let x2 = Tensor::cat(&[&xf, &xf.zeros_like()?], 0)?;
+                mm.forward(&x2)?.narrow(0, 0, 1)?.to_dtype(x.dtype())?
             }
             Weight::Quantized(q) => {
                 // Quantized kernels take f32 activations; the result is cast back.

@@ -19,15 +19,19 @@
 //!   of sessions and a prefix-cache hit all see the same logits.
 //! - **Paths.** AVX-512 VNNI: one `vpdpbusd` per 64 weight bytes gives the 16 outputs' partial
 //!   sums in its lanes (the `+128` bias of the weights is taken back by starting from
-//!   `-128 · Σ q_x`); up to 4 activation rows share each weight load. AVX2: the same tile read
-//!   as two 8-lane halves, `maddubs` on `|q_w|` and `q_x` with `q_w`'s sign. Portable: plain
-//!   loops (any CPU, or `EXPERT_RUNTIME_SIMD=portable`).
+//!   `-128 · Σ q_x`); up to 4 activation rows share each weight load. AMX (Sapphire Rapids and
+//!   later, Linux): a tile block is already an AMX `B` operand, so groups of 16 activation rows
+//!   take one `tdpbsud` per block and the same float steps (rows past the last full group go to
+//!   VNNI); off with `EXPERT_RUNTIME_AMX=0`. AVX2: the same tile read as two 8-lane halves,
+//!   `maddubs` on `|q_w|` and `q_x` with `q_w`'s sign. Portable: plain loops (any CPU, or
+//!   `EXPERT_RUNTIME_SIMD=portable`).
 //! - **Threads.** Tiles are split into chunks on rayon (candle's own pool spins on a barrier);
 //!   small matrices run on the calling thread. Within a chunk, rows go in groups of 64 so a
 //!   tile's weights stay in cache while the activation rows stream past.
-//! - **Allocation.** Besides the output, a per-call staging buffer of the output's size and
-//!   the quantized activations (a thread-local scratch reused across calls, or a fresh one if
-//!   that scratch is already borrowed by a re-entrant call from rayon work stealing).
+//! - **Allocation.** Besides the output, only the quantized activations (a thread-local
+//!   scratch reused across calls, or a fresh one if that scratch is already borrowed by a
+//!   re-entrant call from rayon work stealing); chunks write their columns of the output
+//!   directly.
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -62,16 +66,30 @@ pub enum Path {
     /// x86-64 with AVX-512 (F, BW, VL) and VNNI.
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
+    /// [`Path::Avx512Vnni`] plus AMX-INT8 tiles for every full group of 16 activation rows.
+    #[cfg(target_arch = "x86_64")]
+    Amx,
 }
 
-/// The path this process runs (detected once; portable when `simd::level()` is).
+/// The path this process runs (detected once; portable when `simd::level()` is). With
+/// `EXPERT_RUNTIME_AMX=0` the AMX path is never chosen, and the OS is never asked for it.
 pub fn path() -> Path {
     static PATH: OnceLock<Path> = OnceLock::new();
-    *PATH.get_or_init(|| if simd::level() == Level::Portable { Path::Portable } else { best_path() })
+    *PATH.get_or_init(|| {
+        if simd::level() == Level::Portable {
+            return Path::Portable;
+        }
+        let amx = std::env::var("EXPERT_RUNTIME_AMX").map_or(true, |v| v != "0");
+        *paths_with(amx).last().expect("portable is always there")
+    })
 }
 
 /// Every path this CPU can run, portable first (tests compare them).
 pub fn paths() -> Vec<Path> {
+    paths_with(true)
+}
+
+fn paths_with(#[allow(unused_variables)] amx: bool) -> Vec<Path> {
     #[allow(unused_mut)] // nothing is added off x86-64
     let mut v = vec![Path::Portable];
     #[cfg(target_arch = "x86_64")]
@@ -82,12 +100,11 @@ pub fn paths() -> Vec<Path> {
         if x86::has_vnni() {
             v.push(Path::Avx512Vnni);
         }
+        if amx && x86::has_amx() {
+            v.push(Path::Amx);
+        }
     }
     v
-}
-
-fn best_path() -> Path {
-    *paths().last().expect("portable is always there")
 }
 
 /// Activation rows quantized to Q8_0: `q [rows, k]`, `d [rows, nb]` (f16-rounded scales as
@@ -139,7 +156,7 @@ fn quantize_row_at(path: Path, x: &[f32], q: &mut [i8], d: &mut [f32]) {
     match path {
         // SAFETY: the x86 paths are only constructed after AVX2 was detected; lengths asserted.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 | Path::Avx512Vnni => unsafe { x86::quantize_row_avx2(x, q, d) },
+        Path::Avx2 | Path::Avx512Vnni | Path::Amx => unsafe { x86::quantize_row_avx2(x, q, d) },
         Path::Portable => quantize_row_portable(x, q, d),
     }
 }
@@ -371,33 +388,51 @@ impl PackedQ8_0 {
     fn matmul_quantized(&self, path: Path, xs: &mut QuantRows, x: &[f32], rows: usize, out: &mut [f32]) {
         xs.fill(x, rows, self.k);
         let xs = &*xs;
-        let tiles = self.tiles();
-        // Staging: `stage[t][r]` is tile `t`'s 16 outputs for row `r`.
-        let mut stage = vec![[0f32; TN]; tiles * rows];
+        let (tiles, n) = (self.tiles(), self.n);
         let threads = rayon::current_num_threads().max(1);
         // Chunks of whole tiles: at least ~64 KiB of weights × rows of work, ~4 per thread.
         let min_tiles = (64 * 1024 / (self.tile_bytes() * rows)).max(1);
         let chunk = tiles.div_ceil(threads * 4).max(min_tiles);
-        let run = |t0: usize, st: &mut [[f32; TN]]| {
-            let n_tiles = st.len() / rows;
+        let dst = Columns(out.as_mut_ptr());
+        let run = |c: usize| {
+            // SAFETY: the AMX path is only constructed after `has_amx`.
+            #[cfg(target_arch = "x86_64")]
+            let _tiles = (path == Path::Amx && rows >= 16).then(|| unsafe { x86::Tiles::configure() });
+            let mut local = [[0f32; TN]; ROW_GROUP];
             for r0 in (0..rows).step_by(ROW_GROUP) {
                 let r1 = (r0 + ROW_GROUP).min(rows);
-                for i in 0..n_tiles {
-                    let (qs, ss) = self.tile(t0 + i);
-                    tile_rows(path, qs, ss, self.nb(), xs, self.k, r0..r1, &mut st[i * rows + r0..i * rows + r1]);
+                for t in c * chunk..((c + 1) * chunk).min(tiles) {
+                    let (qs, ss) = self.tile(t);
+                    let part = &mut local[..r1 - r0];
+                    tile_rows(path, qs, ss, self.nb(), xs, self.k, r0..r1, part);
+                    let cols = TN.min(n - t * TN);
+                    for (r, v) in (r0..r1).zip(part.iter()) {
+                        // SAFETY: `out` is `rows × n` (asserted by `matmul_at`) and `t·16 + cols
+                        // ≤ n`; each chunk owns its tiles' columns, so no two writers meet.
+                        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), dst.at(r * n + t * TN), cols) };
+                    }
                 }
             }
         };
-        if tiles <= chunk || threads == 1 {
-            run(0, &mut stage);
+        let chunks = tiles.div_ceil(chunk);
+        if chunks == 1 || threads == 1 {
+            (0..chunks).for_each(run);
         } else {
-            stage.par_chunks_mut(chunk * rows).enumerate().for_each(|(c, st)| run(c * chunk, st));
+            (0..chunks).into_par_iter().for_each(run);
         }
-        for (r, o) in out.chunks_exact_mut(self.n).enumerate() {
-            for (t, ot) in o.chunks_mut(TN).enumerate() {
-                ot.copy_from_slice(&stage[t * rows + r][..ot.len()]);
-            }
-        }
+    }
+}
+
+/// The output of a product, written by several chunks at once, each into its own columns.
+struct Columns(*mut f32);
+
+// SAFETY: only `matmul_quantized` writes through it, to disjoint columns per chunk.
+unsafe impl Sync for Columns {}
+
+impl Columns {
+    /// Element `i` (a method, so closures capture the whole `Sync` wrapper).
+    fn at(&self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
     }
 }
 
@@ -435,6 +470,8 @@ fn tile_rows(
         #[cfg(target_arch = "x86_64")]
         Path::Avx512Vnni => unsafe { x86::rows_vnni(qs, ss, nb, xs, k, rows.start, out) },
         #[cfg(target_arch = "x86_64")]
+        Path::Amx => unsafe { x86::rows_amx(qs, ss, nb, xs, k, rows.start, out) },
+        #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe { x86::rows_avx2(qs, ss, nb, xs, k, rows.start, out) },
         Path::Portable => {
             for (r, o) in rows.zip(out) {
@@ -470,7 +507,9 @@ fn tile_row_portable(qs: &[u8], ss: &[u8], nb: usize, xq: &[i8], xd: &[f32], out
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{QuantRows, QK, TILE_Q, TILE_S, TN};
+    use std::arch::asm;
     use std::arch::x86_64::*;
+    use std::sync::OnceLock;
 
     /// What [`super::Path::Avx2`] needs.
     pub(super) fn has_avx2() -> bool {
@@ -484,6 +523,210 @@ mod x86 {
             && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("avx512vl")
             && std::is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// What [`super::Path::Amx`] needs: the VNNI path (tails of fewer than 16 rows and single
+    /// rows run there), AMX-TILE and AMX-INT8 in CPUID, and the OS's leave to use tile data.
+    /// Linux grants it per process through `arch_prctl(ARCH_REQ_XCOMP_PERM)` and refuses when
+    /// the kernel or a thread's signal stack cannot hold the tile state; without that grant a
+    /// tile instruction would kill the process, so the path stays off. Other systems: off.
+    pub(super) fn has_amx() -> bool {
+        static OK: OnceLock<bool> = OnceLock::new();
+        *OK.get_or_init(|| {
+            // CPUID leaf 7, sub-leaf 0: EDX bit 24 is AMX-TILE, bit 25 AMX-INT8.
+            let leaf7 = __cpuid_count(7, 0);
+            has_vnni() && leaf7.edx & (1 << 24) != 0 && leaf7.edx & (1 << 25) != 0 && os_allows_tiles()
+        })
+    }
+
+    #[cfg(target_os = "linux")]
+    fn os_allows_tiles() -> bool {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: integer arguments only; it changes nothing but this process's permission.
+        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn os_allows_tiles() -> bool {
+        false
+    }
+
+    /// The `ldtilecfg` operand (palette 1): per tile register, bytes per row and rows.
+    #[repr(C, align(64))]
+    struct TileConfig {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+    }
+
+    /// `tmm0`–`tmm3`: 16 × 16 i32 sums (C, two sets of two); `tmm4`, `tmm5`: 16 activation rows
+    /// × one block of 32 i8 (A); `tmm6`, `tmm7`: one block of a weight tile, 8 lines × 64 u8 (B,
+    /// the packed layout as it is).
+    ///
+    /// # Safety
+    /// [`has_amx`] must have returned true.
+    unsafe fn configure_tiles() {
+        let mut cfg = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+        for (t, (colsb, rows)) in
+            [(64, 16), (64, 16), (64, 16), (64, 16), (32, 16), (32, 16), (64, 8), (64, 8)].into_iter().enumerate()
+        {
+            cfg.colsb[t] = colsb;
+            cfg.rows[t] = rows;
+        }
+        asm!("ldtilecfg [{cfg}]", cfg = in(reg) &cfg, options(nostack, readonly));
+    }
+
+    thread_local! {
+        static CONFIGURED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// This thread's tile registers configured for [`amx16`] while the value lives; inner scopes
+    /// reuse the outer one's configuration (loading it costs hundreds of cycles). On drop the
+    /// outermost scope releases the tiles to their initial state, which the OS need not save on
+    /// a context switch.
+    pub(super) struct Tiles {
+        outermost: bool,
+    }
+
+    impl Tiles {
+        /// # Safety
+        /// [`has_amx`] must have returned true.
+        pub(super) unsafe fn configure() -> Tiles {
+            let outermost = !CONFIGURED.get();
+            if outermost {
+                configure_tiles();
+                CONFIGURED.set(true);
+            }
+            Tiles { outermost }
+        }
+    }
+
+    impl Drop for Tiles {
+        fn drop(&mut self) {
+            if self.outermost {
+                // SAFETY: only built after `has_amx` (see `configure`).
+                unsafe { asm!("tilerelease", options(nostack, nomem)) };
+                CONFIGURED.set(false);
+            }
+        }
+    }
+
+    /// Rows from `r0` against one tile: groups of 16 on AMX, the rest on VNNI (same bits).
+    ///
+    /// # Safety
+    /// [`has_amx`] must have returned true; slices as for `rows_vnni`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn rows_amx(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+        let full = out.len() / 16 * 16;
+        if full > 0 {
+            let _tiles = Tiles::configure();
+            for (i, o) in out[..full].chunks_exact_mut(16).enumerate() {
+                amx16(qs, ss, nb, xs, k, r0 + i * 16, o);
+            }
+        }
+        rows_vnni(qs, ss, nb, xs, k, r0 + full, &mut out[full..]);
+    }
+
+    /// One block's sums for 16 rows, as `tilestored` writes them: row `r`, then its 16 lanes.
+    #[repr(C, align(64))]
+    struct Sums([[i32; TN]; 16]);
+
+    /// 16 rows from `r0` against one tile. Per block, `tdpbsud` gives `Σ q_x · (q_w + 128)`
+    /// for the 16 rows × 16 lanes (activations signed in A, the biased weights unsigned in B);
+    /// adding the row's `c = -128 · Σ q_x` leaves `Σ q_x q_w`, the same exact integer as the
+    /// other paths, and the float steps are `rows_vnni`'s.
+    ///
+    /// Blocks go in pairs, software-pipelined over two sets of sum tiles: while the vector
+    /// units fold pair `p - 1` into the accumulators, the tile unit multiplies pair `p` (tile
+    /// registers are not renamed, so one set would serialise the two). An odd last block is
+    /// paired with itself and its copy is not folded.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn amx16(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let mut sums = [[Sums([[0; TN]; 16]), Sums([[0; TN]; 16])], [Sums([[0; TN]; 16]), Sums([[0; TN]; 16])]];
+        let xq = xs.q.as_ptr().add(r0 * k);
+        let pairs = nb.div_ceil(2);
+        let issue = |p: usize| {
+            let (b0, b1) = (2 * p, (2 * p + 1).min(nb - 1));
+            multiply_pair(p % 2, xq.add(b0 * QK), xq.add(b1 * QK), k, qs.as_ptr().add(b0 * TILE_Q), qs.as_ptr().add(b1 * TILE_Q));
+        };
+        issue(0);
+        for p in 0..pairs {
+            let [s0, s1] = &mut sums[p % 2];
+            store_pair(p % 2, s0, s1);
+            if p + 1 < pairs {
+                issue(p + 1);
+            }
+            fold16(&mut acc, s0, ss, nb, xs, r0, 2 * p);
+            if 2 * p + 1 < nb {
+                fold16(&mut acc, s1, ss, nb, xs, r0, 2 * p + 1);
+            }
+        }
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            _mm512_storeu_ps(o.as_mut_ptr(), *a);
+        }
+    }
+
+    /// Sum tiles of `set` (`tmm0, tmm1` or `tmm2, tmm3`) = A · B for two blocks: 16 activation
+    /// rows of 32 bytes at `a0` / `a1` (row stride `k`), a weight block of 8 lines × 64 at `w0` /
+    /// `w1`.
+    #[inline(always)]
+    unsafe fn multiply_pair(set: usize, a0: *const i8, a1: *const i8, k: usize, w0: *const u8, w1: *const u8) {
+        macro_rules! pair {
+            ($c0:literal, $c1:literal) => {
+                asm!(
+                    concat!("tilezero ", $c0),
+                    concat!("tilezero ", $c1),
+                    "tileloadd tmm4, [{a0} + {k} * 1]",
+                    "tileloadd tmm6, [{w0} + {line} * 1]",
+                    concat!("tdpbsud ", $c0, ", tmm4, tmm6"),
+                    "tileloadd tmm5, [{a1} + {k} * 1]",
+                    "tileloadd tmm7, [{w1} + {line} * 1]",
+                    concat!("tdpbsud ", $c1, ", tmm5, tmm7"),
+                    a0 = in(reg) a0, a1 = in(reg) a1, k = in(reg) k, w0 = in(reg) w0, w1 = in(reg) w1,
+                    line = in(reg) 64usize, options(nostack, readonly),
+                )
+            };
+        }
+        if set == 0 {
+            pair!("tmm0", "tmm1")
+        } else {
+            pair!("tmm2", "tmm3")
+        }
+    }
+
+    /// Stores the sum tiles of `set` (see [`multiply_pair`]).
+    #[inline(always)]
+    unsafe fn store_pair(set: usize, s0: &mut Sums, s1: &mut Sums) {
+        let (p0, p1) = (s0.0.as_mut_ptr(), s1.0.as_mut_ptr());
+        if set == 0 {
+            asm!("tilestored [{p0} + {line} * 1], tmm0", "tilestored [{p1} + {line} * 1], tmm1",
+                 p0 = in(reg) p0, p1 = in(reg) p1, line = in(reg) 64usize, options(nostack));
+        } else {
+            asm!("tilestored [{p0} + {line} * 1], tmm2", "tilestored [{p1} + {line} * 1], tmm3",
+                 p0 = in(reg) p0, p1 = in(reg) p1, line = in(reg) 64usize, options(nostack));
+        }
+    }
+
+    /// Folds block `b`'s sums of 16 rows from `r0` into their accumulators: `acc = acc + (d_w ·
+    /// d_x) · (sums + c)`, `rows_vnni`'s steps. Unrolled so the accumulators stay in registers.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn fold16(acc: &mut [__m512; 16], sums: &Sums, ss: &[u8], nb: usize, xs: &QuantRows, r0: usize, b: usize) {
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(ss.as_ptr().add(b * TILE_S) as *const __m256i));
+        let (c, d) = (xs.c.as_ptr().add(r0 * nb + b), xs.d.as_ptr().add(r0 * nb + b));
+        macro_rules! row {
+            ($($r:literal)*) => {$(
+                let isum = _mm512_add_epi32(_mm512_load_si512(sums.0[$r].as_ptr() as *const _), _mm512_set1_epi32(*c.add($r * nb)));
+                let dd = _mm512_mul_ps(dw, _mm512_set1_ps(*d.add($r * nb)));
+                acc[$r] = _mm512_add_ps(acc[$r], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(isum)));
+            )*};
+        }
+        row!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
     }
 
     /// [`super::quantize_row_portable`] in AVX2, bit for bit: `f32::max` ignores NaN (so does
@@ -747,6 +990,10 @@ mod tests {
         check(256, 3072, 5);
         // Prefill sizes: more rows than a row group, not a multiple of 4.
         check(96, 576, 131);
+        // Around the AMX path's groups of 16 rows (an odd number of blocks: a lone last block).
+        for rows in [15, 16, 17, 32, 48] {
+            check(33, 96, rows);
+        }
     }
 
     /// Weights of -128 (a Q8_0 file may hold them; our quantizer never writes them) and
@@ -763,9 +1010,9 @@ mod tests {
             }
         }
         let packed = PackedQ8_0::from_q8_0_bytes(&bytes, n, k).unwrap();
-        // Activations quantizing to ±127 with scale 1.
-        let x: Vec<f32> = (0..2 * k).map(|i| if i % 2 == 0 { 127.0 } else { -127.0 }).collect();
-        let y = every_path(&packed, &x, 2);
+        // Activations quantizing to ±127 with scale 1 (17 rows: one AMX group and a tail).
+        let x: Vec<f32> = (0..17 * k).map(|i| if i % 2 == 0 { 127.0 } else { -127.0 }).collect();
+        let y = every_path(&packed, &x, 17);
         let deq = packed.dequantize();
         let (mut xq, mut xd) = (vec![0i8; k], vec![0f32; nb]);
         quantize_row(&x[..k], &mut xq, &mut xd);

@@ -43,7 +43,13 @@ const PAR_MIN_MACS: usize = 1 << 16;
 
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Keys or values of up to [`GATHER`] positions, widened to f32 rows side by side.
+    static GATHERED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Positions gathered at a time for the AVX2 micro-kernels (32 KiB of f32 rows at a head
+/// size of 128: they stay in L1 while every row of the tile reads them).
+const GATHER: usize = 64;
 
 /// One sequence's rows in a batch.
 #[derive(Clone, Copy, Debug)]
@@ -674,6 +680,14 @@ fn scores<S: KvRows>(
     simd: Level,
 ) {
     let hd = kv.hd;
+    #[cfg(target_arch = "x86_64")]
+    if simd == Level::Avx2Fma && hd.is_multiple_of(8) {
+        return gathered(kv, false, p0, n, rep, (from, to), |qi, j0, keys, seen| {
+            // SAFETY: `Avx2Fma` is only constructed after detecting AVX2 and FMA; `hd` is a
+            // multiple of 8 and `keys` holds `seen` rows of `hd`.
+            unsafe { super::attention_x86::scores(&q[qi * hd..(qi + 1) * hd], keys, scale, &mut sc[qi * stride + j0 - from..][..seen]) }
+        });
+    }
     // `dot_at` / `axpy_at` (not `dot` / `axpy`): these closures do not inherit
     // `attend_avx2`'s target features, so inlined code here would be SSE only.
     kv.for_rows(from, to, |j, slot| {
@@ -682,6 +696,38 @@ fn scores<S: KvRows>(
                 sc[qi * stride + j - from] = simd::dot_at(simd, &q[qi * hd..(qi + 1) * hd], kr) * scale;
             }
         })
+    });
+}
+
+/// Runs `f(qi, j0, rows, seen)` per block of up to [`GATHER`] positions `j0..` of `from..to`,
+/// gathered as f32 rows (keys, or values when `value`), for each query row `qi` that sees
+/// the block's first position; `seen` is how many of the block's positions it sees.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn gathered<S: KvRows>(
+    kv: &KvView<S>,
+    value: bool,
+    p0: usize,
+    n: usize,
+    rep: usize,
+    (from, to): (usize, usize),
+    mut f: impl FnMut(usize, usize, &[f32], usize),
+) {
+    let hd = kv.hd;
+    GATHERED.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.len() < GATHER * hd {
+            g.resize(GATHER * hd, 0.0);
+        }
+        for j0 in (from..to).step_by(GATHER) {
+            let j1 = (j0 + GATHER).min(to);
+            let rows = &mut g[..(j1 - j0) * hd];
+            kv.for_rows(j0, j1, |j, slot| kv.rows.with_row(value, slot, |r| rows[(j - j0) * hd..][..hd].copy_from_slice(r)));
+            for qi in j0.saturating_sub(p0) * rep..n * rep {
+                let seen = (p0 + qi / rep + 1).min(j1) - j0;
+                f(qi, j0, rows, seen);
+            }
+        }
     });
 }
 
@@ -701,6 +747,14 @@ fn weigh_values<S: KvRows>(
     simd: Level,
 ) {
     let hd = kv.hd;
+    #[cfg(target_arch = "x86_64")]
+    if simd == Level::Avx2Fma && hd.is_multiple_of(8) {
+        return gathered(kv, true, p0, n, rep, (from, to), |qi, j0, values, seen| {
+            let p = &sc[qi * stride + j0 - from..][..seen];
+            // SAFETY: as in `scores`.
+            unsafe { super::attention_x86::weigh(p, values, &mut out[qi * hd..(qi + 1) * hd]) }
+        });
+    }
     kv.for_rows(from, to, |j, slot| {
         kv.rows.with_row(true, slot, |vr| {
             for qi in j.saturating_sub(p0) * rep..n * rep {
@@ -901,6 +955,50 @@ mod tests {
                 attend(&q, &view, p0, n, rep, 0.2, block, &mut sc, &mut b, level);
                 assert_eq!(a, b, "block {block} {level:?}");
             }
+        }
+    }
+
+    /// A row's attention has the same bits whether it runs in a prompt tile or alone (as a
+    /// decode step does), on dense and quantized pools, for head sizes the AVX2 micro-kernels
+    /// take (multiples of 8, past one gathered block of positions) and one they do not; and
+    /// every SIMD level gives the portable bits for a whole tile.
+    #[test]
+    fn a_row_attends_the_same_alone_or_in_a_tile() {
+        let dev = Device::Cpu;
+        let (nh, nkv, bs, total, p0) = (4, 2, 16, 150, 110);
+        let n = total - p0;
+        for (hd, format) in [
+            (128, KvFormat::Dense(DType::F32)),
+            (64, KvFormat::Dense(DType::F16)),
+            (32, KvFormat::Quant(Quant::Q8_0)),
+            (12, KvFormat::Dense(DType::F32)),
+        ] {
+            let store = KvStore::new(1, 16, bs, nkv, hd, format, &dev).unwrap();
+            let (tables, _) = scattered(&store, &[total]);
+            let q = Tensor::randn(0f32, 1.0, (n, nh * hd), &dev).unwrap();
+            let tile = [SeqSpan { row: 0, len: n, pos: p0, blocks: &tables[0] }];
+            let alone: Vec<SeqSpan> = (0..n).map(|r| SeqSpan { row: r, len: 1, pos: p0 + r, blocks: &tables[0] }).collect();
+            let a = cpu_f32(&q, &AttentionPlan::new(&tile, &store), &store, 0, nh).unwrap().expect("kernel applies");
+            let b = cpu_f32(&q, &AttentionPlan::new(&alone, &store), &store, 0, nh).unwrap().expect("kernel applies");
+            let (a, b): (Vec<f32>, Vec<f32>) = (a.flatten_all().unwrap().to_vec1().unwrap(), b.flatten_all().unwrap().to_vec1().unwrap());
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "hd {hd} {format:?}");
+        }
+        let (hd, rep, n) = (128, nh / nkv, 16);
+        let store = KvStore::new(1, 16, bs, nkv, hd, DType::F32, &dev).unwrap();
+        let (tables, _) = scattered(&store, &[total]);
+        let (k, v) = store.layer(0);
+        let (kd, vd): (Vec<f32>, Vec<f32>) =
+            (k.flatten_all().unwrap().to_vec1().unwrap(), v.flatten_all().unwrap().to_vec1().unwrap());
+        let view = KvView { rows: Dense { k: &kd, v: &vd, at: (nkv * hd, hd, hd) }, blocks: &tables[0], bs, hd };
+        let q: Vec<f32> = Tensor::randn(0f32, 1.0, n * rep * hd, &dev).unwrap().to_vec1().unwrap();
+        let p0 = total - n;
+        let mut sc = vec![0f32; n * rep * total];
+        let mut a = vec![0f32; n * rep * hd];
+        attend(&q, &view, p0, n, rep, 0.1, KEY_BLOCK, &mut sc, &mut a, Level::Portable);
+        for level in crate::simd::levels() {
+            let mut b = vec![0f32; n * rep * hd];
+            attend(&q, &view, p0, n, rep, 0.1, KEY_BLOCK, &mut sc, &mut b, level);
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{level:?}");
         }
     }
 

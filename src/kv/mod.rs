@@ -5,9 +5,11 @@
 //! copy-on-write, reservation, registration of full blocks, freeing), `block_pool` (reference
 //! counts, free and cached blocks), `prefix` (content addressing of full blocks), `block_table`
 //! (a sequence's blocks), `store` (the tensors), `quant` (block-quantized rows), `attention` (attention through block tables:
-//! the backend seam), `cache` (a single-sequence cache over a private store), `sizing` (the
+//! the backend seam; `attention_x86` holds its AVX2 micro-kernels), `cache` (a single-sequence cache over a private store), `sizing` (the
 //! pool's size from the `kvCache` options).
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_x86;
 pub mod block_pool;
 pub mod block_table;
 pub mod cache;

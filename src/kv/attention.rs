@@ -48,7 +48,9 @@ thread_local! {
 }
 
 /// Positions gathered at a time for the AVX2 micro-kernels (32 KiB of f32 rows at a head
-/// size of 128: they stay in L1 while every row of the tile reads them).
+/// size of 128: they stay in L1 while every row of the tile reads them). Gathered even from
+/// an f32 pool: read in place, rows one pool row apart (4 KiB for 8 KV heads of 128) fall in
+/// the same few L1 sets, and prefill ran 12% slower on a Qwen3-0.6B shape.
 const GATHER: usize = 64;
 
 /// One sequence's rows in a batch.

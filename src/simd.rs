@@ -111,6 +111,105 @@ pub fn axpy_at(level: Level, alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `e^x` in f32 from products and sums only (no library call, no fused multiply-add), so the
+/// scalar form here and the 8-lane AVX2 form in [`exp_sub_sum_at`] give the same bits on every
+/// CPU: `x = n · ln 2 + r` with `n` rounded to nearest-even and `ln 2` split in two (the high
+/// part has 9 bits, so `n · hi` is exact), `e^r` by its Taylor polynomial to `r⁶` (|r| ≤ ln2/2,
+/// truncation ≤ 1e-7 relative), times `2ⁿ` built from its exponent bits. Within about 2 ulp of
+/// the exact value. `x` is clamped to ±88 first (`e^-88` becomes 0, NaN stays NaN).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let t = x.max(-88.0).min(88.0);
+    let n = (t * std::f32::consts::LOG2_E).round_ties_even();
+    let r = (t - n * LN2_HI) - n * LN2_LO;
+    let mut p = EXP_C[0];
+    for c in &EXP_C[1..] {
+        p = p * r + c;
+    }
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `ln 2 = LN2_HI + LN2_LO`, the high part with 9 significant bits.
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Taylor coefficients of `e^r`, highest power first: `1/6!, 1/5!, …, 1/1!, 1`.
+const EXP_C: [f32; 7] = [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0];
+
+/// `x[i] = exp(x[i] - m)` for every element; returns their sum, in 8 lanes (element `i` in
+/// lane `i % 8` of the full chunks) added left to right, then the tail in order.
+#[inline(always)]
+fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for (v, a) in c.iter_mut().zip(acc.iter_mut()) {
+            *v = exp(*v - m);
+            *a += *v;
+        }
+    }
+    finish_exp_sum(acc, chunks.into_remainder(), m)
+}
+
+/// The tail and the lane sum of [`exp_sub_sum`], shared by its forms.
+#[inline(always)]
+fn finish_exp_sum(acc: [f32; 8], tail: &mut [f32], m: f32) -> f32 {
+    let mut t = 0f32;
+    for v in tail {
+        *v = exp(*v - m);
+        t += *v;
+    }
+    let mut s = acc[0];
+    for a in &acc[1..] {
+        s += a;
+    }
+    s + t
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_sub_sum_avx2(x: &mut [f32], m: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let full = x.len() / 8 * 8;
+    let mv = _mm256_set1_ps(m);
+    let (lo, hi) = (_mm256_set1_ps(-88.0), _mm256_set1_ps(88.0));
+    let (log2e, ln2_hi, ln2_lo) = (_mm256_set1_ps(std::f32::consts::LOG2_E), _mm256_set1_ps(LN2_HI), _mm256_set1_ps(LN2_LO));
+    let mut acc = _mm256_setzero_ps();
+    for i in (0..full).step_by(8) {
+        let p = x.as_mut_ptr().add(i);
+        let v = _mm256_sub_ps(_mm256_loadu_ps(p), mv);
+        let t = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+        let n = _mm256_round_ps(_mm256_mul_ps(t, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        let r = _mm256_sub_ps(_mm256_sub_ps(t, _mm256_mul_ps(n, ln2_hi)), _mm256_mul_ps(n, ln2_lo));
+        let mut poly = _mm256_set1_ps(EXP_C[0]);
+        for c in &EXP_C[1..] {
+            poly = _mm256_add_ps(_mm256_mul_ps(poly, r), _mm256_set1_ps(*c));
+        }
+        let bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+        let e = _mm256_mul_ps(poly, _mm256_castsi256_ps(bits));
+        // NaN lanes keep their NaN, as the scalar form returns it.
+        let e = _mm256_blendv_ps(e, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        _mm256_storeu_ps(p, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+    finish_exp_sum(lanes, &mut x[full..], m)
+}
+
+/// [`exp_sub_sum`] for `level`: `x[i] = exp(x[i] - m)`, returning the sum; same bits on every
+/// level.
+pub fn exp_sub_sum_at(level: Level, x: &mut [f32], m: f32) -> f32 {
+    match level {
+        // SAFETY: as in `dot_at`.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2Fma => unsafe { exp_sub_sum_avx2(x, m) },
+        Level::Portable => exp_sub_sum(x, m),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +228,42 @@ mod tests {
             assert_eq!(y, y0, "{l:?}");
         }
         assert!(levels().contains(&level()));
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp_and_every_level_agrees() {
+        let mut worst = 0f64;
+        for i in 0..200_000 {
+            let x = -87.0 + 87.5 * i as f32 / 200_000.0;
+            let (got, want) = (exp(x) as f64, (x as f64).exp());
+            worst = worst.max(((got - want) / want).abs());
+        }
+        assert!(worst < 2.5e-7, "relative error {worst:e}");
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-100.0), 0.0);
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(exp(0.0), 1.0);
+        // Lengths with and without a tail; NaN, infinities and huge values among ordinary ones.
+        for len in [1, 7, 8, 9, 64, 203] {
+            let mut x: Vec<f32> = (0..len).map(|i| ((i * 7919 % 2003) as f32 - 1800.0) / 37.0).collect();
+            if len > 8 {
+                x[3] = f32::NAN;
+                x[5] = f32::NEG_INFINITY;
+                x[6] = 1e30;
+                x[8] = -1e30;
+            }
+            let m = 2.5;
+            let mut want = x.clone();
+            let want_sum = exp_sub_sum(&mut want, m);
+            for l in levels() {
+                let mut y = x.clone();
+                let sum = exp_sub_sum_at(l, &mut y, m);
+                assert_eq!(sum.to_bits(), want_sum.to_bits(), "{l:?} len {len}");
+                assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{l:?} len {len}");
+            }
+            for (a, &v) in want.iter().zip(&x) {
+                assert_eq!(a.to_bits(), exp(v - m).to_bits());
+            }
+        }
     }
 }

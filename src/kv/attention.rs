@@ -24,7 +24,11 @@
 //!   take an online softmax over key blocks of that size, so a prefill's extra memory is
 //!   bounded by the tile and the block, whatever the context, never `heads × seq × seq`.
 //! - The kernel is plain Rust with eight independent accumulators, compiled twice: once with
-//!   AVX2+FMA enabled (chosen at run time) and once portable. Both sum in the same order.
+//!   AVX2+FMA enabled (chosen at run time) and once portable; on AVX2 the scores and the
+//!   weighted sums run as micro-kernels over blocks of 64 positions gathered as f32 rows
+//!   (`attention_x86`), and the softmax's exponentials as 8 lanes of [`simd::exp`] (products
+//!   and sums only, no library call). Every form sums in the same order, so a row gets the
+//!   same bits on every path and in every tile.
 
 use std::cell::{OnceCell, RefCell};
 
@@ -652,11 +656,7 @@ fn attend_body<S: KvRows>(
     for (qi, s) in sc.chunks_mut(len).take(n * rep).enumerate() {
         let s = &mut s[..p0 + qi / rep + 1];
         let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for x in s.iter_mut() {
-            *x = (*x - m).exp();
-            sum += *x;
-        }
+        let sum = simd::exp_sub_sum_at(simd, s, m);
         let inv = 1.0 / sum;
         s.iter_mut().for_each(|x| *x *= inv);
     }
@@ -687,7 +687,9 @@ fn scores<S: KvRows>(
         return gathered(kv, false, p0, n, rep, (from, to), |qi, j0, keys, seen| {
             // SAFETY: `Avx2Fma` is only constructed after detecting AVX2 and FMA; `hd` is a
             // multiple of 8 and `keys` holds `seen` rows of `hd`.
-            unsafe { super::attention_x86::scores(&q[qi * hd..(qi + 1) * hd], keys, scale, &mut sc[qi * stride + j0 - from..][..seen]) }
+            unsafe {
+                super::attention_x86::scores(&q[qi * hd..(qi + 1) * hd], keys, scale, &mut sc[qi * stride + j0 - from..][..seen])
+            }
         });
     }
     // `dot_at` / `axpy_at` (not `dot` / `axpy`): these closures do not inherit
@@ -801,12 +803,8 @@ fn attend_blocked<S: KvRows>(
             let seen = (p0 + qi / rep + 1).min(b1) - b0;
             let s = &mut sc[qi * block..qi * block + seen];
             let m_new = s.iter().copied().fold(m[qi], f32::max);
-            let mut sum = 0f32;
-            for x in s.iter_mut() {
-                *x = (*x - m_new).exp();
-                sum += *x;
-            }
-            let alpha = (m[qi] - m_new).exp();
+            let sum = simd::exp_sub_sum_at(simd, s, m_new);
+            let alpha = simd::exp(m[qi] - m_new);
             if alpha != 1.0 {
                 out[qi * hd..(qi + 1) * hd].iter_mut().for_each(|o| *o *= alpha);
             }
@@ -982,7 +980,8 @@ mod tests {
             let alone: Vec<SeqSpan> = (0..n).map(|r| SeqSpan { row: r, len: 1, pos: p0 + r, blocks: &tables[0] }).collect();
             let a = cpu_f32(&q, &AttentionPlan::new(&tile, &store), &store, 0, nh).unwrap().expect("kernel applies");
             let b = cpu_f32(&q, &AttentionPlan::new(&alone, &store), &store, 0, nh).unwrap().expect("kernel applies");
-            let (a, b): (Vec<f32>, Vec<f32>) = (a.flatten_all().unwrap().to_vec1().unwrap(), b.flatten_all().unwrap().to_vec1().unwrap());
+            let (a, b): (Vec<f32>, Vec<f32>) =
+                (a.flatten_all().unwrap().to_vec1().unwrap(), b.flatten_all().unwrap().to_vec1().unwrap());
             assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "hd {hd} {format:?}");
         }
         let (hd, rep, n) = (128, nh / nkv, 16);

@@ -122,7 +122,7 @@ pub fn exp(x: f32) -> f32 {
     if x.is_nan() {
         return x;
     }
-    let t = x.max(-88.0).min(88.0);
+    let t = x.clamp(-88.0, 88.0);
     let n = (t * std::f32::consts::LOG2_E).round_ties_even();
     let r = (t - n * LN2_HI) - n * LN2_LO;
     let mut p = EXP_C[0];

@@ -5,14 +5,15 @@
 //! AVX2 + FMA one on x86-64 and a portable one everywhere else. [`level`] picks the path once
 //! per process from what the CPU reports at run time; `EXPERT_RUNTIME_SIMD=portable` forces
 //! the portable path (tests run it on machines that have AVX2, so both paths stay covered).
-//! The Q8_0 matrix kernel ([`crate::model::q8`]) adds an AVX-512 VNNI path of its own, with
-//! the same results as its AVX2 and portable ones. candle's own kernels may take other wide
-//! paths, which is why tests never compare our results with candle's bit for bit.
+//! The Q8_0 matrix kernel ([`crate::model::q8`]) adds AVX-512 VNNI and AMX paths of its own,
+//! with the same results as its AVX2 and portable ones. candle's own kernels may take other
+//! wide paths, which is why tests never compare our results with candle's bit for bit.
 //!
 //! [`dot`] and [`axpy`] are inlined both into functions compiled with
 //! `#[target_feature(enable = "avx2,fma")]` and into portable ones; Rust never contracts
 //! `a * b + c` into an FMA on its own, so both sum in the same order with the same roundings
-//! and their results do not depend on the CPU.
+//! and their results do not depend on the CPU. [`exp`] (the attention softmax's) is built
+//! from products and sums for the same reason: a library `expf` may differ between systems.
 
 use std::sync::OnceLock;
 
@@ -199,7 +200,7 @@ unsafe fn exp_sub_sum_avx2(x: &mut [f32], m: f32) -> f32 {
     finish_exp_sum(lanes, &mut x[full..], m)
 }
 
-/// [`exp_sub_sum`] for `level`: `x[i] = exp(x[i] - m)`, returning the sum; same bits on every
+/// `exp_sub_sum` for `level`: `x[i] = exp(x[i] - m)`, returning the sum; same bits on every
 /// level.
 pub fn exp_sub_sum_at(level: Level, x: &mut [f32], m: f32) -> f32 {
     match level {

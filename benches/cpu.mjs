@@ -2,7 +2,8 @@
 // expert-runtime against node-llama-cpp (llama.cpp) on the same files, same thread count, same run.
 //
 // Models: SmolLM2-135M-Instruct Q4_1 GGUF, and (unless --quick) the Qwen3-0.6B-shaped random
-// model of scripts/make_bench_model.py as f32 safetensors, f16 safetensors and Q8_0 GGUF.
+// model of scripts/make_bench_model.py as f32 safetensors, f16 safetensors and Q8_0 GGUF, and
+// Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (K-quants).
 // node-llama-cpp cannot read safetensors, so the safetensors rows (dense, and quantized on
 // load with `quantize: 'q8_0' | 'q4_0' | 'q4_k'`) are compared against node-llama-cpp on the
 // Q8_0 GGUF of the same weights (marked in the table).
@@ -43,7 +44,7 @@ function parseArgs(argv) {
   return parseBenchArgs(argv, {
     usage: 'node benches/cpu.mjs [--quick] [--cases KEY,KEY] [--threads N] [--repeat N] [--wait-idle SECONDS] [--out file.json]',
     help: [
-      '  --cases K,K      only these rows (keys: smollm2-q4_1, qwen3-q8_0, qwen3-f32, qwen3-f16, qwen3-f32-q8_0, qwen3-f32-q4_0, qwen3-f32-q4_k)',
+      '  --cases K,K      only these rows (keys: smollm2-q4_1, qwen3-q8_0, qwen3-f32, qwen3-f16, qwen3-f32-q8_0, qwen3-f32-q4_0, qwen3-f32-q4_k, qwen25-q4_k_m)',
       '  --repeat N       run every measurement N times (interleaved) and keep the best of each figure',
       '  --wait-idle S    before each measurement, wait up to S seconds (default 120, 0 = off) for a >= 90% idle second',
     ],
@@ -243,6 +244,13 @@ async function parent(args) {
     // Quantized on load from the f32 safetensors: q8_0 makes the GGUF's very blocks.
     for (const quantize of ['q8_0', 'q4_0', 'q4_k']) {
       cases.push({ key: `qwen3-f32-${quantize}`, label: `Qwen3-0.6B-rand f32 safetensors, quantize ${quantize}`, ours: { engine: 'ours', path: q.f32, quantize }, llamaKey: 'q8', llamaLabel: 'Q8_0 GGUF (same weights)' })
+    }
+    // A real model in K-quants (Q4_K / Q6_K / Q5_0 tensors), fetched only when asked for or in a full run.
+    if (!args.cases || args.cases.includes('qwen25-q4_k_m')) {
+      const { ensureQwen25Coder } = await import(join(root, 'scripts', 'assets.mjs'))
+      const coder = await ensureQwen25Coder()
+      llamaSpecs.coder = { engine: 'llama', path: coder }
+      cases.push({ key: 'qwen25-q4_k_m', label: 'Qwen2.5-Coder-0.5B Q4_K_M GGUF', ours: { engine: 'ours', path: coder }, llamaKey: 'coder', llamaLabel: 'same GGUF' })
     }
   }
   if (args.cases) {

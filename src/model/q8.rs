@@ -584,9 +584,11 @@ mod x86 {
     }
 
     /// This thread's tile registers configured for [`amx16`] while the value lives; inner scopes
-    /// reuse the outer one's configuration (loading it costs hundreds of cycles). On drop the
-    /// outermost scope releases the tiles to their initial state, which the OS need not save on
-    /// a context switch.
+    /// reuse the outer one's configuration (loading it costs hundreds of cycles), and every
+    /// outermost scope loads it again, whatever else ran on the thread in between. The tiles
+    /// are left configured on drop rather than released (`tilerelease`): other code may cache
+    /// its own configuration per thread (candle's AMX path does), and a released tile state
+    /// would make its next tile instruction fault.
     pub(super) struct Tiles {
         outermost: bool,
     }
@@ -607,8 +609,6 @@ mod x86 {
     impl Drop for Tiles {
         fn drop(&mut self) {
             if self.outermost {
-                // SAFETY: only built after `has_amx` (see `configure`).
-                unsafe { asm!("tilerelease", options(nostack, nomem)) };
                 CONFIGURED.set(false);
             }
         }

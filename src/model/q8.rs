@@ -712,8 +712,16 @@ mod x86 {
         }
     }
 
-    /// Folds block `b`'s sums of 16 rows from `r0` into their accumulators: `acc = acc + (d_w ·
-    /// d_x) · (sums + c)`, `rows_vnni`'s steps. Unrolled so the accumulators stay in registers.
+    /// One block folded into a row's 16 outputs: `acc + (d_w · d_x) · isum`, two products and a
+    /// sum, each rounded (the float steps of the module note, shared by the VNNI and AMX paths).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn scale_add(acc: __m512, dw: __m512, dx: f32, isum: __m512i) -> __m512 {
+        _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(isum)))
+    }
+
+    /// Folds block `b`'s sums of 16 rows from `r0` into their accumulators with
+    /// [`scale_add`] after adding `c`. Unrolled so the accumulators stay in registers.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn fold16(acc: &mut [__m512; 16], sums: &Sums, ss: &[u8], nb: usize, xs: &QuantRows, r0: usize, b: usize) {
@@ -722,8 +730,7 @@ mod x86 {
         macro_rules! row {
             ($($r:literal)*) => {$(
                 let isum = _mm512_add_epi32(_mm512_load_si512(sums.0[$r].as_ptr() as *const _), _mm512_set1_epi32(*c.add($r * nb)));
-                let dd = _mm512_mul_ps(dw, _mm512_set1_ps(*d.add($r * nb)));
-                acc[$r] = _mm512_add_ps(acc[$r], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(isum)));
+                acc[$r] = scale_add(acc[$r], dw, *d.add($r * nb), isum);
             )*};
         }
         row!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
@@ -813,8 +820,7 @@ mod x86 {
             }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(ss.as_ptr().add(b * TILE_S) as *const __m256i));
             for (r, a) in acc.iter_mut().enumerate() {
-                let d = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.d.get_unchecked((r0 + r) * nb + b)));
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[r])));
+                *a = scale_add(*a, dw, *xs.d.get_unchecked((r0 + r) * nb + b), isum[r]);
             }
         }
         for (a, o) in acc.iter().zip(out.iter_mut()) {

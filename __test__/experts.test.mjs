@@ -95,6 +95,21 @@ describe('experts match PEFT end to end', () => {
   })
 })
 
+describe('experts copied into memory (mmap: false) match PEFT as the mapped ones do', () => {
+  for (const name of ['lora', 'dora']) {
+    it(name, async () => {
+      const c = REF.cases[name]
+      const rt = await Runtime.load(path.join(FIXTURES, c.base))
+      try {
+        for (const n of c.experts) await rt.loadExpert(adapter(n), { name: n, mmap: false })
+        assertSteps((await run(rt, c.prompt_ids, c.experts, c.steps.length)).chunks, c.steps, `${name}, copied`)
+      } finally {
+        await rt.dispose()
+      }
+    })
+  }
+})
+
 // ---------------------------------------------------------------------------------------------
 // The Expert object and the registry.
 // ---------------------------------------------------------------------------------------------
@@ -114,15 +129,19 @@ describe('Expert', () => {
       assert.equal(e.kind, 'lora')
       assert.equal(e.rank, 4)
       assert.deepEqual(e.targetModules, ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj'])
-      // f32 on CPU: A and Bᵀ of every module, nothing else.
+      // f32 on CPU: A and B of every module, nothing else, read in place from the file.
       const st = readFileSync(path.join(adapter('lora'), 'adapter_model.safetensors'))
       const headerLen = Number(st.readBigUInt64LE(0))
       assert.equal(e.bytes, st.length - 8 - headerLen)
+      assert.equal(e.mappedBytes, e.bytes)
       assert.equal(e.manifest.version, '1.0.0')
       assert.deepEqual(e.manifest.routing.keywords, ['sql'])
       assert.equal(e.loaded, true)
       assert.deepEqual(rt.experts, [e])
       assert.equal(JSON.stringify(e).includes('"kind":"lora"'), true)
+      const copied = await rt.loadExpert(adapter('lora'), { name: 'lora-copied', mmap: false })
+      assert.deepEqual([copied.bytes, copied.mappedBytes], [e.bytes, 0])
+      await copied.unload()
     } finally {
       await e.unload()
     }
@@ -385,7 +404,6 @@ describe('bad adapters', () => {
     ['a rank that disagrees with the config', () => variant('rank', 'lora', (d) => editConfig(d, (c) => ({ ...c, r: 8 }))), 'INVALID_ADAPTER', /lora_A\.weight has shape \[4, ?64\], expected \[8, ?64\]/],
     ['an unexpected tensor', () => variant('extra', 'lora', (d) => editTensors(d, (t) => ({ ...t, 'base_model.model.model.layers.0.self_attn.q_proj.lora_C.weight': { shape: [2], data: new Float32Array(2) } }))), 'INVALID_ADAPTER', /lora_C/],
     ['a layer the model does not have', () => variant('layer', 'lora', (d) => editTensors(d, (t) => ({ ...t, 'base_model.model.model.layers.9.self_attn.q_proj.lora_A.weight': { shape: [4, 64], data: new Float32Array(256) } }))), 'INVALID_ADAPTER', /layer 9/],
-    ['a non-finite weight', () => variant('nan', 'lora', (d) => editTensors(d, (t) => { t[KEY].data[3] = NaN; return t })), 'INVALID_ADAPTER', /non-finite/],
     ['a corrupt weights file', () => variant('corrupt', 'lora', (d) => writeFileSync(path.join(d, 'adapter_model.safetensors'), Buffer.from('garbage, not safetensors'))), 'INVALID_ADAPTER', /adapter_model\.safetensors/],
     ['a truncated weights file', () => variant('trunc', 'lora', (d) => { const p = path.join(d, 'adapter_model.safetensors'); writeFileSync(p, readFileSync(p).subarray(0, 5000)) }), 'INVALID_ADAPTER', /adapter_model\.safetensors/],
     ['no weights file', () => variant('noweights', 'lora', (d) => rmSync(path.join(d, 'adapter_model.safetensors'))), 'INVALID_ADAPTER', /missing/],
@@ -408,6 +426,17 @@ describe('bad adapters', () => {
     })
   }
 
+  it('a non-finite weight: INVALID_ADAPTER when copied (mmap: false); read in place, it loads and nothing fails', async () => {
+    const dir = variant('nan', 'lora', (d) => editTensors(d, (t) => { t[KEY].data[3] = NaN; return t }))
+    await expectCode(rt.loadExpert(dir, { mmap: false }), 'INVALID_ADAPTER', /non-finite value at element 3/)
+    assert.deepEqual(rt.experts, [])
+    const e = await rt.loadExpert(dir)
+    const c = REF.cases.lora
+    const { chunks } = await run(rt, c.prompt_ids, [e.name], 4)
+    assert.equal(chunks.length, 4)
+    await e.unload()
+  })
+
   it('the runtime keeps working after every failure', async () => {
     const c = REF.cases['qwen3-tiny']
     const { chunks } = await run(rt, c.prompt_ids, [], c.steps.length)
@@ -422,6 +451,7 @@ describe('bad adapters', () => {
     await expectCode(rt.loadExpert(''), 'INVALID_ARGUMENT')
     await expectCode(rt.loadExpert(adapter('lora'), { scale: NaN }), 'INVALID_ARGUMENT')
     await expectCode(rt.loadExpert(adapter('lora'), { name: '' }), 'INVALID_ARGUMENT')
+    await expectCode(rt.loadExpert(adapter('lora'), { mmap: 'yes' }), 'INVALID_ARGUMENT', /mmap/)
     await expectCode(rt.loadExpert(adapter('prompt'), { scale: 2 }), 'INVALID_ARGUMENT', /prompt-tuning/)
   })
 

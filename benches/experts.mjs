@@ -3,7 +3,8 @@
 // prefill overhead of active adapters.
 //
 // Base models: the Qwen3-0.6B-shaped random model of scripts/make_bench_model.py as Q8_0 GGUF
-// (what CPU users run) and, unless --quick, as f32 safetensors.
+// (what CPU users run), with the adapters read in place from their files (the default) and
+// copied into memory (`mmap: false`), and unless --quick as f32 safetensors.
 // Adapters: six random rank-16 LoRAs (alpha 32) on all seven projections (q/k/v/o, gate/up/down)
 // of every layer, shapes read from the f32 config.json, written here (no Python) as PEFT
 // directories into <cacheDir>/bench-experts/lora-r16-<i>/ once (F32, U(-0.01, 0.01), seeded).
@@ -56,7 +57,9 @@ const PREFILL_PROMPT = 512
 const CONTEXT = 2048
 const ACTIVE = [0, 1, 3, 6]
 const TOKEN_RANGE = [1000, 30000]
-const TARGETS = { attachMs: 10, attachGoalMs: 1, detachMs: 5, sixMs: 60, overheadPct: 10 }
+// DESIGN §9 (attach, detach, six, overhead) and the stricter ones of the zero-copy experts work
+// (loadExpert < 1 ms, unload < 1 ms, six with Promise.all < 6 ms).
+const TARGETS = { loadMs: 1, attachMs: 10, attachGoalMs: 1, detachMs: 1, sixMs: 60, sixConcurrentMs: 6, overheadPct: 10 }
 
 function parseArgs(argv) {
   return parseBenchArgs(argv, {
@@ -150,8 +153,8 @@ async function child(spec) {
   // warm-up: engine threads, allocator, page cache of the adapters
   await timedRequest(rt, tokens(2, DECODE_PROMPT), { maxTokens: 4 })
   for (let i = 0; i < N_ADAPTERS; i++) {
-    const e = await rt.loadExpert(spec.adapters[i], { name: names[i] })
-    if (i === 0) out.expert = { kind: e.kind, rank: e.rank, targetModules: e.targetModules, bytes: e.bytes }
+    const e = await rt.loadExpert(spec.adapters[i], { name: names[i], mmap: spec.mmap })
+    if (i === 0) out.expert = { kind: e.kind, rank: e.rank, targetModules: e.targetModules, bytes: e.bytes, mappedBytes: e.mappedBytes }
     if (i === 0) await timedRequest(rt, tokens(3, ATTACH_PROMPT), { maxTokens: 2, experts: [names[i]] })
     await e.unload()
   }
@@ -162,7 +165,7 @@ async function child(spec) {
   for (let i = 0; i < N_ADAPTERS; i++) {
     const base = await timedRequest(rt, tokens(100 + i, ATTACH_PROMPT), { maxTokens: 1, experts: [] })
     const ta = performance.now()
-    const e = await rt.loadExpert(spec.adapters[i], { name: names[i] })
+    const e = await rt.loadExpert(spec.adapters[i], { name: names[i], mmap: spec.mmap })
     const loadMs = performance.now() - ta
     const first = await timedRequest(rt, tokens(200 + i, ATTACH_PROMPT), { maxTokens: 1, experts: [names[i]] }, ta)
     const second = await timedRequest(rt, tokens(300 + i, ATTACH_PROMPT), { maxTokens: 1, experts: [names[i]] })
@@ -186,14 +189,14 @@ async function child(spec) {
   // 4: six together, sequential then concurrent (the concurrent set stays loaded for 5 and 6)
   let ts = performance.now()
   let es = []
-  for (let i = 0; i < N_ADAPTERS; i++) es.push(await rt.loadExpert(spec.adapters[i], { name: names[i] }))
+  for (let i = 0; i < N_ADAPTERS; i++) es.push(await rt.loadExpert(spec.adapters[i], { name: names[i], mmap: spec.mmap }))
   out.sixSequentialMs = performance.now() - ts
   out.sixBytes = es.reduce((a, e) => a + e.bytes, 0)
   ts = performance.now()
   for (const e of es) await e.unload()
   out.sixUnloadMs = performance.now() - ts
   ts = performance.now()
-  es = await Promise.all(spec.adapters.map((d, i) => rt.loadExpert(d, { name: names[i] })))
+  es = await Promise.all(spec.adapters.map((d, i) => rt.loadExpert(d, { name: names[i], mmap: spec.mmap })))
   out.sixConcurrentMs = performance.now() - ts
   if (rt.experts.length !== N_ADAPTERS) out.notes.push(`rt.experts has ${rt.experts.length} entries after loading six`)
 
@@ -275,8 +278,9 @@ const verdict = (x, limit) => (x == null || !Number.isFinite(x) ? '' : x < limit
 function printTable(rows) {
   // figure, unit, value per base, target
   const figures = [
-    ['loadExpert (warm cache, median of 6)', 'ms', (r) => fmt(r.loadMs, 2), ''],
+    ['loadExpert (warm cache, median of 6)', 'ms', (r) => `${fmt(r.loadMs, 2)} ${verdict(r.loadMs, TARGETS.loadMs)}`, `< ${TARGETS.loadMs}`],
     ['  adapter file / expert.bytes', 'MB', (r) => `${fmt(r.fileBytes / MB, 1)} / ${fmt(r.bytes / MB, 1)}`, ''],
+    ['  of which read in place (mappedBytes)', 'MB', (r) => fmt((r.expert?.mappedBytes ?? 0) / MB, 1), ''],
     ['16-token request TTFT, no expert (base)', 'ms', (r) => fmt(r.baseTtftMs, 2), ''],
     ['loadExpert start -> first token', 'ms', (r) => fmt(r.loadToFirstTokenMs, 2), ''],
     ['  first request TTFT with the new expert', 'ms', (r) => fmt(r.firstTtftMs, 2), ''],
@@ -284,7 +288,7 @@ function printTable(rows) {
     ['attach = first TTFT - base TTFT (paired)', 'ms', (r) => `${fmt(r.attachMs, 2)} ${verdict(r.attachMs, TARGETS.attachMs)}`, `< ${TARGETS.attachMs} (goal < ${TARGETS.attachGoalMs})`],
     ['detach = unload() (median of 6)', 'ms', (r) => `${fmt(r.unloadMs, 2)} ${verdict(r.unloadMs, TARGETS.detachMs)}`, `< ${TARGETS.detachMs}`],
     ['six experts, loaded one by one', 'ms', (r) => `${fmt(r.sixSequentialMs, 1)} ${verdict(r.sixSequentialMs, TARGETS.sixMs)}`, `< ${TARGETS.sixMs}`],
-    ['six experts, Promise.all', 'ms', (r) => `${fmt(r.sixConcurrentMs, 1)} ${verdict(r.sixConcurrentMs, TARGETS.sixMs)}`, `< ${TARGETS.sixMs}`],
+    ['six experts, Promise.all', 'ms', (r) => `${fmt(r.sixConcurrentMs, 1)} ${verdict(r.sixConcurrentMs, TARGETS.sixConcurrentMs)}`, `< ${TARGETS.sixConcurrentMs}`],
     ['  six: total expert.bytes', 'MB', (r) => fmt(r.sixBytes / MB, 1), ''],
     ['  six: unload all', 'ms', (r) => fmt(r.sixUnloadMs, 2), ''],
     ...ACTIVE.map((k) => [`decode, ${k} active LoRA${k === 1 ? '' : 's'}`, 'tok/s', (r) => fmt(r.decode[k].decodeTps, 2), '']),
@@ -309,8 +313,12 @@ async function parent(args) {
   const { ensureQwen3Bench } = await import(join(root, 'scripts', 'bench-model.mjs'))
   const q = ensureQwen3Bench()
   const adapters = ensureAdapters(cacheDir, join(q.f32, 'config.json'))
-  const cases = [{ key: 'qwen3-q8_0', label: 'Q8_0 GGUF', path: q.q8_0 }]
-  if (!args.quick) cases.push({ key: 'qwen3-f32', label: 'f32 safetensors', path: q.f32, dtype: 'f32' })
+  // Adapters read in place from their files (the default) and copied into memory, same run.
+  const cases = [
+    { key: 'qwen3-q8_0', label: 'Q8_0 GGUF', path: q.q8_0, mmap: true },
+    { key: 'qwen3-q8_0-copied', label: 'Q8_0, mmap: false', path: q.q8_0, mmap: false },
+  ]
+  if (!args.quick) cases.push({ key: 'qwen3-f32', label: 'f32 safetensors', path: q.f32, dtype: 'f32', mmap: true })
   for (const p of [...cases.map((c) => c.path), ...adapters]) await warmPageCache(p)
 
   const load0 = loadAtStart()
@@ -318,7 +326,7 @@ async function parent(args) {
   for (let rep = 0; rep < args.repeat; rep++) {
     for (const c of cases) {
       const idle = await waitIdleThenSay(args, rep, c.label)
-      const spec = { path: c.path, dtype: c.dtype, threads: args.threads, quick: args.quick, adapters }
+      const spec = { path: c.path, dtype: c.dtype, threads: args.threads, quick: args.quick, adapters, mmap: c.mmap }
       runs[c.key].push({ ...spawnChild(spec), idleBefore: idle })
     }
   }

@@ -38,9 +38,18 @@ export class Expert {
     return this.#native.targetModules
   }
 
-  /** Device memory held by its weights, in bytes. */
+  /** Memory held by its weights, in bytes (those read in place from the file included). */
   get bytes(): number {
     return this.#native.bytes
+  }
+
+  /**
+   * Of `bytes`, the matrices read in place from the memory-mapped adapter file
+   * (`LoadExpertOptions.mmap`): page cache shared by every runtime that maps the file, never
+   * copied. 0 when everything was converted into memory.
+   */
+  get mappedBytes(): number {
+    return this.#native.mappedBytes
   }
 
   /** `manifest.json` beside the adapter, or `null`. */
@@ -78,6 +87,6 @@ export class Expert {
 
   /** Its description as plain data (`JSON.stringify(expert)`). */
   toJSON(): object {
-    return { name: this.name, kind: this.kind, rank: this.rank, targetModules: this.targetModules, bytes: this.bytes, manifest: this.manifest }
+    return { name: this.name, kind: this.kind, rank: this.rank, targetModules: this.targetModules, bytes: this.bytes, mappedBytes: this.mappedBytes, manifest: this.manifest }
   }
 }

@@ -191,8 +191,9 @@ export class Runtime {
     if (options.scale !== undefined && !(typeof options.scale === 'number' && Number.isFinite(options.scale))) {
       throw invalidArgument('scale must be a finite number')
     }
+    if (options.mmap !== undefined && typeof options.mmap !== 'boolean') throw invalidArgument('mmap must be a boolean')
     try {
-      const n = await this.#native.loadExpert(path, { name: options.name, scale: options.scale })
+      const n = await this.#native.loadExpert(path, { name: options.name, scale: options.scale, mmap: options.mmap })
       return this.#wrap(n)
     } catch (e) {
       throw toError(e)

@@ -116,6 +116,9 @@ fn adapters_on_a_gguf_llama_base_with_permuted_rows() {
     let gguf = fixture("llama-tiny/model-f32.gguf");
     check_case("lora_llama", &gguf, false, F32_TOL);
     check_case("dora_llama", &gguf, false, F32_TOL);
+    // The permuted q/k factors are converted into memory; the others are read in place.
+    let e = load_expert(&fixture("adapters/lora_llama"), &ExpertLoadOptions::default(), &model(&gguf, false), 1).unwrap();
+    assert!(e.mapped_bytes > 0 && e.mapped_bytes < e.bytes, "{} of {} bytes mapped", e.mapped_bytes, e.bytes);
 }
 
 /// Bound for an expert on a Q8_0 base (8-bit weights and, on CPU, 8-bit activations) against
@@ -175,10 +178,15 @@ fn expert_metadata() {
     let (h, q, kv, i) = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size);
     let per_layer = 4 * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h));
     assert_eq!(e.bytes, cfg.num_layers * per_layer * 4);
+    // f32 factors on a CPU f32 model are read in place; `mmap: false` copies them.
+    assert_eq!(e.mapped_bytes, e.bytes);
+    let copied = load_expert(&fixture("adapters/lora"), &ExpertLoadOptions { mmap: false, ..Default::default() }, &m, 4).unwrap();
+    assert_eq!((copied.bytes, copied.mapped_bytes), (e.bytes, 0));
     let manifest = e.manifest.as_ref().unwrap();
     assert_eq!(manifest.routing.keywords.iter().map(|k| k.text.as_str()).collect::<Vec<_>>(), ["sql"]);
 
-    let p = load_expert(&fixture("adapters/prompt"), &ExpertLoadOptions { name: Some("p".into()), scale: 1.0 }, &m, 2).unwrap();
+    let p = load_expert(&fixture("adapters/prompt"), &ExpertLoadOptions { name: Some("p".into()), ..Default::default() }, &m, 2)
+        .unwrap();
     assert_eq!((p.name.as_str(), p.kind.as_str(), p.rank, p.num_virtual_tokens()), ("p", "prompt", None, 4));
     let ia3 = load_expert(&fixture("adapters/ia3"), &ExpertLoadOptions::default(), &m, 3).unwrap();
     assert_eq!((ia3.name.as_str(), ia3.rank), ("ia3", None));
@@ -193,7 +201,8 @@ fn scale_zero_is_the_base_model() {
     let prompt = ids(&r["cases"]["lora"]["prompt_ids"]);
     let (base, _) = greedy(&m, &ExpertSet::none(), &prompt, 8);
     for name in ["lora", "lokr", "ia3"] {
-        let e = load_expert(&fixture("adapters").join(name), &ExpertLoadOptions { name: None, scale: 0.0 }, &m, 1).unwrap();
+        let e =
+            load_expert(&fixture("adapters").join(name), &ExpertLoadOptions { scale: 0.0, ..Default::default() }, &m, 1).unwrap();
         let (toks, _) = greedy(&m, &ExpertSet::new(vec![Arc::new(e)]), &prompt, 8);
         assert_eq!(toks, base, "{name} with scale 0");
     }

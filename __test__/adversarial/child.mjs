@@ -293,12 +293,14 @@ async function main() {
   const cases = buildCases()
   print({ hello: cases.length, hash: createHash('sha256').update(cases.map((c) => c.id).join('\n')).digest('hex') })
   await fs.promises.mkdir(TMP, { recursive: true })
-  // Baseline after one load, request, expert load and dispose: the process-wide thread pools
-  // (the prompt preparation pool; rayon's global pool, first used by an expert load) exist from
-  // then on, and threads a case leaves behind are counted against it.
+  // Baseline after one load, request, expert loads and dispose: the process-wide thread pools
+  // (the prompt preparation pool; rayon's global pool, first used by an expert load that
+  // copies weights or an unload) exist from then on, and threads a case leaves behind are
+  // counted against it.
   const warm = await Runtime.load(MODEL)
   await referenceCheck(warm)
   await (await warm.loadExpert(fixture('adapters', 'lora'))).unload()
+  await (await warm.loadExpert(fixture('adapters', 'lora'), { mmap: false })).unload()
   await warm.dispose()
   for (let i = 0; i < 3; i++) await sleep(50)
   const baseThreads = threads()

@@ -1,6 +1,6 @@
 //! A safetensors file, both ways the runtime reads one: adapter weights through
-//! `peft::parse_safetensors` (header, dtype check, widening to f32, non-finite values) with
-//! the tensor-name parsing and transposition `experts::load` applies, and model weights the
+//! `peft::parse_safetensors` (header, dtype check, then each tensor read in place and widened
+//! to f32 with its non-finite check) with the tensor-name parsing `experts::load` applies, and model weights the
 //! ways `SafetensorsSource` loads them: candle's conversion then a dtype cast, and quantize on
 //! load (rows widened from the file's bytes, any alignment, into each block format).
 
@@ -20,8 +20,9 @@ fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
     if let Ok(tensors) = adapter {
         for (name, t) in &tensors {
             let _ = parse_key(name);
-            if t.shape.len() == 2 {
-                let _ = t.transposed();
+            let _ = t.values();
+            if let Some(m) = t.mapped() {
+                let _ = m.f32s().map(|v| v.iter().sum::<f32>());
             }
         }
     }

@@ -21,8 +21,8 @@ impl Dora {
     /// `magnitude`: PEFT's `lora_magnitude_vector` `[out]`.
     pub fn new(lr: LowRank, magnitude: &Tensor, base_f32: &Tensor) -> Result<Self> {
         let dtype = lr.a.dtype();
-        let a = lr.a.to_dtype(DType::F32)?;
-        let b = lr.bt.t()?.to_dtype(DType::F32)?;
+        let a = lr.a.to_tensor()?.to_dtype(DType::F32)?;
+        let b = lr.b.to_tensor()?.to_dtype(DType::F32)?;
         let updated = (base_f32 + (b.matmul(&a)? * lr.scale)?)?;
         let norm = updated.sqr()?.sum(1)?.sqrt()?;
         let g = (magnitude.to_dtype(DType::F32)? / norm)?;

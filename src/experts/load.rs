@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use super::dora::Dora;
 use super::ia3::Ia3;
 use super::lokr::Lokr;
-use super::lora::LowRank;
+use super::lora::{Factor, LowRank};
 use super::manifest::{family, Manifest};
 use super::peft::{parse_key, read_safetensors, AdapterConfig, PeftType, RawTensor};
 use super::{Expert, ExpertKind, ModuleAdapter, Proj, Slot};
@@ -29,11 +29,14 @@ pub struct ExpertLoadOptions {
     /// Multiplies the adapter's effect: the LoRA/DoRA/LoKr scaling, or IA³ vectors as
     /// `1 + scale · (l − 1)`. Not applicable to prompt tuning.
     pub scale: f64,
+    /// Read f32 LoRA/DoRA factors in place from the memory-mapped file (CPU f32 models), with
+    /// no copy and no read of their values at load; `false` copies and checks every value.
+    pub mmap: bool,
 }
 
 impl Default for ExpertLoadOptions {
     fn default() -> Self {
-        Self { name: None, scale: 1.0 }
+        Self { name: None, scale: 1.0, mmap: true }
     }
 }
 
@@ -60,7 +63,7 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     // 3. The modules the config targets.
     let targeted = targeted_slots(&cfg, model)?;
     // 4. Group the tensors by module; anything else is not an adapter we can apply.
-    let by_slot = group_by_slot(tensors, &cfg, model)?;
+    let by_slot = group_by_slot(tensors, &targeted, model)?;
     // 5. Build and check every targeted module.
     let kind = match cfg.peft_type {
         PeftType::Lora if cfg.use_dora => ExpertKind::Dora,
@@ -73,7 +76,9 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     // projection of a 28-layer model is 392 tensors: one upload each would cost tens of
     // milliseconds). DoRA reads the base weight where it lives, so it is built there.
     let staging = if cfg.use_dora { model.device.clone() } else { Device::Cpu };
-    let build = ModuleBuilder { cfg: &cfg, model, dtype: model.dtype, device: &staging, scale: opts.scale };
+    // Factors read in place need the kernels that read f32 from host memory.
+    let mmap = opts.mmap && model.device.is_cpu() && model.dtype == DType::F32;
+    let build = ModuleBuilder { cfg: &cfg, model, dtype: model.dtype, device: &staging, scale: opts.scale, mmap };
     let mut built = build.modules(targeted, by_slot)?;
     if !staging.same_device(&model.device) {
         let tensors = built.modules.iter_mut().flatten().flat_map(ModuleAdapter::tensors_mut).collect();
@@ -87,6 +92,7 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
         rank: (kind != ExpertKind::Ia3).then_some(built.max_rank),
         target_modules: built.names.into_iter().collect(),
         bytes: built.bytes,
+        mapped_bytes: built.mapped_bytes,
         manifest,
         modules: built.modules,
         prompt: None,
@@ -194,6 +200,7 @@ fn prompt_expert(
         rank: None,
         target_modules: Vec::new(),
         bytes,
+        mapped_bytes: 0,
         manifest,
         modules: Vec::new(),
         prompt: Some(prompt),
@@ -225,9 +232,13 @@ fn targeted_slots(cfg: &AdapterConfig, model: &Decoder) -> Result<Vec<Slot>> {
 /// the model lacks or of an untargeted module is an error.
 fn group_by_slot(
     tensors: HashMap<String, RawTensor>,
-    cfg: &AdapterConfig,
+    targeted: &[Slot],
     model: &Decoder,
 ) -> Result<HashMap<Slot, ModuleTensors>> {
+    let mut is_targeted = vec![false; model.cfg.num_layers * Proj::ALL.len()];
+    for s in targeted {
+        is_targeted[s.index()] = true;
+    }
     let mut by_slot: HashMap<Slot, ModuleTensors> = HashMap::new();
     for (key, t) in tensors {
         let Some((slot, param)) = parse_key(&key) else {
@@ -245,7 +256,7 @@ fn group_by_slot(
                 slot.layer, model.cfg.num_layers
             )));
         }
-        if !cfg.targets(slot) {
+        if !is_targeted[slot.index()] {
             return Err(EngineError::InvalidAdapter(format!("tensor {key} is for a module the adapter config does not target")));
         }
         by_slot.entry(slot).or_default().insert(param.to_string(), t);
@@ -260,6 +271,8 @@ struct BuiltModules {
     /// The adapted projections' names.
     names: BTreeSet<String>,
     bytes: usize,
+    /// Of `bytes`, the factors read in place.
+    mapped_bytes: usize,
     max_rank: usize,
 }
 
@@ -269,6 +282,8 @@ struct ModuleBuilder<'a> {
     dtype: DType,
     device: &'a Device,
     scale: f64,
+    /// Whether f32 LoRA factors are read in place from the file's map.
+    mmap: bool,
 }
 
 impl ModuleBuilder<'_> {
@@ -278,15 +293,22 @@ impl ModuleBuilder<'_> {
             modules: (0..self.model.cfg.num_layers * Proj::ALL.len()).map(|_| None).collect(),
             names: BTreeSet::new(),
             bytes: 0,
+            mapped_bytes: 0,
             max_rank: 0,
         };
         let work: Vec<(Slot, ModuleTensors)> =
             targeted.into_iter().map(|slot| (slot, by_slot.remove(&slot).unwrap_or_default())).collect();
         // Modules are independent: built in parallel on the host (a GPU staging device is
-        // driven from this thread only). Results keep the module order, so the error reported
-        // is the first module's, as in a sequential build.
+        // driven from this thread only) when they read and convert values. A LoRA read in
+        // place is header bookkeeping only (~1 µs a module): the thread pool's fan-out would
+        // cost more than it saves. Results keep the module order, so the error reported is
+        // the first module's, as in a sequential build.
+        let in_place = self.mmap
+            && self.cfg.peft_type == PeftType::Lora
+            && !self.cfg.use_dora
+            && work.iter().all(|(_, ts)| ts.values().all(RawTensor::is_f32));
         let build = |(slot, ts): (Slot, ModuleTensors)| self.module(slot, ts).map(|built| (slot, built));
-        let results: Vec<Result<(Slot, (ModuleAdapter, usize))>> = if self.device.is_cpu() {
+        let results: Vec<Result<(Slot, (ModuleAdapter, usize))>> = if self.device.is_cpu() && !in_place {
             use rayon::prelude::*;
             work.into_par_iter().map(build).collect()
         } else {
@@ -294,6 +316,12 @@ impl ModuleBuilder<'_> {
         };
         for result in results {
             let (slot, (adapter, rank)) = result?;
+            let low_rank = match &adapter {
+                ModuleAdapter::Lora(l) => Some(l),
+                ModuleAdapter::Dora(d) => Some(&d.lr),
+                _ => None,
+            };
+            built.mapped_bytes += low_rank.map_or(0, |l| [&l.a, &l.b].iter().filter(|f| f.is_mapped()).map(|f| f.bytes()).sum());
             built.bytes += match &adapter {
                 ModuleAdapter::Lora(l) => l.bytes(),
                 ModuleAdapter::Dora(d) => d.bytes(),
@@ -330,10 +358,18 @@ impl ModuleBuilder<'_> {
         let a = m.take("lora_A.weight", Some(&[r, inp]))?;
         let b = m.take("lora_B.weight", Some(&[out, r]))?;
         let s = if self.cfg.use_rslora { alpha / (r as f64).sqrt() } else { alpha / r as f64 } * self.scale;
-        let a = a.to_tensor(self.dtype, self.device)?;
-        // Bᵀ [r, out]; permuting B's rows is permuting Bᵀ's columns.
-        let bt = permute(b.transposed().to_tensor(self.dtype, self.device)?, m.perm.as_ref(), 1)?;
-        let lr = LowRank::new(a, bt, s);
+        // In place where the file's dtype and layout are what the kernels read (permuted rows
+        // are not); otherwise converted once.
+        let in_place = |t: &RawTensor| self.mmap.then(|| t.mapped()).flatten().map(Factor::Mapped);
+        let a = match in_place(&a) {
+            Some(f) => f,
+            None => Factor::Tensor(a.to_tensor(self.dtype, self.device)?),
+        };
+        let b = match in_place(&b).filter(|_| m.perm.is_none()) {
+            Some(f) => f,
+            None => Factor::Tensor(permute(b.to_tensor(self.dtype, self.device)?, m.perm.as_ref(), 0)?),
+        };
+        let lr = LowRank::new(a, b, s);
         if !self.cfg.use_dora {
             return Ok((ModuleAdapter::Lora(lr), r));
         }
@@ -357,7 +393,7 @@ impl ModuleBuilder<'_> {
         let (out, inp) = (m.lin.out_features, m.lin.in_features);
         let ff = self.cfg.is_feedforward(m.slot);
         let v = if ff { m.take("ia3_l", Some(&[1, inp]))? } else { m.take("ia3_l", Some(&[out, 1]))? };
-        let n = v.data.len();
+        let n = v.shape.iter().product::<usize>();
         let mut v = v.to_tensor(DType::F32, self.device)?.reshape(n)?;
         if self.scale != 1.0 {
             v = (((v - 1.0)? * self.scale)? + 1.0)?;

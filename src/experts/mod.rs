@@ -76,11 +76,15 @@ pub enum ModuleAdapter {
 }
 
 impl ModuleAdapter {
-    /// Every tensor the adapter holds.
+    /// Every tensor the adapter holds (not the matrices read in place from a file's map).
     pub fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
         match self {
-            Self::Lora(l) => vec![&mut l.a, &mut l.bt],
-            Self::Dora(d) => vec![&mut d.lr.a, &mut d.lr.bt, &mut d.g, &mut d.g_minus_1],
+            Self::Lora(l) => [l.a.tensor_mut(), l.b.tensor_mut()].into_iter().flatten().collect(),
+            Self::Dora(d) => {
+                let mut v: Vec<&mut Tensor> = [d.lr.a.tensor_mut(), d.lr.b.tensor_mut()].into_iter().flatten().collect();
+                v.extend([&mut d.g, &mut d.g_minus_1]);
+                v
+            }
             Self::Ia3(a) => vec![&mut a.scale],
             Self::Lokr(k) => {
                 let mut v = vec![&mut k.w1, &mut k.w2];
@@ -103,8 +107,11 @@ pub struct Expert {
     pub rank: Option<usize>,
     /// Module names it targets (`q_proj`, …), sorted and deduplicated.
     pub target_modules: Vec<String>,
-    /// Device memory held by its tensors.
+    /// Memory held by its weights, those read in place from the file's map included.
     pub bytes: usize,
+    /// Of `bytes`, the matrices read in place from the memory-mapped file (page cache, shared
+    /// between the runtimes that map it; never copied).
+    pub mapped_bytes: usize,
     pub manifest: Option<Manifest>,
     /// The manifest's `routing.examples`, embedded with the base model (mean-pooled, unit
     /// length), in the manifest's order.

@@ -5,13 +5,16 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
 use serde_json::Value;
 
 use super::{Proj, Slot};
 
 use crate::error::{EngineError, Result};
+use crate::model::mapped::Mapped;
 use crate::model::quantize::{widen_into, DenseType};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +60,9 @@ impl Modules {
         match self {
             Self::AllLinear => true,
             Self::Regex(r) => r.is_match(path),
-            Self::List(names) => names.iter().any(|n| path == n || path.ends_with(&format!(".{n}"))),
+            Self::List(names) => {
+                names.iter().any(|n| path.strip_suffix(n.as_str()).is_some_and(|rest| rest.is_empty() || rest.ends_with('.')))
+            }
         }
     }
 
@@ -232,29 +237,46 @@ impl AdapterConfig {
     }
 }
 
-/// A tensor read from the adapter file, widened to f32 on the host.
+/// A tensor of the adapter file: its shape and where its bytes lie in the file's map. Its
+/// values are read when asked for ([`RawTensor::values`], [`RawTensor::to_tensor`]) or used in
+/// place ([`RawTensor::mapped`]); the header was validated when the file was parsed.
 pub struct RawTensor {
     pub shape: Vec<usize>,
-    pub data: Vec<f32>,
+    name: String,
+    dtype: safetensors::Dtype,
+    map: Arc<Mmap>,
+    /// Byte offset of the data in `map`.
+    offset: usize,
+    len: usize,
 }
 
 impl RawTensor {
-    pub fn to_tensor(self, dtype: DType, device: &Device) -> Result<Tensor> {
-        Ok(Tensor::from_vec(self.data, self.shape, device)?.to_dtype(dtype)?)
+    fn bytes(&self) -> &[u8] {
+        &self.map[self.offset..self.offset + self.len]
     }
-}
 
-impl RawTensor {
-    /// The transpose of a 2-D tensor (`[a, b]` → `[b, a]`).
-    pub fn transposed(&self) -> RawTensor {
-        let (a, b) = (self.shape[0], self.shape[1]);
-        let mut data = vec![0f32; a * b];
-        for (i, row) in self.data.chunks_exact(b.max(1)).enumerate() {
-            for (j, &v) in row.iter().enumerate() {
-                data[j * a + i] = v;
-            }
+    pub fn is_f32(&self) -> bool {
+        self.dtype == safetensors::Dtype::F32
+    }
+
+    /// The values widened to f32 (a plain copy for F32); a non-finite value is an error.
+    pub fn values(&self) -> Result<Vec<f32>> {
+        let data = widen(&self.name, self.dtype, self.bytes())?;
+        if let Some(bad) = data.iter().position(|x| !x.is_finite()) {
+            return Err(EngineError::InvalidAdapter(format!("tensor {} holds a non-finite value at element {bad}", self.name)));
         }
-        RawTensor { shape: vec![b, a], data }
+        Ok(data)
+    }
+
+    pub fn to_tensor(&self, dtype: DType, device: &Device) -> Result<Tensor> {
+        Ok(Tensor::from_vec(self.values()?, self.shape.as_slice(), device)?.to_dtype(dtype)?)
+    }
+
+    /// The 2-D f32 tensor read in place from the map (no copy, values not read); `None` for
+    /// another dtype or rank, or data not aligned for f32.
+    pub fn mapped(&self) -> Option<Mapped> {
+        let &[n, k] = self.shape.as_slice() else { return None };
+        (self.dtype == safetensors::Dtype::F32).then(|| Mapped::new(self.map.clone(), self.offset, n, k, DType::F32))?
     }
 }
 
@@ -273,29 +295,52 @@ fn widen(name: &str, dtype: safetensors::Dtype, bytes: &[u8]) -> Result<Vec<f32>
     }
 }
 
-/// Every tensor of a safetensors file, keyed by name, widened to f32 in parallel.
+/// Every tensor of a safetensors file, keyed by name: the header is parsed and checked (every
+/// tensor's byte range inside the file, a float dtype); no value is read.
 pub fn read_safetensors(path: &Path) -> Result<HashMap<String, RawTensor>> {
     crate::files::regular_file_len(path).map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
     let file = std::fs::File::open(path).map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
-    // SAFETY: mapped read-only for the duration of this call; `safetensors` validates the header
-    // and every tensor's byte range against the file length before any access.
+    // SAFETY: a private read-only map, held by every tensor cut from it. `safetensors` checks
+    // the header and every tensor's byte range against the map's length before any access. A
+    // file truncated on disk while mapped faults on the next read of a lost page (documented
+    // with `LoadExpertOptions.mmap`, whose `false` copies the file instead).
     let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| EngineError::invalid_adapter(path.display(), e))?;
-    parse_safetensors(&mmap, &path.display().to_string())
+    let len = mmap.len();
+    parse_prefix(Arc::new(mmap), len, &path.display().to_string())
 }
 
-/// [`read_safetensors`] on the file's bytes; `origin` names the file in errors.
+/// [`read_safetensors`] on bytes in memory (copied once into an anonymous map).
 pub fn parse_safetensors(bytes: &[u8], origin: &str) -> Result<HashMap<String, RawTensor>> {
-    use rayon::prelude::*;
+    let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| EngineError::invalid_adapter(origin, e))?;
+    map[..bytes.len()].copy_from_slice(bytes);
+    let map = map.make_read_only().map_err(|e| EngineError::invalid_adapter(origin, e))?;
+    // The map is never empty, so it may be a byte longer than `bytes`: parse `bytes` only.
+    parse_prefix(Arc::new(map), bytes.len(), origin)
+}
+
+/// The tensors of the safetensors file in the first `len` bytes of `map`.
+fn parse_prefix(map: Arc<Mmap>, len: usize, origin: &str) -> Result<HashMap<String, RawTensor>> {
+    let bytes = &map[..len];
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| EngineError::invalid_adapter(origin, e))?;
+    let base = bytes.as_ptr() as usize;
     st.tensors()
-        .into_par_iter()
+        .into_iter()
         .map(|(name, view)| {
-            let data = widen(&name, view.dtype(), view.data())?;
-            if !data.iter().all(|x| x.is_finite()) {
-                let bad = data.iter().position(|x| !x.is_finite()).unwrap_or(0);
-                return Err(EngineError::InvalidAdapter(format!("tensor {name} holds a non-finite value at element {bad}")));
+            let dtype = view.dtype();
+            if DenseType::of_safetensors(dtype).is_none() && dtype != safetensors::Dtype::F64 {
+                return Err(EngineError::InvalidAdapter(format!("tensor {name} has dtype {dtype:?}; expected a float type")));
             }
-            Ok((name, RawTensor { shape: view.shape().to_vec(), data }))
+            // `view.data()` is a slice of `bytes`: its offset in the map.
+            let offset = view.data().as_ptr() as usize - base;
+            let t = RawTensor {
+                shape: view.shape().to_vec(),
+                name: name.clone(),
+                dtype,
+                map: map.clone(),
+                offset,
+                len: view.data().len(),
+            };
+            Ok((name, t))
         })
         .collect()
 }

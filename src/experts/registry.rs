@@ -40,14 +40,21 @@ impl Registry {
     /// Removes the expert with this name and load id; `false` when it is not (or no longer)
     /// loaded.
     pub fn remove(&self, name: &str, id: u64) -> bool {
-        let mut m = self.by_name.lock().unwrap();
-        if m.get(name).is_some_and(|e| e.id == id) {
-            m.remove(name);
+        let removed = {
+            let mut m = self.by_name.lock().unwrap();
+            if m.get(name).is_none_or(|e| e.id != id) {
+                return false;
+            }
             self.generation.fetch_add(1, Ordering::Relaxed);
-            true
-        } else {
-            false
+            m.remove(name)
+        };
+        // The last reference frees the weights on the thread pool, not on the caller's (the
+        // JS) thread: unmapping a read-in-place adapter whose pages requests touched costs
+        // about 1.5 ms per 40 MB, freeing a copied one about 0.5 ms.
+        if let Some(e) = removed.filter(|e| Arc::strong_count(e) == 1) {
+            rayon::spawn(move || drop(e));
         }
+        true
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Expert>> {

@@ -53,6 +53,19 @@ impl Mapped {
         self.dtype
     }
 
+    /// `(n, k)`.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// The elements of an f32 matrix, row-major.
+    pub fn f32s(&self) -> Result<&[f32]> {
+        if self.dtype != DType::F32 {
+            return Err(EngineError::Internal(format!("a {:?} mapped matrix read as f32", self.dtype)));
+        }
+        Ok(self.slice::<f32>())
+    }
+
     pub fn size_in_bytes(&self) -> usize {
         self.n * self.k * self.dtype.size_in_bytes()
     }
@@ -92,9 +105,7 @@ impl Mapped {
                 matmul_t(xs, 1, w, o.len(), self.k, o, gemm::Parallelism::None);
             });
         } else {
-            let threads = rayon::current_num_threads();
-            let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-            matmul_t(xs, rows, w, self.n, self.k, &mut out, par);
+            matmul_t(xs, rows, w, self.n, self.k, &mut out, pool_parallelism());
         }
         drop(storage);
         Ok(Tensor::from_vec(out, (rows, self.n), &Device::Cpu)?)
@@ -138,7 +149,30 @@ impl Mapped {
 
 /// `out [m, n] = x [m, k] · w [n, k]ᵀ`, all row-major (the strides of candle's `x.matmul(w.t())`).
 fn matmul_t<T: Element>(x: &[T], m: usize, w: &[T], n: usize, k: usize, out: &mut [T], par: gemm::Parallelism) {
+    gemm_t(x, m, w, n, k, out, None, par)
+}
+
+/// `out [m, n] += scale · x [m, k] · w [n, k]ᵀ`, all row-major, split across the thread pool.
+pub fn matmul_t_add(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32], scale: f32) {
+    gemm_t(x, m, w, n, k, out, Some(scale), pool_parallelism())
+}
+
+/// `gemm`'s parallelism over the current thread pool.
+pub fn pool_parallelism() -> gemm::Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => gemm::Parallelism::None,
+        threads => gemm::Parallelism::Rayon(threads),
+    }
+}
+
+/// `out = x · wᵀ`, or with `add = Some(s)` `out += s · x · wᵀ`.
+#[allow(clippy::too_many_arguments)]
+fn gemm_t<T: Element>(x: &[T], m: usize, w: &[T], n: usize, k: usize, out: &mut [T], add: Option<T>, par: gemm::Parallelism) {
     assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
+    let (read_dst, scale) = match add {
+        Some(s) => (true, s),
+        None => (false, T::ONE),
+    };
     // SAFETY: the asserts above bound every index gemm reads or writes with these strides.
     unsafe {
         gemm::gemm(
@@ -148,15 +182,15 @@ fn matmul_t<T: Element>(x: &[T], m: usize, w: &[T], n: usize, k: usize, out: &mu
             out.as_mut_ptr(),
             1,
             n as isize,
-            false,
+            read_dst,
             x.as_ptr(),
             1,
             k as isize,
             w.as_ptr(),
             k as isize,
             1,
-            T::ZERO,
             T::ONE,
+            scale,
             false,
             false,
             false,

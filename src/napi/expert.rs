@@ -19,6 +19,7 @@ pub struct NativeExpert {
     rank: Option<u32>,
     target_modules: Vec<String>,
     bytes: f64,
+    mapped_bytes: f64,
     manifest: Option<String>,
     num_virtual_tokens: u32,
 }
@@ -33,6 +34,7 @@ impl NativeExpert {
             rank: e.rank.map(|r| r as u32),
             target_modules: e.target_modules.clone(),
             bytes: e.bytes as f64,
+            mapped_bytes: e.mapped_bytes as f64,
             manifest: e.manifest.as_ref().map(|m| m.raw.to_string()),
             num_virtual_tokens: e.num_virtual_tokens() as u32,
         }
@@ -70,6 +72,11 @@ impl NativeExpert {
     #[napi(getter)]
     pub fn bytes(&self) -> f64 {
         self.bytes
+    }
+
+    #[napi(getter)]
+    pub fn mapped_bytes(&self) -> f64 {
+        self.mapped_bytes
     }
 
     /// `manifest.json` as JSON text (parsed in the TS layer), or null.

@@ -75,6 +75,7 @@ impl From<engine::StatsSnapshot> for RuntimeStats {
 pub struct NativeExpertOptions {
     pub name: Option<String>,
     pub scale: Option<f64>,
+    pub mmap: Option<bool>,
 }
 
 #[napi(object)]

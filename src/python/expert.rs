@@ -24,9 +24,12 @@ pub struct Expert {
     rank: Option<usize>,
     #[pyo3(get)]
     target_modules: Vec<String>,
-    /// Memory held by its tensors.
+    /// Memory held by its weights, those read in place from the file included.
     #[pyo3(get)]
     bytes: usize,
+    /// Of `bytes`, the matrices read in place from the memory-mapped file (not copied).
+    #[pyo3(get)]
+    mapped_bytes: usize,
     #[pyo3(get)]
     num_virtual_tokens: usize,
     manifest: Option<serde_json::Value>,
@@ -42,6 +45,7 @@ impl Expert {
             rank: e.rank,
             target_modules: e.target_modules.clone(),
             bytes: e.bytes,
+            mapped_bytes: e.mapped_bytes,
             num_virtual_tokens: e.num_virtual_tokens(),
             manifest: e.manifest.as_ref().map(|m| m.raw.clone()),
         }

@@ -191,13 +191,17 @@ impl Runtime {
     }
 
     /// Reads, validates and makes resident a PEFT adapter directory, without pausing
-    /// generation. Options: `name`, `scale`.
+    /// generation. Options: `name`, `scale`, `mmap`.
     #[pyo3(signature = (path, **options))]
     fn load_expert(&self, py: Python<'_>, path: &Bound<'_, PyAny>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Expert> {
         let e = self.engine()?;
         let p = self::path(path, "path")?;
-        let k = Kwargs::new(options, &["name", "scale"], "load_expert")?;
-        let opts = ExpertLoadOptions { name: k.string("name")?, scale: k.f64("scale")?.unwrap_or(1.0) };
+        let k = Kwargs::new(options, &["name", "scale", "mmap"], "load_expert")?;
+        let opts = ExpertLoadOptions {
+            name: k.string("name")?,
+            scale: k.f64("scale")?.unwrap_or(1.0),
+            mmap: k.bool("mmap")?.unwrap_or(true),
+        };
         let expert = wait(py, e.load_expert(&p, opts), "the adapter loader")?;
         Ok(Expert::new(e, &expert))
     }

@@ -17,6 +17,9 @@
 
 use std::sync::OnceLock;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
+
 /// A kernel path.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Level {
@@ -70,6 +73,22 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
     let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
     acc.iter().sum::<f32>() + tail
+}
+
+/// `out[d] += dot(v, rows[d])` for the `out.len()` rows of `v.len()` elements in `rows`,
+/// compiled for `level`: the bits of one [`dot`] per row, on every path.
+pub fn dots_add_at(level: Level, v: &[f32], rows: &[f32], out: &mut [f32]) {
+    let n = v.len();
+    assert!(rows.len() >= out.len() * n);
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2Fma && n.is_multiple_of(8) {
+        // SAFETY: `Avx2Fma` is only constructed after detecting both features; the length
+        // conditions are the ones checked above.
+        return unsafe { x86::dots::<true>(v, rows, 1.0, out) };
+    }
+    for (d, o) in out.iter_mut().enumerate() {
+        *o += dot_at(level, v, &rows[d * n..][..n]);
+    }
 }
 
 /// `y += alpha · x`.

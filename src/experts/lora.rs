@@ -206,13 +206,19 @@ fn fused_rows(xs: &[f32], a: &[f32], b: &[f32], r: usize, scale: f32, acc: &mut 
     } else {
         t.iter_mut().enumerate().for_each(ax);
     }
-    // 2. acc[row, o] += t[row] · B[o], split by output chunks.
-    for (row, yr) in acc.chunks_exact_mut(out).enumerate() {
-        let tr = &t[row * r..(row + 1) * r];
-        yr.par_chunks_mut(KERNEL_CHUNK).enumerate().for_each(|(c, yc)| {
-            simd::dots_add_at(level, tr, &b[c * KERNEL_CHUNK * r..][..yc.len() * r], yc);
-        });
+    // 2. acc[row, o] += t[row] · B[o], split by output chunks: each chunk of B is read from
+    //    memory once and stays in cache for every row.
+    let mut chunks: Vec<Vec<&mut [f32]>> = (0..out.div_ceil(KERNEL_CHUNK)).map(|_| Vec::with_capacity(rows)).collect();
+    for yr in acc.chunks_exact_mut(out) {
+        for (c, yc) in yr.chunks_mut(KERNEL_CHUNK).enumerate() {
+            chunks[c].push(yc);
+        }
     }
+    chunks.par_iter_mut().enumerate().for_each(|(c, ys)| {
+        for (row, yc) in ys.iter_mut().enumerate() {
+            simd::dots_add_at(level, &t[row * r..(row + 1) * r], &b[c * KERNEL_CHUNK * r..][..yc.len() * r], yc);
+        }
+    });
 }
 
 #[cfg(test)]

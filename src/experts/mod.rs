@@ -32,6 +32,7 @@ pub mod peft;
 pub mod prompt;
 pub mod registry;
 pub mod router;
+mod st_header;
 
 use std::sync::Arc;
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::{Proj, Slot};
 
+use super::st_header::read_header;
 use crate::error::{EngineError, Result};
 use crate::model::mapped::Mapped;
 use crate::model::quantize::{widen_into, DenseType};
@@ -225,6 +226,9 @@ impl AdapterConfig {
 
     /// `(r, alpha)` for a module, after `rank_pattern` / `alpha_pattern` (first match wins).
     pub fn rank_alpha(&self, slot: Slot) -> (usize, f64) {
+        if self.rank_pattern.is_empty() && self.alpha_pattern.is_empty() {
+            return (self.r, self.alpha);
+        }
         let path = slot.path();
         let r = self.rank_pattern.iter().find(|(re, _, _)| re.is_match(&path)).map_or(self.r, |p| p.2);
         let alpha = self.alpha_pattern.iter().find(|(re, _, _)| re.is_match(&path)).map_or(self.alpha, |p| p.2);
@@ -320,29 +324,26 @@ pub fn parse_safetensors(bytes: &[u8], origin: &str) -> Result<HashMap<String, R
 
 /// The tensors of the safetensors file in the first `len` bytes of `map`.
 fn parse_prefix(map: Arc<Mmap>, len: usize, origin: &str) -> Result<HashMap<String, RawTensor>> {
-    let bytes = &map[..len];
-    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| EngineError::invalid_adapter(origin, e))?;
-    let base = bytes.as_ptr() as usize;
-    st.tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            let dtype = view.dtype();
-            if DenseType::of_safetensors(dtype).is_none() && dtype != safetensors::Dtype::F64 {
-                return Err(EngineError::InvalidAdapter(format!("tensor {name} has dtype {dtype:?}; expected a float type")));
-            }
-            // `view.data()` is a slice of `bytes`: its offset in the map.
-            let offset = view.data().as_ptr() as usize - base;
-            let t = RawTensor {
-                shape: view.shape().to_vec(),
-                name: name.clone(),
-                dtype,
-                map: map.clone(),
-                offset,
-                len: view.data().len(),
-            };
-            Ok((name, t))
-        })
-        .collect()
+    let header = read_header(&map[..len]).map_err(|e| EngineError::invalid_adapter(origin, e))?;
+    let mut tensors = HashMap::with_capacity(header.tensors.len());
+    for (name, info) in header.tensors {
+        let dtype = info.dtype;
+        if DenseType::of_safetensors(dtype).is_none() && dtype != safetensors::Dtype::F64 {
+            return Err(EngineError::InvalidAdapter(format!("tensor {name} has dtype {dtype:?}; expected a float type")));
+        }
+        // Validated: the range lies inside the data section, which ends at `len`.
+        let (start, end) = info.data_offsets;
+        let t = RawTensor {
+            shape: info.shape,
+            name: name.clone(),
+            dtype,
+            map: map.clone(),
+            offset: header.data_start + start,
+            len: end - start,
+        };
+        tensors.insert(name, t);
+    }
+    Ok(tensors)
 }
 
 /// Splits `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight` into its module

@@ -76,7 +76,8 @@ fn embeddings_under_an_expert_equal_peft() {
     let refs = read_json(&fixture("embeddings.json"));
     let a = &refs["adapters"]["lora"];
     let e = engine(a["base"].as_str().unwrap());
-    e.load_expert_blocking(&fixture("adapters/lora"), ExpertLoadOptions { name: Some("l".into()), ..Default::default() }).unwrap();
+    e.load_expert_blocking(&fixture("adapters/lora"), ExpertLoadOptions { name: Some("l".into()), ..Default::default() })
+        .unwrap();
     check(&e, a["texts"].as_array().unwrap(), &["l"], "lora");
 }
 

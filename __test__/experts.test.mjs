@@ -437,6 +437,28 @@ describe('bad adapters', () => {
     await e.unload()
   })
 
+  it('f32 data the header leaves misaligned is copied, not mapped, and gives the same tokens', async () => {
+    const dir = variant('misaligned', 'lora', (d) => {
+      const p = path.join(d, 'adapter_model.safetensors')
+      const bytes = readFileSync(p)
+      const n = Number(bytes.readBigUInt64LE(0))
+      // Pad the header with spaces (valid JSON) so that the data starts 2 bytes past a multiple of 4.
+      const pad = (((2 - ((8 + n) % 4)) % 4) + 4) % 4 || 4
+      const header = Buffer.concat([bytes.subarray(8, 8 + n), Buffer.alloc(pad, ' ')])
+      const len = Buffer.alloc(8)
+      len.writeBigUInt64LE(BigInt(header.length))
+      writeFileSync(p, Buffer.concat([len, header, bytes.subarray(8 + n)]))
+    })
+    const e = await rt.loadExpert(dir, { name: 'misaligned' })
+    try {
+      assert.equal(e.mappedBytes, 0)
+      const c = REF.cases.lora
+      assertSteps((await run(rt, c.prompt_ids, ['misaligned'], c.steps.length)).chunks, c.steps, 'misaligned lora')
+    } finally {
+      await e.unload()
+    }
+  })
+
   it('the runtime keeps working after every failure', async () => {
     const c = REF.cases['qwen3-tiny']
     const { chunks } = await run(rt, c.prompt_ids, [], c.steps.length)

@@ -137,6 +137,11 @@ def test_expert_errors(tiny, tmp_path):
     assert code_of(lambda: tiny.load_expert(ADAPTERS / "lora", scale="big")) == "INVALID_ARGUMENT"
     e = tiny.load_expert(ADAPTERS / "lora", name="err-lora")
     assert e.loaded and e.kind == "lora" and e.rank == 4 and e.bytes > 0
+    assert e.mapped_bytes == e.bytes  # f32 factors read in place from the file
+    assert code_of(lambda: tiny.load_expert(ADAPTERS / "lora", name="x", mmap="yes")) == "INVALID_ARGUMENT"
+    copied = tiny.load_expert(ADAPTERS / "lora", name="err-lora-copied", mmap=False)
+    assert (copied.bytes, copied.mapped_bytes) == (e.bytes, 0)
+    assert copied.unload() is True
     assert e.unload() is True
     assert not e.loaded and e.unload() is False
     assert code_of(lambda: tiny.create_session().complete("hi", experts=["err-lora"])) == "EXPERT_NOT_FOUND"

@@ -263,12 +263,46 @@ export function loraModuleShapes(cfg) {
 }
 
 /** Minimal safetensors writer: F32 tensors, in the given order. `tensors`: [name, shape, fill(Float32Array)]. */
-export function writeSafetensorsF32(file, tensors) {
+const f32Scratch = new Float32Array(1)
+const u32Scratch = new Uint32Array(f32Scratch.buffer)
+
+/** The IEEE half-precision bits of `v`, rounded to nearest even (as numpy / torch convert). */
+export function toF16Bits(v) {
+  f32Scratch[0] = v
+  const x = u32Scratch[0]
+  const sign = (x >>> 16) & 0x8000
+  const exp = (x >>> 23) & 0xff
+  const mant = x & 0x7fffff
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0)
+  const e = exp - 127 + 15
+  if (e >= 0x1f) return sign | 0x7c00
+  if (e <= 0) {
+    if (e < -10) return sign
+    const m = mant | 0x800000
+    const shift = 14 - e
+    let h = m >>> shift
+    const rem = m & ((1 << shift) - 1)
+    const half = 1 << (shift - 1)
+    if (rem > half || (rem === half && h & 1)) h++
+    return sign | h
+  }
+  let h = (e << 10) | (mant >>> 13)
+  const rem = mant & 0x1fff
+  if (rem > 0x1000 || (rem === 0x1000 && h & 1)) h++
+  return sign | h
+}
+
+/**
+ * Writes a safetensors file of `tensors` ([name, shape, fill(Float32Array)]), stored as F32 or
+ * (`dtype: 'F16'`) rounded to half precision.
+ */
+export function writeSafetensorsF32(file, tensors, dtype = 'F32') {
+  const size = dtype === 'F16' ? 2 : 4
   const header = { __metadata__: { format: 'pt' } }
   let off = 0
   for (const [name, shape] of tensors) {
-    const n = shape.reduce((a, b) => a * b, 1) * 4
-    header[name] = { dtype: 'F32', shape, data_offsets: [off, off + n] }
+    const n = shape.reduce((a, b) => a * b, 1) * size
+    header[name] = { dtype, shape, data_offsets: [off, off + n] }
     off += n
   }
   let json = JSON.stringify(header)
@@ -282,7 +316,13 @@ export function writeSafetensorsF32(file, tensors) {
     for (const [, shape, fill] of tensors) {
       const a = new Float32Array(shape.reduce((x, y) => x * y, 1))
       fill(a)
-      writeSync(fd, new Uint8Array(a.buffer))
+      if (size === 4) {
+        writeSync(fd, new Uint8Array(a.buffer))
+      } else {
+        const h = new Uint16Array(a.length)
+        for (let i = 0; i < a.length; i++) h[i] = toF16Bits(a[i])
+        writeSync(fd, new Uint8Array(h.buffer))
+      }
     }
   } finally {
     closeSync(fd)
@@ -292,12 +332,13 @@ export function writeSafetensorsF32(file, tensors) {
 const LORA_MLP = new Set(['gate_proj', 'up_proj', 'down_proj'])
 
 /**
- * Writes a random PEFT LoRA directory (adapter_config.json + adapter_model.safetensors, F32,
+ * Writes a random PEFT LoRA directory (adapter_config.json + adapter_model.safetensors, F32
+ * or `dtype: 'F16'`,
  * A and B ~ U(-init, init) from `seed`) for a llama/qwen-style model described by `cfg`
  * (hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size,
  * num_hidden_layers). Written to a temporary directory, then renamed into place.
  */
-export function writeLoraDir(dir, cfg, { rank = 8, alpha = 16, seed = 1, init = 0.01, modules = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] } = {}) {
+export function writeLoraDir(dir, cfg, { rank = 8, alpha = 16, seed = 1, init = 0.01, modules = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'], dtype = 'F32' } = {}) {
   const shapes = loraModuleShapes(cfg)
   const tmp = `${dir}.tmp-${process.pid}`
   rmSync(tmp, { recursive: true, force: true })
@@ -317,7 +358,7 @@ export function writeLoraDir(dir, cfg, { rank = 8, alpha = 16, seed = 1, init = 
       tensors.push([`${p}.lora_B.weight`, [outF, rank], fill])
     }
   }
-  writeSafetensorsF32(join(tmp, 'adapter_model.safetensors'), tensors)
+  writeSafetensorsF32(join(tmp, 'adapter_model.safetensors'), tensors, dtype)
   rmSync(dir, { recursive: true, force: true })
   mkdirSync(dirname(dir), { recursive: true })
   renameSync(tmp, dir)

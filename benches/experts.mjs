@@ -3,8 +3,9 @@
 // prefill overhead of active adapters.
 //
 // Base models: the Qwen3-0.6B-shaped random model of scripts/make_bench_model.py as Q8_0 GGUF
-// (what CPU users run), with the adapters read in place from their files (the default) and
-// copied into memory (`mmap: false`), and unless --quick as f32 safetensors.
+// (what CPU users run), with the adapters read in place from their files (the default),
+// copied into memory (`mmap: false`), and stored as f16 (read in place), and unless --quick as
+// f32 safetensors.
 // Adapters: six random rank-16 LoRAs (alpha 32) on all seven projections (q/k/v/o, gate/up/down)
 // of every layer, shapes read from the f32 config.json, written here (no Python) as PEFT
 // directories into <cacheDir>/bench-experts/lora-r16-<i>/ once (F32, U(-0.01, 0.01), seeded).
@@ -88,14 +89,14 @@ const median = (xs) => {
 // ------------------------------------------------------------------------------------------
 
 /** Writes the six PEFT adapter directories once; returns their paths. */
-function ensureAdapters(cacheDir, configPath) {
+function ensureAdapters(cacheDir, configPath, dtype = 'F32') {
   const cfg = JSON.parse(readFileSync(configPath, 'utf8'))
   const dirs = []
   for (let i = 0; i < N_ADAPTERS; i++) {
-    const dir = join(cacheDir, 'bench-experts', `lora-r${RANK}-${i}`)
+    const dir = join(cacheDir, 'bench-experts', `lora-r${RANK}${dtype === 'F32' ? '' : `-${dtype.toLowerCase()}`}-${i}`)
     dirs.push(dir)
     if (existsSync(join(dir, 'adapter_config.json')) && existsSync(join(dir, 'adapter_model.safetensors'))) continue
-    writeLoraDir(dir, cfg, { rank: RANK, alpha: ALPHA, seed: 0xada0 + i, init: INIT, modules: MODULES })
+    writeLoraDir(dir, cfg, { rank: RANK, alpha: ALPHA, seed: 0xada0 + i, init: INIT, modules: MODULES, dtype })
     console.error(`wrote ${dir}`)
   }
   return dirs
@@ -313,20 +314,23 @@ async function parent(args) {
   const { ensureQwen3Bench } = await import(join(root, 'scripts', 'bench-model.mjs'))
   const q = ensureQwen3Bench()
   const adapters = ensureAdapters(cacheDir, join(q.f32, 'config.json'))
-  // Adapters read in place from their files (the default) and copied into memory, same run.
+  const halfAdapters = ensureAdapters(cacheDir, join(q.f32, 'config.json'), 'F16')
+  // Adapters read in place from their files (the default), copied into memory, and the same
+  // adapters stored as f16 (read in place, widened by the kernels), same run.
   const cases = [
-    { key: 'qwen3-q8_0', label: 'Q8_0 GGUF', path: q.q8_0, mmap: true },
-    { key: 'qwen3-q8_0-copied', label: 'Q8_0, mmap: false', path: q.q8_0, mmap: false },
+    { key: 'qwen3-q8_0', label: 'Q8_0 GGUF', path: q.q8_0, mmap: true, adapters },
+    { key: 'qwen3-q8_0-copied', label: 'Q8_0, mmap: false', path: q.q8_0, mmap: false, adapters },
+    { key: 'qwen3-q8_0-f16', label: 'Q8_0, f16 adapters', path: q.q8_0, mmap: true, adapters: halfAdapters },
   ]
-  if (!args.quick) cases.push({ key: 'qwen3-f32', label: 'f32 safetensors', path: q.f32, dtype: 'f32', mmap: true })
-  for (const p of [...cases.map((c) => c.path), ...adapters]) await warmPageCache(p)
+  if (!args.quick) cases.push({ key: 'qwen3-f32', label: 'f32 safetensors', path: q.f32, dtype: 'f32', mmap: true, adapters })
+  for (const p of [...cases.map((c) => c.path), ...adapters, ...halfAdapters]) await warmPageCache(p)
 
   const load0 = loadAtStart()
   const runs = Object.fromEntries(cases.map((c) => [c.key, []]))
   for (let rep = 0; rep < args.repeat; rep++) {
     for (const c of cases) {
       const idle = await waitIdleThenSay(args, rep, c.label)
-      const spec = { path: c.path, dtype: c.dtype, threads: args.threads, quick: args.quick, adapters, mmap: c.mmap }
+      const spec = { path: c.path, dtype: c.dtype, threads: args.threads, quick: args.quick, adapters: c.adapters, mmap: c.mmap }
       runs[c.key].push({ ...spawnChild(spec), idleBefore: idle })
     }
   }
@@ -336,7 +340,7 @@ async function parent(args) {
   const decodeLen = args.quick ? 32 : 64
   console.log(`\nexpert-runtime ${gitRev() ?? ''}: run-time LoRA experts on Qwen3-0.6B-rand, ${args.threads} threads, ` +
     `${machineName()}, best of ${args.repeat}`)
-  console.log(`adapters: ${N_ADAPTERS} x LoRA r${RANK} alpha ${ALPHA} on ${MODULES.join(',')} of all ${rows[0].info?.numLayers ?? '?'} layers, F32; ` +
+  console.log(`adapters: ${N_ADAPTERS} x LoRA r${RANK} alpha ${ALPHA} on ${MODULES.join(',')} of all ${rows[0].info?.numLayers ?? '?'} layers, F32 (f16 where the column says); ` +
     `decode: ${DECODE_PROMPT}-token prompt, ${decodeLen} greedy tokens; attach/TTFT: ${ATTACH_PROMPT}-token prompt, 1 token\n`)
   printTable(rows)
   for (const r of rows) {

@@ -207,3 +207,58 @@ fn scale_zero_is_the_base_model() {
         assert_eq!(toks, base, "{name} with scale 0");
     }
 }
+
+/// An f16 copy of fixture adapter `name` in a temporary directory.
+fn f16_adapter(name: &str) -> PathBuf {
+    let src = fixture("adapters").join(name);
+    let dir = std::env::temp_dir().join(format!("expert-runtime-f16-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("adapter_config.json"), dir.join("adapter_config.json")).unwrap();
+    let bytes = std::fs::read(src.join("adapter_model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let halves: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| {
+            let data = v
+                .data()
+                .chunks_exact(4)
+                .flat_map(|b| half::f16::from_f32(f32::from_le_bytes(b.try_into().unwrap())).to_le_bytes())
+                .collect();
+            (n, v.shape().to_vec(), data)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = halves
+        .iter()
+        .map(|(n, shape, data)| {
+            (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F16, shape.clone(), data).unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("adapter_model.safetensors")).unwrap();
+    dir
+}
+
+/// A half-precision adapter read in place (the kernels widen f16 as they read) computes exactly
+/// what the same adapter widened to f32 at load (`mmap: false`) computes, at half the memory.
+#[test]
+fn half_precision_adapters_read_in_place_equal_their_f32_copies() {
+    let m = model(&hf("qwen3-tiny"), false);
+    let r = reference();
+    for name in ["lora", "dora"] {
+        let dir = f16_adapter(name);
+        let load = |mmap: bool, id: u64| {
+            let opts = ExpertLoadOptions { name: Some(format!("{name}-{mmap}")), mmap, ..Default::default() };
+            Arc::new(load_expert(&dir, &opts, &m, id).unwrap())
+        };
+        let (mapped, copied) = (load(true, 1), load(false, 2));
+        // Only DoRA's rescaling vectors (f32, computed at load) are resident in both.
+        let resident = mapped.bytes - mapped.mapped_bytes;
+        assert_eq!(copied.bytes - resident, 2 * mapped.mapped_bytes, "{name}");
+        assert_eq!(resident == 0, name == "lora");
+        let prompt = ids(&r["cases"][name]["prompt_ids"]);
+        let (want, want_lp) = greedy(&m, &ExpertSet::new(vec![copied]), &prompt, 8);
+        let (got, got_lp) = greedy(&m, &ExpertSet::new(vec![mapped]), &prompt, 8);
+        assert_eq!((got, got_lp), (want, want_lp), "{name}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -19,8 +19,8 @@ pub struct Dora {
 impl Dora {
     /// `base_f32`: the base weight `[out, in]` in f32 (dequantized when the base is quantized);
     /// `magnitude`: PEFT's `lora_magnitude_vector` `[out]`.
-    pub fn new(lr: LowRank, magnitude: &Tensor, base_f32: &Tensor) -> Result<Self> {
-        let dtype = lr.a.dtype();
+    /// `dtype`: the model's (the rescaling vectors are applied to its activations).
+    pub fn new(lr: LowRank, magnitude: &Tensor, base_f32: &Tensor, dtype: DType) -> Result<Self> {
         let a = lr.a.to_tensor()?.to_dtype(DType::F32)?;
         let b = lr.b.to_tensor()?.to_dtype(DType::F32)?;
         let updated = (base_f32 + (b.matmul(&a)? * lr.scale)?)?;
@@ -32,7 +32,7 @@ impl Dora {
 
     /// The change to the bias-free base output `base = W x_in`: `[rows, out]`.
     pub fn delta(&self, x: &Tensor, base: &Tensor) -> Result<Tensor> {
-        let lora = (self.lr.unscaled(x)? * self.lr.scale)?;
+        let lora = self.lr.delta(x)?;
         Ok((base.broadcast_mul(&self.g_minus_1)? + lora.broadcast_mul(&self.g)?)?)
     }
 

@@ -306,7 +306,7 @@ impl ModuleBuilder<'_> {
         let in_place = self.mmap
             && self.cfg.peft_type == PeftType::Lora
             && !self.cfg.use_dora
-            && work.iter().all(|(_, ts)| ts.values().all(RawTensor::is_f32));
+            && work.iter().all(|(_, ts)| ts.values().all(RawTensor::is_mappable));
         let build = |(slot, ts): (Slot, ModuleTensors)| self.module(slot, ts).map(|built| (slot, built));
         let results: Vec<Result<(Slot, (ModuleAdapter, usize))>> = if self.device.is_cpu() && !in_place {
             use rayon::prelude::*;
@@ -385,7 +385,7 @@ impl ModuleBuilder<'_> {
             )));
         }
         let mag = permute(mag.to_tensor(DType::F32, self.device)?, m.perm.as_ref(), 0)?;
-        Ok((ModuleAdapter::Dora(Dora::new(lr, &mag, &m.lin.dequantized_f32()?)?), r))
+        Ok((ModuleAdapter::Dora(Dora::new(lr, &mag, &m.lin.dequantized_f32()?, self.dtype)?), r))
     }
 
     /// IA³: one vector over the input (feed-forward modules) or the output.

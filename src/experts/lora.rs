@@ -11,6 +11,7 @@
 //!   two matmuls per adapter (through `gemm` in place for mapped factors).
 
 use candle_core::{DType, Tensor};
+use half::f16;
 
 use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
@@ -26,7 +27,7 @@ const PARALLEL_AX_MACS: usize = 1 << 14;
 /// Outputs per parallel chunk of the kernel's second phase.
 const KERNEL_CHUNK: usize = 512;
 
-/// A LoRA matrix: a tensor on the model's device, or f32 read in place from the file.
+/// A LoRA matrix: a tensor on the model's device, or f32 / f16 read in place from the file.
 pub enum Factor {
     Tensor(Tensor),
     Mapped(Mapped),
@@ -67,19 +68,14 @@ impl Factor {
         }
     }
 
-    /// `x · selfᵀ`: `[rows, self.rows]`.
+    /// `x · selfᵀ`: `[rows, self.rows]`, in `x`'s dtype.
     fn matmul_t(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Self::Tensor(t) => Ok(x.matmul(&t.t()?)?),
-            Self::Mapped(m) => m.forward(x),
-        }
-    }
-
-    /// Borrows the elements of a CPU f32 matrix.
-    fn with_f32<R>(&self, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-        match self {
-            Self::Tensor(t) => with_slice(t, f),
-            Self::Mapped(m) => Ok(f(m.f32s()?)),
+            Self::Mapped(m) if m.dtype() == x.dtype() => m.forward(x),
+            // A half-precision factor under f32 activations: widened for this product (the
+            // CPU kernels widen as they read instead; this path serves other shapes only).
+            Self::Mapped(m) => Ok(x.matmul(&m.to_tensor()?.to_dtype(x.dtype())?.t()?)?),
         }
     }
 
@@ -116,22 +112,69 @@ impl LowRank {
         self.b.matmul_t(&self.a.matmul_t(x)?)
     }
 
+    /// `s · B (A x)`: `[rows, out]`, through the CPU kernels where they apply.
+    pub fn delta(&self, x: &Tensor) -> Result<Tensor> {
+        if cpu_kernels(x.device()) && x.dtype() == DType::F32 && self.on_cpu_kernels() {
+            let zeros = Tensor::zeros((x.dim(0)?, self.b.dims2()?.0), DType::F32, x.device())?;
+            return add_deltas_cpu(&zeros, x, &[self], simd::level());
+        }
+        Ok((self.unscaled(x)? * self.scale)?)
+    }
+
     pub fn bytes(&self) -> usize {
         self.a.bytes() + self.b.bytes()
     }
 
-    fn is_cpu_f32(&self) -> bool {
+    /// Whether the CPU kernels read both factors (CPU f32 tensors, or mapped f32 / f16).
+    fn on_cpu_kernels(&self) -> bool {
         let cpu = |f: &Factor| match f {
             Factor::Tensor(t) => t.device().is_cpu() && t.dtype() == DType::F32,
-            Factor::Mapped(m) => m.dtype() == DType::F32,
+            Factor::Mapped(m) => matches!(m.dtype(), DType::F32 | DType::F16),
         };
         cpu(&self.a) && cpu(&self.b)
     }
 }
 
+/// A factor's elements as the CPU kernels read them. f16 is widened to f32 as it is read,
+/// exactly, so a half-precision adapter read in place computes what its f32 copy would.
+#[derive(Clone, Copy)]
+enum Elems<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl<'a> Elems<'a> {
+    /// Elements `range` as f32: borrowed, or widened into `scratch`.
+    fn f32s<'s>(self, range: std::ops::Range<usize>, scratch: &'s mut Vec<f32>) -> &'s [f32]
+    where
+        'a: 's,
+    {
+        match self {
+            Self::F32(v) => &v[range],
+            Self::F16(v) => {
+                use half::slice::HalfFloatSliceExt;
+                scratch.resize(range.len(), 0.0);
+                v[range].convert_to_f32_slice(scratch);
+                scratch
+            }
+        }
+    }
+
+    fn len(self) -> usize {
+        match self {
+            Self::F32(v) => v.len(),
+            Self::F16(v) => v.len(),
+        }
+    }
+}
+
 /// `y + Σ s_i B_i (A_i x)` over `adapters`.
 pub fn add_deltas(y: Tensor, x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor> {
-    if cpu_kernels(x.device()) && x.dtype() == DType::F32 && y.dtype() == DType::F32 && adapters.iter().all(|l| l.is_cpu_f32()) {
+    if cpu_kernels(x.device())
+        && x.dtype() == DType::F32
+        && y.dtype() == DType::F32
+        && adapters.iter().all(|l| l.on_cpu_kernels())
+    {
         return add_deltas_cpu(&y, x, adapters, simd::level());
     }
     let mut y = y;
@@ -157,22 +200,26 @@ fn add_deltas_cpu(y: &Tensor, x: &Tensor, adapters: &[&LowRank], level: simd::Le
     {
         return Err(EngineError::Internal(format!("LoRA factors that do not fit a [{rows}, {inp}] -> [{y_rows}, {out}] module")));
     }
-    with_slice(&x, |xs| -> Result<()> {
-        for l in adapters {
-            l.a.with_f32(|a| {
-                l.b.with_f32(|b| {
-                    if rows <= KERNEL_MAX_ROWS {
-                        fused_rows(xs, a, b, l.rank(), l.scale as f32, &mut acc, level);
-                    } else {
-                        let r = l.rank();
-                        let mut t = vec![0f32; rows * r];
-                        matmul_t_add(xs, rows, a, r, inp, &mut t, 1.0);
-                        matmul_t_add(&t, rows, b, out, r, &mut acc, l.scale as f32);
-                    }
-                })
-            })??;
-        }
-        Ok(())
+    let factors: Vec<&Factor> = adapters.iter().flat_map(|l| [&l.a, &l.b]).collect();
+    with_slice(&x, |xs| {
+        with_all_elems(&factors, |elems| {
+            let loras: Vec<KernelLora> = adapters
+                .iter()
+                .zip(elems.chunks_exact(2))
+                .map(|(l, ab)| KernelLora { a: ab[0], b: ab[1], r: l.rank(), scale: l.scale as f32 })
+                .collect();
+            if rows <= KERNEL_MAX_ROWS {
+                fused_rows(xs, inp, &loras, &mut acc, out, level);
+                return;
+            }
+            let (mut sa, mut sb) = (Vec::new(), Vec::new());
+            for l in &loras {
+                let (a, b) = (l.a.f32s(0..l.a.len(), &mut sa), l.b.f32s(0..l.b.len(), &mut sb));
+                let mut t = vec![0f32; rows * l.r];
+                matmul_t_add(xs, rows, a, l.r, inp, &mut t, 1.0);
+                matmul_t_add(&t, rows, b, out, l.r, &mut acc, l.scale);
+            }
+        })
     })??;
     Ok(Tensor::from_vec(acc, (rows, out), x.device())?)
 }
@@ -189,34 +236,88 @@ fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     Ok(f(&all[start..end]))
 }
 
-/// The fused decode kernel: `acc[row] += B (s · A x[row])` for `x` rows of `A`'s width.
-fn fused_rows(xs: &[f32], a: &[f32], b: &[f32], r: usize, scale: f32, acc: &mut [f32], level: simd::Level) {
-    use rayon::prelude::*;
-    let inp = a.len() / r;
-    let out = b.len() / r;
-    let rows = xs.len() / inp;
-    // 1. t = s · A x for every row: [rows, r].
-    let mut t = vec![0f32; rows * r];
-    let ax = |(i, tj): (usize, &mut f32)| {
-        let (row, j) = (i / r, i % r);
-        *tj = simd::dot_at(level, &a[j * inp..(j + 1) * inp], &xs[row * inp..(row + 1) * inp]) * scale;
-    };
-    if rows * r * inp >= PARALLEL_AX_MACS {
-        t.par_iter_mut().enumerate().for_each(ax);
-    } else {
-        t.iter_mut().enumerate().for_each(ax);
+/// Borrows the elements of every factor (CPU f32 tensors, mapped f32 / f16 matrices) for `f`.
+fn with_all_elems<R>(factors: &[&Factor], f: impl FnOnce(&[Elems]) -> R) -> Result<R> {
+    // The storage of tensor factors stays locked for reading while `f` runs.
+    let held: Vec<_> = factors
+        .iter()
+        .map(|fa| match fa {
+            Factor::Tensor(t) => Some(t.storage_and_layout()),
+            Factor::Mapped(_) => None,
+        })
+        .collect();
+    let mut elems = Vec::with_capacity(factors.len());
+    for (fa, h) in factors.iter().zip(&held) {
+        elems.push(match (fa, h) {
+            (Factor::Mapped(m), _) if m.dtype() == DType::F16 => Elems::F16(m.f16s()?),
+            (Factor::Mapped(m), _) => Elems::F32(m.f32s()?),
+            (Factor::Tensor(_), Some((storage, layout))) => {
+                let candle_core::Storage::Cpu(cpu) = &**storage else {
+                    return Err(EngineError::Internal("the LoRA kernel needs CPU tensors".into()));
+                };
+                let (start, end) = layout
+                    .contiguous_offsets()
+                    .ok_or_else(|| EngineError::Internal("the LoRA kernel needs contiguous tensors".into()))?;
+                Elems::F32(&cpu.as_slice::<f32>()?[start..end])
+            }
+            (Factor::Tensor(_), None) => unreachable!("held above"),
+        });
     }
-    // 2. acc[row, o] += t[row] · B[o], split by output chunks: each chunk of B is read from
-    //    memory once and stays in cache for every row.
+    Ok(f(&elems))
+}
+
+/// One adapter as the fused kernel reads it: `A`, `B`, rank and scale.
+struct KernelLora<'a> {
+    a: Elems<'a>,
+    b: Elems<'a>,
+    r: usize,
+    scale: f32,
+}
+
+/// The fused decode kernel: `acc[row] += Σ_i B_i (s_i · A_i x[row])` over the adapters, for
+/// `x` rows of the module's input width. Two parallel phases for all adapters together (a
+/// fork-join costs about what one adapter's arithmetic does on a decode row); each element
+/// of `acc` adds the adapters' terms in their order, as one adapter at a time would.
+fn fused_rows(xs: &[f32], inp: usize, loras: &[KernelLora], acc: &mut [f32], out: usize, level: simd::Level) {
+    use rayon::prelude::*;
+    let rows = xs.len() / inp;
+    if rows == 0 || loras.is_empty() {
+        return;
+    }
+    // 1. t_i = s_i · A_i x for every row: [rows, r_i], by rows of each A (read, or widened, once).
+    let work: Vec<(usize, usize)> = loras.iter().enumerate().flat_map(|(i, l)| (0..l.r).map(move |j| (i, j))).collect();
+    let column = |scratch: &mut Vec<f32>, &(i, j): &(usize, usize)| -> Vec<f32> {
+        let l = &loras[i];
+        let aj = l.a.f32s(j * inp..(j + 1) * inp, scratch);
+        (0..rows).map(|row| simd::dot_at(level, aj, &xs[row * inp..(row + 1) * inp]) * l.scale).collect()
+    };
+    let columns: Vec<Vec<f32>> = if rows * work.len() * inp >= PARALLEL_AX_MACS {
+        work.par_iter().map_init(Vec::new, column).collect()
+    } else {
+        let mut scratch = Vec::new();
+        work.iter().map(|w| column(&mut scratch, w)).collect()
+    };
+    let mut ts: Vec<Vec<f32>> = loras.iter().map(|l| vec![0f32; rows * l.r]).collect();
+    for (&(i, j), col) in work.iter().zip(&columns) {
+        for (row, &v) in col.iter().enumerate() {
+            ts[i][row * loras[i].r + j] = v;
+        }
+    }
+    // 2. acc[row, o] += t_i[row] · B_i[o], split by output chunks: each chunk of each B is read
+    //    from memory (and widened) once and stays in cache for every row.
     let mut chunks: Vec<Vec<&mut [f32]>> = (0..out.div_ceil(KERNEL_CHUNK)).map(|_| Vec::with_capacity(rows)).collect();
     for yr in acc.chunks_exact_mut(out) {
         for (c, yc) in yr.chunks_mut(KERNEL_CHUNK).enumerate() {
             chunks[c].push(yc);
         }
     }
-    chunks.par_iter_mut().enumerate().for_each(|(c, ys)| {
-        for (row, yc) in ys.iter_mut().enumerate() {
-            simd::dots_add_at(level, &t[row * r..(row + 1) * r], &b[c * KERNEL_CHUNK * r..][..yc.len() * r], yc);
+    chunks.par_iter_mut().enumerate().for_each_init(Vec::new, |scratch, (c, ys)| {
+        let (o0, len) = (c * KERNEL_CHUNK, ys[0].len());
+        for (l, t) in loras.iter().zip(&ts) {
+            let bc = l.b.f32s(o0 * l.r..(o0 + len) * l.r, scratch);
+            for (row, yc) in ys.iter_mut().enumerate() {
+                simd::dots_add_at(level, &t[row * l.r..(row + 1) * l.r], bc, yc);
+            }
         }
     });
 }
@@ -289,6 +390,45 @@ mod mapped_tests {
         }
         let map = Arc::new(map.make_read_only().unwrap());
         Factor::Mapped(Mapped::new(map, pad, n, k, DType::F32).unwrap())
+    }
+
+    /// `t`'s values rounded to f16, behind `pad` bytes in a read-only anonymous map.
+    fn mapped_f16(t: &Tensor, pad: usize) -> Factor {
+        let (n, k) = t.dims2().unwrap();
+        let values: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        let mut map = memmap2::MmapMut::map_anon(pad + 2 * values.len()).unwrap();
+        for (i, v) in values.iter().enumerate() {
+            map[pad + 2 * i..pad + 2 * i + 2].copy_from_slice(&f16::from_f32(*v).to_le_bytes());
+        }
+        let map = Arc::new(map.make_read_only().unwrap());
+        Factor::Mapped(Mapped::new(map, pad, n, k, DType::F16).unwrap())
+    }
+
+    #[test]
+    fn half_precision_factors_read_in_place_give_the_bits_of_their_f32_copy() {
+        let dev = Device::Cpu;
+        let round = |t: Tensor| t.to_dtype(DType::F16).unwrap().to_dtype(DType::F32).unwrap();
+        let a = round(Tensor::randn(0f32, 1.0, (8, 300), &dev).unwrap());
+        let b = round(Tensor::randn(0f32, 1.0, (1100, 8), &dev).unwrap());
+        let resident = LowRank::new(Factor::Tensor(a.clone()), Factor::Tensor(b.clone()), 0.5);
+        let in_place = LowRank::new(mapped_f16(&a, 2), mapped_f16(&b, 2 * 8 * 300 + 6), 0.5);
+        assert_eq!(in_place.bytes() * 2, resident.bytes());
+        for rows in [1, 4, 16, 17, 33] {
+            let x = Tensor::randn(0f32, 1.0, (rows, 300), &dev).unwrap();
+            let y = Tensor::randn(0f32, 1.0, (rows, 1100), &dev).unwrap();
+            for level in crate::simd::levels() {
+                let want: Vec<f32> =
+                    add_deltas_cpu(&y, &x, &[&resident], level).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                let got: Vec<f32> =
+                    add_deltas_cpu(&y, &x, &[&in_place], level).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                assert_eq!(got, want, "{level:?} rows {rows}");
+            }
+            // The delta alone (DoRA's path) and the matmul path agree with the kernel.
+            let d: Vec<f32> = in_place.delta(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let m: Vec<f32> = (in_place.unscaled(&x).unwrap() * 0.5).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let diff = d.iter().zip(&m).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+            assert!(diff < 1e-3, "rows {rows}: {diff}");
+        }
     }
 
     #[test]

@@ -259,8 +259,9 @@ impl RawTensor {
         &self.map[self.offset..self.offset + self.len]
     }
 
-    pub fn is_f32(&self) -> bool {
-        self.dtype == safetensors::Dtype::F32
+    /// Whether [`Self::mapped`] can read it in place (f32 or f16).
+    pub fn is_mappable(&self) -> bool {
+        matches!(self.dtype, safetensors::Dtype::F32 | safetensors::Dtype::F16)
     }
 
     /// The values widened to f32 (a plain copy for F32); a non-finite value is an error.
@@ -276,11 +277,16 @@ impl RawTensor {
         Ok(Tensor::from_vec(self.values()?, self.shape.as_slice(), device)?.to_dtype(dtype)?)
     }
 
-    /// The 2-D f32 tensor read in place from the map (no copy, values not read); `None` for
-    /// another dtype or rank, or data not aligned for f32.
+    /// The 2-D f32 or f16 tensor read in place from the map (no copy, values not read); `None`
+    /// for another dtype or rank, or data not aligned for its type.
     pub fn mapped(&self) -> Option<Mapped> {
         let &[n, k] = self.shape.as_slice() else { return None };
-        (self.dtype == safetensors::Dtype::F32).then(|| Mapped::new(self.map.clone(), self.offset, n, k, DType::F32))?
+        let dtype = match self.dtype {
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::F16 => DType::F16,
+            _ => return None,
+        };
+        Mapped::new(self.map.clone(), self.offset, n, k, dtype)
     }
 }
 

@@ -66,6 +66,14 @@ impl Mapped {
         Ok(self.slice::<f32>())
     }
 
+    /// The elements of an f16 matrix, row-major.
+    pub fn f16s(&self) -> Result<&[f16]> {
+        if self.dtype != DType::F16 {
+            return Err(EngineError::Internal(format!("a {:?} mapped matrix read as f16", self.dtype)));
+        }
+        Ok(self.slice::<f16>())
+    }
+
     pub fn size_in_bytes(&self) -> usize {
         self.n * self.k * self.dtype.size_in_bytes()
     }

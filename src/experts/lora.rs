@@ -284,25 +284,31 @@ fn fused_rows(xs: &[f32], inp: usize, loras: &[KernelLora], acc: &mut [f32], out
     if rows == 0 || loras.is_empty() {
         return;
     }
-    // 1. t_i = s_i · A_i x for every row: [rows, r_i], by rows of each A (read, or widened, once).
-    let work: Vec<(usize, usize)> = loras.iter().enumerate().flat_map(|(i, l)| (0..l.r).map(move |j| (i, j))).collect();
-    let column = |scratch: &mut Vec<f32>, &(i, j): &(usize, usize)| -> Vec<f32> {
+    // 1. t_i = s_i · A_i x for every row: [rows, r_i], one dot per element, all adapters'
+    //    elements in one parallel loop.
+    let offsets: Vec<usize> = loras
+        .iter()
+        .scan(0, |o, l| {
+            let at = *o;
+            *o += rows * l.r;
+            Some(at)
+        })
+        .collect();
+    let mut t_all = vec![0f32; loras.iter().map(|l| rows * l.r).sum()];
+    let element = |scratch: &mut Vec<f32>, (e, tj): (usize, &mut f32)| {
+        let i = offsets.partition_point(|&o| o <= e) - 1;
         let l = &loras[i];
+        let (row, j) = ((e - offsets[i]) / l.r, (e - offsets[i]) % l.r);
         let aj = l.a.f32s(j * inp..(j + 1) * inp, scratch);
-        (0..rows).map(|row| simd::dot_at(level, aj, &xs[row * inp..(row + 1) * inp]) * l.scale).collect()
+        *tj = simd::dot_at(level, aj, &xs[row * inp..(row + 1) * inp]) * l.scale;
     };
-    let columns: Vec<Vec<f32>> = if rows * work.len() * inp >= PARALLEL_AX_MACS {
-        work.par_iter().map_init(Vec::new, column).collect()
+    if t_all.len() * inp >= PARALLEL_AX_MACS {
+        t_all.par_iter_mut().enumerate().for_each_init(Vec::new, element);
     } else {
         let mut scratch = Vec::new();
-        work.iter().map(|w| column(&mut scratch, w)).collect()
-    };
-    let mut ts: Vec<Vec<f32>> = loras.iter().map(|l| vec![0f32; rows * l.r]).collect();
-    for (&(i, j), col) in work.iter().zip(&columns) {
-        for (row, &v) in col.iter().enumerate() {
-            ts[i][row * loras[i].r + j] = v;
-        }
+        t_all.iter_mut().enumerate().for_each(|e| element(&mut scratch, e));
     }
+    let ts: Vec<&[f32]> = loras.iter().zip(&offsets).map(|(l, &o)| &t_all[o..o + rows * l.r]).collect();
     // 2. acc[row, o] += t_i[row] · B_i[o], split by output chunks: each chunk of each B is read
     //    from memory (and widened) once and stays in cache for every row.
     let mut chunks: Vec<Vec<&mut [f32]>> = (0..out.div_ceil(KERNEL_CHUNK)).map(|_| Vec::with_capacity(rows)).collect();

@@ -718,8 +718,9 @@ export interface LoadExpertOptions {
    */
   scale?: number
   /**
-   * Read f32 LoRA and DoRA matrices in place from the memory-mapped `adapter_model.safetensors`
-   * (CPU runtimes with f32 activations, the default there): no copy, so loading parses and
+   * Read f32 and f16 LoRA and DoRA matrices in place from the memory-mapped
+   * `adapter_model.safetensors` (CPU runtimes with f32 activations, the default there; f16 is
+   * widened as the kernels read it, with the results of an f32 copy): no copy, so loading parses and
    * checks the header, names and shapes, and reads no weight value; the pages are the page
    * cache's, shared by every runtime that maps the file. Default `true`. Values are then not
    * checked for NaN or infinity at load (a NaN weight makes the logits of requests using the
@@ -727,8 +728,8 @@ export interface LoadExpertOptions {
    * truncated or rewritten in place while the expert is loaded (a read of a lost page ends the
    * process, as with any mmap-based loader): save a retrained adapter to a new directory, or
    * write a new file and rename it over the old one, then `unload` and load again. `false`
-   * copies the matrices into memory and checks every value (`INVALID_ADAPTER`). Other dtypes
-   * (f16, bf16), GPUs and GGUF Llama q/k rows are always converted into memory.
+   * copies the matrices into memory and checks every value (`INVALID_ADAPTER`). bf16, GPUs and
+   * GGUF Llama q/k rows are always converted into memory.
    */
   mmap?: boolean
 }

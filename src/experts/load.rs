@@ -29,7 +29,7 @@ pub struct ExpertLoadOptions {
     /// Multiplies the adapter's effect: the LoRA/DoRA/LoKr scaling, or IA³ vectors as
     /// `1 + scale · (l − 1)`. Not applicable to prompt tuning.
     pub scale: f64,
-    /// Read f32 LoRA/DoRA factors in place from the memory-mapped file (CPU f32 models), with
+    /// Read f32 / f16 LoRA/DoRA factors in place from the memory-mapped file (CPU f32 models), with
     /// no copy and no read of their values at load; `false` copies and checks every value.
     pub mmap: bool,
 }

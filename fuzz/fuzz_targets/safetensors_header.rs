@@ -22,7 +22,7 @@ fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
             let _ = parse_key(name);
             let _ = t.values();
             if let Some(m) = t.mapped() {
-                let _ = m.f32s().map(|v| v.iter().sum::<f32>());
+                let _ = m.values::<f32>().map(|v| v.iter().sum::<f32>());
             }
         }
     }

@@ -316,12 +316,11 @@ impl ModuleBuilder<'_> {
         };
         for result in results {
             let (slot, (adapter, rank)) = result?;
-            let low_rank = match &adapter {
-                ModuleAdapter::Lora(l) => Some(l),
-                ModuleAdapter::Dora(d) => Some(&d.lr),
-                _ => None,
+            built.mapped_bytes += match &adapter {
+                ModuleAdapter::Lora(l) => l.mapped_bytes(),
+                ModuleAdapter::Dora(d) => d.lr.mapped_bytes(),
+                _ => 0,
             };
-            built.mapped_bytes += low_rank.map_or(0, |l| [&l.a, &l.b].iter().filter(|f| f.is_mapped()).map(|f| f.bytes()).sum());
             built.bytes += match &adapter {
                 ModuleAdapter::Lora(l) => l.bytes(),
                 ModuleAdapter::Dora(d) => d.bytes(),

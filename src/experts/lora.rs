@@ -41,13 +41,6 @@ impl Factor {
         })
     }
 
-    pub fn dtype(&self) -> DType {
-        match self {
-            Self::Tensor(t) => t.dtype(),
-            Self::Mapped(m) => m.dtype(),
-        }
-    }
-
     pub fn bytes(&self) -> usize {
         match self {
             Self::Tensor(t) => t.elem_count() * t.dtype().size_in_bytes(),
@@ -55,9 +48,12 @@ impl Factor {
         }
     }
 
-    /// Whether the values live in the adapter file's map.
-    pub fn is_mapped(&self) -> bool {
-        matches!(self, Self::Mapped(_))
+    /// Bytes read in place from the adapter file's map (0 for a tensor).
+    pub fn mapped_bytes(&self) -> usize {
+        match self {
+            Self::Tensor(_) => 0,
+            Self::Mapped(m) => m.size_in_bytes(),
+        }
     }
 
     /// The matrix as a tensor (a copy for a mapped one), `[rows, cols]`.
@@ -115,14 +111,19 @@ impl LowRank {
     /// `s · B (A x)`: `[rows, out]`, through the CPU kernels where they apply.
     pub fn delta(&self, x: &Tensor) -> Result<Tensor> {
         if cpu_kernels(x.device()) && x.dtype() == DType::F32 && self.on_cpu_kernels() {
-            let zeros = Tensor::zeros((x.dim(0)?, self.b.dims2()?.0), DType::F32, x.device())?;
-            return add_deltas_cpu(&zeros, x, &[self], simd::level());
+            let out = self.b.dims2()?.0;
+            return add_deltas_cpu(vec![0f32; x.dim(0)? * out], out, x, &[self], simd::level());
         }
         Ok((self.unscaled(x)? * self.scale)?)
     }
 
     pub fn bytes(&self) -> usize {
         self.a.bytes() + self.b.bytes()
+    }
+
+    /// Of [`Self::bytes`], those read in place from the adapter file.
+    pub fn mapped_bytes(&self) -> usize {
+        self.a.mapped_bytes() + self.b.mapped_bytes()
     }
 
     /// Whether the CPU kernels read both factors (CPU f32 tensors, or mapped f32 / f16).
@@ -175,7 +176,7 @@ pub fn add_deltas(y: Tensor, x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor
         && y.dtype() == DType::F32
         && adapters.iter().all(|l| l.on_cpu_kernels())
     {
-        return add_deltas_cpu(&y, x, adapters, simd::level());
+        return add_deltas_cpu(y.flatten_all()?.to_vec1()?, y.dim(1)?, x, adapters, simd::level());
     }
     let mut y = y;
     for l in adapters {
@@ -184,21 +185,22 @@ pub fn add_deltas(y: Tensor, x: &Tensor, adapters: &[&LowRank]) -> Result<Tensor
     Ok(y)
 }
 
-/// [`add_deltas`] on CPU f32: one copy of `y`, every adapter's delta added into it (decode
-/// rows by the fused kernel, prefill rows by `gemm` accumulating in place), one new tensor.
-/// Allocating a delta per adapter and adding tensors cost more than the low-rank products on
-/// a 512-token prefill (a fresh `[512, 3072]` f32 buffer is 6 MB of page faults).
-fn add_deltas_cpu(y: &Tensor, x: &Tensor, adapters: &[&LowRank], level: simd::Level) -> Result<Tensor> {
+/// [`add_deltas`] on CPU f32: every adapter's delta added into `acc` (`[rows, out]`, a copy
+/// of `y`; decode rows by the fused kernel, prefill rows by `gemm` accumulating in place), one
+/// new tensor. Allocating a delta per adapter and adding tensors cost more than the low-rank
+/// products on a 512-token prefill (a fresh `[512, 3072]` f32 buffer is 6 MB of page faults).
+fn add_deltas_cpu(mut acc: Vec<f32>, out: usize, x: &Tensor, adapters: &[&LowRank], level: simd::Level) -> Result<Tensor> {
     let x = x.contiguous()?;
     let (rows, inp) = x.dims2()?;
-    let (y_rows, out) = y.dims2()?;
-    let mut acc: Vec<f32> = y.flatten_all()?.to_vec1()?;
-    if y_rows != rows
+    if acc.len() != rows * out
         || adapters
             .iter()
             .any(|l| !matches!((l.a.dims2(), l.b.dims2()), (Ok((r, i)), Ok((o, r2))) if i == inp && o == out && r2 == r))
     {
-        return Err(EngineError::Internal(format!("LoRA factors that do not fit a [{rows}, {inp}] -> [{y_rows}, {out}] module")));
+        return Err(EngineError::Internal(format!(
+            "LoRA factors that do not fit a [{rows}, {inp}] -> {} outputs of {out} module",
+            acc.len()
+        )));
     }
     let factors: Vec<&Factor> = adapters.iter().flat_map(|l| [&l.a, &l.b]).collect();
     with_slice(&x, |xs| {
@@ -227,13 +229,17 @@ fn add_deltas_cpu(y: &Tensor, x: &Tensor, adapters: &[&LowRank], level: simd::Le
 /// Borrows a contiguous CPU f32 tensor's elements.
 fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
-    let candle_core::Storage::Cpu(cpu) = &*storage else {
+    Ok(f(cpu_f32(&storage, layout)?))
+}
+
+/// The elements of a contiguous CPU f32 tensor, from its storage and layout.
+fn cpu_f32<'a>(storage: &'a candle_core::Storage, layout: &candle_core::Layout) -> Result<&'a [f32]> {
+    let candle_core::Storage::Cpu(cpu) = storage else {
         return Err(EngineError::Internal("the LoRA kernel needs CPU tensors".into()));
     };
-    let all = cpu.as_slice::<f32>()?;
     let (start, end) =
         layout.contiguous_offsets().ok_or_else(|| EngineError::Internal("the LoRA kernel needs contiguous tensors".into()))?;
-    Ok(f(&all[start..end]))
+    Ok(&cpu.as_slice::<f32>()?[start..end])
 }
 
 /// Borrows the elements of every factor (CPU f32 tensors, mapped f32 / f16 matrices) for `f`.
@@ -249,17 +255,9 @@ fn with_all_elems<R>(factors: &[&Factor], f: impl FnOnce(&[Elems]) -> R) -> Resu
     let mut elems = Vec::with_capacity(factors.len());
     for (fa, h) in factors.iter().zip(&held) {
         elems.push(match (fa, h) {
-            (Factor::Mapped(m), _) if m.dtype() == DType::F16 => Elems::F16(m.f16s()?),
-            (Factor::Mapped(m), _) => Elems::F32(m.f32s()?),
-            (Factor::Tensor(_), Some((storage, layout))) => {
-                let candle_core::Storage::Cpu(cpu) = &**storage else {
-                    return Err(EngineError::Internal("the LoRA kernel needs CPU tensors".into()));
-                };
-                let (start, end) = layout
-                    .contiguous_offsets()
-                    .ok_or_else(|| EngineError::Internal("the LoRA kernel needs contiguous tensors".into()))?;
-                Elems::F32(&cpu.as_slice::<f32>()?[start..end])
-            }
+            (Factor::Mapped(m), _) if m.dtype() == DType::F16 => Elems::F16(m.values()?),
+            (Factor::Mapped(m), _) => Elems::F32(m.values()?),
+            (Factor::Tensor(_), Some((storage, layout))) => Elems::F32(cpu_f32(storage, layout)?),
             (Factor::Tensor(_), None) => unreachable!("held above"),
         });
     }
@@ -328,6 +326,12 @@ fn fused_rows(xs: &[f32], inp: usize, loras: &[KernelLora], acc: &mut [f32], out
     });
 }
 
+/// [`add_deltas_cpu`] on `y`'s values, for tests.
+#[cfg(test)]
+fn on_cpu(y: &Tensor, x: &Tensor, adapters: &[&LowRank], level: simd::Level) -> Result<Tensor> {
+    add_deltas_cpu(y.flatten_all()?.to_vec1()?, y.dim(1)?, x, adapters, level)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,7 +355,7 @@ mod tests {
             // Each kernel path this CPU has, and they agree bit for bit (same summation order).
             let outs: Vec<Vec<f32>> = crate::simd::levels()
                 .into_iter()
-                .map(|l| add_deltas_cpu(&y, &x, &[&l1, &l2], l).unwrap().flatten_all().unwrap().to_vec1().unwrap())
+                .map(|l| on_cpu(&y, &x, &[&l1, &l2], l).unwrap().flatten_all().unwrap().to_vec1().unwrap())
                 .collect();
             for (l, got) in crate::simd::levels().into_iter().zip(&outs) {
                 let got = Tensor::from_slice(got, (rows, 1100), &dev).unwrap();
@@ -423,10 +427,8 @@ mod mapped_tests {
             let x = Tensor::randn(0f32, 1.0, (rows, 300), &dev).unwrap();
             let y = Tensor::randn(0f32, 1.0, (rows, 1100), &dev).unwrap();
             for level in crate::simd::levels() {
-                let want: Vec<f32> =
-                    add_deltas_cpu(&y, &x, &[&resident], level).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-                let got: Vec<f32> =
-                    add_deltas_cpu(&y, &x, &[&in_place], level).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                let want: Vec<f32> = on_cpu(&y, &x, &[&resident], level).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                let got: Vec<f32> = on_cpu(&y, &x, &[&in_place], level).unwrap().flatten_all().unwrap().to_vec1().unwrap();
                 assert_eq!(got, want, "{level:?} rows {rows}");
             }
             // The delta alone (DoRA's path) and the matmul path agree with the kernel.
@@ -444,7 +446,7 @@ mod mapped_tests {
         let b = Tensor::randn(0f32, 1.0, (1100, 16), &dev).unwrap();
         let resident = LowRank::new(Factor::Tensor(a.clone()), Factor::Tensor(b.clone()), 0.25);
         let in_place = LowRank::new(mapped(&a, 64), mapped(&b, 4 * 16 * 300 + 128), 0.25);
-        assert!(in_place.a.is_mapped() && in_place.b.is_mapped());
+        assert_eq!(in_place.mapped_bytes(), in_place.bytes());
         assert_eq!(in_place.bytes(), resident.bytes());
         // Decode rows (the fused kernel) and prefill rows (matmuls through gemm in place).
         for rows in [1, 5, 16, 17, 40] {

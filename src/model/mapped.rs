@@ -58,20 +58,12 @@ impl Mapped {
         (self.n, self.k)
     }
 
-    /// The elements of an f32 matrix, row-major.
-    pub fn f32s(&self) -> Result<&[f32]> {
-        if self.dtype != DType::F32 {
-            return Err(EngineError::Internal(format!("a {:?} mapped matrix read as f32", self.dtype)));
+    /// The elements, row-major, as `T` (which must be the matrix dtype).
+    pub fn values<T: Element>(&self) -> Result<&[T]> {
+        if self.dtype != T::DTYPE {
+            return Err(EngineError::Internal(format!("a {:?} mapped matrix read as {:?}", self.dtype, T::DTYPE)));
         }
-        Ok(self.slice::<f32>())
-    }
-
-    /// The elements of an f16 matrix, row-major.
-    pub fn f16s(&self) -> Result<&[f16]> {
-        if self.dtype != DType::F16 {
-            return Err(EngineError::Internal(format!("a {:?} mapped matrix read as f16", self.dtype)));
-        }
-        Ok(self.slice::<f16>())
+        Ok(self.slice::<T>())
     }
 
     pub fn size_in_bytes(&self) -> usize {

@@ -8,7 +8,7 @@
 //! does (offsets contiguous from 0, each byte range the size its dtype and shape need); the
 //! checks around it (header length, data section length) are the crate's too.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use safetensors::tensor::{Metadata, TensorInfo};
@@ -33,9 +33,9 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, String> {
     let json = bytes.get(8..8 + n).ok_or("the header is longer than the file")?;
     let Entries(mut tensors) = serde_json::from_slice(json).map_err(|e| format!("the header is not valid: {e}"))?;
     tensors.sort_by_key(|(_, info)| info.data_offsets);
-    let mut seen = HashMap::with_capacity(tensors.len());
+    let mut seen = HashSet::with_capacity(tensors.len());
     for (name, _) in &tensors {
-        if seen.insert(name.as_str(), ()).is_some() {
+        if !seen.insert(name.as_str()) {
             return Err(format!("tensor {name} appears twice in the header"));
         }
     }

@@ -4,10 +4,13 @@
 # Node. Everything built comes from `target/gpu-bundle/` (made on a build machine by
 # `npm run build && npm run build:cuda && node scripts/gpu-bundle.mjs`).
 #
-#   bash scripts/gpu-check.sh [--quick] [--tests-only | --bench-only] [--no-hf] [--profile]
+#   bash scripts/gpu-check.sh [--quick] [--tests-only | --bench-only] [--no-hf] [--profile] [--decode-paths]
 #
 # --no-hf skips the HF transformers side of the benchmark (ours alone, faster); --profile runs
 # ours with EXPERT_RUNTIME_PROFILE=1 and writes the engine's per-step phase times to profile.log.
+# --decode-paths then times ours (--quick) with decode on the generic candle path, on the CUDA decode
+# path launching its kernels directly, and on that path replayed as CUDA graphs with its small-batch
+# products on cuBLAS and on its own GEMV kernel (paths.md).
 #
 # With this project's `device` tool: run it with carry ["target/gpu-bundle"]; the results come
 # back through $OUT, which that tool sets. Otherwise they go to ./gpu-results: tests.log,
@@ -15,7 +18,7 @@
 # The exit status is the test run's (the benchmark reports, it does not judge).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-QUICK=""; TESTS=1; BENCH=1; HF=1; PROFILE=0
+QUICK=""; TESTS=1; BENCH=1; HF=1; PROFILE=0; PATHS=0
 for a in "$@"; do
   case "$a" in
     --quick) QUICK=--quick ;;
@@ -23,6 +26,7 @@ for a in "$@"; do
     --bench-only) TESTS=0 ;;
     --no-hf) HF=0 ;;
     --profile) PROFILE=1 ;;
+    --decode-paths) PATHS=1 ;;
     *) echo "unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -101,6 +105,16 @@ if [ "$BENCH" = 1 ]; then
     echo "profile (ms per step; every 64 steps):"; grep '^expert-runtime profile' "$OUT/profile.log" | sed 's/^expert-runtime profile: //' | head -40
   else
     "$NODE" benches/gpu.mjs --model "$MODEL" "${HF_ARGS[@]}" --loras "$LORAS" $QUICK --out "$OUT/gpu.json" 2>&1 | tee -a "$OUT/summary.md"
+  fi
+  if [ "$PATHS" = 1 ]; then
+    echo "| decode path | batch 1 (tok/s) | prefill (tok/s) | sessions (tok/s) | mixed LoRAs (tok/s) |" > "$OUT/paths.md"
+    echo "|---|---:|---:|---:|---:|" >> "$OUT/paths.md"
+    for mode in generic:EXPERT_RUNTIME_CUDA_DECODE=0 eager:EXPERT_RUNTIME_CUDA_GRAPHS=0 graphs-cublas:EXPERT_RUNTIME_CUDA_GEMV=0 graphs:EXPERT_RUNTIME_CUDA_GRAPHS=1; do
+      env "${mode#*:}" "$NODE" benches/gpu.mjs --model "$MODEL" --loras "$LORAS" --quick --out "$WORK/paths-${mode%%:*}.json" > /dev/null 2>&1
+      "$NODE" -e "const o = require('$WORK/paths-${mode%%:*}.json').ours; const f = (x) => x == null ? '—' : x.toFixed(0);
+        console.log('| ${mode%%:*} | ' + [o.decode_tok_s_batch1, o.prefill_tok_s, o.sessions_tok_s, o.sessions_mixed_tok_s].map(f).join(' | ') + ' |')" >> "$OUT/paths.md"
+    done
+    cat "$OUT/paths.md"
   fi
 fi
 exit "$STATUS"

@@ -24,17 +24,21 @@ pub enum RowLogits {
 }
 
 /// Reads `logits` (`[rows, vocab]`, f32) back; `greedy[r]` says that row `r` wants only the
-/// greedy token and its logprob.
-pub fn read_rows(logits: &Tensor, greedy: &[bool]) -> Result<Vec<RowLogits>> {
+/// greedy token and its logprob. `reduced` is the pass's own reduction of the rows
+/// (`[rows, 3]`, as [`greedy_reduce`] computes it), where it made one.
+pub fn read_rows(logits: &Tensor, greedy: &[bool], reduced: Option<&Tensor>) -> Result<Vec<RowLogits>> {
     if cpu_kernels(logits.device()) || !greedy.iter().any(|&g| g) {
         return Ok(logits.to_vec2::<f32>()?.into_iter().map(RowLogits::Full).collect());
     }
-    read_reduced(logits, greedy)
+    read_reduced(logits, greedy, reduced)
 }
 
 /// [`read_rows`] with the greedy rows reduced where the logits live.
-fn read_reduced(logits: &Tensor, greedy: &[bool]) -> Result<Vec<RowLogits>> {
-    let reduced = greedy_reduce(logits)?;
+fn read_reduced(logits: &Tensor, greedy: &[bool], reduced: Option<&Tensor>) -> Result<Vec<RowLogits>> {
+    let reduced = match reduced {
+        Some(r) => r.to_vec2::<f32>()?.into_iter().map(|r| [r[0], r[1], r[2]]).collect(),
+        None => greedy_reduce(logits)?,
+    };
     let mut out: Vec<Option<RowLogits>> = Vec::with_capacity(greedy.len());
     let mut full = Vec::new();
     for (r, (&want, &[max, token, log_sum])) in greedy.iter().zip(&reduced).enumerate() {
@@ -114,7 +118,7 @@ mod tests {
         let mut rows: Vec<Vec<f32>> = (0..4).map(|r| (0..vocab).map(|i| ((i + 3 * r) % 11) as f32).collect()).collect();
         rows[2][5] = f32::NAN;
         let t = Tensor::from_vec(rows.concat(), (4, vocab), &Device::Cpu).unwrap();
-        let out = read_reduced(&t, &[true, false, true, true]).unwrap();
+        let out = read_reduced(&t, &[true, false, true, true], None).unwrap();
         for (r, o) in out.iter().enumerate() {
             match (r, o) {
                 (0 | 3, RowLogits::Greedy { token, .. }) => assert_eq!(rows[r][*token as usize], 10.0),
@@ -123,6 +127,17 @@ mod tests {
                 _ => panic!("row {r} came back in the wrong form"),
             }
         }
+    }
+
+    /// A reduction the pass already made (the CUDA decode path's kernel) is taken as it is;
+    /// a row it marks not finite still comes back whole.
+    #[test]
+    fn a_pass_reduction_is_used_when_given() {
+        let t = Tensor::from_vec((0..8).map(|i| i as f32).collect::<Vec<_>>(), (2, 4), &Device::Cpu).unwrap();
+        let given = Tensor::from_vec(vec![3.0f32, 1.0, 0.25, f32::NAN, 0.0, 0.0], (2, 3), &Device::Cpu).unwrap();
+        let out = read_reduced(&t, &[true, true], Some(&given)).unwrap();
+        assert!(matches!(out[0], RowLogits::Greedy { token: 1, log_sum } if log_sum == 0.25));
+        assert!(matches!(&out[1], RowLogits::Full(v) if v == &[4.0, 5.0, 6.0, 7.0]));
     }
 
     /// NaN or infinite logits are not reduced on the device: such rows come back whole, for the

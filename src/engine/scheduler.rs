@@ -622,7 +622,7 @@ impl Scheduler {
         for (i, c) in constrained {
             self.running[i].constraint = Some(c);
         }
-        let PassOutput { logits, hidden } = out.expect("the forward pass ran")?;
+        let PassOutput { logits, hidden, greedy } = out.expect("the forward pass ran")?;
         self.profile.lap(Phase::Forward);
         let rows: Vec<RowLogits> = match logits {
             Some(l) => {
@@ -630,7 +630,7 @@ impl Scheduler {
                     l.device().synchronize()?;
                     self.profile.lap(Phase::Device);
                 }
-                read_rows(&l, &self.greedy_rows(&plan))?
+                read_rows(&l, &self.greedy_rows(&plan), greedy.as_ref())?
             }
             None => Vec::new(),
         };

@@ -21,6 +21,18 @@ use crate::kv::attention::{paged_attention, AttentionPlan, SeqSpan};
 use crate::kv::store::{slot_runs, KvWrites};
 use crate::kv::{BlockId, KvCache, KvFormat, KvStore};
 
+#[cfg(feature = "cuda")]
+#[path = "cuda_decode.rs"]
+mod cuda_decode;
+
+/// The CUDA decode path of a model: built at the first pass that could use it.
+#[cfg(feature = "cuda")]
+enum CudaPath {
+    Unbuilt,
+    Off,
+    On(Box<cuda_decode::CudaDecode>),
+}
+
 struct RmsNorm {
     weight: Tensor,
     eps: f32,
@@ -81,6 +93,9 @@ pub enum Logits {
 pub struct PassOutput {
     pub logits: Option<Tensor>,
     pub hidden: Option<Tensor>,
+    /// Per logits row, `[max, greedy id, log Σ exp(x − max)]` (`[rows, 3]`), where the pass
+    /// computed it on the device (see `engine::readback`).
+    pub greedy: Option<Tensor>,
 }
 
 pub struct Decoder {
@@ -94,6 +109,8 @@ pub struct Decoder {
     rope: Rope,
     pub dtype: DType,
     pub device: Device,
+    #[cfg(feature = "cuda")]
+    cuda: std::sync::Mutex<CudaPath>,
 }
 
 impl Drop for Decoder {
@@ -150,6 +167,12 @@ impl Decoder {
                 mlp,
             });
         }
+        #[cfg(feature = "cuda")]
+        if device.is_cuda() {
+            for l in &mut layers {
+                cuda_decode::fuse_projections(l, dtype)?;
+            }
+        }
         let norm = RmsNorm::load(src, "model.norm", h, eps, dtype)?;
         let lm_head =
             if cfg.tie_word_embeddings { None } else { Some(src.linear("lm_head", cfg.vocab_size, h, false, dtype)?) };
@@ -164,7 +187,18 @@ impl Decoder {
         }
         let rope =
             Rope::new(cfg.rope_theta, hd, cfg.max_position_embeddings, cfg.rope_scaling.clone(), max_positions, dtype, device)?;
-        Ok(Self { cfg, embed_tokens, layers, norm, lm_head, rope, dtype, device: device.clone() })
+        Ok(Self {
+            cfg,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            dtype,
+            device: device.clone(),
+            #[cfg(feature = "cuda")]
+            cuda: std::sync::Mutex::new(CudaPath::Unbuilt),
+        })
     }
 
     /// A new, empty single-sequence cache shaped for this model.
@@ -293,6 +327,10 @@ impl Decoder {
     /// Returns f32 logits and hidden states for the rows the chunks asked for, in chunk order
     /// (`None` where no chunk asked).
     pub fn forward_batch(&self, chunks: &[SeqChunk], store: &KvStore) -> Result<PassOutput> {
+        #[cfg(feature = "cuda")]
+        if let Some(out) = self.cuda_decode(chunks, store)? {
+            return Ok(out);
+        }
         // 0. Row layout: each chunk is `virtual_rows` then `tokens`, at consecutive positions.
         let mut spans = Vec::with_capacity(chunks.len());
         let mut runs = Vec::with_capacity(chunks.len());
@@ -376,7 +414,32 @@ impl Decoder {
             Some(x) => Some(self.lm_head.as_ref().unwrap_or(&self.embed_tokens).forward(&x)?.to_dtype(DType::F32)?),
             None => None,
         };
-        Ok(PassOutput { logits, hidden })
+        Ok(PassOutput { logits, hidden, greedy: None })
+    }
+
+    /// A decode pass on the CUDA path ([`cuda_decode`]), or `None` when it does not apply.
+    #[cfg(feature = "cuda")]
+    fn cuda_decode(&self, chunks: &[SeqChunk], store: &KvStore) -> Result<Option<PassOutput>> {
+        if !self.device.is_cuda() {
+            return Ok(None);
+        }
+        let mut path = self.cuda.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*path, CudaPath::Unbuilt) {
+            *path = match cuda_decode::CudaDecode::new(self, store) {
+                Ok(Some(d)) => CudaPath::On(Box::new(d)),
+                Ok(None) => CudaPath::Off,
+                Err(e) => {
+                    eprintln!("expert-runtime: the CUDA decode path is off ({e}); decode runs on the generic path");
+                    CudaPath::Off
+                }
+            };
+        }
+        let CudaPath::On(d) = &mut *path else { return Ok(None) };
+        if !d.accepts(self, chunks, store) {
+            return Ok(None);
+        }
+        let (logits, greedy) = d.forward(chunks, store)?;
+        Ok(Some(PassOutput { logits: Some(logits), hidden: None, greedy: Some(greedy) }))
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Tensor> {

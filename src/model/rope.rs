@@ -461,6 +461,12 @@ impl Rope {
         self.cos.dim(0).unwrap_or(0)
     }
 
+    /// The cos and sin tables, `[max_positions, head_dim / 2]` in the activation dtype.
+    #[cfg(feature = "cuda")]
+    pub fn tables(&self) -> (&Tensor, &Tensor) {
+        (&self.cos, &self.sin)
+    }
+
     pub fn scaling(&self) -> Option<&RopeScaling> {
         self.scaling.as_ref()
     }

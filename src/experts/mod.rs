@@ -272,4 +272,19 @@ impl Adapters for ExpertSet {
         }
         Ok(y)
     }
+
+    fn low_ranks(&self, slot: Slot) -> Option<Vec<(&Tensor, &Tensor, f64)>> {
+        let mut out = Vec::new();
+        for e in self.experts.iter() {
+            match e.module(slot) {
+                None => {}
+                Some(ModuleAdapter::Lora(l)) => match (&l.a, &l.b) {
+                    (lora::Factor::Tensor(a), lora::Factor::Tensor(b)) => out.push((a, b, l.scale)),
+                    _ => return None,
+                },
+                Some(_) => return None,
+            }
+        }
+        Some(out)
+    }
 }

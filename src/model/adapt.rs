@@ -99,6 +99,14 @@ pub trait Adapters: Sync {
     /// `lin(x)` with the set's adapters of `slot` applied; `base` is `x Wᵀ` without bias when
     /// the caller already computed it for these rows.
     fn linear(&self, lin: &Linear, x: &Tensor, slot: Slot, base: Option<Tensor>) -> Result<Tensor>;
+
+    /// The set's adapters of `slot` when all of them are plain LoRAs held as tensors: each one's
+    /// `A [r, in]`, `B [out, r]` and scale, in order (empty when none touches the slot). `None`
+    /// when the set holds anything else there (DoRA, IA³, LoKr, factors read from a file's map):
+    /// the CUDA decode path runs low-rank adapters itself and leaves other sets to `linear`.
+    fn low_ranks(&self, _slot: Slot) -> Option<Vec<(&Tensor, &Tensor, f64)>> {
+        None
+    }
 }
 
 /// The base model alone.
@@ -123,6 +131,10 @@ impl Adapters for NoAdapters {
 
     fn linear(&self, lin: &Linear, x: &Tensor, _: Slot, _: Option<Tensor>) -> Result<Tensor> {
         lin.forward(x)
+    }
+
+    fn low_ranks(&self, _slot: Slot) -> Option<Vec<(&Tensor, &Tensor, f64)>> {
+        Some(Vec::new())
     }
 }
 

@@ -471,6 +471,58 @@ __device__ void gemv_gate_up(const T* x, int ldx, const T* gate, const T* up, T*
   }
 }
 
+#define LORA_MAX 4   // adapters per row and module
+#define LORA_RANK 64 // rank at most
+
+// One adapter of a module in a set's LoRA table (src/model/cuda_decode.rs writes them): per module
+// slot (layer · 7 + projection), LORA_MAX entries, unused ones of rank 0.
+struct LoraEntry {
+  unsigned long long a, b; // A [rank, in], B [out, rank], in the model dtype
+  int rank;
+  float scale;
+};
+
+// t[r, e, j] = Σ_k x[r, k] · A_e[j, k] (rounded to T) for the adapters e of module `slot` in row
+// r's set (its table at sets[r]; 0: the base model). Grid (rows, LORA_MAX, LORA_RANK / 8), 256
+// threads: a warp per (row, adapter, j).
+template <typename T>
+__device__ void lora_shrink(const unsigned long long* sets, int slot, const T* x, int ldx, int k, float* t) {
+  const int r = blockIdx.x, e = blockIdx.y, j = blockIdx.z * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  const unsigned long long set = sets[r];
+  if (!set) return;
+  const LoraEntry en = ((const LoraEntry*)set)[slot * LORA_MAX + e];
+  if (j >= en.rank) return;
+  const T* a = (const T*)en.a + (size_t)j * k;
+  const T* xr = x + (size_t)r * ldx;
+  float acc = 0.f;
+#pragma unroll 8
+  for (int i = lane; i < k; i += 32) acc += ld(xr[i]) * ld(a[i]);
+  acc = warp_sum(acc);
+  if (lane == 0) t[((size_t)r * LORA_MAX + e) * LORA_RANK + j] = rnd<T>(acc);
+}
+
+// y[r, n] += s_e · B_e[n] · t[r, e] for n < out and each adapter of the row's set in order (rows
+// of y `ldy` apart), each product, scaling and sum rounded to T as the generic path's ops do.
+// Grid (rows, out / 256 rounded up), 256 threads.
+template <typename T>
+__device__ void lora_expand(const unsigned long long* sets, int slot, const float* t, T* y, int ldy, int out) {
+  const int r = blockIdx.x, n = blockIdx.y * blockDim.x + threadIdx.x;
+  const unsigned long long set = sets[r];
+  if (!set || n >= out) return;
+  const LoraEntry* ens = (const LoraEntry*)set + slot * LORA_MAX;
+  float yv = ld(y[(size_t)r * ldy + n]);
+  for (int e = 0; e < LORA_MAX; e++) {
+    const LoraEntry en = ens[e];
+    if (en.rank == 0) break;
+    const T* b = (const T*)en.b + (size_t)n * en.rank;
+    const float* tr = t + ((size_t)r * LORA_MAX + e) * LORA_RANK;
+    float u = 0.f;
+    for (int j = 0; j < en.rank; j++) u += ld(b[j]) * tr[j];
+    yv = rnd<T>(yv + rnd<T>(rnd<T>(u) * en.scale));
+  }
+  st(&y[(size_t)r * ldy + n], yv);
+}
+
 #define KERNELS(T, S)                                                                                             \
   extern "C" __global__ void embed_##S(const T* table, const u32* ids, T* out, int h) { embed<T>(table, ids, out, h); } \
   extern "C" __global__ void add_rmsnorm_##S(T* x, const T* add, const T* w, T* out, int n, float eps) {            \
@@ -500,6 +552,14 @@ __device__ void gemv_gate_up(const T* x, int ldx, const T* gate, const T* up, T*
   extern "C" __global__ void gemv_gate_up_##S(const T* x, int ldx, const T* gate, const T* up, T* act, int rows,  \
                                               int inter, int k) {                                                 \
     gemv_gate_up<T>(x, ldx, gate, up, act, rows, inter, k);                                                       \
+  }                                                                                                               \
+  extern "C" __global__ void lora_shrink_##S(const unsigned long long* sets, int slot, const T* x, int ldx, int k,  \
+                                             float* t) {                                                          \
+    lora_shrink<T>(sets, slot, x, ldx, k, t);                                                                     \
+  }                                                                                                               \
+  extern "C" __global__ void lora_expand_##S(const unsigned long long* sets, int slot, const float* t, T* y, int ldy, \
+                                             int out) {                                                           \
+    lora_expand<T>(sets, slot, t, y, ldy, out);                                                                   \
   }
 
 KERNELS(float, f32)

@@ -12,9 +12,11 @@
 //! per-row input sits in the uploaded buffer, so the sequence of launches for a given row count
 //! and context bucket is captured once as a CUDA graph and replayed for each later step.
 //!
-//! It serves passes whose chunks are all single decode rows of the base model (no experts, no
-//! prompt tuning, the last row's logits), with dense f32 or bf16 weights and a dense pool of the
-//! same dtype; everything else takes the generic path. Kernels: `cuda_decode.cu`, compiled to PTX
+//! It serves passes whose chunks are all single decode rows (the last row's logits) of the base
+//! model or of expert sets made of plain LoRAs (each row its own set: the low-rank products run
+//! per row, in the Punica / BGMV manner, from a table of the set's A and B addresses built once
+//! per set), with dense f32 or bf16 weights and a dense pool of the same dtype; everything else
+//! (DoRA, IA³, LoKr, prompt chunks) takes the generic path. Kernels: `cuda_decode.cu`, compiled to PTX
 //! at build time. `EXPERT_RUNTIME_CUDA_DECODE=0` turns the path off, `EXPERT_RUNTIME_CUDA_GRAPHS=0`
 //! keeps it but launches eagerly, and `EXPERT_RUNTIME_CUDA_TIMING=1` launches eagerly with a pair
 //! of CUDA events around each kernel and prints the device time per kind of kernel (stderr,
@@ -33,6 +35,7 @@ use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 use super::{Decoder, Logits, SeqChunk};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvFormat, KvStore};
+use crate::model::adapt::{Proj, Slot};
 use crate::model::linear::{Linear, Weight};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cuda_decode.ptx"));
@@ -58,7 +61,16 @@ const POS: usize = MAX_ROWS;
 const SLOT: usize = 2 * MAX_ROWS;
 const LENS: usize = 3 * MAX_ROWS;
 const TOFF: usize = 4 * MAX_ROWS;
-const TABLES: usize = 5 * MAX_ROWS;
+/// Per row, the address of its expert set's LoRA table (a `u64` as two `u32`s; 0: none).
+const SETS: usize = 5 * MAX_ROWS;
+const TABLES: usize = 7 * MAX_ROWS;
+/// LoRA adapters per row and module, and their rank, at most (the kernels' table and workspace).
+const LORA_MAX: usize = 4;
+const LORA_RANK: usize = 64;
+/// Bytes of one table entry: A and B addresses, rank, scale (`LoraEntry` in the kernels).
+const LORA_ENTRY: usize = 24;
+/// Expert sets whose tables are kept (the cache starts over beyond).
+const LORA_SETS: usize = 256;
 
 fn err(msg: impl std::fmt::Display) -> EngineError {
     EngineError::Internal(format!("CUDA decode: {msg}"))
@@ -126,6 +138,8 @@ struct Kernels {
     spin: CudaFunction,
     gemv: CudaFunction,
     gemv_gate_up: CudaFunction,
+    lora_shrink: CudaFunction,
+    lora_expand: CudaFunction,
 }
 
 /// The scratch buffers of a step, sized for [`MAX_ROWS`] rows.
@@ -153,10 +167,13 @@ struct Buffers {
     /// The greedy reduction's partials per (row, part), and parts finished per row.
     greedy_part: CudaSlice<f32>,
     greedy_done: CudaSlice<u32>,
+    /// The LoRA products `A x` per (row, adapter, rank index).
+    lora_t: CudaSlice<f32>,
 }
 
-/// A step's launch shape: rows, and the attention split (positions per split, splits).
-type Shape = (usize, usize, usize);
+/// A step's launch shape: rows, the attention split (positions per split, splits), and whether
+/// some row runs LoRAs.
+type Shape = (usize, usize, usize, bool);
 
 pub struct CudaDecode {
     dev: CudaDevice,
@@ -190,6 +207,9 @@ pub struct CudaDecode {
     /// Whether products of up to GEMV_ROWS rows take the GEMV kernel (`EXPERT_RUNTIME_CUDA_GEMV=0`: cuBLAS).
     use_gemv: bool,
     timing: Option<Timing>,
+    /// Per expert set (its key): its LoRA table on the device, or `None` when this path cannot
+    /// run the set.
+    lora_sets: HashMap<Vec<u64>, Option<CudaSlice<u8>>>,
 }
 
 /// Device time per kind of kernel (`EXPERT_RUNTIME_CUDA_TIMING=1`).
@@ -318,6 +338,8 @@ impl CudaDecode {
             spin: dev.get_or_load_custom_func("spin", MODULE, PTX)?.into_cuda_function(),
             gemv: f("gemv")?,
             gemv_gate_up: f("gemv_gate_up")?,
+            lora_shrink: f("lora_shrink")?,
+            lora_expand: f("lora_expand")?,
         };
         let (h, inter, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let max_blocks = model.max_positions().div_ceil(store.block_size.max(1)).max(1);
@@ -341,6 +363,7 @@ impl CudaDecode {
             attn_done: stream.alloc_zeros::<u32>(MAX_ROWS * nkv).map_err(err)?,
             greedy_part: stream.alloc_zeros::<f32>(MAX_ROWS * GREEDY_PARTS * 3).map_err(err)?,
             greedy_done: stream.alloc_zeros::<u32>(MAX_ROWS).map_err(err)?,
+            lora_t: stream.alloc_zeros::<f32>(MAX_ROWS * LORA_MAX * LORA_RANK).map_err(err)?,
         };
         Ok(Some(Self {
             dev: dev.clone(),
@@ -369,6 +392,7 @@ impl CudaDecode {
             seen: HashSet::new(),
             use_graphs: !env_off("EXPERT_RUNTIME_CUDA_GRAPHS"),
             use_gemv: !env_off("EXPERT_RUNTIME_CUDA_GEMV"),
+            lora_sets: HashMap::new(),
             timing: std::env::var("EXPERT_RUNTIME_CUDA_TIMING").is_ok_and(|v| v == "1").then(Timing::default),
             stream,
         }))
@@ -386,16 +410,36 @@ impl CudaDecode {
                 c.tokens.len() == 1
                     && c.virtual_rows.is_empty()
                     && c.logits == Logits::Last
-                    && c.experts.key().is_empty()
                     && exact.is_none_or(|n| c.seq_len.max(c.pos + 1) <= n)
             })
     }
 
     /// f32 logits `[rows, vocab]` of a pass that [`Self::accepts`], and per row `[max, greedy id,
     /// log Σ exp(x − max)]` (`[rows, 3]`, see `engine::readback`).
-    pub fn forward(&mut self, chunks: &[SeqChunk], store: &KvStore) -> Result<(Tensor, Tensor)> {
+    /// `None` when a row's expert set holds adapters this path does not run.
+    pub fn forward(&mut self, chunks: &[SeqChunk], store: &KvStore) -> Result<Option<(Tensor, Tensor)>> {
         let rows = chunks.len();
         let bs = store.block_size;
+        // 0. Each row's LoRA table (built once per expert set).
+        let mut sets = [0u64; MAX_ROWS];
+        for (r, c) in chunks.iter().enumerate() {
+            let key = c.experts.key();
+            if key.is_empty() {
+                continue;
+            }
+            if !self.lora_sets.contains_key(&key) {
+                if self.lora_sets.len() >= LORA_SETS {
+                    self.lora_sets.clear();
+                }
+                let table = self.lora_table(c.experts)?;
+                self.lora_sets.insert(key.clone(), table);
+            }
+            match &self.lora_sets[&key] {
+                Some(t) => sets[r] = slice_ptr(t, &self.stream),
+                None => return Ok(None),
+            }
+        }
+        let lora = sets.iter().any(|&p| p != 0);
         // 1. The rows' inputs, one upload.
         let st = &mut self.staging;
         st.clear();
@@ -414,6 +458,8 @@ impl CudaDecode {
             st[SLOT + r] = narrow(slot)?;
             st[LENS + r] = narrow(len)?;
             st[TOFF + r] = narrow(st.len() - TABLES)?;
+            st[SETS + 2 * r] = sets[r] as u32;
+            st[SETS + 2 * r + 1] = (sets[r] >> 32) as u32;
             st.extend_from_slice(&c.blocks[..nblocks]);
             longest = longest.max(len);
         }
@@ -422,7 +468,7 @@ impl CudaDecode {
         // 2. The context bucket: a power of two of positions, in at most MAX_SPLITS splits.
         let bucket = longest.next_power_of_two().max(MIN_SPLIT);
         let split = (bucket / MAX_SPLITS).max(MIN_SPLIT);
-        let shape = (rows, split, bucket.div_ceil(split));
+        let shape = (rows, split, bucket.div_ceil(split), lora);
         let pool = ptr(store.layer(0).0, &self.stream)?;
         if pool != self.pool {
             self.graphs.clear();
@@ -447,7 +493,75 @@ impl CudaDecode {
         }
 
         // 4. The logits and their reduction, copied out of the static buffers.
-        Ok((self.copy_out(&self.b.logits, rows, self.vocab)?, self.copy_out(&self.b.reduced, rows, 3)?))
+        Ok(Some((self.copy_out(&self.b.logits, rows, self.vocab)?, self.copy_out(&self.b.reduced, rows, 3)?)))
+    }
+
+    /// The LoRA table of an expert set (see `LoraEntry` in the kernels), or `None` when some module
+    /// of the set holds other adapters, more than LORA_MAX of them, a rank beyond LORA_RANK, or
+    /// factors that are not contiguous tensors of the model dtype on this device.
+    fn lora_table(&self, experts: &dyn super::Adapters) -> Result<Option<CudaSlice<u8>>> {
+        let s = self.stream.as_ref();
+        let (hid, nq, nk, inter) = (self.h, self.nh * self.hd, self.nkv * self.hd, self.inter);
+        let mut table = vec![0u8; self.layers.len() * Proj::ALL.len() * LORA_MAX * LORA_ENTRY];
+        for layer in 0..self.layers.len() {
+            for proj in Proj::ALL {
+                let slot = Slot::new(layer, proj);
+                let Some(list) = experts.low_ranks(slot) else { return Ok(None) };
+                if list.len() > LORA_MAX {
+                    return Ok(None);
+                }
+                let (inp, out) = match proj {
+                    Proj::Q => (hid, nq),
+                    Proj::K | Proj::V => (hid, nk),
+                    Proj::O => (nq, hid),
+                    Proj::Gate | Proj::Up => (hid, inter),
+                    Proj::Down => (inter, hid),
+                };
+                for (e, (a, b, scale)) in list.into_iter().enumerate() {
+                    let Ok((rank, a_in)) = a.dims2() else { return Ok(None) };
+                    let fits = rank > 0
+                        && rank <= LORA_RANK
+                        && a_in == inp
+                        && b.dims2().ok() == Some((out, rank))
+                        && a.dtype() == self.dtype
+                        && b.dtype() == self.dtype
+                        && a.is_contiguous()
+                        && b.is_contiguous()
+                        && a.device().same_device(&Device::Cuda(self.dev.clone()))
+                        && b.device().same_device(&Device::Cuda(self.dev.clone()));
+                    if !fits {
+                        return Ok(None);
+                    }
+                    let at = (slot.index() * LORA_MAX + e) * LORA_ENTRY;
+                    let entry = &mut table[at..at + LORA_ENTRY];
+                    entry[0..8].copy_from_slice(&ptr(a, s)?.to_le_bytes());
+                    entry[8..16].copy_from_slice(&ptr(b, s)?.to_le_bytes());
+                    entry[16..20].copy_from_slice(&(rank as i32).to_le_bytes());
+                    entry[20..24].copy_from_slice(&(scale as f32).to_le_bytes());
+                }
+            }
+        }
+        Ok(Some(self.stream.clone_htod(&table).map_err(err)?))
+    }
+
+    /// The LoRA deltas of module `slot` for the rows that run LoRAs: `y` (rows `ldy` apart,
+    /// `out` columns) += each adapter's `s · B (A x)`, `x` rows `ldx` apart with `inp` columns.
+    #[allow(clippy::too_many_arguments)]
+    fn lora(&self, rows: usize, slot: Slot, x: u64, ldx: usize, inp: usize, y: u64, ldy: usize, out: usize) -> Result<()> {
+        let s = self.stream.as_ref();
+        let sets = slice_ptr(&self.b.input, s) + (SETS * 4) as u64;
+        let t = slice_ptr(&self.b.lora_t, s);
+        let (slot_i, ldx, inp, ldy, out_i) = (i32n(slot.index())?, i32n(ldx)?, i32n(inp)?, i32n(ldy)?, i32n(out)?);
+        let r = rows as u32;
+        self.launch(
+            "lora_shrink",
+            &self.k.lora_shrink,
+            (r, LORA_MAX as u32, (LORA_RANK / 8) as u32),
+            256,
+            &[&sets, &slot_i, &x, &ldx, &inp, &t],
+        )?;
+        let blocks = u32::try_from(out.div_ceil(256)).map_err(|_| err("too many outputs"))?;
+        self.launch("lora_expand", &self.k.lora_expand, (r, blocks, 1), 256, &[&sets, &slot_i, &t, &y, &ldy, &out_i])
     }
 
     /// The first `rows` rows of `src` (`[MAX_ROWS, cols]`) as a new tensor.
@@ -577,7 +691,7 @@ impl CudaDecode {
     }
 
     /// Every launch of one pass of `shape` over the uploaded inputs.
-    fn issue(&self, (rows, split, splits): Shape, store: &KvStore) -> Result<()> {
+    fn issue(&self, (rows, split, splits, lora): Shape, store: &KvStore) -> Result<()> {
         let s = self.stream.as_ref();
         let b = &self.b;
         let p = |x: &CudaSlice<u8>| slice_ptr(x, s);
@@ -612,6 +726,11 @@ impl CudaDecode {
                 self.mat("gemm_qkv", hn, hid, l.q, qkv, wide, rows, nq, hid)?;
                 self.mat("gemm_qkv", hn, hid, l.k, k_at, wide, rows, nk, hid)?;
                 self.mat("gemm_qkv", hn, hid, l.v, v_at, wide, rows, nk, hid)?;
+            }
+            if lora {
+                self.lora(rows, Slot::new(i, Proj::Q), hn, hid, hid, qkv, wide, nq)?;
+                self.lora(rows, Slot::new(i, Proj::K), hn, hid, hid, k_at, wide, nk)?;
+                self.lora(rows, Slot::new(i, Proj::V), hn, hid, hid, v_at, wide, nk)?;
             }
             let (kp, vp) = store.layer(i);
             let (kp, vp) = (ptr(kp, s)?, ptr(vp, s)?);
@@ -670,8 +789,11 @@ impl CudaDecode {
                 ],
             )?;
             self.mat("gemm_o", attn, nq, l.o, delta, hid, rows, hid, nq)?;
+            if lora {
+                self.lora(rows, Slot::new(i, Proj::O), attn, nq, nq, delta, hid, hid)?;
+            }
             self.launch("add_rmsnorm", &self.k.add_rmsnorm, (r, 1, 1), norm_threads, &[&x, &delta, &l.ln2, &hn, &h, &eps])?;
-            if self.gemv_fits(rows, hid, hid, &[hn, l.gate, l.up]) {
+            if !lora && self.gemv_fits(rows, hid, hid, &[hn, l.gate, l.up]) {
                 // gate, up and SiLU·mul in one kernel.
                 let blocks = u32::try_from(inter.div_ceil(8)).map_err(|_| err("too many output rows"))?;
                 self.launch(
@@ -688,6 +810,10 @@ impl CudaDecode {
                     self.mat("gemm_gate_up", hn, hid, l.gate, gate_up, 2 * inter, rows, inter, hid)?;
                     self.mat("gemm_gate_up", hn, hid, l.up, up_at, 2 * inter, rows, inter, hid)?;
                 }
+                if lora {
+                    self.lora(rows, Slot::new(i, Proj::Gate), hn, hid, hid, gate_up, 2 * inter, inter)?;
+                    self.lora(rows, Slot::new(i, Proj::Up), hn, hid, hid, up_at, 2 * inter, inter)?;
+                }
                 let n = rows * inter;
                 let (grid, threads) = elementwise(n);
                 let two_inter = 2 * inter_i;
@@ -700,6 +826,9 @@ impl CudaDecode {
                 )?;
             }
             self.mat("gemm_down", act, inter, l.down, delta, hid, rows, hid, inter)?;
+            if lora {
+                self.lora(rows, Slot::new(i, Proj::Down), act, inter, inter, delta, hid, hid)?;
+            }
         }
         self.launch("add_rmsnorm", &self.k.add_rmsnorm, (r, 1, 1), norm_threads, &[&x, &delta, &self.norm, &hn, &h, &eps])?;
         let logits = slice_ptr(&b.logits, s);

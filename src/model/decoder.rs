@@ -438,8 +438,11 @@ impl Decoder {
         if !d.accepts(self, chunks, store) {
             return Ok(None);
         }
-        let (logits, greedy) = d.forward(chunks, store)?;
-        Ok(Some(PassOutput { logits: Some(logits), hidden: None, greedy: Some(greedy) }))
+        Ok(d.forward(chunks, store)?.map(|(logits, greedy)| PassOutput {
+            logits: Some(logits),
+            hidden: None,
+            greedy: Some(greedy),
+        }))
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Tensor> {

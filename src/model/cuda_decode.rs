@@ -344,7 +344,7 @@ impl CudaDecode {
         let (h, inter, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let max_blocks = model.max_positions().div_ceil(store.block_size.max(1)).max(1);
         let es = dt.size_in_bytes();
-        let bytes = |n: usize| -> Result<CudaSlice<u8>> { Ok(stream.alloc_zeros::<u8>(MAX_ROWS * n * es).map_err(err)?) };
+        let bytes = |n: usize| -> Result<CudaSlice<u8>> { stream.alloc_zeros::<u8>(MAX_ROWS * n * es).map_err(err) };
         let b = Buffers {
             input: stream.alloc_zeros::<u32>(TABLES + MAX_ROWS * max_blocks).map_err(err)?,
             x: bytes(h)?,
@@ -482,7 +482,9 @@ impl CudaDecode {
             let cycles = 40_000_000i64;
             self.launch("spin", &self.k.spin, (1, 1, 1), 32, &[&cycles])?;
             self.issue(shape, store)?;
-            self.timing.as_mut().expect("on").pass_done(rows)?;
+            if let Some(t) = &mut self.timing {
+                t.pass_done(rows)?;
+            }
         } else if let Some(g) = self.graphs.get(&shape) {
             g.launch().map_err(err)?;
         } else if self.use_graphs && self.seen.contains(&shape) {
@@ -628,7 +630,11 @@ impl CudaDecode {
     /// kernels: few rows, and 16-byte aligned operands.
     fn gemv_fits(&self, rows: usize, inp: usize, ldx: usize, ptrs: &[u64]) -> bool {
         let v = 16 / self.dtype.size_in_bytes();
-        self.use_gemv && rows <= GEMV_ROWS && inp % v == 0 && ldx % v == 0 && ptrs.iter().all(|p| p % 16 == 0)
+        self.use_gemv
+            && rows <= GEMV_ROWS
+            && inp.is_multiple_of(v)
+            && ldx.is_multiple_of(v)
+            && ptrs.iter().all(|p| p.is_multiple_of(16))
     }
 
     /// `y[rows, out] = x[rows, inp] · w[out, inp]ᵀ` in the model dtype, f32 accumulation; rows of

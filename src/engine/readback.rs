@@ -35,10 +35,10 @@ pub fn read_rows(logits: &Tensor, greedy: &[bool], reduced: Option<&Tensor>) -> 
 
 /// [`read_rows`] with the greedy rows reduced where the logits live.
 fn read_reduced(logits: &Tensor, greedy: &[bool], reduced: Option<&Tensor>) -> Result<Vec<RowLogits>> {
-    let reduced = match reduced {
-        Some(r) => r.to_vec2::<f32>()?.into_iter().map(|r| [r[0], r[1], r[2]]).collect(),
+    let reduced = unpack(&match reduced {
+        Some(r) => r.clone(),
         None => greedy_reduce(logits)?,
-    };
+    })?;
     let mut out: Vec<Option<RowLogits>> = Vec::with_capacity(greedy.len());
     let mut full = Vec::new();
     for (r, (&want, &[max, token, log_sum])) in greedy.iter().zip(&reduced).enumerate() {
@@ -60,9 +60,9 @@ fn read_reduced(logits: &Tensor, greedy: &[bool], reduced: Option<&Tensor>) -> R
     Ok(out.into_iter().map(|r| r.expect("every row filled")).collect())
 }
 
-/// Per row of `[rows, vocab]` f32 logits: `[max, lowest id reaching it, log Σ exp(x − max)]`,
-/// computed where the logits live, read back in one copy.
-fn greedy_reduce(logits: &Tensor) -> Result<Vec<[f32; 3]>> {
+/// Per row of `[rows, vocab]` f32 logits: `[max, lowest id reaching it, log Σ exp(x − max)]`
+/// (`[rows, 3]`), computed where the logits live.
+fn greedy_reduce(logits: &Tensor) -> Result<Tensor> {
     let (rows, vocab) = logits.dims2()?;
     let dev = logits.device();
     let max = logits.max_keepdim(D::Minus1)?;
@@ -73,8 +73,12 @@ fn greedy_reduce(logits: &Tensor) -> Result<Vec<[f32; 3]>> {
     let token = at_max.where_cond(&ids, &none)?.min_keepdim(D::Minus1)?;
     let log_sum = logits.broadcast_sub(&max)?.exp()?.sum_keepdim(D::Minus1)?.log()?;
     // Ids up to 2^24 are exact in f32; vocabularies are far below that.
-    let packed = Tensor::cat(&[&max, &token.to_dtype(DType::F32)?, &log_sum], 1)?;
-    Ok(packed.to_vec2::<f32>()?.into_iter().map(|r| [r[0], r[1], r[2]]).collect())
+    Ok(Tensor::cat(&[&max, &token.to_dtype(DType::F32)?, &log_sum], 1)?)
+}
+
+/// A `[rows, 3]` reduction read back in one copy.
+fn unpack(reduced: &Tensor) -> Result<Vec<[f32; 3]>> {
+    Ok(reduced.to_vec2::<f32>()?.into_iter().map(|r| [r[0], r[1], r[2]]).collect())
 }
 
 #[cfg(test)]
@@ -102,7 +106,7 @@ mod tests {
         rows[3] = vec![-30.0; vocab];
         rows[3][777] = 4.0;
         let t = Tensor::from_vec(rows.concat(), (rows.len(), vocab), &Device::Cpu).unwrap();
-        let reduced = greedy_reduce(&t).unwrap();
+        let reduced = unpack(&greedy_reduce(&t).unwrap()).unwrap();
         for (row, [max, token, log_sum]) in rows.iter().zip(reduced) {
             let host = Sampler::new(greedy_params(), vocab).sample(row, &[]);
             assert_eq!(token as u32, host.token);
@@ -150,7 +154,7 @@ mod tests {
         rows[1][4] = f32::NAN;
         rows[2] = vec![f32::NEG_INFINITY; vocab];
         let t = Tensor::from_vec(rows.concat(), (3, vocab), &Device::Cpu).unwrap();
-        let reduced = greedy_reduce(&t).unwrap();
+        let reduced = unpack(&greedy_reduce(&t).unwrap()).unwrap();
         assert_eq!(reduced[0][1], 3.0);
         assert!(!(reduced[1][0].is_finite() && reduced[1][2].is_finite()));
         assert!(!(reduced[2][0].is_finite() && reduced[2][2].is_finite()));

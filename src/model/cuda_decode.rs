@@ -666,7 +666,7 @@ impl CudaDecode {
         use cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
         let dt = if self.dtype == DType::F32 { cudaDataType::CUDA_R_32F } else { cudaDataType::CUDA_R_16BF };
         let (alpha, beta) = (1f32, 0f32);
-        let i = |v: usize| i32::try_from(v).map_err(|_| err("a matrix size beyond i32"));
+        let i = i32n;
         // Column-major: yᵀ[out, rows] = w[inp, out]ᵀ · xᵀ[inp, rows].
         // SAFETY: the pointers address buffers of at least rows·inp, out·inp and rows·out
         // elements of the stated types on this handle's device.

@@ -4,13 +4,16 @@
 # Node. Everything built comes from `target/gpu-bundle/` (made on a build machine by
 # `npm run build && npm run build:cuda && node scripts/gpu-bundle.mjs`).
 #
-#   bash scripts/gpu-check.sh [--quick] [--tests-only | --bench-only] [--no-hf] [--profile] [--decode-paths]
+#   bash scripts/gpu-check.sh [--quick] [--tests-only | --bench-only] [--no-hf] [--profile] [--decode-paths] [--timing] [--kernels | --kernels-only]
 #
 # --no-hf skips the HF transformers side of the benchmark (ours alone, faster); --profile runs
 # ours with EXPERT_RUNTIME_PROFILE=1 and writes the engine's per-step phase times to profile.log.
 # --decode-paths then times ours (--quick) with decode on the generic candle path, on the CUDA decode
 # path launching its kernels directly, and on that path replayed as CUDA graphs with its small-batch
-# products on cuBLAS and on its own GEMV kernel (paths.md).
+# products on cuBLAS and on its own GEMV kernel (paths.md). --timing then runs ours (--quick) with
+# EXPERT_RUNTIME_CUDA_TIMING=1: device µs per kind of decode kernel (timing.log). --kernels first
+# builds and runs benches/cuda/kernels.cu with the machine's nvcc: each decode kernel alone on the
+# Qwen3-0.6B shape, in variants (kernels.md); --kernels-only runs that and nothing else.
 #
 # With this project's `device` tool: run it with carry ["target/gpu-bundle"]; the results come
 # back through $OUT, which that tool sets. Otherwise they go to ./gpu-results: tests.log,
@@ -18,7 +21,7 @@
 # The exit status is the test run's (the benchmark reports, it does not judge).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-QUICK=""; TESTS=1; BENCH=1; HF=1; PROFILE=0; PATHS=0
+QUICK=""; TESTS=1; BENCH=1; HF=1; PROFILE=0; PATHS=0; TIMING=0; KERNELS=0
 for a in "$@"; do
   case "$a" in
     --quick) QUICK=--quick ;;
@@ -27,6 +30,9 @@ for a in "$@"; do
     --no-hf) HF=0 ;;
     --profile) PROFILE=1 ;;
     --decode-paths) PATHS=1 ;;
+    --timing) TIMING=1 ;;
+    --kernels) KERNELS=1 ;;
+    --kernels-only) KERNELS=1; TESTS=0; BENCH=0 ;;
     *) echo "unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -34,6 +40,10 @@ B=target/gpu-bundle
 OUT=${OUT:-$PWD/gpu-results}
 WORK=${GPU_CHECK_WORK:-/tmp/expert-runtime-gpu}
 mkdir -p "$OUT" "$WORK"
+if [ "$KERNELS" = 1 ]; then
+  nvcc -O3 -arch=sm_90 -std=c++17 benches/cuda/kernels.cu -o "$WORK/kernels" && "$WORK/kernels" | tee "$OUT/kernels.md"
+  [ "$TESTS$BENCH" = 00 ] && exit 0
+fi
 [ -d "$B" ] || { echo "missing $B: build it with scripts/gpu-bundle.mjs on a build machine" >&2; exit 2; }
 
 # 1. The Node binary, the CUDA addon and the JS layer from the bundle.
@@ -115,6 +125,11 @@ if [ "$BENCH" = 1 ]; then
         console.log('| ${mode%%:*} | ' + [o.decode_tok_s_batch1, o.prefill_tok_s, o.sessions_tok_s, o.sessions_mixed_tok_s].map(f).join(' | ') + ' |')" >> "$OUT/paths.md"
     done
     cat "$OUT/paths.md"
+  fi
+  if [ "$TIMING" = 1 ]; then
+    EXPERT_RUNTIME_CUDA_TIMING=1 "$NODE" benches/gpu.mjs --model "$MODEL" --loras "$LORAS" --quick --out "$WORK/timing.json" 2>&1 \
+      | grep 'CUDA decode timing' > "$OUT/timing.log"
+    echo "decode kernel timing (first reports):"; head -6 "$OUT/timing.log"
   fi
 fi
 exit "$STATUS"

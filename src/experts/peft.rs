@@ -274,7 +274,42 @@ impl RawTensor {
     }
 
     pub fn to_tensor(&self, dtype: DType, device: &Device) -> Result<Tensor> {
-        Ok(Tensor::from_vec(self.values()?, self.shape.as_slice(), device)?.to_dtype(dtype)?)
+        let shape = self.shape.as_slice();
+        match (dtype, DenseType::of_safetensors(self.dtype)) {
+            (DType::BF16, Some(src)) => Ok(Tensor::from_vec(self.narrowed(src, half::bf16::from_f32)?, shape, device)?),
+            (DType::F16, Some(src)) => Ok(Tensor::from_vec(self.narrowed(src, half::f16::from_f32)?, shape, device)?),
+            _ => Ok(Tensor::from_vec(self.values()?, shape, device)?.to_dtype(dtype)?),
+        }
+    }
+
+    /// The values converted by `f` from `src` (this tensor's dense type), in parallel chunks on
+    /// the thread pool, without an f32 copy of the whole tensor; a non-finite value is an error
+    /// (the first one is named, as [`Self::values`] does).
+    fn narrowed<T: Copy + Default + Send>(&self, src: DenseType, f: fn(f32) -> T) -> Result<Vec<T>> {
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 14;
+        let bytes = self.bytes();
+        let size = src.size();
+        let mut out = vec![T::default(); bytes.len() / size];
+        let bad = out
+            .par_chunks_mut(CHUNK)
+            .enumerate()
+            .filter_map(|(i, o)| {
+                let mut wide = vec![0f32; o.len()];
+                widen_into(src, &bytes[i * CHUNK * size..][..o.len() * size], &mut wide);
+                if let Some(k) = wide.iter().position(|x| !x.is_finite()) {
+                    return Some(i * CHUNK + k);
+                }
+                o.iter_mut().zip(&wide).for_each(|(d, &x)| *d = f(x));
+                None
+            })
+            .min();
+        match bad {
+            Some(at) => {
+                Err(EngineError::InvalidAdapter(format!("tensor {} holds a non-finite value at element {at}", self.name)))
+            }
+            None => Ok(out),
+        }
     }
 
     /// The 2-D f32 or f16 tensor read in place from the map (no copy, values not read); `None`
@@ -372,6 +407,35 @@ pub fn parse_key(key: &str) -> Option<(Slot, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A safetensors file of one f32 tensor `w` of `values`.
+    fn one_tensor(values: &[f32]) -> HashMap<String, RawTensor> {
+        let header = format!(r#"{{"w":{{"dtype":"F32","shape":[{}],"data_offsets":[0,{}]}}}}"#, values.len(), 4 * values.len());
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        values.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
+        parse_safetensors(&bytes, "test").unwrap()
+    }
+
+    #[test]
+    fn half_precision_tensors_convert_in_chunks_as_candle_does() {
+        let n = 3 * (1 << 14) + 5;
+        let values: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 * 0.013 - 6.5).collect();
+        let file = one_tensor(&values);
+        let reference = Tensor::new(values.as_slice(), &Device::Cpu).unwrap();
+        for dtype in [DType::BF16, DType::F16] {
+            let ours = file["w"].to_tensor(dtype, &Device::Cpu).unwrap();
+            assert_eq!(ours.dtype(), dtype);
+            let want = reference.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(ours.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap(), want);
+        }
+        // The first non-finite value is named, whichever chunk finishes first.
+        let mut bad = values.clone();
+        bad[2 * (1 << 14) + 3] = f32::INFINITY;
+        bad[(1 << 14) + 1] = f32::NAN;
+        let e = one_tensor(&bad)["w"].to_tensor(DType::BF16, &Device::Cpu).unwrap_err();
+        assert!(e.to_string().contains(&format!("non-finite value at element {}", (1 << 14) + 1)), "{e}");
+    }
 
     #[test]
     fn keys_and_targets_follow_peft() {

@@ -64,227 +64,312 @@ __device__ void add_rmsnorm(T* x, const T* add, const T* w, T* out, int n, float
   for (int i = threadIdx.x; i < n; i += blockDim.x) st(&orow[i], scale * ld(xr[i]) * ld(w[i]));
 }
 
-// One block per (row, head) over the query heads, then the key heads, then the value heads
-// (grid (rows, nh + 2·nkv), blockDim.x = hd rounded up to 32): bias, per-head RMSNorm (Qwen3),
-// RoPE at the row's position. The projections are read at q, k, v with a row stride of `stride`
-// elements (one fused product or three); queries go to `qout` ([rows, nh·hd]), keys and values
-// into the layer's pool at the row's slot.
-template <typename T>
-__device__ void qkv_finish(const T* q, const T* k, const T* v, int stride, T* qout, const T* qb, const T* kb, const T* vb,
-                           const T* qn, const T* kn, const T* cos, const T* sin, const u32* pos, const u32* slot,
-                           T* kpool, T* vpool, int nh, int nkv, int hd, float eps, int interleaved) {
-  __shared__ float buf[1024];
-  const int row = blockIdx.x, head = blockIdx.y, i = threadIdx.x;
-  const int kind = head < nh ? 0 : head < nh + nkv ? 1 : 2;
-  const int h = kind == 0 ? head : kind == 1 ? head - nh : head - nh - nkv;
-  const T* src = (kind == 0 ? q : kind == 1 ? k : v) + (size_t)row * stride + h * hd;
-  const T* bias = kind == 0 ? qb : kind == 1 ? kb : vb;
-  const T* norm = kind == 0 ? qn : kind == 1 ? kn : (const T*)0;
-  float x = 0.f;
-  if (i < hd) {
-    x = ld(src[i]);
-    if (bias) x = rnd<T>(x + ld(bias[h * hd + i]));
-  }
-  if (norm) {
-    const float scale = rsqrtf(block_sum(x * x) / hd + eps);
-    if (i < hd) x = rnd<T>(scale * x * ld(norm[i]));
-  }
-  const size_t at = (size_t)slot[row] * nkv * hd + h * hd;
-  if (kind == 2) {
-    if (i < hd) st(&vpool[at + i], x);
-    return;
-  }
-  buf[i] = x;
-  __syncthreads();
-  if (i >= hd) return;
-  const int half = hd / 2;
-  const size_t p = (size_t)pos[row] * half;
-  float y;
-  if (interleaved) {
-    const int j = i >> 1;
-    const float c = ld(cos[p + j]), s = ld(sin[p + j]);
-    const float a = buf[2 * j], b = buf[2 * j + 1];
-    y = (i & 1) ? rnd<T>(a * s) + rnd<T>(b * c) : rnd<T>(a * c) - rnd<T>(b * s);
-  } else {
-    const int j = i < half ? i : i - half;
-    const float c = ld(cos[p + j]), s = ld(sin[p + j]);
-    const float a = buf[j], b = buf[j + half];
-    y = i < half ? rnd<T>(a * c) - rnd<T>(b * s) : rnd<T>(a * s) + rnd<T>(b * c);
-  }
-  if (kind == 0) st(&qout[((size_t)row * nh + h) * hd + i], y);
-  else st(&kpool[at + i], y);
+#define NWARP 4     // warps of an attention block
+#define MAX_REP 8   // query heads per KV head
+#define MAX_HD 256  // head_dim at most
+#define MAX_J 8     // features per lane of a warp: MAX_HD / 32
+#define MAX_SPLITS 64
+// Positions of an attention tile: 32 in bf16, 16 in f32 (a tile of keys and values, padded,
+// stays within 48 KB of shared memory at head_dim 256).
+#define ATILE(T) (64 / (int)sizeof(T))
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
 
-#define TILE 64
-#define MAX_REP 8
-#define MAX_DIMS 2 // head_dim <= MAX_DIMS · blockDim.x (128)
-#define UNROLL 4   // positions whose keys a warp loads before it reduces their scores
-
-// Paged attention of decode rows, split along the context (flash-decoding). Grid (rows, nkv,
-// splits), 128 threads: block (r, g, s) attends the query heads g·rep .. g·rep+rep of row r to
-// positions [s·split, min(L, (s+1)·split)) of its sequence (L = lens[r]), in tiles of TILE
-// positions with an online softmax, and writes its running max, sum and unnormalised output
-// to the workspace. The last of a (row, group)'s blocks to finish (a counter in `done`, which
-// it sets back to 0) merges the splits into `out` ([rows, nh·hd]). Keys and values are read through the
-// row's block table: tables[toff[r] + p / bs] is the block of position p. Loads are issued
-// several positions at a time: at one row per step this kernel is bound by memory latency.
+// One head vector of a row's projections finished by a warp: bias, per-head RMSNorm (when `norm`),
+// RoPE at the cos/sin offset `p` (when `rope`). Lane l returns features l + 32·j in x[j]: rounded to
+// T, except the RoPE outputs, which the caller rounds as it stores them. `buf` (head_dim floats of
+// shared memory, this warp's own) holds the pairs RoPE mixes.
 template <typename T>
-__device__ void attn_split(const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* toff,
-                           const u32* lens, float* ws_ml, float* ws_acc, u32* done, T* out, int nh, int nkv, int hd,
-                           int bs, int split, int max_splits, float scale) {
-  __shared__ float qs[MAX_REP * 256];
-  __shared__ float sc[MAX_REP * TILE];
-  __shared__ float msh[MAX_REP];
+__device__ void finish_vec(const T* src, const T* bias, const T* norm, bool rope, const T* cos, const T* sin, size_t p,
+                           int hd, float eps, int interleaved, float* buf, float (&x)[MAX_J]) {
+  const int lane = threadIdx.x & 31;
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < MAX_J; j++) {
+    const int i = lane + 32 * j;
+    float v = 0.f;
+    if (i < hd) {
+      v = ld(src[i]);
+      if (bias) v = rnd<T>(v + ld(bias[i]));
+    }
+    x[j] = v;
+    ss += v * v;
+  }
+  if (norm) {
+    const float scale = rsqrtf(warp_sum(ss) / hd + eps);
+#pragma unroll
+    for (int j = 0; j < MAX_J; j++) {
+      const int i = lane + 32 * j;
+      if (i < hd) x[j] = rnd<T>(scale * x[j] * ld(norm[i]));
+    }
+  }
+  if (!rope) return;
+#pragma unroll
+  for (int j = 0; j < MAX_J; j++) {
+    const int i = lane + 32 * j;
+    if (i < hd) buf[i] = x[j];
+  }
+  __syncwarp();
+  const int half = hd / 2;
+#pragma unroll
+  for (int j = 0; j < MAX_J; j++) {
+    const int i = lane + 32 * j;
+    if (i >= hd) continue;
+    if (interleaved) {
+      const int c = i >> 1;
+      const float co = ld(cos[p + c]), si = ld(sin[p + c]), a = buf[2 * c], b = buf[2 * c + 1];
+      x[j] = (i & 1) ? rnd<T>(a * si) + rnd<T>(b * co) : rnd<T>(a * co) - rnd<T>(b * si);
+    } else {
+      const int c = i < half ? i : i - half;
+      const float co = ld(cos[p + c]), si = ld(sin[p + c]), a = buf[c], b = buf[c + half];
+      x[j] = i < half ? rnd<T>(a * co) - rnd<T>(b * si) : rnd<T>(a * si) + rnd<T>(b * co);
+    }
+  }
+  __syncwarp();
+}
+
+// The attention of decode rows, with their q/k/v finishing, split along the context
+// (flash-decoding). Grid (rows, nkv, splits), NWARP warps; dynamic shared memory for one tile of
+// keys and values (attn_tile_bytes). Block (r, g, s):
+// 1. finishes the query heads g·rep .. g·rep+rep of row r (bias, q-norm, RoPE) from the
+//    projections `q`, `k`, `v` (row stride `stride`), a warp per vector; the block whose split
+//    holds the row's new position also finishes KV head g's key and value and writes them into
+//    the pool at the row's slot (and keeps them for its own tile);
+// 2. attends them to positions [s·split, min(L, (s+1)·split)) of the row (L = lens[r]) in tiles
+//    of ATILE positions: the tile's keys and values are copied to shared memory in one round of
+//    16-byte loads (the kernel is bound by memory latency at a few rows), then scores (ATILE / 128
+//    threads per position), an online softmax (a warp per head, a lane per position) and the
+//    weighted values (a thread per feature) run from there;
+// 3. with one split, writes the output; otherwise writes its running max, sum and unnormalised
+//    output to the workspace, and the last of the (row, group)'s blocks to finish (a counter in
+//    `done`, set back to 0) merges the splits into `out` ([rows, nh·hd]).
+// Keys and values are read through the row's block table: tables[toff[r] + p / bs] is the block
+// of position p. head_dim must be a multiple of 16 bytes / sizeof(T) (the host checks).
+template <typename T>
+__device__ void attn_decode(const T* q, const T* k, const T* v, int stride, const T* qb, const T* kb, const T* vb,
+                            const T* qn, const T* kn, const T* cos, const T* sin, const u32* pos, const u32* slot,
+                            T* kpool, T* vpool, const u32* tables, const u32* toff, const u32* lens, float* ws_ml,
+                            float* ws_acc, u32* done, T* out, int nh, int nkv, int hd, int bs, int split, float scale,
+                            float eps, int interleaved) {
+  constexpr int TILE = ATILE(T), TPP = NWARP * 32 / TILE, V = 16 / sizeof(T), MAX_CH = TILE * (MAX_HD / V) / (NWARP * 32);
+  extern __shared__ __align__(16) unsigned char tile_mem[];
+  __shared__ __align__(16) float qs[MAX_REP * MAX_HD]; // the queries
+  __shared__ float scratch[NWARP * MAX_HD];            // RoPE pairs; then scores; then the merge's
+  __shared__ __align__(16) T fresh[2][MAX_HD];         // the new key and value
   __shared__ u32 rows_at[TILE];
+  __shared__ float ms[MAX_REP], ls[MAX_REP], cs[MAX_REP];
+  __shared__ bool last;
   const int r = blockIdx.x, g = blockIdx.y, sp = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int L = lens[r];
   const int start = sp * split;
   if (start >= L) return;
   const int end = min(L, start + split);
-  const int rep = nh / nkv;
-  const int stride = nkv * hd;
-  const T* qrow = q + (size_t)r * nh * hd + (size_t)g * rep * hd;
-  for (int i = threadIdx.x; i < rep * hd; i += blockDim.x) qs[i] = ld(qrow[i]);
+  const int rep = nh / nkv, kvs = nkv * hd, ldt = hd + V, chunks = hd / V;
+  const bool owner = end == L;
+  T* ktile = (T*)tile_mem;
+  T* vtile = ktile + TILE * ldt;
   const u32* table = tables + toff[r];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-  float m[MAX_REP], l[MAX_REP], acc[MAX_REP][MAX_DIMS];
+  // The first tile's pool rows, looked up while the vectors are finished.
+  u32 row = 0;
+  if (threadIdx.x < min(TILE, end - start)) {
+    const int at = start + threadIdx.x;
+    row = table[at / bs] * (u32)bs + (u32)(at % bs);
+  }
+
+  // 1. The queries (and the new key and value), a warp per vector.
+  const size_t rope_at = (size_t)pos[r] * (hd / 2);
+  for (int vi = warp; vi < rep + (owner ? 2 : 0); vi += NWARP) {
+    float x[MAX_J];
+    if (vi < rep) {
+      const int hq = g * rep + vi;
+      finish_vec<T>(q + (size_t)r * stride + hq * hd, qb ? qb + hq * hd : qb, qn, true, cos, sin, rope_at, hd, eps,
+                    interleaved, scratch + warp * MAX_HD, x);
+#pragma unroll
+      for (int j = 0; j < MAX_J; j++)
+        if (lane + 32 * j < hd) qs[vi * hd + lane + 32 * j] = rnd<T>(x[j]);
+    } else {
+      const int is_v = vi - rep;
+      const T* bias = is_v ? vb : kb;
+      finish_vec<T>((is_v ? v : k) + (size_t)r * stride + g * hd, bias ? bias + g * hd : bias, is_v ? (const T*)0 : kn,
+                    !is_v, cos, sin, rope_at, hd, eps, interleaved, scratch + warp * MAX_HD, x);
+      T* dst = (is_v ? vpool : kpool) + (size_t)slot[r] * kvs + g * hd;
+#pragma unroll
+      for (int j = 0; j < MAX_J; j++) {
+        const int i = lane + 32 * j;
+        if (i < hd) {
+          st(&dst[i], x[j]);
+          st(&fresh[is_v][i], x[j]);
+        }
+      }
+    }
+  }
+  if (threadIdx.x < MAX_REP) {
+    ms[threadIdx.x] = -INFINITY;
+    ls[threadIdx.x] = 0.f;
+  }
+
+  float acc[MAX_REP][MAX_HD / (NWARP * 32)];
 #pragma unroll
   for (int h = 0; h < MAX_REP; h++) {
-    m[h] = -INFINITY;
-    l[h] = 0.f;
 #pragma unroll
-    for (int k = 0; k < MAX_DIMS; k++) acc[h][k] = 0.f;
+    for (int j = 0; j < MAX_HD / (NWARP * 32); j++) acc[h][j] = 0.f;
   }
+  float* sc = scratch;
   for (int t0 = start; t0 < end; t0 += TILE) {
     const int nt = min(TILE, end - t0);
-    for (int p = threadIdx.x; p < nt; p += blockDim.x) {
-      const int at = t0 + p;
-      rows_at[p] = table[at / bs] * (u32)bs + (u32)(at % bs);
+    if (t0 != start && threadIdx.x < nt) {
+      const int at = t0 + threadIdx.x;
+      row = table[at / bs] * (u32)bs + (u32)(at % bs);
+    }
+    if (threadIdx.x < nt) rows_at[threadIdx.x] = row;
+    __syncthreads(); // rows_at; the queries and the fresh key and value; the last tile's reads done
+    // 2a. The tile into shared memory: all loads in flight, then the stores. The new position
+    // comes from `fresh` (the pool's copy may not be visible yet).
+    uint4 kr[MAX_CH], vr[MAX_CH];
+#pragma unroll
+    for (int j = 0; j < MAX_CH; j++) {
+      const int c = threadIdx.x + j * NWARP * 32;
+      if (c < nt * chunks) {
+        const int p = c / chunks, off = (c % chunks) * V;
+        if (owner && t0 + p == L - 1) {
+          kr[j] = *(const uint4*)&fresh[0][off];
+          vr[j] = *(const uint4*)&fresh[1][off];
+        } else {
+          const size_t at = (size_t)rows_at[p] * kvs + g * hd + off;
+          kr[j] = *(const uint4*)(kpool + at);
+          vr[j] = *(const uint4*)(vpool + at);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < MAX_CH; j++) {
+      const int c = threadIdx.x + j * NWARP * 32;
+      if (c < nt * chunks) {
+        const int p = c / chunks, off = (c % chunks) * V;
+        *(uint4*)(ktile + p * ldt + off) = kr[j];
+        *(uint4*)(vtile + p * ldt + off) = vr[j];
+      }
     }
     __syncthreads();
-    // Scores: UNROLL positions per warp at a time, lanes across the head's features.
-    for (int p0 = warp; p0 < nt; p0 += nw * UNROLL) {
-      float d[UNROLL][MAX_REP];
+    // 2b. Scores: TPP adjacent threads per position, each over every TPP-th feature.
+    {
+      const int p = threadIdx.x / TPP, part = threadIdx.x % TPP;
+      float d[MAX_REP];
 #pragma unroll
-      for (int u = 0; u < UNROLL; u++) {
-#pragma unroll
-        for (int h = 0; h < MAX_REP; h++) d[u][h] = 0.f;
-      }
-      for (int i = lane; i < hd; i += 32) {
-        float kv[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-          const int p = p0 + u * nw;
-          kv[u] = p < nt ? ld(kpool[(size_t)rows_at[p] * stride + g * hd + i]) : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
+      for (int h = 0; h < MAX_REP; h++) d[h] = 0.f;
+      if (p < nt) {
+        const T* kt = ktile + p * ldt;
+        for (int f = part; f < hd; f += TPP) {
+          const float kf = ld(kt[f]);
 #pragma unroll
           for (int h = 0; h < MAX_REP; h++)
-            if (h < rep) d[u][h] += qs[h * hd + i] * kv[u];
+            if (h < rep) d[h] += qs[h * hd + f] * kf;
         }
-      }
-#pragma unroll
-      for (int u = 0; u < UNROLL; u++) {
-        const int p = p0 + u * nw;
-#pragma unroll
-        for (int h = 0; h < MAX_REP; h++) {
-          if (h < rep) {
-            const float s = warp_sum(d[u][h]);
-            if (lane == 0 && p < nt) sc[h * TILE + p] = s * scale;
-          }
-        }
-      }
-    }
-    __syncthreads();
-    // Online softmax: every thread tracks the running max and sum; the tile's weights are
-    // computed once into `sc`.
-    float mnew[MAX_REP];
-#pragma unroll
-    for (int h = 0; h < MAX_REP; h++) {
-      mnew[h] = m[h];
-      if (h < rep)
-        for (int p = 0; p < nt; p++) mnew[h] = fmaxf(mnew[h], sc[h * TILE + p]);
-      if (threadIdx.x == 0) msh[h] = mnew[h];
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < rep * TILE; idx += blockDim.x) {
-      if (idx % TILE < nt) sc[idx] = __expf(sc[idx] - msh[idx / TILE]);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < MAX_REP; h++) {
-      if (h < rep) {
-        const float corr = __expf(m[h] - mnew[h]);
-        m[h] = mnew[h];
-        float sum = 0.f;
-        for (int p = 0; p < nt; p++) sum += sc[h * TILE + p];
-        l[h] = l[h] * corr + sum;
-#pragma unroll
-        for (int k = 0; k < MAX_DIMS; k++) acc[h][k] *= corr;
-      }
-    }
-    // Values: every thread owns features threadIdx.x + k·blockDim.x.
-#pragma unroll 8
-    for (int p = 0; p < nt; p++) {
-      const T* vrow = vpool + (size_t)rows_at[p] * stride + g * hd;
-      float vv[MAX_DIMS];
-#pragma unroll
-      for (int k = 0; k < MAX_DIMS; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        vv[k] = i < hd ? ld(vrow[i]) : 0.f;
       }
 #pragma unroll
       for (int h = 0; h < MAX_REP; h++) {
         if (h < rep) {
-          const float w = sc[h * TILE + p];
 #pragma unroll
-          for (int k = 0; k < MAX_DIMS; k++) acc[h][k] += w * vv[k];
+          for (int o = 1; o < TPP; o <<= 1) d[h] += __shfl_xor_sync(0xffffffffu, d[h], o);
+          if (p < nt && part == 0) sc[h * TILE + p] = d[h] * scale;
         }
       }
     }
     __syncthreads();
-  }
-#pragma unroll
-  for (int h = 0; h < MAX_REP; h++) {
-    if (h < rep) {
-      const size_t idx = ((size_t)r * nh + g * rep + h) * max_splits + sp;
-      if (threadIdx.x == 0) {
-        ws_ml[2 * idx] = m[h];
-        ws_ml[2 * idx + 1] = l[h];
+    // 2c. The online softmax, a warp per head, a lane per position.
+    for (int h = warp; h < rep; h += NWARP) {
+      const float s = lane < nt ? sc[h * TILE + lane] : -INFINITY;
+      const float mold = ms[h], mnew = fmaxf(mold, warp_max(s));
+      const float e = lane < nt ? __expf(s - mnew) : 0.f;
+      const float sum = warp_sum(e);
+      if (lane < nt) sc[h * TILE + lane] = e;
+      if (lane == 0) {
+        const float c = __expf(mold - mnew);
+        cs[h] = c;
+        ls[h] = ls[h] * c + sum;
+        ms[h] = mnew;
       }
+    }
+    __syncthreads();
+    // 2d. Values: a thread per feature.
 #pragma unroll
-      for (int k = 0; k < MAX_DIMS; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i < hd) ws_acc[idx * hd + i] = acc[h][k];
+    for (int j = 0; j < MAX_HD / (NWARP * 32); j++) {
+      const int f = threadIdx.x + j * NWARP * 32;
+      if (f >= hd) continue;
+#pragma unroll
+      for (int h = 0; h < MAX_REP; h++)
+        if (h < rep) acc[h][j] *= cs[h];
+      for (int p = 0; p < nt; p++) {
+        const float vf = ld(vtile[p * ldt + f]);
+#pragma unroll
+        for (int h = 0; h < MAX_REP; h++)
+          if (h < rep) acc[h][j] += sc[h * TILE + p] * vf;
       }
     }
   }
-  // The merge, by the last block of this (row, group): the others' partials are read from L2.
-  __shared__ bool last;
+  // 3. The output, or this split's partial and the merge.
   const int ns = (L + split - 1) / split;
+  const size_t head0 = (size_t)r * nh + g * rep;
+  if (ns == 1) {
+#pragma unroll
+    for (int j = 0; j < MAX_HD / (NWARP * 32); j++) {
+      const int f = threadIdx.x + j * NWARP * 32;
+#pragma unroll
+      for (int h = 0; h < MAX_REP; h++)
+        if (h < rep && f < hd) st(&out[(head0 + h) * hd + f], acc[h][j] / ls[h]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < MAX_HD / (NWARP * 32); j++) {
+    const int f = threadIdx.x + j * NWARP * 32;
+#pragma unroll
+    for (int h = 0; h < MAX_REP; h++)
+      if (h < rep && f < hd) ws_acc[((head0 + h) * MAX_SPLITS + sp) * hd + f] = acc[h][j];
+  }
+  if (threadIdx.x < rep) {
+    const size_t at = (head0 + threadIdx.x) * MAX_SPLITS + sp;
+    ws_ml[2 * at] = ms[threadIdx.x];
+    ws_ml[2 * at + 1] = ls[threadIdx.x];
+  }
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&done[r * nkv + g], 1u) == (u32)(ns - 1);
   __syncthreads();
   if (!last) return;
-  for (int h = 0; h < rep; h++) {
-    const size_t base = ((size_t)r * nh + g * rep + h) * max_splits;
+  // 4. The merge: each split's weight exp(m_s − max) per head, then every feature.
+  float* mw = scratch;
+  for (int i = threadIdx.x; i < rep * ns; i += blockDim.x) {
+    const size_t at = (head0 + i / ns) * MAX_SPLITS + i % ns;
+    mw[i] = __ldcg(&ws_ml[2 * at]);
+    mw[rep * ns + i] = __ldcg(&ws_ml[2 * at + 1]);
+  }
+  __syncthreads();
+  for (int h = warp; h < rep; h += NWARP) {
     float mx = -INFINITY;
-    for (int s = 0; s < ns; s++) mx = fmaxf(mx, __ldcg(&ws_ml[2 * (base + s)]));
-#pragma unroll
-    for (int k = 0; k < MAX_DIMS; k++) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i >= hd) continue;
-      float den = 0.f, num = 0.f;
-#pragma unroll 4
-      for (int s = 0; s < ns; s++) {
-        const float w = __expf(__ldcg(&ws_ml[2 * (base + s)]) - mx);
-        den += __ldcg(&ws_ml[2 * (base + s) + 1]) * w;
-        num += __ldcg(&ws_acc[(base + s) * hd + i]) * w;
-      }
-      st(&out[((size_t)r * nh + g * rep + h) * hd + i], num / den);
+    for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, mw[h * ns + s]);
+    mx = warp_max(mx);
+    float den = 0.f;
+    for (int s = lane; s < ns; s += 32) {
+      const float w = __expf(mw[h * ns + s] - mx);
+      mw[h * ns + s] = w;
+      den += mw[rep * ns + h * ns + s] * w;
     }
+    den = warp_sum(den);
+    if (lane == 0) ls[h] = den;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rep * hd; i += blockDim.x) {
+    const int h = i / hd;
+    const float* a = ws_acc + (head0 + h) * MAX_SPLITS * hd + i % hd;
+    float num = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < ns; s++) num += __ldcg(&a[(size_t)s * hd]) * mw[h * ns + s];
+    st(&out[head0 * hd + i], num / ls[h]);
   }
   if (threadIdx.x == 0) done[r * nkv + g] = 0;
 }
@@ -390,63 +475,26 @@ extern "C" __global__ void greedy_reduce(const float* logits, float* part, u32* 
 }
 
 #define GEMV_ROWS 4
+#define GEMV_WARPS 8 // 256 threads
 
-// y[r, n] = Σ_k x[r, k] · w[n, k] for rows r < rows (at most GEMV_ROWS): the decode steps'
-// matrix products, bound by reading w once. One warp per output n, 16-byte loads of w and x
-// (k and the row strides multiples of 16 bytes, checked by the host), several in flight per lane;
-// f32 accumulation, one rounding to T. Grid: one warp per output row, 256 threads.
-template <typename T>
-__device__ void gemv(const T* x, int ldx, const T* w, T* y, int ldy, int rows, int n, int k) {
+// This warp's share of Σ_k x[r, k] · w_m[k] for the NW weight rows w_m and the rows r < rows of x
+// (`ldx` apart): the 16-byte chunks part, part + parts, … of k, lanes side by side, f32 partial
+// sums in acc (k 0: zeros). k and ldx multiples of 16 bytes, the host checks.
+template <typename T, int NW>
+__device__ void dot_part(const T* (&w)[NW], const T* x, int ldx, int rows, int k, int part, int parts,
+                         float (&acc)[NW][GEMV_ROWS]) {
   constexpr int V = 16 / sizeof(T);
-  const int out = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-  if (out >= n) return;
-  const T* wr = w + (size_t)out * k;
-  float acc[GEMV_ROWS];
+  const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int r = 0; r < GEMV_ROWS; r++) acc[r] = 0.f;
-#pragma unroll 4
-  for (int i = lane * V; i < k; i += 32 * V) {
-    const uint4 wraw = *(const uint4*)(wr + i);
-    const T* wv = (const T*)&wraw;
+  for (int m = 0; m < NW; m++) {
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
-      if (r < rows) {
-        const uint4 xraw = *(const uint4*)(x + (size_t)r * ldx + i);
-        const T* xv = (const T*)&xraw;
-#pragma unroll
-        for (int j = 0; j < V; j++) acc[r] += ld(xv[j]) * ld(wv[j]);
-      }
-    }
+    for (int r = 0; r < GEMV_ROWS; r++) acc[m][r] = 0.f;
   }
+#pragma unroll(NW == 1 ? 4 : 2)
+  for (int i = (part * 32 + lane) * V; i < k; i += parts * 32 * V) {
+    uint4 wraw[NW];
 #pragma unroll
-  for (int r = 0; r < GEMV_ROWS; r++) {
-    if (r < rows) {
-      const float v = warp_sum(acc[r]);
-      if (lane == 0) st(&y[(size_t)r * ldy + out], v);
-    }
-  }
-}
-
-// act[r, n] = silu(g) · u with g = x[r]·gate[n], u = x[r]·up[n] (each rounded to T, then silu(g)
-// and the product, as the generic path's kernels do): the MLP's gate and up products and its
-// SiLU·mul in one pass over both weights. One warp per n < inter, rows r < rows (at most
-// GEMV_ROWS); the same alignment rules as gemv. Grid: one warp per n, 256 threads.
-template <typename T>
-__device__ void gemv_gate_up(const T* x, int ldx, const T* gate, const T* up, T* act, int rows, int inter, int k) {
-  constexpr int V = 16 / sizeof(T);
-  const int n = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-  if (n >= inter) return;
-  const T* gr = gate + (size_t)n * k;
-  const T* ur = up + (size_t)n * k;
-  float ag[GEMV_ROWS], au[GEMV_ROWS];
-#pragma unroll
-  for (int r = 0; r < GEMV_ROWS; r++) ag[r] = au[r] = 0.f;
-#pragma unroll 2
-  for (int i = lane * V; i < k; i += 32 * V) {
-    const uint4 graw = *(const uint4*)(gr + i);
-    const uint4 uraw = *(const uint4*)(ur + i);
-    const T* gv = (const T*)&graw;
-    const T* uv = (const T*)&uraw;
+    for (int m = 0; m < NW; m++) wraw[m] = *(const uint4*)(w[m] + i);
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++) {
       if (r < rows) {
@@ -455,18 +503,85 @@ __device__ void gemv_gate_up(const T* x, int ldx, const T* gate, const T* up, T*
 #pragma unroll
         for (int j = 0; j < V; j++) {
           const float a = ld(xv[j]);
-          ag[r] += a * ld(gv[j]);
-          au[r] += a * ld(uv[j]);
+#pragma unroll
+          for (int m = 0; m < NW; m++) acc[m][r] += a * ld(((const T*)&wraw[m])[j]);
         }
       }
     }
   }
+}
+
+// Sums acc over each warp's lanes, then over the `parts` warps of an output (in warp order,
+// through shared memory): true in the thread that holds the sums (lane 0 of the output's first
+// warp). Every thread of the block must call it.
+template <int NW> __device__ bool sum_parts(float (&acc)[NW][GEMV_ROWS], int rows, int parts) {
+  __shared__ float red[GEMV_WARPS][NW][GEMV_ROWS];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-  for (int r = 0; r < GEMV_ROWS; r++) {
-    if (r < rows) {
-      const float g = rnd<T>(warp_sum(ag[r]));
-      const float u = rnd<T>(warp_sum(au[r]));
-      if (lane == 0) st(&act[(size_t)r * inter + n], rnd<T>(g / (1.f + __expf(-g))) * u);
+  for (int m = 0; m < NW; m++) {
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+      if (r < rows) acc[m][r] = warp_sum(acc[m][r]);
+  }
+  if (parts == 1) return lane == 0;
+  if (lane == 0) {
+#pragma unroll
+    for (int m = 0; m < NW; m++) {
+#pragma unroll
+      for (int r = 0; r < GEMV_ROWS; r++) red[warp][m][r] = acc[m][r];
+    }
+  }
+  __syncthreads();
+  if (lane != 0 || warp % parts != 0) return false;
+#pragma unroll
+  for (int m = 0; m < NW; m++) {
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+      float s = 0.f;
+      for (int p = 0; p < parts; p++) s += red[warp + p][m][r];
+      acc[m][r] = s;
+    }
+  }
+  return true;
+}
+
+// y[r, n] = Σ_k x[r, k] · w[n, k] for rows r < rows (at most GEMV_ROWS): the decode steps'
+// matrix products, bound by reading w once. `parts` warps per output n (1, 2, 4 or 8: k split
+// between them so that each has few 16-byte loads per lane, all in flight at once), GEMV_WARPS /
+// parts outputs per block; f32 accumulation, one rounding to T.
+template <typename T>
+__device__ void gemv(const T* x, int ldx, const T* w, T* y, int ldy, int rows, int n, int k, int parts) {
+  const int warp = threadIdx.x >> 5;
+  const int out = blockIdx.x * (GEMV_WARPS / parts) + warp / parts;
+  const T* wr[1] = {w + (size_t)min(out, n - 1) * k};
+  float acc[1][GEMV_ROWS];
+  dot_part<T, 1>(wr, x, ldx, rows, out < n ? k : 0, warp % parts, parts, acc);
+  if (sum_parts<1>(acc, rows, parts) && out < n) {
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+      if (r < rows) st(&y[(size_t)r * ldy + out], acc[0][r]);
+  }
+}
+
+// act[r, n] = silu(g) · u with g = x[r]·gate[n], u = x[r]·up[n] (each rounded to T, then silu(g)
+// and the product, as the generic path's kernels do): the MLP's gate and up products and its
+// SiLU·mul in one pass over both weights, laid out as gemv's.
+template <typename T>
+__device__ void gemv_gate_up(const T* x, int ldx, const T* gate, const T* up, T* act, int rows, int inter, int k,
+                             int parts) {
+  const int warp = threadIdx.x >> 5;
+  const int n = blockIdx.x * (GEMV_WARPS / parts) + warp / parts;
+  const size_t at = (size_t)min(n, inter - 1) * k;
+  const T* wr[2] = {gate + at, up + at};
+  float acc[2][GEMV_ROWS];
+  dot_part<T, 2>(wr, x, ldx, rows, n < inter ? k : 0, warp % parts, parts, acc);
+  if (sum_parts<2>(acc, rows, parts) && n < inter) {
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+      if (r < rows) {
+        const float g = rnd<T>(acc[0][r]), u = rnd<T>(acc[1][r]);
+        st(&act[(size_t)r * inter + n], rnd<T>(g / (1.f + __expf(-g))) * u);
+      }
     }
   }
 }
@@ -528,30 +643,25 @@ __device__ void lora_expand(const unsigned long long* sets, int slot, const floa
   extern "C" __global__ void add_rmsnorm_##S(T* x, const T* add, const T* w, T* out, int n, float eps) {            \
     add_rmsnorm<T>(x, add, w, out, n, eps);                                                                       \
   }                                                                                                               \
-  extern "C" __global__ void qkv_finish_##S(const T* q, const T* k, const T* v, int stride, T* qout, const T* qb,     \
-                                            const T* kb, const T* vb, const T* qn, const T* kn, const T* cos,      \
-                                            const T* sin, const u32* pos, const u32* slot, T* kpool, T* vpool,     \
-                                            int nh, int nkv, int hd, float eps, int interleaved) {                \
-    qkv_finish<T>(q, k, v, stride, qout, qb, kb, vb, qn, kn, cos, sin, pos, slot, kpool, vpool, nh, nkv, hd, eps,     \
-                  interleaved);                                                                                   \
-  }                                                                                                               \
-  extern "C" __global__ void attn_split_##S(const T* q, const T* kpool, const T* vpool, const u32* tables,          \
-                                            const u32* toff, const u32* lens, float* ws_ml, float* ws_acc,         \
-                                            u32* done, T* out, int nh, int nkv, int hd, int bs, int split,         \
-                                            int max_splits, float scale) {                                        \
-    attn_split<T>(q, kpool, vpool, tables, toff, lens, ws_ml, ws_acc, done, out, nh, nkv, hd, bs, split,          \
-                  max_splits, scale);                                                                             \
+  extern "C" __global__ void attn_decode_##S(                                                                     \
+      const T* q, const T* k, const T* v, int stride, const T* qb, const T* kb, const T* vb, const T* qn,           \
+      const T* kn, const T* cos, const T* sin, const u32* pos, const u32* slot, T* kpool, T* vpool,                \
+      const u32* tables, const u32* toff, const u32* lens, float* ws_ml, float* ws_acc, u32* done, T* out, int nh, \
+      int nkv, int hd, int bs, int split, float scale, float eps, int interleaved) {                                \
+    attn_decode<T>(q, k, v, stride, qb, kb, vb, qn, kn, cos, sin, pos, slot, kpool, vpool, tables, toff, lens,     \
+                   ws_ml, ws_acc, done, out, nh, nkv, hd, bs, split, scale, eps, interleaved);                      \
   }                                                                                                               \
   extern "C" __global__ void silu_mul_##S(const T* gate, const T* up, int stride, T* out, int inter, int n) {          \
     silu_mul<T>(gate, up, stride, out, inter, n);                                                                     \
   }                                                                                                               \
   extern "C" __global__ void widen_##S(const T* src, float* dst, int n) { widen<T>(src, dst, n); }                 \
-  extern "C" __global__ void gemv_##S(const T* x, int ldx, const T* w, T* y, int ldy, int rows, int n, int k) {   \
-    gemv<T>(x, ldx, w, y, ldy, rows, n, k);                                                                       \
+  extern "C" __global__ void gemv_##S(const T* x, int ldx, const T* w, T* y, int ldy, int rows, int n, int k,     \
+                                      int parts) {                                                                \
+    gemv<T>(x, ldx, w, y, ldy, rows, n, k, parts);                                                                \
   }                                                                                                               \
   extern "C" __global__ void gemv_gate_up_##S(const T* x, int ldx, const T* gate, const T* up, T* act, int rows,  \
-                                              int inter, int k) {                                                 \
-    gemv_gate_up<T>(x, ldx, gate, up, act, rows, inter, k);                                                       \
+                                              int inter, int k, int parts) {                                      \
+    gemv_gate_up<T>(x, ldx, gate, up, act, rows, inter, k, parts);                                                \
   }                                                                                                               \
   extern "C" __global__ void lora_shrink_##S(const unsigned long long* sets, int slot, const T* x, int ldx, int k,  \
                                              float* t) {                                                          \

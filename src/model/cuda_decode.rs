@@ -4,10 +4,10 @@
 //! The generic path issues about 36 candle ops per layer, each with its own allocation and
 //! launch: a batch-1 decode step of a 28-layer model costs 7–14 ms of host work for well under
 //! a millisecond of device work. Here a step is: one upload of the rows' inputs (token ids,
-//! positions, KV slots, block tables: one `u32` buffer), then per layer an RMSNorm, the three
-//! projections, one kernel for bias / q-k norm / RoPE / the pool writes, a split-context paged
-//! attention and its merge, the output projection, RMSNorm with the residual add, gate and up,
-//! SiLU·mul and down; then the final norm, the head, and the greedy reduction of each row that
+//! positions, KV slots, block tables: one `u32` buffer), then per layer an RMSNorm, the q/k/v
+//! product, one attention kernel (bias, q-k norm, RoPE and the pool writes of the new position,
+//! then split-context paged attention and its merge), the output projection, RMSNorm with the
+//! residual add, gate·up·SiLU and down; then the final norm, the head, and the greedy reduction of each row that
 //! `engine::readback` would otherwise run as a dozen candle ops. Every size is an argument and every
 //! per-row input sits in the uploaded buffer, so the sequence of launches for a given row count
 //! and context bucket is captured once as a CUDA graph and replayed for each later step.
@@ -42,17 +42,23 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cuda_decode.ptx"));
 const MODULE: &str = "expert_runtime_cuda_decode";
 /// Rows a pass may have on this path; larger decode batches take the generic path.
 pub const MAX_ROWS: usize = 64;
-/// Attention splits along the context at most (the workspace holds this many per head).
+/// Attention splits along the context at most (the workspace holds this many per head; the
+/// kernel's MAX_SPLITS).
 const MAX_SPLITS: usize = 64;
-/// Positions of a split at least: short contexts are split finely, so that one row's heads
-/// still spread over many blocks.
-const MIN_SPLIT: usize = 16;
+/// Positions of an attention split at least and (up to MAX_SPLITS splits) at most, and the
+/// blocks the splits aim for: at one row a short context is split finely so that its heads
+/// spread over many blocks; many rows fill the device with fewer, longer splits.
+const MIN_SPLIT: usize = 32;
+const MAX_SPLIT: usize = 128;
+const ATTN_BLOCKS: usize = 256;
 /// Query heads per KV head at most, and head_dim at most (the attention kernel's arrays).
 const MAX_REP: usize = 8;
 const MAX_HEAD_DIM: usize = 256;
 const ATTN_THREADS: u32 = 128;
 /// Rows up to which the products run on the GEMV kernels rather than cuBLAS.
 const GEMV_ROWS: usize = 4;
+/// CUDA graphs kept at most (one per launch shape; the cache starts over beyond).
+const MAX_GRAPHS: usize = 128;
 /// Blocks per row of the greedy reduction (at most).
 const GREEDY_PARTS: usize = 32;
 /// Offsets of the per-row inputs in the uploaded buffer (`u32`s), then the block tables.
@@ -130,8 +136,7 @@ struct LayerPtrs {
 struct Kernels {
     embed: CudaFunction,
     add_rmsnorm: CudaFunction,
-    qkv_finish: CudaFunction,
-    attn_split: CudaFunction,
+    attn_decode: CudaFunction,
     silu_mul: CudaFunction,
     widen: CudaFunction,
     greedy_reduce: CudaFunction,
@@ -149,8 +154,6 @@ struct Buffers {
     hn: CudaSlice<u8>,
     /// The q, k, v projections of a row side by side: `[rows, (nh + 2·nkv)·hd]`.
     qkv: CudaSlice<u8>,
-    /// Queries after norm and RoPE, `[rows, nh·hd]`.
-    q: CudaSlice<u8>,
     attn: CudaSlice<u8>,
     delta: CudaSlice<u8>,
     /// gate and up side by side, `[rows, 2·inter]`, then silu(gate)·up, `[rows, inter]`.
@@ -200,6 +203,8 @@ pub struct CudaDecode {
     staging: Vec<u32>,
     /// The pool the graphs write to (its layer-0 K address): graphs are dropped if it changes.
     pool: u64,
+    /// Whether every layer's K and V pool starts on a 16-byte boundary (else the generic path runs).
+    pool_aligned: bool,
     graphs: HashMap<Shape, CudaGraph>,
     /// Shapes run eagerly once (cuBLAS picks its kernels outside a capture), captured next time.
     seen: HashSet<Shape>,
@@ -263,7 +268,7 @@ impl CudaDecode {
             || nkv == 0
             || nh % nkv != 0
             || nh / nkv > MAX_REP
-            || hd % 2 != 0
+            || hd % (16 / dt.size_in_bytes()) != 0
             || hd > MAX_HEAD_DIM
         {
             return Ok(None);
@@ -330,8 +335,7 @@ impl CudaDecode {
         let k = Kernels {
             embed: f("embed")?,
             add_rmsnorm: f("add_rmsnorm")?,
-            qkv_finish: f("qkv_finish")?,
-            attn_split: f("attn_split")?,
+            attn_decode: f("attn_decode")?,
             silu_mul: f("silu_mul")?,
             widen: f("widen")?,
             greedy_reduce: dev.get_or_load_custom_func("greedy_reduce", MODULE, PTX)?.into_cuda_function(),
@@ -350,7 +354,6 @@ impl CudaDecode {
             x: bytes(h)?,
             hn: bytes(h)?,
             qkv: bytes((nh + 2 * nkv) * hd)?,
-            q: bytes(nh * hd)?,
             attn: bytes(nh * hd)?,
             delta: bytes(h)?,
             gate_up: bytes(2 * inter)?,
@@ -388,6 +391,7 @@ impl CudaDecode {
             b,
             staging: Vec::new(),
             pool: 0,
+            pool_aligned: false,
             graphs: HashMap::new(),
             seen: HashSet::new(),
             use_graphs: !env_off("EXPERT_RUNTIME_CUDA_GRAPHS"),
@@ -465,15 +469,31 @@ impl CudaDecode {
         }
         self.stream.memcpy_htod(&st[..], &mut self.b.input.slice_mut(..st.len())).map_err(err)?;
 
-        // 2. The context bucket: a power of two of positions, in at most MAX_SPLITS splits.
+        // 2. The context bucket: a power of two of positions, in splits that give the attention
+        //    about ATTN_BLOCKS blocks, each of MIN_SPLIT to MAX_SPLIT positions, at most
+        //    MAX_SPLITS splits (the choice measured best on an H200 by benches/cuda/kernels.cu).
         let bucket = longest.next_power_of_two().max(MIN_SPLIT);
-        let split = (bucket / MAX_SPLITS).max(MIN_SPLIT);
+        let want = ATTN_BLOCKS.div_ceil(rows * self.nkv);
+        let split = (bucket / want).clamp(MIN_SPLIT, MAX_SPLIT).max(bucket / MAX_SPLITS);
         let shape = (rows, split, bucket.div_ceil(split), lora);
         let pool = ptr(store.layer(0).0, &self.stream)?;
         if pool != self.pool {
             self.graphs.clear();
             self.seen.clear();
             self.pool = pool;
+            // The attention kernel reads keys 16 bytes at a time.
+            let mut aligned = true;
+            for i in 0..self.layers.len() {
+                let (k, v) = store.layer(i);
+                aligned &= ptr(k, &self.stream)? % 16 == 0 && ptr(v, &self.stream)? % 16 == 0;
+            }
+            self.pool_aligned = aligned;
+        }
+        if !self.pool_aligned {
+            return Ok(None);
+        }
+        if self.graphs.len() >= MAX_GRAPHS {
+            self.graphs.clear();
         }
 
         // 3. The pass: a replay, a capture, or launches.
@@ -612,12 +632,25 @@ impl CudaDecode {
     }
 
     fn launch(&self, kind: &'static str, f: &CudaFunction, grid: (u32, u32, u32), block: u32, args: &[&dyn Arg]) -> Result<()> {
+        self.launch_with(kind, f, grid, block, 0, args)
+    }
+
+    /// [`Self::launch`] with `smem` bytes of dynamic shared memory.
+    fn launch_with(
+        &self,
+        kind: &'static str,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[&dyn Arg],
+    ) -> Result<()> {
         self.timed(kind, || {
             let mut b = self.stream.launch_builder(f);
             for a in args {
                 a.push(&mut b);
             }
-            let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
             // SAFETY: every kernel of the module is launched with the argument list of its
             // signature in cuda_decode.cu (pointers to buffers sized for MAX_ROWS rows, sizes that
             // match them), checked on the host before the launch.
@@ -635,6 +668,17 @@ impl CudaDecode {
             && inp.is_multiple_of(v)
             && ldx.is_multiple_of(v)
             && ptrs.iter().all(|p| p.is_multiple_of(16))
+    }
+
+    /// How the GEMV kernels split a product over `inp` inputs and `out` outputs: warps per output
+    /// (one while a lane has at most four 16-byte loads of a weight row, else four), and blocks of
+    /// 8 warps. Measured on an H200 (`benches/cuda/kernels.cu`): k = 1024 runs best on one warp,
+    /// k = 2048 and 3072 on four (1.2–1.4× faster at one row, 1.9–2.2× at four).
+    fn gemv_split(&self, inp: usize, out: usize) -> Result<(i32, u32)> {
+        let loads = inp.div_ceil(32 * (16 / self.dtype.size_in_bytes()));
+        let parts = if loads <= 4 { 1 } else { 4 };
+        let blocks = u32::try_from(out.div_ceil(8 / parts)).map_err(|_| err("too many output rows"))?;
+        Ok((parts as i32, blocks))
     }
 
     /// `y[rows, out] = x[rows, inp] · w[out, inp]ᵀ` in the model dtype, f32 accumulation; rows of
@@ -655,8 +699,14 @@ impl CudaDecode {
     ) -> Result<()> {
         if self.gemv_fits(rows, inp, ldx, &[x, w]) {
             let (ldx, ldy, rows_i, out_i, inp_i) = (i32n(ldx)?, i32n(ldy)?, i32n(rows)?, i32n(out)?, i32n(inp)?);
-            let blocks = u32::try_from(out.div_ceil(8)).map_err(|_| err("too many output rows"))?;
-            return self.launch(kind, &self.k.gemv, (blocks, 1, 1), 256, &[&x, &ldx, &w, &y, &ldy, &rows_i, &out_i, &inp_i]);
+            let (parts, blocks) = self.gemv_split(inp, out)?;
+            return self.launch(
+                kind,
+                &self.k.gemv,
+                (blocks, 1, 1),
+                256,
+                &[&x, &ldx, &w, &y, &ldy, &rows_i, &out_i, &inp_i, &parts],
+            );
         }
         self.timed(kind, || self.gemm_now(x, ldx, w, y, rows, out, inp, ldy))
     }
@@ -701,8 +751,8 @@ impl CudaDecode {
         let s = self.stream.as_ref();
         let b = &self.b;
         let p = |x: &CudaSlice<u8>| slice_ptr(x, s);
-        let (x, hn, qkv, q, attn, delta, gate_up, act) =
-            (p(&b.x), p(&b.hn), p(&b.qkv), p(&b.q), p(&b.attn), p(&b.delta), p(&b.gate_up), p(&b.act));
+        let (x, hn, qkv, attn, delta, gate_up, act) =
+            (p(&b.x), p(&b.hn), p(&b.qkv), p(&b.attn), p(&b.delta), p(&b.gate_up), p(&b.act));
         let attn_done = slice_ptr(&b.attn_done, s);
         let input = slice_ptr(&b.input, s);
         let at = |off: usize| input + (off * 4) as u64;
@@ -713,11 +763,12 @@ impl CudaDecode {
         let (h, nh, nkv, hd) = (hid as i32, self.nh as i32, self.nkv as i32, self.hd as i32);
         let r = rows as u32;
         let norm_threads = 1024u32.min((hid.div_ceil(32) * 32) as u32);
-        let head_threads = (self.hd.div_ceil(32) * 32) as u32;
         let null = 0u64;
         let (eps, interleaved) = (self.eps, self.interleaved as i32);
-        let (bs, split_i, max_splits) = (store.block_size as i32, split as i32, MAX_SPLITS as i32);
+        let (bs, split_i) = (store.block_size as i32, split as i32);
         let scale = 1f32 / (self.hd as f32).sqrt();
+        // The attention kernel's tile of keys and values (ATILE positions, rows padded by 16 bytes).
+        let tile_bytes = (2 * (64 / es) * (self.hd as u64 + 16 / es) * es) as u32;
         let elementwise = |n: usize| (((n as u32).div_ceil(256)).min(4096), 256u32);
         let (k_at, v_at) = (qkv + nq as u64 * es, qkv + (nq + nk) as u64 * es);
         let (up_at, wide_i, inter_i) = (gate_up + inter as u64 * es, wide as i32, inter as i32);
@@ -740,17 +791,17 @@ impl CudaDecode {
             }
             let (kp, vp) = store.layer(i);
             let (kp, vp) = (ptr(kp, s)?, ptr(vp, s)?);
-            self.launch(
-                "qkv_finish",
-                &self.k.qkv_finish,
-                (r, (self.nh + 2 * self.nkv) as u32, 1),
-                head_threads,
+            self.launch_with(
+                "attention",
+                &self.k.attn_decode,
+                (r, self.nkv as u32, splits as u32),
+                ATTN_THREADS,
+                tile_bytes,
                 &[
                     &qkv,
                     &k_at,
                     &v_at,
                     &wide_i,
-                    &q,
                     &l.qb,
                     &l.kb,
                     &l.vb,
@@ -760,22 +811,6 @@ impl CudaDecode {
                     &self.sin,
                     &at(POS),
                     &at(SLOT),
-                    &kp,
-                    &vp,
-                    &nh,
-                    &nkv,
-                    &hd,
-                    &eps,
-                    &interleaved,
-                ],
-            )?;
-            self.launch(
-                "attn_split",
-                &self.k.attn_split,
-                (r, self.nkv as u32, splits as u32),
-                ATTN_THREADS,
-                &[
-                    &q,
                     &kp,
                     &vp,
                     &at(TABLES),
@@ -790,8 +825,9 @@ impl CudaDecode {
                     &hd,
                     &bs,
                     &split_i,
-                    &max_splits,
                     &scale,
+                    &eps,
+                    &interleaved,
                 ],
             )?;
             self.mat("gemm_o", attn, nq, l.o, delta, hid, rows, hid, nq)?;
@@ -801,13 +837,13 @@ impl CudaDecode {
             self.launch("add_rmsnorm", &self.k.add_rmsnorm, (r, 1, 1), norm_threads, &[&x, &delta, &l.ln2, &hn, &h, &eps])?;
             if !lora && self.gemv_fits(rows, hid, hid, &[hn, l.gate, l.up]) {
                 // gate, up and SiLU·mul in one kernel.
-                let blocks = u32::try_from(inter.div_ceil(8)).map_err(|_| err("too many output rows"))?;
+                let (parts, blocks) = self.gemv_split(hid, inter)?;
                 self.launch(
                     "gemv_gate_up",
                     &self.k.gemv_gate_up,
                     (blocks, 1, 1),
                     256,
-                    &[&hn, &h, &l.gate, &l.up, &act, &(rows as i32), &inter_i, &h],
+                    &[&hn, &h, &l.gate, &l.up, &act, &(rows as i32), &inter_i, &h, &parts],
                 )?;
             } else {
                 if l.gate_up_fused {

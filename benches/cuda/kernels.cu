@@ -1,0 +1,148 @@
+// Device time of the decode kernels (src/model/cuda_decode.cu) alone, on the Qwen3-0.6B shape in
+// bf16, each replayed as a CUDA graph of 20 launches: the figures behind the decode path's
+// choices (attention splits, GEMV warps per output). Built and run on a GPU machine by
+// scripts/gpu-check.sh --kernels: nvcc -O3 -arch=sm_90 benches/cuda/kernels.cu.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include <cuda_runtime.h>
+#include "../../src/model/cuda_decode.cu"
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e = (x);                                                                   \
+    if (e != cudaSuccess) {                                                                \
+      fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));           \
+      exit(1);                                                                             \
+    }                                                                                      \
+  } while (0)
+
+__global__ void fill(bf16* p, size_t n, u32 seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    u32 v = (u32)i * 2654435761u ^ seed;
+    v ^= v >> 15;
+    v *= 2246822519u;
+    v ^= v >> 13;
+    st(&p[i], seed ? (v & 0xffff) / 65536.f - 0.5f : 0.f); // about [-0.5, 0.5), or zeros
+  }
+}
+
+static bf16* dalloc(size_t bytes, bool random = true) {
+  bf16* p;
+  CK(cudaMalloc(&p, bytes));
+  fill<<<1024, 256>>>(p, bytes / 2, random ? 0x9e3779b9u + (u32)bytes : 0u);
+  CK(cudaDeviceSynchronize());
+  return p;
+}
+
+// Microseconds per launch of `launch`, replayed as a graph of 20 launches.
+template <typename F> static float time_us(cudaStream_t s, F launch) {
+  launch();
+  CK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < 20; i++) launch();
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  CK(cudaGraphLaunch(ge, s));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a, s));
+  for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, s));
+  CK(cudaEventRecord(b, s));
+  CK(cudaEventSynchronize(b));
+  float ms;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return ms * 1000.f / 400.f;
+}
+
+int main() {
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  const int h = 1024, nh = 16, nkv = 8, hd = 128, inter = 3072, vocab = 151936, bs = 16;
+  const int wide = (nh + 2 * nkv) * hd, maxpos = 8192, rows_max = 64;
+  const float eps = 1e-6f, scale = 1.f / sqrtf((float)hd);
+  bf16* x = dalloc((size_t)rows_max * inter * 2);
+  bf16* y = dalloc((size_t)rows_max * vocab * 2, false);
+  bf16* w = dalloc((size_t)vocab * h * 2);
+  bf16* w2 = dalloc((size_t)inter * h * 2);
+  bf16* qkv = dalloc((size_t)rows_max * wide * 2);
+  bf16* norm = dalloc(hd * 2);
+  bf16* cosv = dalloc((size_t)maxpos * hd);
+  bf16* sinv = dalloc((size_t)maxpos * hd);
+  const size_t slots = (size_t)rows_max * maxpos;
+  bf16* kp = dalloc(slots * nkv * hd * 2);
+  bf16* vp = dalloc(slots * nkv * hd * 2);
+  bf16* out = dalloc((size_t)rows_max * nh * hd * 2, false);
+  float *ws_ml, *ws_acc;
+  u32* done;
+  CK(cudaMalloc(&ws_ml, (size_t)rows_max * nh * MAX_SPLITS * 2 * 4));
+  CK(cudaMalloc(&ws_acc, (size_t)rows_max * nh * MAX_SPLITS * hd * 4));
+  CK(cudaMalloc(&done, rows_max * nkv * 4));
+  CK(cudaMemset(done, 0, rows_max * nkv * 4));
+
+  printf("| product (n × k) | rows | parts 1 | parts 2 | parts 4 | parts 8 | µs at 4.3 TB/s |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  const int shapes[][2] = {{wide, h}, {h, nh * hd}, {h, inter}, {vocab, h}};
+  for (auto& sh : shapes) {
+    for (int rows : {1, 4}) {
+      printf("| %d × %d | %d |", sh[0], sh[1], rows);
+      for (int parts = 1; parts <= 8; parts *= 2) {
+        const int blocks = (sh[0] + 8 / parts - 1) / (8 / parts);
+        printf(" %.2f |", time_us(s, [&] { gemv_bf16<<<blocks, 256, 0, s>>>(x, sh[1], w, y, sh[0], rows, sh[0], sh[1], parts); }));
+      }
+      printf(" %.2f |\n", (double)sh[0] * sh[1] * 2 / 4.3e6);
+    }
+  }
+  for (int rows : {1, 4}) {
+    printf("| gate·up %d × %d | %d |", inter, h, rows);
+    for (int parts = 1; parts <= 8; parts *= 2) {
+      const int blocks = (inter + 8 / parts - 1) / (8 / parts);
+      printf(" %.2f |", time_us(s, [&] { gemv_gate_up_bf16<<<blocks, 256, 0, s>>>(x, h, w, w2, y, rows, inter, h, parts); }));
+    }
+    printf(" %.2f |\n", 2.0 * inter * h * 2 / 4.3e6);
+  }
+  printf("\nadd_rmsnorm (1 row, 1024 threads): %.2f µs\n",
+         time_us(s, [&] { add_rmsnorm_bf16<<<1, 1024, 0, s>>>(x, y, norm, qkv, h, eps); }));
+
+  printf("\n| attention: rows | context | split | splits | µs |\n|---:|---:|---:|---:|---:|\n");
+  for (int rows : {1, 8, 64}) {
+    for (int L : {64, 128, 512, 2048, 8192}) {
+      // Inputs: ids, pos, slot, lens, toff, then each row's table (identity blocks, row-major).
+      const int nb = maxpos / bs;
+      std::vector<u32> in(5 * rows_max + rows_max * nb);
+      for (int r = 0; r < rows; r++) {
+        in[rows_max + r] = L - 1;
+        in[2 * rows_max + r] = r * maxpos + L - 1;
+        in[3 * rows_max + r] = L;
+        in[4 * rows_max + r] = r * nb;
+        for (int b = 0; b < nb; b++) in[5 * rows_max + r * nb + b] = r * nb + b;
+      }
+      u32* din;
+      CK(cudaMalloc(&din, in.size() * 4));
+      CK(cudaMemcpy(din, in.data(), in.size() * 4, cudaMemcpyHostToDevice));
+      for (int split : {32, 64, 128}) {
+        int bucket = 1;
+        while (bucket < L) bucket *= 2;
+        const int splits = (bucket + split - 1) / split;
+        if (splits > MAX_SPLITS || (splits < 2 && split > 32)) continue;
+        dim3 grid(rows, nkv, splits);
+        const int tile_bytes = 2 * ATILE(bf16) * (hd + 8) * 2;
+        const float us = time_us(s, [&] {
+          attn_decode_bf16<<<grid, NWARP * 32, tile_bytes, s>>>(qkv, qkv + nh * hd, qkv + (nh + nkv) * hd, wide, nullptr, nullptr,
+                                                       nullptr, norm, norm, cosv, sinv, din + rows_max, din + 2 * rows_max,
+                                                       kp, vp, din + 5 * rows_max, din + 4 * rows_max, din + 3 * rows_max,
+                                                       ws_ml, ws_acc, done, out, nh, nkv, hd, bs, split, scale, eps, 0);
+        });
+        printf("| %d | %d | %d | %d | %.2f |\n", rows, L, split, splits, us);
+      }
+      CK(cudaFree(din));
+    }
+  }
+  CK(cudaDeviceSynchronize());
+  return 0;
+}

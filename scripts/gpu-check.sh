@@ -10,7 +10,7 @@
 # ours with EXPERT_RUNTIME_PROFILE=1 and writes the engine's per-step phase times to profile.log.
 # --decode-paths then times ours (--quick) with decode on the generic candle path, on the CUDA decode
 # path launching its kernels directly, and on that path replayed as CUDA graphs with its small-batch
-# products on cuBLAS and on its own GEMV kernel (paths.md). --timing then runs ours (--quick) with
+# products on cuBLAS, without programmatic dependent launch, and as shipped (paths.md). --timing then runs ours (--quick) with
 # EXPERT_RUNTIME_CUDA_TIMING=1: device µs per kind of decode kernel (timing.log). --kernels first
 # builds and runs benches/cuda/kernels.cu with the machine's nvcc: each decode kernel alone on the
 # Qwen3-0.6B shape, in variants (kernels.md); --kernels-only runs that and nothing else.
@@ -119,7 +119,7 @@ if [ "$BENCH" = 1 ]; then
   if [ "$PATHS" = 1 ]; then
     echo "| decode path | batch 1 (tok/s) | prefill (tok/s) | sessions (tok/s) | mixed LoRAs (tok/s) |" > "$OUT/paths.md"
     echo "|---|---:|---:|---:|---:|" >> "$OUT/paths.md"
-    for mode in generic:EXPERT_RUNTIME_CUDA_DECODE=0 eager:EXPERT_RUNTIME_CUDA_GRAPHS=0 graphs-cublas:EXPERT_RUNTIME_CUDA_GEMV=0 graphs:EXPERT_RUNTIME_CUDA_GRAPHS=1; do
+    for mode in generic:EXPERT_RUNTIME_CUDA_DECODE=0 eager:EXPERT_RUNTIME_CUDA_GRAPHS=0 graphs-cublas:EXPERT_RUNTIME_CUDA_GEMV=0 graphs-no-pdl:EXPERT_RUNTIME_CUDA_PDL=0 graphs:EXPERT_RUNTIME_CUDA_GRAPHS=1; do
       env "${mode#*:}" "$NODE" benches/gpu.mjs --model "$MODEL" --loras "$LORAS" --quick --out "$WORK/paths-${mode%%:*}.json" > /dev/null 2>&1
       "$NODE" -e "const o = require('$WORK/paths-${mode%%:*}.json').ours; const f = (x) => x == null ? '—' : x.toFixed(0);
         console.log('| ${mode%%:*} | ' + [o.decode_tok_s_batch1, o.prefill_tok_s, o.sessions_tok_s, o.sessions_mixed_tok_s].map(f).join(' | ') + ' |')" >> "$OUT/paths.md"

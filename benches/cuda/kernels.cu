@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 #include <cuda_runtime.h>
 #include "../../src/model/cuda_decode.cu"
@@ -34,6 +35,22 @@ static bf16* dalloc(size_t bytes, bool random = true) {
   fill<<<1024, 256>>>(p, bytes / 2, random ? 0x9e3779b9u + (u32)bytes : 0u);
   CK(cudaDeviceSynchronize());
   return p;
+}
+
+// Launches kernel `k`, with the programmatic-dependent-launch attribute when `pdl`.
+template <typename... P, typename... A>
+static void launch(bool pdl, void (*k)(P...), dim3 grid, int block, size_t smem, cudaStream_t s, A&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CK(cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...));
 }
 
 // Microseconds per launch of `launch`, replayed as a graph of 20 launches.
@@ -141,6 +158,49 @@ int main() {
         printf("| %d | %d | %d | %d | %.2f |\n", rows, L, split, splits, us);
       }
       CK(cudaFree(din));
+    }
+  }
+  // A whole batch-1 decode pass of the 28-layer model (its own weights per layer, context 128),
+  // as the decode path issues it, without and with programmatic dependent launch.
+  {
+    const int layers = 28, L = 128, nb = maxpos / bs;
+    const size_t per_layer = (size_t)wide * h + (size_t)h * nh * hd + 2 * (size_t)inter * h + (size_t)h * inter;
+    bf16* wl = dalloc(per_layer * layers * 2);
+    std::vector<u32> in(5 * rows_max + rows_max * nb);
+    in[rows_max] = L - 1;
+    in[2 * rows_max] = L - 1;
+    in[3 * rows_max] = L;
+    for (int b = 0; b < nb; b++) in[5 * rows_max + b] = b;
+    u32* din;
+    CK(cudaMalloc(&din, in.size() * 4));
+    CK(cudaMemcpy(din, in.data(), in.size() * 4, cudaMemcpyHostToDevice));
+    bf16 *xs = dalloc(h * 2), *hn = dalloc(h * 2), *delta = dalloc(h * 2), *act = dalloc(inter * 2);
+    bf16* attn = dalloc(nh * hd * 2);
+    const int split = 32, splits = 4, tile_bytes = 2 * ATILE(bf16) * (hd + 8) * 2;
+    printf("\n| batch-1 pass, 28 layers, context %d | µs | tok/s |\n|---|---:|---:|\n", L);
+    for (int pdl = 0; pdl < 2; pdl++) {
+      const float us = time_us(s, [&] {
+        for (int l = 0; l < layers; l++) {
+          bf16* wq = wl + per_layer * l;
+          bf16* wo = wq + (size_t)wide * h;
+          bf16* wg = wo + (size_t)h * nh * hd;
+          bf16* wu = wg + (size_t)inter * h;
+          bf16* wd = wu + (size_t)inter * h;
+          launch(pdl, add_rmsnorm_bf16, 1, 1024, 0, s, xs, delta, norm, hn, h, eps);
+          launch(pdl, gemv_bf16, wide / 8, 256, 0, s, hn, h, wq, qkv, wide, 1, wide, h, 1);
+          launch(pdl, attn_decode_bf16, dim3(1, nkv, splits), NWARP * 32, tile_bytes, s, qkv, qkv + nh * hd,
+                 qkv + (nh + nkv) * hd, wide, (bf16*)nullptr, (bf16*)nullptr, (bf16*)nullptr, norm, norm, cosv, sinv,
+                 din + rows_max, din + 2 * rows_max, kp, vp, din + 5 * rows_max, din + 4 * rows_max,
+                 din + 3 * rows_max, ws_ml, ws_acc, done, attn, nh, nkv, hd, bs, split, scale, eps, 0);
+          launch(pdl, gemv_bf16, h / 2, 256, 0, s, attn, nh * hd, wo, delta, h, 1, h, nh * hd, 4);
+          launch(pdl, add_rmsnorm_bf16, 1, 1024, 0, s, xs, delta, norm, hn, h, eps);
+          launch(pdl, gemv_gate_up_bf16, inter / 8, 256, 0, s, hn, h, wg, wu, act, 1, inter, h, 1);
+          launch(pdl, gemv_bf16, h / 2, 256, 0, s, act, inter, wd, delta, h, 1, h, inter, 4);
+        }
+        launch(pdl, add_rmsnorm_bf16, 1, 1024, 0, s, xs, delta, norm, hn, h, eps);
+        launch(pdl, gemv_bf16, vocab / 8, 256, 0, s, hn, h, w, y, vocab, 1, vocab, h, 1);
+      });
+      printf("| %s | %.1f | %.0f |\n", pdl ? "with programmatic dependent launch" : "plain graph", us, 1e6 / us);
     }
   }
   CK(cudaDeviceSynchronize());

@@ -26,6 +26,27 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Programmatic dependent launch (sm_90; the host launches each kernel with the attribute that
+// allows it): `pdl_launch` lets the stream's next kernel start its blocks now, `pdl_wait` waits
+// until the previous kernel has finished and its writes are visible. Every kernel calls both,
+// and reads only inputs that no kernel of the pass writes (weights, block tables, the uploaded
+// row inputs) before `pdl_wait`; it writes nothing before it. Without the attribute both are
+// no-ops.
+__device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_start() {
+  pdl_launch();
+  pdl_wait();
+}
+
 // The sum of `v` over the block (blockDim.x a multiple of 32, at most 1024), in every thread.
 __device__ float block_sum(float v) {
   __shared__ float part[32];
@@ -41,6 +62,7 @@ __device__ float block_sum(float v) {
 
 // out[r] = table[ids[r]]: grid (rows).
 template <typename T> __device__ void embed(const T* table, const u32* ids, T* out, int h) {
+  pdl_start();
   const T* src = table + (size_t)ids[blockIdx.x] * h;
   T* dst = out + (size_t)blockIdx.x * h;
   for (int i = threadIdx.x; i < h; i += blockDim.x) dst[i] = src[i];
@@ -49,6 +71,7 @@ template <typename T> __device__ void embed(const T* table, const u32* ids, T* o
 // With `add`: x += add (rounded to T, written back); then out = RMSNorm(x) · w. Grid (rows).
 template <typename T>
 __device__ void add_rmsnorm(T* x, const T* add, const T* w, T* out, int n, float eps) {
+  pdl_start();
   T* xr = x + (size_t)blockIdx.x * n;
   T* orow = out + (size_t)blockIdx.x * n;
   float ss = 0.f;
@@ -81,30 +104,39 @@ __device__ __forceinline__ float warp_max(float v) {
 // One head vector of a row's projections finished by a warp: bias, per-head RMSNorm (when `norm`),
 // RoPE at the cos/sin offset `p` (when `rope`). Lane l returns features l + 32·j in x[j]: rounded to
 // T, except the RoPE outputs, which the caller rounds as it stores them. `buf` (head_dim floats of
-// shared memory, this warp's own) holds the pairs RoPE mixes.
+// shared memory, this warp's own) holds the pairs RoPE mixes. Every input is loaded before the
+// first is used, so the loads are in flight together.
 template <typename T>
 __device__ void finish_vec(const T* src, const T* bias, const T* norm, bool rope, const T* cos, const T* sin, size_t p,
                            int hd, float eps, int interleaved, float* buf, float (&x)[MAX_J]) {
-  const int lane = threadIdx.x & 31;
-  float ss = 0.f;
+  const int lane = threadIdx.x & 31, half = hd / 2;
+  float b[MAX_J], w[MAX_J], co[MAX_J], si[MAX_J];
 #pragma unroll
   for (int j = 0; j < MAX_J; j++) {
     const int i = lane + 32 * j;
-    float v = 0.f;
+    x[j] = b[j] = co[j] = si[j] = 0.f;
+    w[j] = 1.f;
     if (i < hd) {
-      v = ld(src[i]);
-      if (bias) v = rnd<T>(v + ld(bias[i]));
+      x[j] = ld(src[i]);
+      if (bias) b[j] = ld(bias[i]);
+      if (norm) w[j] = ld(norm[i]);
+      if (rope) {
+        const int c = interleaved ? i >> 1 : i < half ? i : i - half;
+        co[j] = ld(cos[p + c]);
+        si[j] = ld(sin[p + c]);
+      }
     }
-    x[j] = v;
-    ss += v * v;
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < MAX_J; j++) {
+    if (bias) x[j] = rnd<T>(x[j] + b[j]);
+    ss += x[j] * x[j];
   }
   if (norm) {
     const float scale = rsqrtf(warp_sum(ss) / hd + eps);
 #pragma unroll
-    for (int j = 0; j < MAX_J; j++) {
-      const int i = lane + 32 * j;
-      if (i < hd) x[j] = rnd<T>(scale * x[j] * ld(norm[i]));
-    }
+    for (int j = 0; j < MAX_J; j++) x[j] = rnd<T>(scale * x[j] * w[j]);
   }
   if (!rope) return;
 #pragma unroll
@@ -113,19 +145,18 @@ __device__ void finish_vec(const T* src, const T* bias, const T* norm, bool rope
     if (i < hd) buf[i] = x[j];
   }
   __syncwarp();
-  const int half = hd / 2;
 #pragma unroll
   for (int j = 0; j < MAX_J; j++) {
     const int i = lane + 32 * j;
     if (i >= hd) continue;
     if (interleaved) {
       const int c = i >> 1;
-      const float co = ld(cos[p + c]), si = ld(sin[p + c]), a = buf[2 * c], b = buf[2 * c + 1];
-      x[j] = (i & 1) ? rnd<T>(a * si) + rnd<T>(b * co) : rnd<T>(a * co) - rnd<T>(b * si);
+      const float a = buf[2 * c], bb = buf[2 * c + 1];
+      x[j] = (i & 1) ? rnd<T>(a * si[j]) + rnd<T>(bb * co[j]) : rnd<T>(a * co[j]) - rnd<T>(bb * si[j]);
     } else {
       const int c = i < half ? i : i - half;
-      const float co = ld(cos[p + c]), si = ld(sin[p + c]), a = buf[c], b = buf[c + half];
-      x[j] = i < half ? rnd<T>(a * co) - rnd<T>(b * si) : rnd<T>(a * si) + rnd<T>(b * co);
+      const float a = buf[c], bb = buf[c + half];
+      x[j] = i < half ? rnd<T>(a * co[j]) - rnd<T>(bb * si[j]) : rnd<T>(a * si[j]) + rnd<T>(bb * co[j]);
     }
   }
   __syncwarp();
@@ -162,6 +193,7 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
   __shared__ u32 rows_at[TILE];
   __shared__ float ms[MAX_REP], ls[MAX_REP], cs[MAX_REP];
   __shared__ bool last;
+  pdl_launch();
   const int r = blockIdx.x, g = blockIdx.y, sp = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int L = lens[r];
@@ -179,6 +211,7 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
     const int at = start + threadIdx.x;
     row = table[at / bs] * (u32)bs + (u32)(at % bs);
   }
+  pdl_wait();
 
   // 1. The queries (and the new key and value), a warp per vector.
   const size_t rope_at = (size_t)pos[r] * (hd / 2);
@@ -261,13 +294,18 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
       float d[MAX_REP];
 #pragma unroll
       for (int h = 0; h < MAX_REP; h++) d[h] = 0.f;
+      // A branch per head outside, none inside: the inner loop's loads pipeline.
       if (p < nt) {
         const T* kt = ktile + p * ldt;
-        for (int f = part; f < hd; f += TPP) {
-          const float kf = ld(kt[f]);
 #pragma unroll
-          for (int h = 0; h < MAX_REP; h++)
-            if (h < rep) d[h] += qs[h * hd + f] * kf;
+        for (int h = 0; h < MAX_REP; h++) {
+          if (h < rep) {
+            const float* qh = qs + h * hd;
+            float a = 0.f;
+#pragma unroll 8
+            for (int f = part; f < hd; f += TPP) a += qh[f] * ld(kt[f]);
+            d[h] = a;
+          }
         }
       }
 #pragma unroll
@@ -301,13 +339,14 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
       const int f = threadIdx.x + j * NWARP * 32;
       if (f >= hd) continue;
 #pragma unroll
-      for (int h = 0; h < MAX_REP; h++)
-        if (h < rep) acc[h][j] *= cs[h];
-      for (int p = 0; p < nt; p++) {
-        const float vf = ld(vtile[p * ldt + f]);
-#pragma unroll
-        for (int h = 0; h < MAX_REP; h++)
-          if (h < rep) acc[h][j] += sc[h * TILE + p] * vf;
+      for (int h = 0; h < MAX_REP; h++) {
+        if (h < rep) {
+          const float* w = sc + h * TILE;
+          float a = acc[h][j] * cs[h];
+#pragma unroll 8
+          for (int p = 0; p < nt; p++) a += w[p] * ld(vtile[p * ldt + f]);
+          acc[h][j] = a;
+        }
       }
     }
   }
@@ -385,6 +424,7 @@ extern "C" __global__ void spin(long long cycles) {
 // out[r, c] = silu(gate[r, c]) · up[r, c] ([rows, inter], gate and up read with a row stride of
 // `stride`), each rounded to T as the generic path's two kernels do. Grid-stride over rows · inter.
 template <typename T> __device__ void silu_mul(const T* gate, const T* up, int stride, T* out, int inter, int n) {
+  pdl_start();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const size_t at = (size_t)(i / inter) * stride + i % inter;
     const float g = ld(gate[at]);
@@ -394,6 +434,7 @@ template <typename T> __device__ void silu_mul(const T* gate, const T* up, int s
 
 // f32 logits from T ones. Grid-stride.
 template <typename T> __device__ void widen(const T* src, float* dst, int n) {
+  pdl_start();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = ld(src[i]);
 }
 
@@ -403,6 +444,7 @@ template <typename T> __device__ void widen(const T* src, float* dst, int n) {
 // counter in `done`, set back to 0) merges them. NaNs are skipped by the max and make the sum
 // NaN, which sends the row to the host whole; −inf logits add nothing.
 extern "C" __global__ void greedy_reduce(const float* logits, float* part, u32* done, float* out, int vocab) {
+  pdl_start();
   __shared__ float sm[32];
   __shared__ int si[32];
   __shared__ bool last;
@@ -479,35 +521,58 @@ extern "C" __global__ void greedy_reduce(const float* logits, float* part, u32* 
 
 // This warp's share of Σ_k x[r, k] · w_m[k] for the NW weight rows w_m and the rows r < rows of x
 // (`ldx` apart): the 16-byte chunks part, part + parts, … of k, lanes side by side, f32 partial
-// sums in acc (k 0: zeros). k and ldx multiples of 16 bytes, the host checks.
+// sums in acc (k 0: zeros). The first PRE chunks of the weights are loaded before `pdl_wait`, so
+// they stream in while the previous kernel finishes. k and ldx multiples of 16 bytes, the host
+// checks.
+template <typename T, int NW>
+__device__ __forceinline__ void dot_chunk(const uint4 (&wraw)[NW], const T* x, int ldx, int rows, int i,
+                                          float (&acc)[NW][GEMV_ROWS]) {
+  constexpr int V = 16 / sizeof(T);
+#pragma unroll
+  for (int r = 0; r < GEMV_ROWS; r++) {
+    if (r < rows) {
+      const uint4 xraw = *(const uint4*)(x + (size_t)r * ldx + i);
+      const T* xv = (const T*)&xraw;
+#pragma unroll
+      for (int j = 0; j < V; j++) {
+        const float a = ld(xv[j]);
+#pragma unroll
+        for (int m = 0; m < NW; m++) acc[m][r] += a * ld(((const T*)&wraw[m])[j]);
+      }
+    }
+  }
+}
+
 template <typename T, int NW>
 __device__ void dot_part(const T* (&w)[NW], const T* x, int ldx, int rows, int k, int part, int parts,
                          float (&acc)[NW][GEMV_ROWS]) {
-  constexpr int V = 16 / sizeof(T);
-  const int lane = threadIdx.x & 31;
+  constexpr int V = 16 / sizeof(T), PRE = 4;
+  const int first = (part * 32 + (threadIdx.x & 31)) * V, step = parts * 32 * V;
+  uint4 pre[PRE][NW];
+#pragma unroll
+  for (int u = 0; u < PRE; u++) {
+    const int i = first + u * step;
+#pragma unroll
+    for (int m = 0; m < NW; m++)
+      if (i < k) pre[u][m] = *(const uint4*)(w[m] + i);
+  }
+  pdl_wait();
 #pragma unroll
   for (int m = 0; m < NW; m++) {
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++) acc[m][r] = 0.f;
   }
-#pragma unroll(NW == 1 ? 4 : 2)
-  for (int i = (part * 32 + lane) * V; i < k; i += parts * 32 * V) {
+#pragma unroll
+  for (int u = 0; u < PRE; u++) {
+    const int i = first + u * step;
+    if (i < k) dot_chunk<T, NW>(pre[u], x, ldx, rows, i, acc);
+  }
+#pragma unroll 2
+  for (int i = first + PRE * step; i < k; i += step) {
     uint4 wraw[NW];
 #pragma unroll
     for (int m = 0; m < NW; m++) wraw[m] = *(const uint4*)(w[m] + i);
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
-      if (r < rows) {
-        const uint4 xraw = *(const uint4*)(x + (size_t)r * ldx + i);
-        const T* xv = (const T*)&xraw;
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-          const float a = ld(xv[j]);
-#pragma unroll
-          for (int m = 0; m < NW; m++) acc[m][r] += a * ld(((const T*)&wraw[m])[j]);
-        }
-      }
-    }
+    dot_chunk<T, NW>(wraw, x, ldx, rows, i, acc);
   }
 }
 
@@ -551,6 +616,7 @@ template <int NW> __device__ bool sum_parts(float (&acc)[NW][GEMV_ROWS], int row
 // parts outputs per block; f32 accumulation, one rounding to T.
 template <typename T>
 __device__ void gemv(const T* x, int ldx, const T* w, T* y, int ldy, int rows, int n, int k, int parts) {
+  pdl_launch();
   const int warp = threadIdx.x >> 5;
   const int out = blockIdx.x * (GEMV_WARPS / parts) + warp / parts;
   const T* wr[1] = {w + (size_t)min(out, n - 1) * k};
@@ -569,6 +635,7 @@ __device__ void gemv(const T* x, int ldx, const T* w, T* y, int ldy, int rows, i
 template <typename T>
 __device__ void gemv_gate_up(const T* x, int ldx, const T* gate, const T* up, T* act, int rows, int inter, int k,
                              int parts) {
+  pdl_launch();
   const int warp = threadIdx.x >> 5;
   const int n = blockIdx.x * (GEMV_WARPS / parts) + warp / parts;
   const size_t at = (size_t)min(n, inter - 1) * k;
@@ -602,6 +669,7 @@ struct LoraEntry {
 // threads: a warp per (row, adapter, j).
 template <typename T>
 __device__ void lora_shrink(const unsigned long long* sets, int slot, const T* x, int ldx, int k, float* t) {
+  pdl_start();
   const int r = blockIdx.x, e = blockIdx.y, j = blockIdx.z * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   const unsigned long long set = sets[r];
   if (!set) return;
@@ -621,6 +689,7 @@ __device__ void lora_shrink(const unsigned long long* sets, int slot, const T* x
 // Grid (rows, out / 256 rounded up), 256 threads.
 template <typename T>
 __device__ void lora_expand(const unsigned long long* sets, int slot, const float* t, T* y, int ldy, int out) {
+  pdl_start();
   const int r = blockIdx.x, n = blockIdx.y * blockDim.x + threadIdx.x;
   const unsigned long long set = sets[r];
   if (!set || n >= out) return;

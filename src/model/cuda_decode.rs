@@ -211,6 +211,8 @@ pub struct CudaDecode {
     use_graphs: bool,
     /// Whether products of up to GEMV_ROWS rows take the GEMV kernel (`EXPERT_RUNTIME_CUDA_GEMV=0`: cuBLAS).
     use_gemv: bool,
+    /// Whether kernels are launched with programmatic dependent launch (`EXPERT_RUNTIME_CUDA_PDL=0`: not).
+    use_pdl: bool,
     timing: Option<Timing>,
     /// Per expert set (its key): its LoRA table on the device, or `None` when this path cannot
     /// run the set.
@@ -396,6 +398,7 @@ impl CudaDecode {
             seen: HashSet::new(),
             use_graphs: !env_off("EXPERT_RUNTIME_CUDA_GRAPHS"),
             use_gemv: !env_off("EXPERT_RUNTIME_CUDA_GEMV"),
+            use_pdl: !env_off("EXPERT_RUNTIME_CUDA_PDL"),
             lora_sets: HashMap::new(),
             timing: std::env::var("EXPERT_RUNTIME_CUDA_TIMING").is_ok_and(|v| v == "1").then(Timing::default),
             stream,
@@ -646,16 +649,44 @@ impl CudaDecode {
         args: &[&dyn Arg],
     ) -> Result<()> {
         self.timed(kind, || {
-            let mut b = self.stream.launch_builder(f);
-            for a in args {
-                a.push(&mut b);
+            if !self.use_pdl {
+                let mut b = self.stream.launch_builder(f);
+                for a in args {
+                    a.push(&mut b);
+                }
+                let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
+                // SAFETY: every kernel of the module is launched with the argument list of its
+                // signature in cuda_decode.cu (pointers to buffers sized for MAX_ROWS rows, sizes
+                // that match them), checked on the host before the launch.
+                unsafe { b.launch(cfg) }.map_err(err)?;
+                return Ok(());
             }
-            let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
-            // SAFETY: every kernel of the module is launched with the argument list of its
-            // signature in cuda_decode.cu (pointers to buffers sized for MAX_ROWS rows, sizes that
-            // match them), checked on the host before the launch.
-            unsafe { b.launch(cfg) }.map_err(err)?;
-            Ok(())
+            // Programmatic dependent launch: the kernel may start while the previous one
+            // finishes; it waits for it (`pdl_wait` in cuda_decode.cu) before reading its output.
+            use driver::sys;
+            let mut params: Vec<*mut std::ffi::c_void> = args.iter().map(|a| a.param()).collect();
+            // SAFETY: a plain C struct and union, all-zero valid; the fields used are set below.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: smem,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            self.stream.context().bind_to_thread().map_err(err)?;
+            // SAFETY: as above; `params` points at the argument values, which outlive the call
+            // (the driver copies them at launch), and `cfg` at `attr`, which does too.
+            unsafe { sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+                .result()
+                .map_err(err)
         })
     }
 
@@ -925,6 +956,8 @@ fn fuse(group: &mut [&mut Linear], dtype: DType) -> Result<()> {
 /// A kernel argument of one of the types the kernels take.
 trait Arg {
     fn push<'a>(&'a self, b: &mut driver::LaunchArgs<'a>);
+    /// The value's address, as `cuLaunchKernelEx` takes each argument.
+    fn param(&self) -> *mut std::ffi::c_void;
 }
 
 macro_rules! arg {
@@ -932,6 +965,9 @@ macro_rules! arg {
         impl Arg for $t {
             fn push<'a>(&'a self, b: &mut driver::LaunchArgs<'a>) {
                 b.arg(self);
+            }
+            fn param(&self) -> *mut std::ffi::c_void {
+                self as *const $t as *mut std::ffi::c_void
             }
         }
     )*};

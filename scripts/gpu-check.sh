@@ -10,8 +10,9 @@
 # ours with EXPERT_RUNTIME_PROFILE=1 and writes the engine's per-step phase times to profile.log.
 # --decode-paths then times ours (--quick) with decode on the generic candle path, on the CUDA decode
 # path launching its kernels directly, and on that path replayed as CUDA graphs with its small-batch
-# products on cuBLAS, without programmatic dependent launch, and as shipped (paths.md). --timing then runs ours (--quick) with
-# EXPERT_RUNTIME_CUDA_TIMING=1: device µs per kind of decode kernel (timing.log). --kernels first
+# products on cuBLAS, without programmatic dependent launch, and as shipped (paths.md). --timing
+# then runs ours (--quick) with EXPERT_RUNTIME_CUDA_TIMING=1: device µs per kind of decode kernel
+# (timing.log). --kernels first
 # builds and runs benches/cuda/kernels.cu with the machine's nvcc: each decode kernel alone on the
 # Qwen3-0.6B shape, in variants (kernels.md); --kernels-only runs that and nothing else.
 #

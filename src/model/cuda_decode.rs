@@ -17,10 +17,12 @@
 //! per row, in the Punica / BGMV manner, from a table of the set's A and B addresses built once
 //! per set), with dense f32 or bf16 weights and a dense pool of the same dtype; everything else
 //! (DoRA, IA³, LoKr, prompt chunks) takes the generic path. Kernels: `cuda_decode.cu`, compiled to PTX
-//! at build time. `EXPERT_RUNTIME_CUDA_DECODE=0` turns the path off, `EXPERT_RUNTIME_CUDA_GRAPHS=0`
-//! keeps it but launches eagerly, and `EXPERT_RUNTIME_CUDA_TIMING=1` launches eagerly with a pair
-//! of CUDA events around each kernel and prints the device time per kind of kernel (stderr,
-//! every 64 passes).
+//! at build time. Each kernel is launched with programmatic dependent launch: it may start while
+//! the previous one finishes, and waits for it before reading its output.
+//! `EXPERT_RUNTIME_CUDA_DECODE=0` turns the path off, `EXPERT_RUNTIME_CUDA_GRAPHS=0` keeps it but
+//! launches eagerly, `EXPERT_RUNTIME_CUDA_PDL=0` launches without programmatic dependencies, and
+//! `EXPERT_RUNTIME_CUDA_TIMING=1` launches eagerly with a pair of CUDA events around each kernel
+//! and prints the device time per kind of kernel (stderr, every 64 passes).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};

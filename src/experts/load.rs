@@ -51,6 +51,7 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     if !opts.scale.is_finite() {
         return Err(EngineError::InvalidArgument(format!("scale must be a finite number, got {}", opts.scale)));
     }
+    let start = std::time::Instant::now();
     let cfg = read_config(dir)?;
     // 1. The manifest and the base model it names.
     let manifest = read_manifest(dir, &cfg, model)?;
@@ -79,10 +80,22 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     // Factors read in place need the kernels that read f32 from host memory.
     let mmap = opts.mmap && model.device.is_cpu() && model.dtype == DType::F32;
     let build = ModuleBuilder { cfg: &cfg, model, dtype: model.dtype, device: &staging, scale: opts.scale, mmap };
+    let parsed = start.elapsed();
     let mut built = build.modules(targeted, by_slot)?;
+    let made = start.elapsed();
     if !staging.same_device(&model.device) {
         let tensors = built.modules.iter_mut().flatten().flat_map(ModuleAdapter::tensors_mut).collect();
         upload_together(tensors, &model.device)?;
+    }
+    if std::env::var("EXPERT_RUNTIME_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0") {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        eprintln!(
+            "expert-runtime profile: loadExpert {name}: parse {:.2} ms, build {:.2} ms, upload {:.2} ms ({} bytes)",
+            ms(parsed),
+            ms(made - parsed),
+            ms(start.elapsed() - made),
+            built.bytes
+        );
     }
     Ok(Expert {
         examples: Vec::new(),
@@ -110,9 +123,14 @@ fn upload_together(tensors: Vec<&mut Tensor>, device: &Device) -> Result<()> {
             None => by_dtype.push((t.dtype(), vec![t])),
         }
     }
-    for (_, group) in by_dtype {
-        let flat = group.iter().map(|t| t.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
-        let all = Tensor::cat(&flat, 0)?.to_device(device)?;
+    for (dtype, group) in by_dtype {
+        let all = match dtype {
+            DType::BF16 => gather::<half::bf16>(&group)?,
+            DType::F16 => gather::<half::f16>(&group)?,
+            DType::F32 => gather::<f32>(&group)?,
+            _ => Tensor::cat(&group.iter().map(|t| t.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?, 0)?,
+        }
+        .to_device(device)?;
         let mut offset = 0;
         for t in group {
             let n = t.elem_count();
@@ -121,6 +139,33 @@ fn upload_together(tensors: Vec<&mut Tensor>, device: &Device) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The host tensors' values one after another in one tensor, copied in parallel (a LoRA on every
+/// projection is hundreds of tensors and tens of megabytes).
+fn gather<T: candle_core::WithDType>(group: &[&mut Tensor]) -> Result<Tensor> {
+    use rayon::prelude::*;
+    let total = group.iter().map(|t| t.elem_count()).sum();
+    let mut out = vec![T::zero(); total];
+    let mut rest = out.as_mut_slice();
+    let mut pairs = Vec::with_capacity(group.len());
+    for t in group {
+        let (dst, tail) = std::mem::take(&mut rest).split_at_mut(t.elem_count());
+        pairs.push((dst, &**t));
+        rest = tail;
+    }
+    pairs.into_par_iter().try_for_each(|(dst, t)| -> Result<()> {
+        let (storage, layout) = t.storage_and_layout();
+        let candle_core::Storage::Cpu(cpu) = &*storage else {
+            return Err(EngineError::Internal("an adapter tensor to upload is not on the host".into()));
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            return Err(EngineError::Internal("an adapter tensor to upload is not contiguous".into()));
+        };
+        dst.copy_from_slice(&cpu.as_slice::<T>()?[start..end]);
+        Ok(())
+    })?;
+    Ok(Tensor::from_vec(out, total, &Device::Cpu)?)
 }
 
 /// `adapter_config.json`.
@@ -544,9 +589,11 @@ mod tests {
         let b = Tensor::arange(100f32, 105.0, &dev).unwrap().to_dtype(DType::BF16).unwrap();
         let c = Tensor::arange(20f32, 26.0, &dev).unwrap().reshape((2, 3)).unwrap();
         let d = Tensor::new(&[3u32, 1, 2], &dev).unwrap();
-        let (mut a2, mut b2, mut c2, mut d2) = (a.clone(), b.clone(), c.clone(), d.clone());
-        upload_together(vec![&mut a2, &mut b2, &mut c2, &mut d2], &dev).unwrap();
-        for (orig, moved) in [(&a, &a2), (&b, &b2), (&c, &c2), (&d, &d2)] {
+        // A view that starts inside its buffer.
+        let e = Tensor::arange(0f32, 10.0, &dev).unwrap().narrow(0, 3, 4).unwrap();
+        let (mut a2, mut b2, mut c2, mut d2, mut e2) = (a.clone(), b.clone(), c.clone(), d.clone(), e.clone());
+        upload_together(vec![&mut a2, &mut b2, &mut c2, &mut d2, &mut e2], &dev).unwrap();
+        for (orig, moved) in [(&a, &a2), (&b, &b2), (&c, &c2), (&d, &d2), (&e, &e2)] {
             assert_eq!(orig.shape(), moved.shape());
             assert_eq!(orig.dtype(), moved.dtype());
             assert!(moved.is_contiguous());

@@ -268,9 +268,13 @@ impl RawTensor {
     pub fn values(&self) -> Result<Vec<f32>> {
         let data = widen(&self.name, self.dtype, self.bytes())?;
         if let Some(bad) = data.iter().position(|x| !x.is_finite()) {
-            return Err(EngineError::InvalidAdapter(format!("tensor {} holds a non-finite value at element {bad}", self.name)));
+            return Err(self.non_finite(bad));
         }
         Ok(data)
+    }
+
+    fn non_finite(&self, at: usize) -> EngineError {
+        EngineError::InvalidAdapter(format!("tensor {} holds a non-finite value at element {at}", self.name))
     }
 
     pub fn to_tensor(&self, dtype: DType, device: &Device) -> Result<Tensor> {
@@ -305,9 +309,7 @@ impl RawTensor {
             })
             .min();
         match bad {
-            Some(at) => {
-                Err(EngineError::InvalidAdapter(format!("tensor {} holds a non-finite value at element {at}", self.name)))
-            }
+            Some(at) => Err(self.non_finite(at)),
             None => Ok(out),
         }
     }

@@ -90,7 +90,8 @@ __device__ void add_rmsnorm(T* x, const T* add, const T* w, T* out, int n, float
 #define NWARP 4     // warps of an attention block
 #define MAX_REP 8   // query heads per KV head
 #define MAX_HD 256  // head_dim at most
-#define MAX_J 8     // features per lane of a warp: MAX_HD / 32
+#define MAX_J (MAX_HD / 32)          // features per lane of a warp
+#define MAX_F (MAX_HD / (NWARP * 32)) // features per thread of an attention block
 #define MAX_SPLITS 64
 // Positions of an attention tile: 32 in bf16, 16 in f32 (a tile of keys and values, padded,
 // stays within 48 KB of shared memory at head_dim 256).
@@ -164,7 +165,7 @@ __device__ void finish_vec(const T* src, const T* bias, const T* norm, bool rope
 
 // The attention of decode rows, with their q/k/v finishing, split along the context
 // (flash-decoding). Grid (rows, nkv, splits), NWARP warps; dynamic shared memory for one tile of
-// keys and values (attn_tile_bytes). Block (r, g, s):
+// keys and values (`tile_bytes` in cuda_decode.rs). Block (r, g, s):
 // 1. finishes the query heads g·rep .. g·rep+rep of row r (bias, q-norm, RoPE) from the
 //    projections `q`, `k`, `v` (row stride `stride`), a warp per vector; the block whose split
 //    holds the row's new position also finishes KV head g's key and value and writes them into
@@ -245,11 +246,11 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
     ls[threadIdx.x] = 0.f;
   }
 
-  float acc[MAX_REP][MAX_HD / (NWARP * 32)];
+  float acc[MAX_REP][MAX_F];
 #pragma unroll
   for (int h = 0; h < MAX_REP; h++) {
 #pragma unroll
-    for (int j = 0; j < MAX_HD / (NWARP * 32); j++) acc[h][j] = 0.f;
+    for (int j = 0; j < MAX_F; j++) acc[h][j] = 0.f;
   }
   float* sc = scratch;
   for (int t0 = start; t0 < end; t0 += TILE) {
@@ -335,7 +336,7 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
     __syncthreads();
     // 2d. Values: a thread per feature.
 #pragma unroll
-    for (int j = 0; j < MAX_HD / (NWARP * 32); j++) {
+    for (int j = 0; j < MAX_F; j++) {
       const int f = threadIdx.x + j * NWARP * 32;
       if (f >= hd) continue;
 #pragma unroll
@@ -355,7 +356,7 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
   const size_t head0 = (size_t)r * nh + g * rep;
   if (ns == 1) {
 #pragma unroll
-    for (int j = 0; j < MAX_HD / (NWARP * 32); j++) {
+    for (int j = 0; j < MAX_F; j++) {
       const int f = threadIdx.x + j * NWARP * 32;
 #pragma unroll
       for (int h = 0; h < MAX_REP; h++)
@@ -364,7 +365,7 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
     return;
   }
 #pragma unroll
-  for (int j = 0; j < MAX_HD / (NWARP * 32); j++) {
+  for (int j = 0; j < MAX_F; j++) {
     const int f = threadIdx.x + j * NWARP * 32;
 #pragma unroll
     for (int h = 0; h < MAX_REP; h++)

@@ -29,9 +29,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::cublas::{self, CudaBlas};
-use candle_core::cuda_backend::cudarc::driver::{
-    self, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
-};
+use candle_core::cuda_backend::cudarc::driver::{self, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr};
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 
 use super::{Decoder, Logits, SeqChunk};
@@ -651,20 +649,9 @@ impl CudaDecode {
         args: &[&dyn Arg],
     ) -> Result<()> {
         self.timed(kind, || {
-            if !self.use_pdl {
-                let mut b = self.stream.launch_builder(f);
-                for a in args {
-                    a.push(&mut b);
-                }
-                let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
-                // SAFETY: every kernel of the module is launched with the argument list of its
-                // signature in cuda_decode.cu (pointers to buffers sized for MAX_ROWS rows, sizes
-                // that match them), checked on the host before the launch.
-                unsafe { b.launch(cfg) }.map_err(err)?;
-                return Ok(());
-            }
-            // Programmatic dependent launch: the kernel may start while the previous one
+            // With programmatic dependent launch the kernel may start while the previous one
             // finishes; it waits for it (`pdl_wait` in cuda_decode.cu) before reading its output.
+            // Without the attribute, this is a plain launch.
             use driver::sys;
             let mut params: Vec<*mut std::ffi::c_void> = args.iter().map(|a| a.param()).collect();
             // SAFETY: a plain C struct and union, all-zero valid; the fields used are set below.
@@ -681,11 +668,13 @@ impl CudaDecode {
                 sharedMemBytes: smem,
                 hStream: self.stream.cu_stream(),
                 attrs: &mut attr,
-                numAttrs: 1,
+                numAttrs: u32::from(self.use_pdl),
             };
             self.stream.context().bind_to_thread().map_err(err)?;
-            // SAFETY: as above; `params` points at the argument values, which outlive the call
-            // (the driver copies them at launch), and `cfg` at `attr`, which does too.
+            // SAFETY: every kernel of the module is launched with the argument list of its
+            // signature in cuda_decode.cu (pointers to buffers sized for MAX_ROWS rows, sizes that
+            // match them), checked on the host before the launch. `params` points at the argument
+            // values and `cfg` at `attr`, which outlive the call (the driver copies them).
             unsafe { sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
                 .result()
                 .map_err(err)
@@ -957,7 +946,6 @@ fn fuse(group: &mut [&mut Linear], dtype: DType) -> Result<()> {
 
 /// A kernel argument of one of the types the kernels take.
 trait Arg {
-    fn push<'a>(&'a self, b: &mut driver::LaunchArgs<'a>);
     /// The value's address, as `cuLaunchKernelEx` takes each argument.
     fn param(&self) -> *mut std::ffi::c_void;
 }
@@ -965,9 +953,6 @@ trait Arg {
 macro_rules! arg {
     ($($t:ty),*) => {$(
         impl Arg for $t {
-            fn push<'a>(&'a self, b: &mut driver::LaunchArgs<'a>) {
-                b.arg(self);
-            }
             fn param(&self) -> *mut std::ffi::c_void {
                 self as *const $t as *mut std::ffi::c_void
             }

@@ -178,13 +178,6 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
     }
     let files = loader::open(path, device, progress, policy)?;
     let dtype = select_dtype(opts.dtype.as_deref(), device)?;
-    let (tokenizer, defaults) = match &files.format {
-        ModelFormat::HfDir(dir) => (Tokenizer::from_dir(dir).map_err(EngineError::InvalidModel)?, read_generation_config(dir)?),
-        ModelFormat::Gguf(src) => {
-            (Tokenizer::from_gguf(src.metadata()).map_err(EngineError::InvalidModel)?, GenerationDefaults::default())
-        }
-    };
-    check_tokenizer(&tokenizer, &files.config)?;
     let mut files = files;
     if let Some(v) = &opts.rope_scaling {
         let cfg = &files.config;
@@ -192,9 +185,50 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
     }
     let mut warnings = Vec::new();
     let n = context_length(opts, &files.config, &mut warnings)?;
-    let (config, mut weights) = files.into_weights(device, progress)?;
-    let model = Decoder::load(config, weights.as_mut(), dtype, device, n)?;
+    let config = files.config.clone();
+    let tokenizer = match &files.format {
+        // A model directory's tokenizer (a JSON parse of up to tens of MB, on one core) is read
+        // on a thread of its own while the weights load, below.
+        ModelFormat::HfDir(dir) => Err(dir.clone()),
+        ModelFormat::Gguf(src) => {
+            Ok((Tokenizer::from_gguf(src.metadata()).map_err(EngineError::InvalidModel)?, GenerationDefaults::default()))
+        }
+    };
+    let ((tokenizer, defaults), model) = match tokenizer {
+        Ok(t) => {
+            check_tokenizer(&t.0, &config)?;
+            (t, load_weights(files, device, progress, dtype, n)?)
+        }
+        Err(dir) => std::thread::scope(|scope| {
+            let tokenizer = std::thread::Builder::new()
+                .name("expert-runtime-tokenizer".into())
+                .spawn_scoped(scope, || -> Result<_> {
+                    let t = Tokenizer::from_dir(&dir).map_err(EngineError::InvalidModel)?;
+                    check_tokenizer(&t, &config)?;
+                    Ok((t, read_generation_config(&dir)?))
+                })
+                .map_err(|e| EngineError::Internal(format!("cannot start the tokenizer thread: {e}")))?;
+            let model = load_weights(files, device, progress, dtype, n);
+            let tokenizer = tokenizer.join().map_err(|p| {
+                EngineError::InvalidModel(format!("reading the tokenizer failed: {}", crate::error::panic_message(&*p)))
+            })?;
+            // A tokenizer's defect is reported first, as when it was read before the weights.
+            Ok::<_, EngineError>((tokenizer?, model?))
+        })?,
+    };
     Ok(Loaded { model, tokenizer, defaults, warnings })
+}
+
+/// The decoder from the opened files' weights.
+fn load_weights<'a>(
+    files: loader::ModelFiles<'a>,
+    device: &Device,
+    progress: loader::Progress<'a>,
+    dtype: DType,
+    n: usize,
+) -> Result<Decoder> {
+    let (config, mut weights) = files.into_weights(device, progress)?;
+    Decoder::load(config, weights.as_mut(), dtype, device, n)
 }
 
 /// What the KV pool may take, from one query of the device. By default: half of the GPU

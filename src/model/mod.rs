@@ -1,6 +1,7 @@
 //! Decoder-only transformer models: configuration, weight loading and the forward pass.
 //! One decoder covers the Llama, Qwen2 and Qwen3 families, switched by [`config::ModelConfig`].
 pub mod adapt;
+pub mod block_quant;
 pub mod config;
 pub mod decoder;
 pub mod inspect;

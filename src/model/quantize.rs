@@ -9,8 +9,9 @@
 //! - **Parallel.** Row ranges run on the rayon pool (the load runs on the engine thread, whose
 //!   pool is the one the runtime's `threads` sized).
 //! - **Numerics.** Blocks are made by candle's reference quantizers (`BlockQ8_0::from_float`
-//!   and friends: the same arithmetic as ggml's `quantize_row_*_ref`), so a weight quantized
-//!   here equals the same weight converted to that type by llama.cpp's tools.
+//!   and friends: the same arithmetic as ggml's `quantize_row_*_ref`), or for Q4_0 and Q6_K by
+//!   our vectorised ones ([`super::block_quant`]), which give the same bytes; so a weight
+//!   quantized here equals the same weight converted to that type by candle.
 //! - **What stays dense / which format.** Norms and biases stay dense. The token embedding and
 //!   an untied `lm_head` are the most sensitive tensors (every token reads them, every logit
 //!   comes from them): under the 4-bit modes they are stored as Q6_K (llama.cpp's
@@ -28,6 +29,7 @@ use candle_core::Device;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use super::block_quant;
 use super::linear::Weight;
 use super::q8::PackedQ8_0;
 use crate::backend::cpu_kernels;
@@ -146,19 +148,45 @@ impl<'a> DenseRows<'a> {
     /// Row `r` widened to f32 into `out`, failing on a non-finite value (`name`: the tensor).
     fn row_checked(&self, r: usize, out: &mut [f32], name: &str) -> Result<()> {
         self.row_f32(r, out);
-        match out.iter().position(|v| !v.is_finite()) {
-            Some(c) => Err(EngineError::InvalidModel(format!(
-                "tensor {name}: weight [{r}, {c}] is {}; a model with non-finite weights cannot be quantized",
-                out[c]
-            ))),
-            None => Ok(()),
+        check_finite(out, r, name)
+    }
+
+    /// Row `r` as f32, checked as [`Self::row_checked`]: read in place when the file holds
+    /// it as aligned little-endian f32 (no copy), else widened into `buf`.
+    fn row_in_place<'b>(&'b self, r: usize, buf: &'b mut [f32], name: &str) -> Result<&'b [f32]> {
+        #[cfg(target_endian = "little")]
+        if self.dtype == DenseType::F32 {
+            let bytes = &self.bytes[r * self.k * 4..(r + 1) * self.k * 4];
+            // SAFETY: any bit pattern is a valid f32; `align_to` only yields the aligned middle.
+            let (head, row, tail) = unsafe { bytes.align_to::<f32>() };
+            if head.is_empty() && tail.is_empty() {
+                check_finite(row, r, name)?;
+                return Ok(row);
+            }
         }
+        self.row_checked(r, buf, name)?;
+        Ok(buf)
     }
 
     /// Row `r` widened to f32 into `out` (`len = k`).
     fn row_f32(&self, r: usize, out: &mut [f32]) {
         let es = self.dtype.size();
         widen_into(self.dtype, &self.bytes[r * self.k * es..(r + 1) * self.k * es], out);
+    }
+}
+
+/// `INVALID_MODEL` naming the first non-finite value of row `r` of tensor `name`.
+fn check_finite(row: &[f32], r: usize, name: &str) -> Result<()> {
+    // A branch-free scan first (it vectorises); the position only when there is one.
+    if row.iter().fold(true, |ok, v| ok & v.is_finite()) {
+        return Ok(());
+    }
+    match row.iter().position(|v| !v.is_finite()) {
+        Some(c) => Err(EngineError::InvalidModel(format!(
+            "tensor {name}: weight [{r}, {c}] is {}; a model with non-finite weights cannot be quantized",
+            row[c]
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -208,7 +236,9 @@ pub fn quantize_bytes(
 /// Rows quantized per rayon task: enough work to amortise the task, small enough to balance.
 const ROWS_PER_TASK: usize = 16;
 
-fn quantize_as<T: GgmlType + 'static>(rows: &DenseRows, name: &str) -> Result<QTensor> {
+/// Quantizes `rows` into blocks of `T`, each row by `row_blocks` (a function with the same
+/// result as `T::from_float`).
+fn quantize_as<T: GgmlType + 'static>(rows: &DenseRows, name: &str, row_blocks: fn(&[f32], &mut [T])) -> Result<QTensor> {
     let per_row = rows.k / T::BLCK_SIZE;
     let mut blocks = Vec::new();
     blocks
@@ -217,10 +247,9 @@ fn quantize_as<T: GgmlType + 'static>(rows: &DenseRows, name: &str) -> Result<QT
     blocks.resize(rows.n * per_row, T::zeros());
     blocks.par_chunks_mut(per_row * ROWS_PER_TASK).enumerate().try_for_each_init(
         || vec![0f32; rows.k],
-        |row, (task, dst)| -> Result<()> {
+        |buf, (task, dst)| -> Result<()> {
             for (i, out) in dst.chunks_exact_mut(per_row).enumerate() {
-                rows.row_checked(task * ROWS_PER_TASK + i, row, name)?;
-                T::from_float(row, out);
+                row_blocks(rows.row_in_place(task * ROWS_PER_TASK + i, buf, name)?, out);
             }
             Ok(())
         },
@@ -234,10 +263,10 @@ pub fn quantize(rows: &DenseRows, format: GgmlDType, name: &str) -> Result<QTens
         return Err(EngineError::Internal(format!("{name}: rows of {} cannot be {format:?}", rows.k)));
     }
     match format {
-        GgmlDType::Q8_0 => quantize_as::<BlockQ8_0>(rows, name),
-        GgmlDType::Q4_0 => quantize_as::<BlockQ4_0>(rows, name),
-        GgmlDType::Q4K => quantize_as::<BlockQ4K>(rows, name),
-        GgmlDType::Q6K => quantize_as::<BlockQ6K>(rows, name),
+        GgmlDType::Q8_0 => quantize_as::<BlockQ8_0>(rows, name, BlockQ8_0::from_float),
+        GgmlDType::Q4_0 => quantize_as::<BlockQ4_0>(rows, name, block_quant::q4_0),
+        GgmlDType::Q4K => quantize_as::<BlockQ4K>(rows, name, BlockQ4K::from_float),
+        GgmlDType::Q6K => quantize_as::<BlockQ6K>(rows, name, block_quant::q6_k),
         other => Err(EngineError::Internal(format!("{name}: no quantize-on-load for {other:?}"))),
     }
 }
@@ -286,12 +315,19 @@ mod tests {
                 rows.row_f32(r, o);
             }
             let whole = Tensor::from_vec(wide, (n, k), &Device::Cpu).unwrap();
+            // The same bytes one byte further on: f32 rows no longer aligned, so they are
+            // copied rather than read in place.
+            let mut shifted = vec![0u8; bytes.len() + 1];
+            shifted[1..].copy_from_slice(&bytes);
+            let unaligned = DenseRows::new(&shifted[1..], dtype, n, k).unwrap();
             for f in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4K, GgmlDType::Q6K] {
-                let got = quantize(&rows, f, "w").unwrap();
                 let want = QTensor::quantize(&whole, f).unwrap();
-                assert_eq!(got.dtype(), f);
-                assert_eq!(got.shape().dims(), &[n, k]);
-                assert_eq!(got.data().unwrap(), want.data().unwrap(), "{dtype:?} → {f:?}");
+                for rows in [&rows, &unaligned] {
+                    let got = quantize(rows, f, "w").unwrap();
+                    assert_eq!(got.dtype(), f);
+                    assert_eq!(got.shape().dims(), &[n, k]);
+                    assert_eq!(got.data().unwrap(), want.data().unwrap(), "{dtype:?} → {f:?}");
+                }
             }
         }
     }

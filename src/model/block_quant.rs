@@ -1,0 +1,955 @@
+//! Fast Q4_0 and Q6_K quantizers for quantize-on-load, bit-identical to candle's reference
+//! ones (`BlockQ4_0::from_float`, `BlockQ6K::from_float`, which follow ggml's
+//! `quantize_row_*_ref`), so a weight quantized here is the same bytes as before.
+//!
+//! Why: on the Qwen3-0.6B shape, `quantize: 'q4_0'` spent three quarters of its load in those
+//! two functions, mostly in Q6_K's scale search for the embedding (16 sub-blocks of 16 values
+//! per block, each an iterative least-squares fit with a library `roundf` call per value).
+//!
+//! How: the same arithmetic, in the same order, rearranged so the compiler vectorises it.
+//! - Q6_K: the 16 sub-blocks of a block are independent fits, so they run side by side, one per
+//!   vector lane (two blocks at a time). Each lane keeps its own sequential order of operations, so its
+//!   roundings are the scalar code's. Where the scalar code leaves a loop early for one
+//!   sub-block, the lanes go on with the update masked off; that is exact because each pass is
+//!   a pure function of the lane's state, and a pass that changed nothing leaves the state as
+//!   it was, so running it again changes nothing again.
+//! - Rounding is `f32::round` (half away from zero) done with `trunc` and a compare, on values
+//!   already clamped to the small integer range the result is clamped to (the same result for
+//!   every input, NaN and infinities included).
+//! - Q4_0: per block of 32, the max-magnitude scan and the 4-bit codes as plain loops over the
+//!   block.
+//!
+//! The output is written straight into candle's block structs viewed as bytes: they are
+//! `repr(C)` with the byte layout of GGUF's blocks (candle itself loads GGUF files by
+//! reinterpreting bytes as them), so the bytes written here are what `QTensor::data` returns.
+
+use candle_core::quantized::k_quants::{BlockQ4_0, BlockQ6K};
+use half::f16;
+
+use crate::simd::{level, Level};
+
+/// Values per Q4_0 block, bytes per block.
+const Q4_0_VALUES: usize = 32;
+const Q4_0_BYTES: usize = 2 + Q4_0_VALUES / 2;
+/// Values per Q6_K super-block, its sub-block length and count, bytes per block.
+const QK_K: usize = 256;
+const SUB: usize = 16;
+const LANES: usize = QK_K / SUB;
+const Q6K_BYTES: usize = QK_K / 2 + QK_K / 4 + LANES + 2;
+
+const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == Q4_0_BYTES);
+const _: () = assert!(std::mem::size_of::<BlockQ6K>() == Q6K_BYTES);
+
+/// Quantizes `x` (`len = 32 · out.len()`) into Q4_0 blocks.
+pub fn q4_0(x: &[f32], out: &mut [BlockQ4_0]) {
+    assert_eq!(x.len(), out.len() * Q4_0_VALUES, "q4_0: the values do not fill the blocks");
+    // SAFETY: `BlockQ4_0` is `repr(C)` with only byte and f16 fields and no padding (its size
+    // is asserted above), so any byte pattern is a valid value and the slice is its bytes.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, out.len() * Q4_0_BYTES) };
+    match level() {
+        // SAFETY: this level is only chosen after AVX2 was detected.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2Fma => unsafe { q4_0_avx2(x, bytes) },
+        Level::Portable => q4_0_bytes(x, bytes),
+    }
+}
+
+/// Quantizes `x` (`len = 256 · out.len()`) into Q6_K blocks.
+pub fn q6_k(x: &[f32], out: &mut [BlockQ6K]) {
+    assert_eq!(x.len(), out.len() * QK_K, "q6_k: the values do not fill the blocks");
+    // SAFETY: as in `q4_0`: `repr(C)`, byte / i8 / f16 fields, no padding (size asserted).
+    let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, out.len() * Q6K_BYTES) };
+    match level() {
+        // SAFETY: AVX-512F was detected (and AVX2, for this level).
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2Fma if has_avx512f() => unsafe { q6_k_avx512(x, bytes) },
+        // SAFETY: this level is only chosen after AVX2 was detected.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2Fma => unsafe { q6_k_avx2(x, bytes) },
+        Level::Portable => q6_k_bytes(x, bytes),
+    }
+}
+
+/// [`q4_0_bytes`] in AVX2: the same operations per value (a product, then a sum), the
+/// max-magnitude value found by mask, the codes packed with integer shuffles.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q4_0_avx2(x: &[f32], out: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let (zero, half8, fifteen) = (_mm256_setzero_ps(), _mm256_set1_ps(8.5), _mm256_set1_ps(15.0));
+    for (xs, o) in x.chunks_exact(Q4_0_VALUES).zip(out.chunks_exact_mut(Q4_0_BYTES)) {
+        let p = xs.as_ptr();
+        let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+        let a = v.map(|v| _mm256_and_ps(v, abs_mask));
+        // NaN never wins `>` in the scalar scan: max_ps(NaN, m) keeps m.
+        let m = a.iter().fold(zero, |m, &a| _mm256_max_ps(a, m));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+        let max = if amax > 0.0 {
+            let am = _mm256_set1_ps(amax);
+            let bits = a
+                .iter()
+                .enumerate()
+                .fold(0u32, |b, (i, &a)| b | ((_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(a, am)) as u32) << (8 * i)));
+            xs[bits.trailing_zeros() as usize]
+        } else {
+            0.0
+        };
+        let d = max / -8.0;
+        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        o[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        // max_ps(NaN, 0) is 0; clamping to [0, 15] before truncating equals truncating, then
+        // capping at 15.
+        let c = v.map(|v| {
+            let t = _mm256_max_ps(_mm256_add_ps(_mm256_mul_ps(v, id), half8), zero);
+            _mm256_cvttps_epi32(_mm256_min_ps(t, fifteen))
+        });
+        let lo = _mm256_or_si256(c[0], _mm256_slli_epi32::<4>(c[2]));
+        let hi = _mm256_or_si256(c[1], _mm256_slli_epi32::<4>(c[3]));
+        // 16 int32 codes in order → 16 bytes (packs work per 128-bit half; put them back).
+        let w = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(lo, hi));
+        let b = _mm256_packus_epi16(w, w);
+        let b = _mm256_permute4x64_epi64::<0b00_00_10_00>(b);
+        _mm_storeu_si128(o.as_mut_ptr().add(2) as *mut __m128i, _mm256_castsi256_si128(b));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn q6_k_avx2(x: &[f32], out: &mut [u8]) {
+    q6_k_with::<32>(x, out, |xs| fit_simd::<simd::Avx2, 4, 32>(xs), |x, d, o| requantize_avx2(x, d, o))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn q6_k_avx512(x: &[f32], out: &mut [u8]) {
+    q6_k_with::<64>(x, out, |xs| fit_simd::<simd::Avx512, 4, 64>(xs), |x, d, o| requantize_avx2(x, d, o))
+}
+
+/// Whether this CPU has AVX-512 (the Q6_K fit's widest path).
+#[cfg(target_arch = "x86_64")]
+fn has_avx512f() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| std::is_x86_feature_detected!("avx512f"))
+}
+
+#[inline(always)]
+fn q4_0_bytes(x: &[f32], out: &mut [u8]) {
+    for (xs, o) in x.chunks_exact(Q4_0_VALUES).zip(out.chunks_exact_mut(Q4_0_BYTES)) {
+        let xs: &[f32; Q4_0_VALUES] = xs.try_into().expect("a whole block");
+        let amax = xs.iter().fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+        // The first value of the largest magnitude, with its sign (+0 when all are zero).
+        let max = xs.iter().copied().find(|v| v.abs() == amax && amax > 0.0).unwrap_or(0.0);
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        o[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        let code = |v: f32| {
+            // `(v · id + 8.5) as u8`, capped at 15: truncation, with NaN and negatives to 0.
+            let t = v * id + 8.5;
+            let t = if t > 0.0 { t.trunc() } else { 0.0 };
+            (if t > 15.0 { 15.0 } else { t }) as u8
+        };
+        let (lo, hi) = xs.split_at(Q4_0_VALUES / 2);
+        for ((q, &a), &b) in o[2..].iter_mut().zip(lo).zip(hi) {
+            *q = code(a) | (code(b) << 4);
+        }
+    }
+}
+
+/// `v.round() as i32` clamped to `lo..=hi` (integers), as an f32: NaN gives 0, as the
+/// saturating cast does. Clamping first is exact for integer bounds and keeps `v` small.
+#[inline(always)]
+fn round_clamped(v: f32, lo: f32, hi: f32) -> f32 {
+    let v = if v.is_nan() { 0.0 } else { v };
+    let v = if v < lo { lo } else { v };
+    let v = if v > hi { hi } else { v };
+    let t = v.trunc();
+    let f = v - t;
+    t + if f >= 0.5 {
+        1.0
+    } else if f <= -0.5 {
+        -1.0
+    } else {
+        0.0
+    }
+}
+
+/// Sub-blocks fitted side by side: two blocks' worth, so that independent chains of
+/// dependent operations (each lane's sums are sequential) overlap in the vector units.
+const FIT: usize = 2 * LANES;
+
+#[inline(always)]
+fn q6_k_bytes(x: &[f32], out: &mut [u8]) {
+    q6_k_with::<FIT>(x, out, fit_transposed::<FIT>, requantize)
+}
+
+/// Q6_K blocks two at a time, the sub-blocks fitted by `fit`; an odd last block is fitted
+/// beside a copy of itself.
+#[inline(always)]
+fn q6_k_with<const N: usize>(
+    x: &[f32],
+    out: &mut [u8],
+    fit: impl Fn(&[f32]) -> ([f32; N], [[f32; N]; SUB]),
+    requant: impl Fn(&[f32], f32, &mut [u8]),
+) {
+    let blocks = N / LANES;
+    let mut pad = vec![0f32; blocks * QK_K];
+    let mut pad_out = vec![0u8; blocks * Q6K_BYTES];
+    for (xs, o) in x.chunks(blocks * QK_K).zip(out.chunks_mut(blocks * Q6K_BYTES)) {
+        let whole = xs.len() == blocks * QK_K;
+        let (xs, o2): (&[f32], &mut [u8]) = if whole {
+            (xs, &mut *o)
+        } else {
+            // The last blocks, repeated to fill the lanes (the copies' results are dropped).
+            for (i, p) in pad.iter_mut().enumerate() {
+                *p = xs[i % xs.len()];
+            }
+            (&pad, &mut pad_out)
+        };
+        let (scales, ls) = fit(xs);
+        for (b, (xs, ob)) in xs.chunks_exact(QK_K).zip(o2.chunks_exact_mut(Q6K_BYTES)).enumerate() {
+            finish_q6_k(xs, &scales[b * LANES..][..LANES], (&ls, b * LANES), &requant, ob);
+        }
+        if !whole {
+            let n = o.len();
+            o.copy_from_slice(&pad_out[..n]);
+        }
+    }
+}
+
+/// [`fit_sub_blocks`] of `N / 16` whole blocks in their natural order (`xs.len() = 16 · N`).
+#[inline(always)]
+fn fit_transposed<const N: usize>(xs: &[f32]) -> ([f32; N], [[f32; N]; SUB]) {
+    // Transposed: xt[i][lane] is value i of sub-block `lane`.
+    let xt: [[f32; N]; SUB] = std::array::from_fn(|i| std::array::from_fn(|l| xs[l * SUB + i]));
+    fit_sub_blocks(&xt)
+}
+
+/// The scale of each sub-block and its codes `0..64` (`ls[i][lane]`, as f32): ggml's
+/// `make_qx_quants(16, 32, x, L, rmse_type 1, no weights)` in every lane at once.
+#[inline(always)]
+fn fit_sub_blocks<const N: usize>(xt: &[[f32; N]; SUB]) -> ([f32; N], [[f32; N]; SUB]) {
+    const NMAX: f32 = 32.0;
+    let q = |v: f32| round_clamped(v, -NMAX, NMAX - 1.0);
+    let mut amax = [0f32; N];
+    let mut max = [0f32; N];
+    for xi in xt {
+        for j in 0..N {
+            let ax = xi[j].abs();
+            let take = ax > amax[j];
+            amax[j] = if take { ax } else { amax[j] };
+            max[j] = if take { xi[j] } else { max[j] };
+        }
+    }
+    // The first estimate.
+    let iscale: [f32; N] = std::array::from_fn(|j| -NMAX / max[j]);
+    let mut ls = [[0f32; N]; SUB];
+    let mut sumlx = [0f32; N];
+    let mut suml2 = [0f32; N];
+    for (xi, li) in xt.iter().zip(ls.iter_mut()) {
+        for j in 0..N {
+            let (x, l) = (xi[j], q(iscale[j] * xi[j]));
+            let w = x * x;
+            li[j] = l;
+            sumlx[j] += w * x * l;
+            suml2[j] += w * l * l;
+        }
+    }
+    let mut scale: [f32; N] = std::array::from_fn(|j| sumlx[j] / suml2[j]);
+    let mut best: [f32; N] = std::array::from_fn(|j| scale[j] * sumlx[j]);
+    // Up to three refits from the fitted scale, each kept only if it fits better.
+    for _ in 0..3 {
+        let iscale: [f32; N] = std::array::from_fn(|j| 1.0 / scale[j]);
+        let mut slx = [0f32; N];
+        let mut sl2 = [0f32; N];
+        let mut changed = [false; N];
+        for (xi, li) in xt.iter().zip(&ls) {
+            for j in 0..N {
+                let (x, l) = (xi[j], q(iscale[j] * xi[j]));
+                let w = x * x;
+                changed[j] |= l != li[j];
+                slx[j] += w * x * l;
+                sl2[j] += w * l * l;
+            }
+        }
+        // The scalar code stops on `!changed || sl2 == 0 || slx² <= best · sl2` (NaN goes on).
+        let keep: [bool; N] = std::array::from_fn(|j| {
+            changed[j] & (sl2[j] != 0.0) & (slx[j] * slx[j]).partial_cmp(&(best[j] * sl2[j])).is_none_or(|o| o.is_gt())
+        });
+        if !keep.contains(&true) {
+            break;
+        }
+        for (xi, li) in xt.iter().zip(ls.iter_mut()) {
+            for j in 0..N {
+                li[j] = if keep[j] { q(iscale[j] * xi[j]) } else { li[j] };
+            }
+        }
+        for j in 0..N {
+            sumlx[j] = if keep[j] { slx[j] } else { sumlx[j] };
+            suml2[j] = if keep[j] { sl2[j] } else { suml2[j] };
+            scale[j] = if keep[j] { sumlx[j] / suml2[j] } else { scale[j] };
+            best[j] = if keep[j] { scale[j] * sumlx[j] } else { best[j] };
+        }
+    }
+    // Up to five passes of one-value-at-a-time improvement.
+    for _ in 0..5 {
+        let mut any = [false; N];
+        for (xi, li) in xt.iter().zip(ls.iter_mut()) {
+            for j in 0..N {
+                let (x, l) = (xi[j], li[j]);
+                let w = x * x;
+                let slx = sumlx[j] - w * x * l;
+                let sl2 = suml2[j] - w * l * l;
+                let new_l = q(x * sl2 / slx);
+                let slx_new = slx + w * x * new_l;
+                let sl2_new = sl2 + w * new_l * new_l;
+                // `&`, not `&&`: no branches, so the lanes vectorise.
+                let take =
+                    (slx > 0.0) & (new_l != l) & (sl2_new > 0.0) & (slx_new * slx_new * suml2[j] > sumlx[j] * sumlx[j] * sl2_new);
+                li[j] = if take { new_l } else { l };
+                sumlx[j] = if take { slx_new } else { sumlx[j] };
+                suml2[j] = if take { sl2_new } else { suml2[j] };
+                any[j] |= take;
+            }
+        }
+        // The scalar code sets `scale = sumlx / suml2` at each improvement: the last one
+        // counts, so it is divided once, after the pass.
+        for j in 0..N {
+            scale[j] = if any[j] { sumlx[j] / suml2[j] } else { scale[j] };
+        }
+        if !any.contains(&true) {
+            break;
+        }
+    }
+    // An all-zero sub-block: scale 0, codes 0.
+    for j in 0..N {
+        let zero = amax[j] == 0.0;
+        scale[j] = if zero { 0.0 } else { scale[j] };
+        for li in ls.iter_mut() {
+            li[j] = if zero { 0.0 } else { li[j] + NMAX };
+        }
+    }
+    (scale, ls)
+}
+
+/// [`fit_sub_blocks`] for 32 lanes (two blocks), `G` vectors of `S::WIDTH` lanes per
+/// variable: the same operations per lane in the same order, selects as blends, the scalar
+/// code's early exits as masks. In the last loop an improvement only moves `sumlx` / `suml2`;
+/// the scale is divided once after each pass (the scalar code divides at each improvement:
+/// the last one counts).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn fit_simd<S: simd::Simd, const G: usize, const N: usize>(xs: &[f32]) -> ([f32; N], [[f32; N]; SUB]) {
+    assert!(G * S::WIDTH == N && xs.len() == N * SUB);
+    let (zero, one) = (S::splat(0.0), S::splat(1.0));
+    let (add, sub, mul, div) = (|a, b| S::add(a, b), |a, b| S::sub(a, b), |a, b| S::mul(a, b), |a, b| S::div(a, b));
+    let q = |v| code::<S>(v);
+    let any = |m: &[S::M; G]| m.iter().any(|&m| !S::none(m));
+    // x[i][g]: value i of the sub-blocks of vector g, gathered (a stride of 16 values).
+    let x: [[S::V; G]; SUB] =
+        std::array::from_fn(|i| std::array::from_fn(|g| S::gather16(xs.as_ptr().add(S::WIDTH * g * SUB + i))));
+    // The weights `w = x²` and `w · x`, as the scalar code computes them each time.
+    let w: [[S::V; G]; SUB] = std::array::from_fn(|i| std::array::from_fn(|g| mul(x[i][g], x[i][g])));
+    let wx: [[S::V; G]; SUB] = std::array::from_fn(|i| std::array::from_fn(|g| mul(w[i][g], x[i][g])));
+    let mut amax = [zero; G];
+    let mut max = [zero; G];
+    for xi in &x {
+        for g in 0..G {
+            let ax = S::abs(xi[g]);
+            let take = S::gt(ax, amax[g]);
+            amax[g] = S::select(take, amax[g], ax);
+            max[g] = S::select(take, max[g], xi[g]);
+        }
+    }
+    // The first estimate.
+    let mut ls = [[zero; G]; SUB];
+    let mut sumlx = [zero; G];
+    let mut suml2 = [zero; G];
+    let mut scale = [zero; G];
+    let mut best = [zero; G];
+    for g in 0..G {
+        let iscale = div(S::splat(-32.0), max[g]);
+        for i in 0..SUB {
+            let l = q(mul(iscale, x[i][g]));
+            ls[i][g] = l;
+            sumlx[g] = add(sumlx[g], mul(wx[i][g], l));
+            suml2[g] = add(suml2[g], mul(mul(w[i][g], l), l));
+        }
+        scale[g] = div(sumlx[g], suml2[g]);
+        best[g] = mul(scale[g], sumlx[g]);
+    }
+    // Up to three refits.
+    for _ in 0..3 {
+        let mut keep = [S::no_mask(); G];
+        let mut nl = [[zero; G]; SUB];
+        let (mut slx, mut sl2) = ([zero; G], [zero; G]);
+        for g in 0..G {
+            let iscale = div(one, scale[g]);
+            let mut changed = S::no_mask();
+            for i in 0..SUB {
+                let l = q(mul(iscale, x[i][g]));
+                nl[i][g] = l;
+                changed = S::or_m(changed, S::ne(l, ls[i][g]));
+                slx[g] = add(slx[g], mul(wx[i][g], l));
+                sl2[g] = add(sl2[g], mul(mul(w[i][g], l), l));
+            }
+            let fits = S::nle_u(mul(slx[g], slx[g]), mul(best[g], sl2[g]));
+            keep[g] = S::and_m(S::and_m(changed, S::ne_u(sl2[g], zero)), fits);
+        }
+        if !any(&keep) {
+            break;
+        }
+        for g in 0..G {
+            for i in 0..SUB {
+                ls[i][g] = S::select(keep[g], ls[i][g], nl[i][g]);
+            }
+            sumlx[g] = S::select(keep[g], sumlx[g], slx[g]);
+            suml2[g] = S::select(keep[g], suml2[g], sl2[g]);
+            scale[g] = S::select(keep[g], scale[g], div(sumlx[g], suml2[g]));
+            best[g] = S::select(keep[g], best[g], mul(scale[g], sumlx[g]));
+        }
+    }
+    // Up to five passes of one-value-at-a-time improvement. A vector none of whose lanes
+    // moved in a pass is left out of the next (a pass that moves nothing changes nothing).
+    let mut active = [true; G];
+    for _ in 0..5 {
+        let mut moved = [S::no_mask(); G];
+        for i in 0..SUB {
+            for g in 0..G {
+                if !active[g] {
+                    continue;
+                }
+                let (x, w, wx, l) = (x[i][g], w[i][g], wx[i][g], ls[i][g]);
+                let slx = sub(sumlx[g], mul(wx, l));
+                let sl2 = sub(suml2[g], mul(mul(w, l), l));
+                let new_l = q(div(mul(x, sl2), slx));
+                let slx_new = add(slx, mul(wx, new_l));
+                let sl2_new = add(sl2, mul(mul(w, new_l), new_l));
+                let better = S::gt(mul(mul(slx_new, slx_new), suml2[g]), mul(mul(sumlx[g], sumlx[g]), sl2_new));
+                let take = S::and_m(S::and_m(S::gt(slx, zero), S::ne(new_l, l)), S::and_m(S::gt(sl2_new, zero), better));
+                ls[i][g] = S::select(take, l, new_l);
+                sumlx[g] = S::select(take, sumlx[g], slx_new);
+                suml2[g] = S::select(take, suml2[g], sl2_new);
+                moved[g] = S::or_m(moved[g], take);
+            }
+        }
+        for g in 0..G {
+            scale[g] = S::select(moved[g], scale[g], div(sumlx[g], suml2[g]));
+            active[g] = !S::none(moved[g]);
+        }
+        if !any(&moved) {
+            break;
+        }
+    }
+    // An all-zero sub-block: scale 0, codes 0; the others' codes offset to 0..64.
+    let nmax = S::splat(32.0);
+    let mut out_scale = [0f32; N];
+    let mut out_ls = [[0f32; N]; SUB];
+    for g in 0..G {
+        let nonzero = S::ne_u(amax[g], zero);
+        S::store(out_scale.as_mut_ptr().add(S::WIDTH * g), S::keep(scale[g], nonzero));
+        for i in 0..SUB {
+            S::store(out_ls[i].as_mut_ptr().add(S::WIDTH * g), S::keep(add(ls[i][g], nmax), nonzero));
+        }
+    }
+    (out_scale, out_ls)
+}
+
+/// `round_clamped(v, -32, 31)` per lane: NaN → 0, clamp, then half away from zero as
+/// `floor(|v| + 0.5)` for `|v| ≥ 0.5` (exact there: the sum cannot round across an integer
+/// below 32) and 0 below, with `v`'s sign put back. A zero code may come out as -0.0 where the
+/// scalar code has +0.0; nothing downstream depends on the sign of a zero (a zero code adds
+/// a zero to the sums, the comparisons treat ±0 alike, and a code is used as an integer).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn code<S: simd::Simd>(v: S::V) -> S::V {
+    let v = S::keep(v, S::ord(v));
+    let v = S::min(S::max(v, S::splat(-32.0)), S::splat(31.0));
+    let (a, half) = (S::abs(v), S::splat(0.5));
+    let r = S::keep(S::floor(S::add(a, half)), S::ge(a, half));
+    S::or(r, S::sign(v))
+}
+
+/// The vector operations [`fit_simd`] and [`code`] use, for AVX2 and AVX-512. All are
+/// `#[inline(always)]`: they are compiled inside the `#[target_feature]` entry points.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    /// Comparisons are quiet; `ne` is false and `ne_u` / `nle_u` true when a NaN is involved.
+    pub(super) trait Simd {
+        const WIDTH: usize;
+        type V: Copy;
+        type M: Copy;
+        unsafe fn splat(v: f32) -> Self::V;
+        /// `p[0], p[16], p[32], …`, one per lane.
+        unsafe fn gather16(p: *const f32) -> Self::V;
+        unsafe fn store(p: *mut f32, v: Self::V);
+        unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
+        /// `a` where `a < b`, else `b` (`b` when either is NaN).
+        unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
+        /// `a` where `a > b`, else `b` (`b` when either is NaN).
+        unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn abs(v: Self::V) -> Self::V;
+        /// The sign bit of each lane (a signed zero).
+        unsafe fn sign(v: Self::V) -> Self::V;
+        unsafe fn or(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn floor(v: Self::V) -> Self::V;
+        unsafe fn gt(a: Self::V, b: Self::V) -> Self::M;
+        unsafe fn ge(a: Self::V, b: Self::V) -> Self::M;
+        unsafe fn ne(a: Self::V, b: Self::V) -> Self::M;
+        unsafe fn ne_u(a: Self::V, b: Self::V) -> Self::M;
+        unsafe fn nle_u(a: Self::V, b: Self::V) -> Self::M;
+        /// Lanes that are not NaN.
+        unsafe fn ord(v: Self::V) -> Self::M;
+        unsafe fn and_m(a: Self::M, b: Self::M) -> Self::M;
+        unsafe fn or_m(a: Self::M, b: Self::M) -> Self::M;
+        unsafe fn no_mask() -> Self::M;
+        unsafe fn none(m: Self::M) -> bool;
+        /// `if_true` where `m`, else `if_false`.
+        unsafe fn select(m: Self::M, if_false: Self::V, if_true: Self::V) -> Self::V;
+        /// `v` where `m`, else +0.
+        unsafe fn keep(v: Self::V, m: Self::M) -> Self::V;
+    }
+
+    pub(super) struct Avx2;
+    pub(super) struct Avx512;
+
+    impl Simd for Avx2 {
+        const WIDTH: usize = 8;
+        type V = __m256;
+        type M = __m256;
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> __m256 {
+            _mm256_set1_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn gather16(p: *const f32) -> __m256 {
+            _mm256_i32gather_ps::<4>(p, _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112))
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            _mm256_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            _mm256_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+            _mm256_sub_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+            _mm256_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn div(a: __m256, b: __m256) -> __m256 {
+            _mm256_div_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn min(a: __m256, b: __m256) -> __m256 {
+            _mm256_min_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn max(a: __m256, b: __m256) -> __m256 {
+            _mm256_max_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn abs(v: __m256) -> __m256 {
+            _mm256_andnot_ps(_mm256_set1_ps(-0.0), v)
+        }
+        #[inline(always)]
+        unsafe fn sign(v: __m256) -> __m256 {
+            _mm256_and_ps(_mm256_set1_ps(-0.0), v)
+        }
+        #[inline(always)]
+        unsafe fn or(a: __m256, b: __m256) -> __m256 {
+            _mm256_or_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn floor(v: __m256) -> __m256 {
+            _mm256_round_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(v)
+        }
+        #[inline(always)]
+        unsafe fn gt(a: __m256, b: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_GT_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ge(a: __m256, b: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_GE_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ne(a: __m256, b: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_NEQ_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ne_u(a: __m256, b: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_NEQ_UQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn nle_u(a: __m256, b: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_NLE_UQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ord(v: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_ORD_Q>(v, v)
+        }
+        #[inline(always)]
+        unsafe fn and_m(a: __m256, b: __m256) -> __m256 {
+            _mm256_and_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn or_m(a: __m256, b: __m256) -> __m256 {
+            _mm256_or_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn no_mask() -> __m256 {
+            _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn none(m: __m256) -> bool {
+            _mm256_movemask_ps(m) == 0
+        }
+        #[inline(always)]
+        unsafe fn select(m: __m256, if_false: __m256, if_true: __m256) -> __m256 {
+            _mm256_blendv_ps(if_false, if_true, m)
+        }
+        #[inline(always)]
+        unsafe fn keep(v: __m256, m: __m256) -> __m256 {
+            _mm256_and_ps(v, m)
+        }
+    }
+
+    impl Simd for Avx512 {
+        const WIDTH: usize = 16;
+        type V = __m512;
+        type M = __mmask16;
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> __m512 {
+            _mm512_set1_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn gather16(p: *const f32) -> __m512 {
+            let idx = _mm512_mullo_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                _mm512_set1_epi32(16),
+            );
+            _mm512_i32gather_ps::<4>(idx, p)
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m512) {
+            _mm512_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m512, b: __m512) -> __m512 {
+            _mm512_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+            _mm512_sub_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+            _mm512_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn div(a: __m512, b: __m512) -> __m512 {
+            _mm512_div_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn min(a: __m512, b: __m512) -> __m512 {
+            // vminps's NaN rule (the second operand) spelled out: the intrinsic does not
+            // promise it.
+            _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b), b, a)
+        }
+        #[inline(always)]
+        unsafe fn max(a: __m512, b: __m512) -> __m512 {
+            _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b), b, a)
+        }
+        #[inline(always)]
+        unsafe fn abs(v: __m512) -> __m512 {
+            _mm512_abs_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn sign(v: __m512) -> __m512 {
+            _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(i32::MIN)))
+        }
+        #[inline(always)]
+        unsafe fn or(a: __m512, b: __m512) -> __m512 {
+            _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(a), _mm512_castps_si512(b)))
+        }
+        #[inline(always)]
+        unsafe fn floor(v: __m512) -> __m512 {
+            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(v)
+        }
+        #[inline(always)]
+        unsafe fn gt(a: __m512, b: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ge(a: __m512, b: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ne(a: __m512, b: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ne_u(a: __m512, b: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn nle_u(a: __m512, b: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ord(v: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v)
+        }
+        #[inline(always)]
+        unsafe fn and_m(a: __mmask16, b: __mmask16) -> __mmask16 {
+            a & b
+        }
+        #[inline(always)]
+        unsafe fn or_m(a: __mmask16, b: __mmask16) -> __mmask16 {
+            a | b
+        }
+        #[inline(always)]
+        unsafe fn no_mask() -> __mmask16 {
+            0
+        }
+        #[inline(always)]
+        unsafe fn none(m: __mmask16) -> bool {
+            m == 0
+        }
+        #[inline(always)]
+        unsafe fn select(m: __mmask16, if_false: __m512, if_true: __m512) -> __m512 {
+            _mm512_mask_blend_ps(m, if_false, if_true)
+        }
+        #[inline(always)]
+        unsafe fn keep(v: __m512, m: __mmask16) -> __m512 {
+            _mm512_maskz_mov_ps(m, v)
+        }
+    }
+}
+
+/// [`requantize`] in AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn requantize_avx2(x: &[f32], dj: f32, out: &mut [u8]) {
+    use std::arch::x86_64::*;
+    assert!(x.len() == SUB && out.len() == SUB);
+    let (d, off) = (_mm256_set1_ps(dj), _mm256_set1_ps(32.0));
+    let c = [0, 8].map(|h| {
+        let v = _mm256_div_ps(_mm256_loadu_ps(x.as_ptr().add(h)), d);
+        _mm256_cvttps_epi32(_mm256_add_ps(code::<simd::Avx2>(v), off))
+    });
+    let w = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(c[0], c[1]));
+    let b = _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_packus_epi16(w, w));
+    _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, _mm256_castsi256_si128(b));
+}
+
+/// The codes `0..64` of a sub-block's 16 values `x` with its quantized scale `dj` (≠ 0).
+#[inline(always)]
+fn requantize(x: &[f32], dj: f32, out: &mut [u8]) {
+    for (c, &x) in out.iter_mut().zip(x) {
+        *c = (round_clamped(x / dj, -32.0, 31.0) + 32.0) as u8;
+    }
+}
+
+/// The block scale, the sub-block scales as int8, the codes requantized with them
+/// (`requant`), and the packing into `ql` / `qh` / `scales` / `d` (ggml's `block_q6_K`).
+/// Where a sub-block's quantized scale is 0 its fitted codes stay: `fitted[i][lanes + j]`.
+#[inline(always)]
+fn finish_q6_k<const N: usize>(
+    xs: &[f32],
+    scales: &[f32],
+    (fitted, lanes): (&[[f32; N]; SUB], usize),
+    requant: impl Fn(&[f32], f32, &mut [u8]),
+    o: &mut [u8],
+) {
+    let mut max_scale = 0f32;
+    let mut max_abs_scale = 0f32;
+    for &s in scales {
+        if s.abs() > max_abs_scale {
+            max_abs_scale = s.abs();
+            max_scale = s;
+        }
+    }
+    let iscale = -128.0 / max_scale;
+    let d = f16::from_f32(1.0 / iscale);
+    let mut sc = [0i8; LANES];
+    for (y, &s) in sc.iter_mut().zip(scales) {
+        // `nearest_int(v).min(127) as i8`: the wrapping cast keeps the low byte.
+        *y = (round_i32(iscale * s).min(127)) as i8;
+    }
+    let mut l = [0u8; QK_K];
+    for (j, (&y, lj)) in sc.iter().zip(l.chunks_exact_mut(SUB)).enumerate() {
+        let dj = d.to_f32() * y as f32;
+        if dj == 0.0 {
+            for (c, f) in lj.iter_mut().zip(fitted) {
+                *c = f[lanes + j] as u8;
+            }
+        } else {
+            requant(&xs[j * SUB..(j + 1) * SUB], dj, lj);
+        }
+    }
+    let (ql, rest) = o.split_at_mut(QK_K / 2);
+    let (qh, rest) = rest.split_at_mut(QK_K / 4);
+    let (so, dout) = rest.split_at_mut(LANES);
+    for half in 0..2 {
+        let l = &l[half * 128..(half + 1) * 128];
+        let ql = &mut ql[half * 64..(half + 1) * 64];
+        let qh = &mut qh[half * 32..(half + 1) * 32];
+        for i in 0..32 {
+            let (a, b, c, e) = (l[i], l[i + 32], l[i + 64], l[i + 96]);
+            ql[i] = (a & 0xF) | ((c & 0xF) << 4);
+            ql[i + 32] = (b & 0xF) | ((e & 0xF) << 4);
+            qh[i] = (a >> 4) | ((b >> 4) << 2) | ((c >> 4) << 4) | ((e >> 4) << 6);
+        }
+    }
+    for (o, &s) in so.iter_mut().zip(&sc) {
+        *o = s as u8;
+    }
+    dout.copy_from_slice(&d.to_le_bytes());
+}
+
+/// `v.round() as i32` (half away from zero, saturating, NaN to 0) without a library call.
+#[inline(always)]
+fn round_i32(v: f32) -> i32 {
+    let t = v as i32; // truncation toward zero, saturating
+    let f = v - t as f32;
+    if f >= 0.5 {
+        t.saturating_add(1)
+    } else if f <= -0.5 {
+        t.saturating_sub(1)
+    } else {
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+
+    /// Our bytes and candle's for the same values, per path this CPU runs.
+    fn check(values: &[f32], what: &str) {
+        let dev = Device::Cpu;
+        let t = Tensor::from_vec(values.to_vec(), values.len(), &dev).unwrap();
+        if values.len().is_multiple_of(QK_K) {
+            let want = QTensor::quantize(&t, GgmlDType::Q6K).unwrap().data().unwrap().to_vec();
+            let mut got = vec![BlockQ6K::zeros(); values.len() / QK_K];
+            q6_k(values, &mut got);
+            assert_eq!(blocks_bytes(&got), &want[..], "q6_k: {what}");
+            // Every path this CPU has.
+            type Path = (&'static str, fn(&[f32], &mut [u8]));
+            let mut paths: Vec<Path> = vec![("portable", q6_k_bytes)];
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                paths.push(("avx2", |x, o| unsafe { q6_k_avx2(x, o) }));
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx2") {
+                paths.push(("avx512", |x, o| unsafe { q6_k_avx512(x, o) }));
+            }
+            for (path, f) in paths {
+                let mut bytes = vec![0u8; want.len()];
+                f(values, &mut bytes);
+                assert_eq!(bytes, want, "q6_k {path}: {what}");
+            }
+        }
+        let want = QTensor::quantize(&t, GgmlDType::Q4_0).unwrap().data().unwrap().to_vec();
+        let mut got = vec![BlockQ4_0::zeros(); values.len() / Q4_0_VALUES];
+        q4_0(values, &mut got);
+        let mut portable = vec![0u8; want.len()];
+        q4_0_bytes(values, &mut portable);
+        assert_eq!(blocks_bytes(&got), &want[..], "q4_0: {what}");
+        assert_eq!(portable, want, "q4_0 portable: {what}");
+    }
+
+    fn blocks_bytes<T>(b: &[T]) -> &[u8] {
+        // SAFETY: test-only view of the plain-old-data blocks as their bytes.
+        unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, std::mem::size_of_val(b)) }
+    }
+
+    use candle_core::quantized::k_quants::GgmlType;
+
+    #[test]
+    fn equals_candles_quantizers_on_random_values() {
+        // A fixed generator: roughly normal values (a sum of uniforms), reproducible.
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for std in [1.0f32, 0.02, 300.0] {
+            let v: Vec<f32> = (0..256 * QK_K).map(|_| ((0..4).map(|_| uniform()).sum::<f32>() - 2.0) * std).collect();
+            check(&v, &format!("random × {std}"));
+        }
+    }
+
+    #[test]
+    fn equals_candles_quantizers_on_hard_values() {
+        let mut v = vec![0f32; 11 * QK_K]; // blocks fitted four at a time, and three left
+                                           // Block 0 all zeros; block 1: -0.0 and one tiny value per sub-block; block 2: values
+                                           // whose squares underflow; block 3: ties of the largest magnitude with both signs;
+                                           // block 4: halves (rounding ties); block 5: one huge value; 6–10: integer ramps.
+        for (i, x) in v[QK_K..2 * QK_K].iter_mut().enumerate() {
+            *x = if i % 16 == 3 { 1e-30 } else { -0.0 };
+        }
+        for (i, x) in v[2 * QK_K..3 * QK_K].iter_mut().enumerate() {
+            *x = (i as f32 - 128.0) * 1e-25;
+        }
+        for (i, x) in v[3 * QK_K..4 * QK_K].iter_mut().enumerate() {
+            *x = [1.0, -1.0, 0.5, -0.25][i % 4];
+        }
+        for (i, x) in v[4 * QK_K..5 * QK_K].iter_mut().enumerate() {
+            *x = (i % 33) as f32 * 0.5 - 8.0;
+        }
+        for (i, x) in v[5 * QK_K..6 * QK_K].iter_mut().enumerate() {
+            *x = if i == 77 { 3.0e38 } else { (i as f32).sin() };
+        }
+        for (i, x) in v[6 * QK_K..].iter_mut().enumerate() {
+            *x = (i % 64) as f32 - 31.0;
+        }
+        check(&v, "hard values");
+    }
+
+    #[test]
+    fn rounding_matches_the_library_round() {
+        for v in [
+            0.5f32,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            0.49999997,
+            -0.49999997,
+            31.5,
+            -32.5,
+            1e10,
+            -1e10,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            8388607.5,
+            3e9,
+            -3e9,
+        ] {
+            assert_eq!(round_i32(v), v.round() as i32, "{v}");
+            assert_eq!(round_clamped(v, -32.0, 31.0), (v.round() as i32).clamp(-32, 31) as f32, "{v}");
+        }
+    }
+}

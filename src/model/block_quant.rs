@@ -424,7 +424,7 @@ unsafe fn fit_simd<S: simd::Simd, const G: usize, const N: usize>(xs: &[f32]) ->
                 let (x, w, wx, l) = (x[i][g], w[i][g], wx[i][g], ls[i][g]);
                 let slx = sub(sumlx[g], mul(wx, l));
                 let sl2 = sub(suml2[g], mul(mul(w, l), l));
-                let new_l = q(div(mul(x, sl2), slx));
+                let new_l = code_not_nan::<S>(div(mul(x, sl2), slx));
                 let slx_new = add(slx, mul(wx, new_l));
                 let sl2_new = add(sl2, mul(mul(w, new_l), new_l));
                 let better = S::gt(mul(mul(slx_new, slx_new), suml2[g]), mul(mul(sumlx[g], sumlx[g]), sl2_new));
@@ -465,7 +465,15 @@ unsafe fn fit_simd<S: simd::Simd, const G: usize, const N: usize>(xs: &[f32]) ->
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn code<S: simd::Simd>(v: S::V) -> S::V {
-    let v = S::keep(v, S::ord(v));
+    code_not_nan::<S>(S::keep(v, S::ord(v)))
+}
+
+/// [`code`] of a `v` with no NaN lane that matters (a NaN lane's result is unspecified).
+/// The one-at-a-time loop uses it: a NaN there comes from an infinite or NaN sum, with which
+/// its "better fit" test is false, so the code is never kept.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn code_not_nan<S: simd::Simd>(v: S::V) -> S::V {
     let v = S::min(S::max(v, S::splat(-32.0)), S::splat(31.0));
     let (a, half) = (S::abs(v), S::splat(0.5));
     let r = S::keep(S::floor(S::add(a, half)), S::ge(a, half));
@@ -491,9 +499,8 @@ mod simd {
         unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
         unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
         unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
-        /// `a` where `a < b`, else `b` (`b` when either is NaN).
+        /// The smaller / larger of each pair of lanes, for lanes that are not NaN.
         unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
-        /// `a` where `a > b`, else `b` (`b` when either is NaN).
         unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
         unsafe fn abs(v: Self::V) -> Self::V;
         /// The sign bit of each lane (a signed zero).
@@ -664,13 +671,11 @@ mod simd {
         }
         #[inline(always)]
         unsafe fn min(a: __m512, b: __m512) -> __m512 {
-            // vminps's NaN rule (the second operand) spelled out: the intrinsic does not
-            // promise it.
-            _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b), b, a)
+            _mm512_min_ps(a, b)
         }
         #[inline(always)]
         unsafe fn max(a: __m512, b: __m512) -> __m512 {
-            _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b), b, a)
+            _mm512_max_ps(a, b)
         }
         #[inline(always)]
         unsafe fn abs(v: __m512) -> __m512 {

@@ -6,18 +6,20 @@
 //! two functions, mostly in Q6_K's scale search for the embedding (16 sub-blocks of 16 values
 //! per block, each an iterative least-squares fit with a library `roundf` call per value).
 //!
-//! How: the same arithmetic, in the same order, rearranged so the compiler vectorises it.
+//! How: the same arithmetic, in the same order, rearranged to run in vector lanes.
 //! - Q6_K: the 16 sub-blocks of a block are independent fits, so they run side by side, one per
-//!   vector lane (two blocks at a time). Each lane keeps its own sequential order of operations, so its
-//!   roundings are the scalar code's. Where the scalar code leaves a loop early for one
-//!   sub-block, the lanes go on with the update masked off; that is exact because each pass is
-//!   a pure function of the lane's state, and a pass that changed nothing leaves the state as
-//!   it was, so running it again changes nothing again.
-//! - Rounding is `f32::round` (half away from zero) done with `trunc` and a compare, on values
-//!   already clamped to the small integer range the result is clamped to (the same result for
-//!   every input, NaN and infinities included).
-//! - Q4_0: per block of 32, the max-magnitude scan and the 4-bit codes as plain loops over the
-//!   block.
+//!   vector lane: two blocks at a time with AVX2 (four vectors of 8) and on the portable path,
+//!   four with AVX-512 (four vectors of 16). The fit is written once ([`fit_simd`]) over a small
+//!   trait of vector operations, plus a plain-array version for other CPUs. Each lane keeps its
+//!   own sequential order of operations, so its roundings are the scalar code's. Where the
+//!   scalar code leaves a loop early for one sub-block, the lanes go on with the update masked
+//!   off; that is exact because each pass is a pure function of the lane's state, and a pass
+//!   that changed nothing leaves the state as it was, so running it again changes nothing again.
+//! - Rounding is `f32::round` (half away from zero) without a library call, on values already
+//!   clamped to the small integer range the result is clamped to (the same result for every
+//!   input, NaN and infinities included).
+//! - Q4_0: per block of 32, the max-magnitude scan and the 4-bit codes (AVX2 intrinsics, or
+//!   plain loops).
 //!
 //! The output is written straight into candle's block structs viewed as bytes: they are
 //! `repr(C)` with the byte layout of GGUF's blocks (candle itself loads GGUF files by
@@ -176,8 +178,8 @@ fn round_clamped(v: f32, lo: f32, hi: f32) -> f32 {
     }
 }
 
-/// Sub-blocks fitted side by side: two blocks' worth, so that independent chains of
-/// dependent operations (each lane's sums are sequential) overlap in the vector units.
+/// Sub-blocks fitted side by side on the portable path and with AVX2: two blocks' worth, so
+/// that independent chains of dependent operations (each lane's sums are sequential) overlap.
 const FIT: usize = 2 * LANES;
 
 #[inline(always)]
@@ -185,8 +187,8 @@ fn q6_k_bytes(x: &[f32], out: &mut [u8]) {
     q6_k_with::<FIT>(x, out, fit_transposed::<FIT>, requantize)
 }
 
-/// Q6_K blocks two at a time, the sub-blocks fitted by `fit`; an odd last block is fitted
-/// beside a copy of itself.
+/// Q6_K blocks `N / 16` at a time, their sub-blocks fitted by `fit`; a last, partial group is
+/// filled up with repeats of its blocks.
 #[inline(always)]
 fn q6_k_with<const N: usize>(
     x: &[f32],
@@ -195,17 +197,17 @@ fn q6_k_with<const N: usize>(
     requant: impl Fn(&[f32], f32, &mut [u8]),
 ) {
     let blocks = N / LANES;
-    let mut pad = vec![0f32; blocks * QK_K];
-    let mut pad_out = vec![0u8; blocks * Q6K_BYTES];
     for (xs, o) in x.chunks(blocks * QK_K).zip(out.chunks_mut(blocks * Q6K_BYTES)) {
+        // Only a partial group needs these (an empty `Vec` does not allocate).
+        let pad: Vec<f32>;
+        let mut pad_out = Vec::new();
         let whole = xs.len() == blocks * QK_K;
         let (xs, o2): (&[f32], &mut [u8]) = if whole {
             (xs, &mut *o)
         } else {
             // The last blocks, repeated to fill the lanes (the copies' results are dropped).
-            for (i, p) in pad.iter_mut().enumerate() {
-                *p = xs[i % xs.len()];
-            }
+            pad = (0..blocks * QK_K).map(|i| xs[i % xs.len()]).collect();
+            pad_out.resize(blocks * Q6K_BYTES, 0u8);
             (&pad, &mut pad_out)
         };
         let (scales, ls) = fit(xs);

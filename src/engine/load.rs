@@ -186,35 +186,33 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
     let mut warnings = Vec::new();
     let n = context_length(opts, &files.config, &mut warnings)?;
     let config = files.config.clone();
-    let tokenizer = match &files.format {
-        // A model directory's tokenizer (a JSON parse of up to tens of MB, on one core) is read
-        // on a thread of its own while the weights load, below.
-        ModelFormat::HfDir(dir) => Err(dir.clone()),
+    let ((tokenizer, defaults), model) = match &files.format {
         ModelFormat::Gguf(src) => {
-            Ok((Tokenizer::from_gguf(src.metadata()).map_err(EngineError::InvalidModel)?, GenerationDefaults::default()))
+            let tokenizer = Tokenizer::from_gguf(src.metadata()).map_err(EngineError::InvalidModel)?;
+            check_tokenizer(&tokenizer, &config)?;
+            ((tokenizer, GenerationDefaults::default()), load_weights(files, device, progress, dtype, n)?)
         }
-    };
-    let ((tokenizer, defaults), model) = match tokenizer {
-        Ok(t) => {
-            check_tokenizer(&t.0, &config)?;
-            (t, load_weights(files, device, progress, dtype, n)?)
+        // A model directory's tokenizer (a JSON parse of up to tens of MB, on one core) is read
+        // on a thread of its own while the weights load.
+        ModelFormat::HfDir(dir) => {
+            let dir = dir.clone();
+            std::thread::scope(|scope| {
+                let tokenizer = std::thread::Builder::new()
+                    .name("expert-runtime-tokenizer".into())
+                    .spawn_scoped(scope, || -> Result<_> {
+                        let t = Tokenizer::from_dir(&dir).map_err(EngineError::InvalidModel)?;
+                        check_tokenizer(&t, &config)?;
+                        Ok((t, read_generation_config(&dir)?))
+                    })
+                    .map_err(|e| EngineError::Internal(format!("cannot start the tokenizer thread: {e}")))?;
+                let model = load_weights(files, device, progress, dtype, n);
+                let tokenizer = tokenizer.join().map_err(|p| {
+                    EngineError::InvalidModel(format!("reading the tokenizer failed: {}", crate::error::panic_message(&*p)))
+                })?;
+                // A tokenizer's defect is reported first, as when it was read before the weights.
+                Ok::<_, EngineError>((tokenizer?, model?))
+            })?
         }
-        Err(dir) => std::thread::scope(|scope| {
-            let tokenizer = std::thread::Builder::new()
-                .name("expert-runtime-tokenizer".into())
-                .spawn_scoped(scope, || -> Result<_> {
-                    let t = Tokenizer::from_dir(&dir).map_err(EngineError::InvalidModel)?;
-                    check_tokenizer(&t, &config)?;
-                    Ok((t, read_generation_config(&dir)?))
-                })
-                .map_err(|e| EngineError::Internal(format!("cannot start the tokenizer thread: {e}")))?;
-            let model = load_weights(files, device, progress, dtype, n);
-            let tokenizer = tokenizer.join().map_err(|p| {
-                EngineError::InvalidModel(format!("reading the tokenizer failed: {}", crate::error::panic_message(&*p)))
-            })?;
-            // A tokenizer's defect is reported first, as when it was read before the weights.
-            Ok::<_, EngineError>((tokenizer?, model?))
-        })?,
     };
     Ok(Loaded { model, tokenizer, defaults, warnings })
 }

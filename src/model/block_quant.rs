@@ -75,7 +75,7 @@ pub fn q6_k(x: &[f32], out: &mut [BlockQ6K]) {
 /// [`q4_0_bytes`] in AVX2: the same operations per value (a product, then a sum), the
 /// max-magnitude value found by mask, the codes packed with integer shuffles.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2")]
 unsafe fn q4_0_avx2(x: &[f32], out: &mut [u8]) {
     use std::arch::x86_64::*;
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));

@@ -1,5 +1,6 @@
 //! expert-runtime: an LLM inference engine with run-time PEFT experts.
 pub mod backend;
+pub mod bounded;
 pub mod engine;
 pub mod error;
 pub mod experts;
@@ -16,3 +17,7 @@ pub mod python;
 pub mod sampling;
 pub mod simd;
 pub mod tokenizer;
+
+/// The system allocator, with untrusted work's threads held to their budgets ([`bounded`]).
+#[global_allocator]
+static ALLOCATOR: bounded::Metered = bounded::Metered;

@@ -131,6 +131,11 @@ const TEMPLATES = [
   // Heavy ones (H) run only from tokenizer_config.json, not again from every other source.
   ['string doubling', "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}", H],
   ['list doubling', '{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}', H],
+  ['macro doubling', "{% macro f(s, n) %}{% if n > 0 %}{{ f(s ~ s, n - 1) }}{% else %}{{ s | length }}{% endif %}{% endmacro %}{{ f('x', 64) }}", H],
+  ['replace squaring', "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s | replace('x', ns.s) %}{% endfor %}{{ ns.s }}", H],
+  // A lazy list of 2^32 × 100,000 items: summing it allocates nothing new, so only the wait's
+  // deadline ends it.
+  ['lazy list sum', '{% set ns = namespace(l=range(100000) | list) %}{% for i in range(32) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | sum }}', H],
   ['center 1e9', "{{ 'x' | center(1000000000) }}"],
   ['indent 1e11', "{{ 'x\\ny' | indent(100000000000) }}", H],
   ['format width 1e11', "{{ '%100000000000d' | format(1) }}", H],

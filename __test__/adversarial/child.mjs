@@ -287,7 +287,31 @@ function heldFiles() {
   return [...fds, ...maps]
 }
 
-const threads = () => fs.readdirSync('/proc/self/task').length
+/**
+ * The process's threads, less the render threads of chat templates that were stopped
+ * (bounded.rs: such a thread parks for good, holding at most its budget): `{ count, parked,
+ * busy }`, where `busy` counts template threads still running (a stopped one should be asleep).
+ */
+const tasks = () => {
+  let count = 0
+  let parked = 0
+  let busy = 0
+  for (const t of fs.readdirSync('/proc/self/task')) {
+    let stat = ''
+    try {
+      stat = fs.readFileSync(`/proc/self/task/${t}/stat`, 'utf8')
+    } catch {
+      continue // ended meanwhile
+    }
+    const close = stat.lastIndexOf(')')
+    const name = stat.slice(stat.indexOf('(') + 1, close)
+    if (name !== 'chat-template') count++
+    else if (stat[close + 2] === 'S') parked++
+    else busy++
+  }
+  return { count, parked, busy }
+}
+const threads = () => tasks().count
 
 async function main() {
   const cases = buildCases()
@@ -343,7 +367,8 @@ async function main() {
   // A disposed runtime's worker threads exit on their own after it resolves (a thread pool's
   // drop does not join them): give them a moment, more on a busy machine, before counting.
   for (let i = 0; i < 60 && threads() > baseThreads + 2; i++) await sleep(50)
-  final.threads = { base: baseThreads, end: threads() }
+  const { count, parked, busy } = tasks()
+  final.threads = { base: baseThreads, end: count, parked, busy }
   final.resources = process.getActiveResourcesInfo()
   print({ final })
   process.exit(0)

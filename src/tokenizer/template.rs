@@ -20,13 +20,20 @@
 //!   [`MAX_RENDERED_BYTES`]. Filters that pad to a width the template chooses (`indent`,
 //!   `format`) are bounded by [`MAX_PAD`], so one call cannot ask for gigabytes. What fuel
 //!   cannot bound is a value that doubles in a loop (`{% set s = s ~ s %}`): a few dozen
-//!   instructions reach gigabytes, and minijinja offers no allocation limit to stop it.
+//!   instructions reach gigabytes. So each render runs on a thread of its own under
+//!   [`crate::bounded`]: at most [`render_memory`] bytes held and [`RENDER_TIME`] of waiting.
+//!   A template stopped there is retired: every later render fails at once with the same
+//!   message (its stopped thread keeps what it held, so it must not happen again and again).
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Value};
 
 use super::ChatMessage;
+use crate::bounded::{self, Exceeded, Limits};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -38,15 +45,51 @@ pub const TEMPLATE_FUEL: u64 = 10_000_000;
 /// Most bytes one render may produce (a prompt larger than this cannot fit any context).
 pub const MAX_RENDERED_BYTES: usize = 64 << 20;
 
-/// Collects rendered text, failing once it passes [`MAX_RENDERED_BYTES`].
-struct CappedOutput(Vec<u8>);
+/// Most bytes one render of `input_bytes` may produce: [`MAX_RENDERED_BYTES`], and a quarter
+/// of its memory ([`render_memory`]), so that a template that only prints a lot fails here,
+/// cleanly, rather than at its memory budget.
+pub fn max_output(input_bytes: usize) -> usize {
+    MAX_RENDERED_BYTES.min(render_memory(input_bytes) / 4)
+}
+
+std::thread_local! {
+    /// The output cap of the render running on this thread ([`max_output`]), for filters that
+    /// build large strings.
+    static OUTPUT_CAP: std::cell::Cell<usize> = const { std::cell::Cell::new(MAX_RENDERED_BYTES) };
+}
+
+/// Most bytes the render on this thread may produce, and so any one filter call in it.
+fn output_cap() -> usize {
+    OUTPUT_CAP.with(std::cell::Cell::get)
+}
+
+/// Memory a render may hold, however small its input: far more than any real template needs
+/// for a conversation that fits a context.
+pub const RENDER_MEMORY_BASE: usize = 32 << 20;
+
+/// How long a caller waits for one render. Fuel bounds the template's own instructions to
+/// about a second; this bounds the work of filters over huge lazy values.
+pub const RENDER_TIME: Duration = Duration::from_secs(10);
+
+/// Memory a render of `input_bytes` of messages and tools may hold: [`RENDER_MEMORY_BASE`]
+/// plus eight times the input (the context, its copies in the template's own strings, the
+/// output), within 2 GiB.
+pub fn render_memory(input_bytes: usize) -> usize {
+    RENDER_MEMORY_BASE.saturating_add(input_bytes.saturating_mul(8)).min(2 << 30)
+}
+
+/// Collects rendered text, failing once it passes `cap` bytes.
+struct CappedOutput {
+    buf: Vec<u8>,
+    cap: usize,
+}
 
 impl std::io::Write for CappedOutput {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.0.len() + buf.len() > MAX_RENDERED_BYTES {
-            return Err(std::io::Error::other(format!("the rendered prompt exceeds {MAX_RENDERED_BYTES} bytes")));
+        if self.buf.len() + buf.len() > self.cap {
+            return Err(std::io::Error::other(format!("the rendered prompt exceeds {} bytes", self.cap)));
         }
-        self.0.extend_from_slice(buf);
+        self.buf.extend_from_slice(buf);
         Ok(buf.len())
     }
 
@@ -57,8 +100,10 @@ impl std::io::Write for CappedOutput {
 
 /// A compiled chat template.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    env: Arc<Environment<'static>>,
     source: String,
+    /// Why the template was stopped, once it has been: it is not run again.
+    retired: OnceLock<String>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -98,7 +143,11 @@ impl ChatTemplate {
         env.add_filter("format", bounded_format);
         env.add_template_owned(TEMPLATE_NAME, strip_generation_tags(source))
             .map_err(|e| format!("chat template ({origin}) does not compile: {}", describe(&e)))?;
-        Ok(Self { env, source: source.to_string() })
+        // minijinja fills some process-wide caches on first use (the text of small integers).
+        // Filled here, outside any bounded thread, they are never left half-made by a render
+        // stopped in the middle of filling them (which would block every later render).
+        let _ = env.render_str("{{ 1 }}{{ 2.5 }}{{ 'a' ~ 3 }}{{ range(2) | list | tojson }}", ());
+        Ok(Self { env: Arc::new(env), source: source.to_string(), retired: OnceLock::new() })
     }
 
     /// The template's Jinja source.
@@ -123,16 +172,62 @@ impl ChatTemplate {
     }
 
     fn render_inner(&self, messages: &[ChatMessage], args: &RenderArgs<'_>) -> Result<String, RenderError> {
-        let failed = |e: Error| RenderError {
-            exhausted: matches!(e.kind(), ErrorKind::OutOfFuel | ErrorKind::WriteFailure),
-            message: format!("chat template rendering failed: {}", describe(&e)),
-        };
-        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(failed)?;
-        let mut out = CappedOutput(Vec::new());
-        tmpl.render_captured_to(context(messages, args), &mut out).map_err(failed)?;
-        String::from_utf8(out.0)
-            .map_err(|e| RenderError { exhausted: false, message: format!("chat template rendering failed: {e}") })
+        if let Some(why) = self.retired.get() {
+            return Err(RenderError { exhausted: true, message: why.clone() });
+        }
+        let input = input_bytes(messages, args);
+        let limits = Limits { memory: render_memory(input), time: RENDER_TIME };
+        let (env, ctx, cap) = (self.env.clone(), context(messages, args), max_output(input));
+        let failed = |message: String| RenderError { exhausted: false, message };
+        // The thread name is what the adversarial suite looks for (a stopped one stays parked).
+        match bounded::run("chat-template", limits, move || render_on(&env, ctx, cap)) {
+            Ok(Ok(rendered)) => rendered,
+            Ok(Err(panic)) => Err(failed(format!("chat template rendering failed: {panic}"))),
+            Err(Exceeded::Spawn) => Err(failed("chat template rendering failed: no thread could be started".into())),
+            Err(e) => {
+                let message = format!("the chat template was stopped: {e}");
+                let message = self.retired.get_or_init(|| message).clone();
+                Err(RenderError { exhausted: true, message })
+            }
+        }
     }
+}
+
+/// Renders the template in `env` with `ctx` into at most `cap` bytes (on a bounded thread).
+fn render_on(env: &Environment<'static>, ctx: Value, cap: usize) -> Result<String, RenderError> {
+    let failed = |e: Error| RenderError {
+        exhausted: matches!(e.kind(), ErrorKind::OutOfFuel | ErrorKind::WriteFailure),
+        message: format!("chat template rendering failed: {}", describe(&e)),
+    };
+    let tmpl = env.get_template(TEMPLATE_NAME).map_err(failed)?;
+    OUTPUT_CAP.with(|c| c.set(cap));
+    let mut out = CappedOutput { buf: Vec::new(), cap };
+    tmpl.render_captured_to(ctx, &mut out).map_err(failed)?;
+    String::from_utf8(out.buf)
+        .map_err(|e| RenderError { exhausted: false, message: format!("chat template rendering failed: {e}") })
+}
+
+/// The bytes of text a render is given: the messages' strings and the tools as JSON.
+fn input_bytes(messages: &[ChatMessage], args: &RenderArgs<'_>) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    if let Some(tools) = &args.tools {
+        let _ = serde_json::to_writer(&mut n, tools);
+    }
+    let strings = messages.iter().map(|m| {
+        let calls: usize = m.tool_calls.iter().map(|c| c.id.len() + c.name.len() + c.arguments.len()).sum();
+        m.role.len() + m.content.len() + calls + m.tool_call_id.as_ref().map_or(0, String::len)
+    });
+    strings.fold(n.0, usize::saturating_add)
 }
 
 /// A failed render; `exhausted` when it ran out of fuel or output room.
@@ -253,7 +348,7 @@ fn too_wide(what: &str) -> Error {
 }
 
 /// Jinja's `indent(width=4, first=false, blank=false)` with `width` at most [`MAX_PAD`] and
-/// the result within [`MAX_RENDERED_BYTES`].
+/// the result within the render's output cap.
 fn bounded_indent(
     value: String,
     width: Option<usize>,
@@ -274,7 +369,7 @@ fn bounded_indent(
     let text = value.strip_suffix('\n').unwrap_or(&value);
     let text = text.strip_suffix('\r').unwrap_or(text);
     let lines = text.split('\n').count();
-    if lines.saturating_mul(width + 1).saturating_add(text.len()) > MAX_RENDERED_BYTES {
+    if lines.saturating_mul(width + 1).saturating_add(text.len()) > output_cap() {
         return Err(Error::new(ErrorKind::InvalidOperation, "indent: the result would exceed the rendering limit"));
     }
     let pad = " ".repeat(width);
@@ -438,7 +533,7 @@ fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value,
             ValueKind::String => Some(v.as_str().unwrap_or("").to_owned()),
             ValueKind::Number => {
                 let n = usize::try_from(v.clone()).unwrap_or(0);
-                if n > MAX_RENDERED_BYTES {
+                if n > output_cap() {
                     return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: indent {n} is too large")));
                 }
                 Some(" ".repeat(n))
@@ -478,11 +573,9 @@ impl PyJson {
     fn newline(&mut self, level: usize) -> Result<(), Error> {
         if let Some(ind) = &self.indent {
             // The indent repeats once per level: stop at the render cap, not at memory's end.
-            if ind.len().saturating_mul(level).saturating_add(self.out.len()) >= MAX_RENDERED_BYTES {
-                return Err(Error::new(
-                    ErrorKind::InvalidOperation,
-                    format!("tojson: the output exceeds {MAX_RENDERED_BYTES} bytes"),
-                ));
+            let cap = output_cap();
+            if ind.len().saturating_mul(level).saturating_add(self.out.len()) >= cap {
+                return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: the output exceeds {cap} bytes")));
             }
             self.out.push('\n');
             for _ in 0..level {
@@ -659,10 +752,49 @@ mod tests {
         // Output past the cap: 90,000 iterations of 1,000 bytes (90 MB).
         let big = format!("{{% for i in range(90000) %}}{}{{% endfor %}}", "x".repeat(1000));
         let e = ChatTemplate::new(&big, "test").unwrap().render(&user, &args).unwrap_err();
-        assert!(e.contains("exceeds"), "{e}");
+        assert!(e.contains(&format!("exceeds {} bytes", max_output("userhi".len()))), "{e}");
         // A normal template is unaffected.
         let ok = ChatTemplate::new("{% for m in messages %}{{ m.role }}: {{ m.content }}{% endfor %}", "test").unwrap();
         assert_eq!(ok.render(&user, &args).unwrap(), "user: hi");
+    }
+
+    #[test]
+    fn growing_values_are_stopped_and_the_template_retired() {
+        let user = [ChatMessage::new("user", "hi")];
+        let args =
+            RenderArgs { add_generation_prompt: true, enable_thinking: None, bos_token: None, eos_token: None, tools: None };
+        let doubling = [
+            "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+            "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+            // No namespace: a macro that calls itself with its argument doubled.
+            "{% macro f(s, n) %}{% if n > 0 %}{{ f(s ~ s, n - 1) }}{% else %}{{ s | length }}{% endif %}{% endmacro %}{{ f('x', 64) }}",
+            // A string squared by `replace`.
+            "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s | replace('x', ns.s) %}{% endfor %}{{ ns.s }}",
+        ];
+        for src in doubling {
+            let t = ChatTemplate::new(src, "test").unwrap();
+            let e = t.check_bounded(&args).unwrap_err();
+            assert!(e.contains("stopped") && e.contains("MiB of memory"), "{src}: {e}");
+            // Retired: refused at once from then on, with the same message.
+            let t0 = std::time::Instant::now();
+            assert_eq!(t.render(&user, &args).unwrap_err(), e);
+            assert!(t0.elapsed() < std::time::Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn a_long_conversation_renders_within_its_memory_budget() {
+        // Each message's content copied a few times over (a string built up, then printed):
+        // what real templates do, at 8 MB of input.
+        let src = "{% set ns = namespace(all='') %}{% for m in messages %}{% set ns.all = ns.all ~ m.content %}\
+                   <{{ m.role }}>{{ m.content | trim }}{% endfor %}{{ ns.all | length }}";
+        let t = ChatTemplate::new(src, "test").unwrap();
+        let msgs: Vec<_> = (0..8).map(|i| ChatMessage::new("user", format!("{i}").repeat(1 << 20))).collect();
+        let args =
+            RenderArgs { add_generation_prompt: true, enable_thinking: None, bos_token: None, eos_token: None, tools: None };
+        let out = t.render(&msgs, &args).unwrap();
+        assert!(out.ends_with(&(8usize << 20).to_string()), "{}", &out[out.len() - 20..]);
+        assert!(render_memory(8 << 20) > 64 << 20);
     }
 
     #[test]
@@ -741,7 +873,7 @@ mod tests {
         let e = render("{{ [1] | tojson(indent=3000000000) }}").unwrap_err();
         assert!(e.contains("indent 3000000000 is too large"), "{e}");
         // A wide indent times the nesting depth passes the cap before it is written.
-        let e = render("{{ [[[[[[1]]]]]] | tojson(indent=20000000) }}").unwrap_err();
+        let e = render("{{ [[[[[[1]]]]]] | tojson(indent=2000000) }}").unwrap_err();
         assert!(e.contains("exceeds"), "{e}");
         assert_eq!(render("{{ [[1]] | tojson(indent=1) }}").unwrap(), "[\n [\n  1\n ]\n]");
     }

@@ -362,6 +362,56 @@ describe('models from the Hub', () => {
     })
   })
 
+  describe('experts from the Hub', () => {
+    it("loadExpert('hf:org/repo') fetches an adapter repository with the runtime's hub options and applies it as the local copy does", async () => {
+      const cache = freshCache()
+      const lora = fixture('adapters', 'lora')
+      hub.repos.set('test-org/tiny-lora', repoFromDir(lora, { exclude: ['manifest.json'], extra: { 'README.md': '# an adapter' } }))
+      hub.repos.set('test-org/named-lora', repoFromDir(lora))
+      const rt = await Runtime.load(QWEN3, { threads: 1, hub: { cacheDir: cache } })
+      try {
+        const events = []
+        const hubbed = await rt.loadExpert('hf:test-org/tiny-lora', { onDownloadProgress: (p) => events.push(p) })
+        // No manifest: named after the repository, not the snapshot's commit directory.
+        assert.equal(hubbed.name, 'tiny-lora')
+        const snap = path.join(cache, `test-org/tiny-lora/snapshots/${COMMIT}`)
+        assert.deepEqual(fs.readdirSync(snap).sort(), ['adapter_config.json', 'adapter_model.safetensors'])
+        assert.equal(events.at(-1).loadedBytes, events.at(-1).totalBytes)
+        // A manifest's name wins; an explicit name wins over both.
+        assert.equal((await rt.loadExpert('hf:test-org/named-lora')).name, 'lora')
+        assert.equal((await rt.loadExpert('hf:test-org/named-lora', { name: 'mine' })).name, 'mine')
+        const local = await rt.loadExpert(lora, { name: 'local' })
+        const run = async (name) =>
+          (await collect(rt.createSession({ experts: [name] }).generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: 8 }))).chunks
+        const [a, b] = [await run(hubbed.name), await run(local.name)]
+        assert.deepEqual(a, b)
+        // Cached now: offline, the same path loads without a request.
+        const before = hub.requests.length
+        process.env.EXPERT_RUNTIME_OFFLINE = '1'
+        await hubbed.unload()
+        assert.equal((await rt.loadExpert('hf:test-org/tiny-lora')).name, 'tiny-lora')
+        assert.equal(hub.requests.length, before)
+      } finally {
+        delete process.env.EXPERT_RUNTIME_OFFLINE
+        await rt.dispose()
+      }
+    })
+
+    it("loadExpert('hf:…') reports the Hub's errors with their codes", async () => {
+      const rt = await Runtime.load(QWEN3, { threads: 1, hub: { cacheDir: freshCache() } })
+      try {
+        await assert.rejects(rt.loadExpert('hf:test-org/no-such-adapter'), { code: 'MODEL_NOT_FOUND' })
+        await assert.rejects(rt.loadExpert('hf:not a repo'), { code: 'INVALID_ARGUMENT' })
+        // A model repository is not an adapter: refused from its listing, nothing downloaded.
+        const before = hub.requests.length
+        await assert.rejects(rt.loadExpert('hf:test-org/qwen3-tiny'), { code: 'INVALID_ADAPTER', message: /not a PEFT adapter repository/ })
+        assert.deepEqual(hub.requests.slice(before).map((r) => r.path), ['/api/models/test-org/qwen3-tiny/revision/main'])
+      } finally {
+        await rt.dispose()
+      }
+    })
+  })
+
   describe('resume and integrity', () => {
     for (const repo of ['test-org/qwen3-tiny', 'test-org/no-blobs']) {
       it(`a cut connection resumes with a Range request (${repo === 'test-org/no-blobs' ? 'sha256 from X-Linked-Etag' : 'sha256 from the listing'})`, async () => {

@@ -4,11 +4,12 @@ import { isPositiveU32, isU32, onlyKeys, optionsObject } from './checks'
 import { disposedError, invalidArgument, toError } from './errors'
 import { Expert } from './expert'
 import { runtimeHandles } from './handles'
-import { fetchModel } from './hub'
+import { fetchModel, parseHfRef } from './hub'
 import { Session, checkNames, toDecision, toNativeInput } from './session'
 import type {
   ChatMessage,
   EmbedOptions,
+  HubOptions,
   LoadExpertOptions,
   LoadOptions,
   RouteDecision,
@@ -25,9 +26,12 @@ export class Runtime {
   #native: N.NativeRuntime
   #info: RuntimeInfo
   #disposed = false
+  /** The `hub` options the runtime was loaded with: `loadExpert('hf:…')`'s default. */
+  #hub: HubOptions | undefined
 
-  private constructor(n: N.NativeRuntime, binary: Variant) {
+  private constructor(n: N.NativeRuntime, binary: Variant, hub: HubOptions | undefined) {
     this.#native = n
+    this.#hub = hub
     runtimeHandles.set(this, n)
     const i = n.info
     this.#info = {
@@ -110,7 +114,7 @@ export class Runtime {
       await n.dispose()
       throw progressError.error
     }
-    return new Runtime(n, variant)
+    return new Runtime(n, variant, hub)
   }
 
   /** What was loaded and how it runs (a fresh copy each time). */
@@ -180,6 +184,11 @@ export class Runtime {
    * JS thread and without pausing running requests. Errors: `EXPERT_NOT_FOUND` (no such
    * path), `INVALID_ADAPTER` (bad or mismatched files), `UNSUPPORTED_ADAPTER` (another PEFT
    * type or feature), `INVALID_ARGUMENT` (a name already loaded).
+   *
+   * A path `hf:org/repo[@revision]` is an adapter repository on the Hugging Face Hub, fetched
+   * into the cache first like `Runtime.load`'s (`hub`, default the runtime's own `hub` options;
+   * `onDownloadProgress`; the Hub's errors, docs/models.md). Its name defaults to the
+   * manifest's, else the repository's (`repo`).
    */
   async loadExpert(path: string, expertOptions?: LoadExpertOptions): Promise<Expert> {
     this.#check()
@@ -192,8 +201,17 @@ export class Runtime {
       throw invalidArgument('scale must be a finite number')
     }
     if (options.mmap !== undefined && typeof options.mmap !== 'boolean') throw invalidArgument('mmap must be a boolean')
+    let dir = path
+    let defaultName: string | undefined
+    if (path.startsWith('hf:')) {
+      const ref = parseHfRef(path.slice(3))
+      dir = await fetchModel(path.slice(3), options.hub ?? this.#hub, options.onDownloadProgress, 'adapter')
+      // The snapshot directory is named by its commit: the repository's name reads better.
+      defaultName = ref.repo.slice(ref.repo.indexOf('/') + 1)
+      this.#check()
+    }
     try {
-      const n = await this.#native.loadExpert(path, { name: options.name, scale: options.scale, mmap: options.mmap })
+      const n = await this.#native.loadExpert(dir, { name: options.name, defaultName, scale: options.scale, mmap: options.mmap })
       return this.#wrap(n)
     } catch (e) {
       throw toError(e)

@@ -710,8 +710,21 @@ export type ExpertKind = 'lora' | 'dora' | 'ia3' | 'lokr' | 'prompt'
 
 /** Options of `Runtime.loadExpert`. */
 export interface LoadExpertOptions {
-  /** The name requests use; default: manifest `name`, else the directory name. */
+  /**
+   * The name requests use; default: manifest `name`, else the directory name (for an `hf:`
+   * path, the repository's name).
+   */
   name?: string
+  /**
+   * Where and how an `hf:` path is fetched (see `HubOptions`); default: the `hub` options the
+   * runtime was loaded with. Unused for a local path.
+   */
+  hub?: HubOptions
+  /**
+   * Called as an `hf:` path's files are downloaded. Not called when every file is already in
+   * the cache. An exception it throws stops the download and rejects the load with it.
+   */
+  onDownloadProgress?: (p: DownloadProgress) => void
   /**
    * Multiplies the adapter's effect (LoRA/DoRA/LoKr scaling; IA³ as `1 + scale·(l − 1)`).
    * Default 1. Not applicable to prompt tuning.

@@ -14,7 +14,7 @@ import { loadProgress } from './progress'
 
 export const USAGE = `usage: expert-runtime chat <model.gguf | model-dir> [options]
 
-  --expert DIR           load the adapter at DIR and apply it to every answer (repeatable)
+  --expert DIR           load the adapter at DIR or hf:org/repo, apply it to every answer (repeatable)
   --system TEXT          the system prompt
   --temperature T        sampling temperature, 0 = greedy (default: the model's generation
                          config, else 0.8)

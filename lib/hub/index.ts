@@ -18,7 +18,7 @@ import type { DownloadProgress, HubOptions } from '../types'
 import { RepoCache } from './cache'
 import { downloadFile } from './download'
 import { MAX_JSON_BYTES, downloadFailed, getJson, isTransient } from './http'
-import { ggufFiles, parseListing, selectFiles, shardsOf, type Listing, type RepoFile } from './listing'
+import { ggufFiles, parseListing, selectFiles, shardsOf, type Listing, type RepoFile, type Want } from './listing'
 import { COMMIT, checkRevision, describeRef, parseHfRef, safeRelativePath, type HubRef } from './ref'
 import { hubSettings, offlineByEnv, type HubSettings } from './settings'
 
@@ -34,15 +34,21 @@ const LISTING_ATTEMPTS = 3
  * repository with several GGUF files and none named), `MODEL_NOT_FOUND` (no such repository,
  * revision or file; not in the cache when offline), `ACCESS_DENIED`, `DOWNLOAD_FAILED`,
  * `CHECKSUM_MISMATCH`, `INVALID_MODEL` (a repository without usable weights, or one naming
- * unsafe paths).
+ * unsafe paths). `want: 'adapter'` (`Runtime.loadExpert`) accepts only a PEFT adapter
+ * repository, and fails with `INVALID_ADAPTER` before downloading anything else.
  */
-export async function fetchModel(ref: string | HubRef, options?: HubOptions, onProgress?: (p: DownloadProgress) => void): Promise<string> {
+export async function fetchModel(
+  ref: string | HubRef,
+  options?: HubOptions,
+  onProgress?: (p: DownloadProgress) => void,
+  want: Want = 'any',
+): Promise<string> {
   if (onProgress !== undefined && typeof onProgress !== 'function') throw invalidArgument('onDownloadProgress must be a function')
   const settings = hubSettings(options)
   const r = typeof ref === 'string' ? parseHfRef(ref) : checkRef(ref)
   const cache = new RepoCache(settings.cacheDir, r.repo)
   try {
-    return await resolveRef(r, cache, settings, new Tally(onProgress))
+    return await resolveRef(r, cache, settings, new Tally(onProgress), want)
   } catch (e) {
     // A filesystem error in the cache (EACCES, ENOSPC, …); anything else (an exception from
     // onProgress) passes unchanged.
@@ -59,7 +65,7 @@ function checkRef(ref: HubRef): HubRef {
   return { repo: parsed.repo, revision: checkRevision(ref.revision ?? 'main'), file }
 }
 
-async function resolveRef(ref: HubRef, cache: RepoCache, settings: HubSettings, tally: Tally): Promise<string> {
+async function resolveRef(ref: HubRef, cache: RepoCache, settings: HubSettings, tally: Tally, want: Want): Promise<string> {
   if (settings.offline) {
     const hit = cache.lookup(ref)
     if (hit) return hit
@@ -96,7 +102,7 @@ async function resolveRef(ref: HubRef, cache: RepoCache, settings: HubSettings, 
     return cache.filePath(commit, ref.file)
   }
 
-  const selection = selectFiles(listing, ref.repo)
+  const selection = selectFiles(listing, ref.repo, want)
   const files = [...selection.files]
   await fetch(files)
   if (selection.index) {

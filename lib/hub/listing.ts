@@ -66,9 +66,15 @@ function list(names: string[]): string {
 
 export const ggufFiles = (l: Listing) => [...l.files.keys()].filter((n) => /\.gguf$/i.test(n)).sort()
 
+/** What a whole-repository ref is for: a model or an adapter (`any`), or only an adapter. */
+export type Want = 'any' | 'adapter'
+
 /** The files a whole-repository ref fetches. */
-export function selectFiles(l: Listing, repo: string): Selection {
+export function selectFiles(l: Listing, repo: string, want: Want = 'any'): Selection {
   const has = (n: string) => l.files.has(n)
+  if (want === 'adapter' && !(has('adapter_config.json') && has('adapter_model.safetensors'))) {
+    throw new ExpertRuntimeError('INVALID_ADAPTER', `${repo} is not a PEFT adapter repository (no adapter_config.json with adapter_model.safetensors)`)
+  }
   if (has('config.json') && (has(SAFETENSORS) || has(SAFETENSORS_INDEX))) {
     if (!has('tokenizer.json')) {
       throw new ExpertRuntimeError('INVALID_MODEL', `${repo} has no tokenizer.json (the engine reads the fast-tokenizer file; tokenizer.model alone is not enough)`)

@@ -24,8 +24,12 @@ use crate::model::Decoder;
 
 #[derive(Clone, Debug)]
 pub struct ExpertLoadOptions {
-    /// Overrides the manifest's name (default: manifest `name`, else the directory name).
+    /// Overrides the manifest's name (default: manifest `name`, else `default_name`, else the
+    /// directory name).
     pub name: Option<String>,
+    /// The name when neither `name` nor the manifest gives one, in place of the directory's (a
+    /// Hub download's directory is named by its commit; the repository's name is better).
+    pub default_name: Option<String>,
     /// Multiplies the adapter's effect: the LoRA/DoRA/LoKr scaling, or IA³ vectors as
     /// `1 + scale · (l − 1)`. Not applicable to prompt tuning.
     pub scale: f64,
@@ -36,7 +40,7 @@ pub struct ExpertLoadOptions {
 
 impl Default for ExpertLoadOptions {
     fn default() -> Self {
-        Self { name: None, scale: 1.0, mmap: true }
+        Self { name: None, default_name: None, scale: 1.0, mmap: true }
     }
 }
 
@@ -197,11 +201,12 @@ fn read_manifest(dir: &Path, cfg: &AdapterConfig, model: &Decoder) -> Result<Opt
     Ok(manifest)
 }
 
-/// The option's name, else the manifest's, else the directory's.
+/// The option's name, else the manifest's, else the default name, else the directory's.
 fn expert_name(dir: &Path, opts: &ExpertLoadOptions, manifest: Option<&Manifest>) -> Result<String> {
     opts.name
         .clone()
         .or_else(|| manifest.and_then(|m| m.name.clone()))
+        .or_else(|| opts.default_name.clone())
         .or_else(|| dir.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())))
         .filter(|n| !n.is_empty())
         .ok_or_else(|| EngineError::InvalidArgument("the expert needs a name".into()))

@@ -205,8 +205,13 @@ impl NativeRuntime {
     #[napi]
     pub async fn load_expert(&self, path: String, options: Option<NativeExpertOptions>) -> Result<NativeExpert> {
         let e = self.engine()?;
-        let o = options.unwrap_or(NativeExpertOptions { name: None, scale: None, mmap: None });
-        let opts = ExpertLoadOptions { name: o.name, scale: o.scale.unwrap_or(1.0), mmap: o.mmap.unwrap_or(true) };
+        let o = options.unwrap_or(NativeExpertOptions { name: None, default_name: None, scale: None, mmap: None });
+        let opts = ExpertLoadOptions {
+            name: o.name,
+            default_name: o.default_name,
+            scale: o.scale.unwrap_or(1.0),
+            mmap: o.mmap.unwrap_or(true),
+        };
         let rx = e.load_expert(Path::new(&path), opts);
         let expert =
             rx.await.map_err(|_| to_napi(EngineError::Internal("the adapter loader exited".into())))?.map_err(to_napi)?;

@@ -74,6 +74,8 @@ impl From<engine::StatsSnapshot> for RuntimeStats {
 #[napi(object)]
 pub struct NativeExpertOptions {
     pub name: Option<String>,
+    /// The name when neither `name` nor the manifest gives one (instead of the directory's).
+    pub default_name: Option<String>,
     pub scale: Option<f64>,
     pub mmap: Option<bool>,
 }

@@ -199,6 +199,7 @@ impl Runtime {
         let k = Kwargs::new(options, &["name", "scale", "mmap"], "load_expert")?;
         let opts = ExpertLoadOptions {
             name: k.string("name")?,
+            default_name: None,
             scale: k.f64("scale")?.unwrap_or(1.0),
             mmap: k.bool("mmap")?.unwrap_or(true),
         };

@@ -5,6 +5,7 @@
 // a stall, hostile listings) are switched on per file. No sleeps, no network beyond loopback.
 import { describe, it, before, after, beforeEach } from 'node:test'
 import assert from 'node:assert/strict'
+import { execFile, spawnSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import fs from 'node:fs'
 import http from 'node:http'
@@ -38,7 +39,7 @@ class FakeHub {
   repos = new Map()
   /** Every request: { host, path, headers }. */
   requests = []
-  /** file name → { times, cutAfter?, stall?, corrupt?: 'flip' | 'extra', absurdSize? } */
+  /** file name → { times, cutAfter?, stall?, slow?, corrupt?: 'flip' | 'extra', absurdSize? } */
   faults = new Map()
   /** repo → (req, res) => handled: a hostile API answer. */
   apiOverride = new Map()
@@ -164,6 +165,20 @@ class FakeHub {
     if (fault?.stall !== undefined) {
       res.write(body.subarray(0, fault.stall)) // and never another byte
       return
+    }
+    if (fault?.slow !== undefined) {
+      // In 8 pieces, `slow` ms apart.
+      const step = Math.ceil(body.length / 8)
+      let at = 0
+      const next = () => {
+        if (res.destroyed) return
+        const piece = body.subarray(at, at + step)
+        at += step
+        if (at >= body.length) return res.end(piece)
+        res.write(piece)
+        setTimeout(next, fault.slow)
+      }
+      return next()
     }
     res.end(body)
   }
@@ -409,6 +424,49 @@ describe('models from the Hub', () => {
       } finally {
         await rt.dispose()
       }
+    })
+  })
+
+  describe('several processes, one cache', () => {
+    const LFS = '/cdn/test-org/qwen3-tiny/model.safetensors'
+    const locksAndPartials = (cache) => walk(cache).filter((f) => /\.partial(\.lock)?$/.test(f))
+
+    it('download each file once: one process holds its lock, the others wait and share the result', async () => {
+      const cache = freshCache()
+      hub.faults.set('model.safetensors', { times: 3, slow: 100 })
+      const hubIndex = path.resolve('dist/hub/index.js')
+      const script = `require(${JSON.stringify(hubIndex)}).fetchModel('test-org/qwen3-tiny', { cacheDir: process.argv[1] })
+        .then((p) => console.log(p), (e) => { console.error(e.code, e.message); process.exit(1) })`
+      const run = () =>
+        new Promise((resolve, reject) =>
+          execFile(process.execPath, ['-e', script, cache], (err, stdout, stderr) => (err ? reject(new Error(stderr)) : resolve(stdout.trim()))),
+        )
+      const before = hub.requestsTo(LFS).length
+      const paths = await Promise.all([run(), run(), run()])
+      assert.deepEqual(paths, Array(3).fill(path.join(cache, `test-org/qwen3-tiny/snapshots/${COMMIT}`)))
+      assert.equal(hub.requestsTo(LFS).length - before, 1)
+      assert.ok(fs.readFileSync(path.join(paths[0], 'model.safetensors')).equals(fs.readFileSync(path.join(QWEN3, 'model.safetensors'))))
+      assert.deepEqual(locksAndPartials(cache), [])
+    })
+
+    it('a lock whose owner is gone is taken over at once: a dead process of this host, or one not touched for a minute', async () => {
+      const cache = freshCache()
+      const snap = path.join(cache, `test-org/qwen3-tiny/snapshots/${COMMIT}`)
+      fs.mkdirSync(snap, { recursive: true })
+      const dead = spawnSync(process.execPath, ['-e', '0']).pid
+      fs.writeFileSync(path.join(snap, 'model.safetensors.partial.lock'), `${dead}\n${os.hostname()}\n`)
+      const foreign = path.join(snap, 'tokenizer.json.partial.lock')
+      fs.writeFileSync(foreign, '1\nanother-host\n')
+      const old = new Date(Date.now() - 2 * 60_000)
+      fs.utimesSync(foreign, old, old)
+      const t0 = performance.now()
+      assert.equal(await fetchModel('test-org/qwen3-tiny', { cacheDir: cache }), snap)
+      assert.ok(performance.now() - t0 < 20_000)
+      assert.deepEqual(locksAndPartials(cache), [])
+    })
+
+    it('a repository file named like a lock is refused', () => {
+      assert.throws(() => parseHfRef('org/repo/model.gguf.partial.lock'), { code: 'INVALID_ARGUMENT', message: /reserves/ })
     })
   })
 

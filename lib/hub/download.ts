@@ -4,14 +4,22 @@
 // Hub's `X-Linked-Size` / `X-Linked-Etag` on its redirect; the bytes are hashed as they are
 // written and checked before the partial is renamed to `dest`. A mismatch removes the partial:
 // a file in the cache is always a verified one.
+//
+// Processes sharing a cache download a file one at a time: the one that creates
+// `<dest>.partial.lock` (exclusively) downloads, touching the lock as it goes; the others wait
+// for the file to appear, reporting the partial's growth as their progress. A lock whose owner
+// is gone (a dead process on this host, or no touch for LOCK_STALE_MS) is taken over. Two
+// waiters taking over the same dead lock at once can still both download; the sha256 check then
+// rejects a mixed file, so the cache stays correct.
 import { createHash, type Hash } from 'node:crypto'
 import { createReadStream } from 'node:fs'
-import { mkdir, open as openFile, rename, rm, stat } from 'node:fs/promises'
+import { mkdir, open as openFile, readFile, rename, rm, stat, utimes } from 'node:fs/promises'
+import { hostname } from 'node:os'
 import { dirname } from 'node:path'
 import { setTimeout as delay } from 'node:timers/promises'
 import { ExpertRuntimeError } from '../errors'
 import { MAX_FILE_BYTES, downloadFailed, header, isTransient, networkError, open, parseSha256Etag, parseSize, statusError, transientError } from './http'
-import { PARTIAL_SUFFIX } from './ref'
+import { LOCK_SUFFIX, PARTIAL_SUFFIX } from './ref'
 import type { HubSettings } from './settings'
 
 /** Attempts per file before giving up (the partial stays for the next call). */
@@ -46,9 +54,84 @@ const inflight = new Map<string, Promise<void>>()
 export function downloadFile(t: FileTarget, settings: HubSettings, onProgress: FileProgress): Promise<void> {
   const running = inflight.get(t.dest)
   if (running) return running
-  const p = withAttempts(t, settings, onProgress).finally(() => inflight.delete(t.dest))
+  const p = underLock(t, onProgress, () => withAttempts(t, settings, onProgress)).finally(() => inflight.delete(t.dest))
   inflight.set(t.dest, p)
   return p
+}
+
+/** A lock not touched for this long has lost its owner. */
+export const LOCK_STALE_MS = 60_000
+/** How often the owner touches its lock. */
+const LOCK_TOUCH_MS = 5_000
+/** How often a waiter looks again. */
+const LOCK_POLL_MS = 100
+
+const exists = (p: string) => stat(p).then(
+  (s) => s.isFile(),
+  () => false,
+)
+
+/**
+ * Runs `download` holding `t`'s lock, once no other process is downloading the file; returns
+ * without it when the file is there by then.
+ */
+async function underLock(t: FileTarget, onProgress: FileProgress, download: () => Promise<void>): Promise<void> {
+  await mkdir(dirname(t.dest), { recursive: true })
+  const lock = t.dest + LOCK_SUFFIX
+  let shown = 0
+  for (;;) {
+    if (await exists(t.dest)) return
+    const handle = await openFile(lock, 'wx').catch((e: NodeJS.ErrnoException) => {
+      if (e.code === 'EEXIST') return undefined
+      throw e
+    })
+    if (handle) {
+      try {
+        await handle.writeFile(`${process.pid}\n${hostname()}\n`)
+      } finally {
+        await handle.close()
+      }
+      const touch = setInterval(() => {
+        const now = new Date()
+        utimes(lock, now, now).catch(() => {})
+      }, LOCK_TOUCH_MS)
+      touch.unref()
+      try {
+        // Published between our look and the lock: nothing to do.
+        if (await exists(t.dest)) return
+        return await download()
+      } finally {
+        clearInterval(touch)
+        await rm(lock, { force: true })
+      }
+    }
+    if (await abandoned(lock)) {
+      await rm(lock, { force: true })
+      continue
+    }
+    const partial = (await stat(t.dest + PARTIAL_SUFFIX).catch(() => undefined))?.size ?? 0
+    if (partial > shown) {
+      shown = partial
+      onProgress(partial, t.size)
+    }
+    await delay(LOCK_POLL_MS)
+  }
+}
+
+/** Whether `lock`'s owner is gone: a process of this host that no longer runs, or no touch for LOCK_STALE_MS. */
+async function abandoned(lock: string): Promise<boolean> {
+  const st = await stat(lock).catch(() => undefined)
+  if (!st) return false // released meanwhile: look again
+  if (Date.now() - st.mtimeMs > LOCK_STALE_MS) return true
+  const [pid, host] = (await readFile(lock, 'utf8').catch(() => '')).split('\n')
+  if (host !== hostname() || !/^[1-9][0-9]{0,9}$/.test(pid ?? '')) return false
+  try {
+    process.kill(Number(pid), 0)
+    return false
+  } catch (e) {
+    // EPERM: it runs, as another user.
+    return (e as NodeJS.ErrnoException).code === 'ESRCH'
+  }
 }
 
 async function withAttempts(t: FileTarget, settings: HubSettings, onProgress: FileProgress): Promise<void> {

@@ -31,6 +31,9 @@ export const COMMIT = /^[0-9a-f]{40}$/
 /** The suffix of an unfinished download in the cache; no repository file may end with it. */
 export const PARTIAL_SUFFIX = '.partial'
 
+/** The suffix of the lock a process holds while it downloads a file; reserved as well. */
+export const LOCK_SUFFIX = '.partial.lock'
+
 function checkRepoPart(part: string, spec: string): void {
   if (!REPO_PART.test(part) || part.includes('..')) {
     throw invalidArgument(`'${clip(spec)}' is not a Hub model: expected org/repo (letters, digits, '_', '.', '-')`)
@@ -64,7 +67,9 @@ export function safeRelativePath(p: unknown, fail: (why: string) => Error): stri
     if (c === '' || c === '.' || c === '..') throw fail(`'${clip(p)}' is not a plain relative path (empty, '.' or '..' component)`)
     if (Buffer.byteLength(c) > MAX_COMPONENT_BYTES) throw fail(`'${clip(p)}' has a component longer than ${MAX_COMPONENT_BYTES} bytes`)
   }
-  if (p.endsWith(PARTIAL_SUFFIX)) throw fail(`'${clip(p)}' ends with ${PARTIAL_SUFFIX}, which the cache reserves`)
+  for (const reserved of [PARTIAL_SUFFIX, LOCK_SUFFIX]) {
+    if (p.endsWith(reserved)) throw fail(`'${clip(p)}' ends with ${reserved}, which the cache reserves`)
+  }
   return p
 }
 

@@ -234,9 +234,7 @@ pub fn run<T: Send + 'static>(
         *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
         m.finish(State::Done);
     });
-    if spawned.is_err() {
-        return Err(Exceeded::Spawn);
-    }
+    let Ok(thread) = spawned else { return Err(Exceeded::Spawn) };
     let deadline = Instant::now() + limits.time;
     let mut state = meter.state.lock().unwrap_or_else(|p| p.into_inner());
     while *state == State::Running {
@@ -247,10 +245,15 @@ pub fn run<T: Send + 'static>(
         }
         state = meter.changed.wait_timeout(state, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
     }
-    match *state {
-        State::Stopped(why) => Err(why),
-        _ => Ok(slot.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or_else(|| Err("no result".into()))),
+    if let State::Stopped(why) = *state {
+        return Err(why);
     }
+    drop(state);
+    // Done: the thread is returning. Joining it lets it finish its exit (thread-local
+    // destructors) before the caller goes on, so a finished render leaves nothing behind.
+    let _ = thread.join();
+    let result = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    Ok(result.unwrap_or_else(|| Err("no result".into())))
 }
 
 #[cfg(test)]

@@ -205,7 +205,7 @@ export class Runtime {
     let defaultName: string | undefined
     if (path.startsWith('hf:')) {
       const ref = parseHfRef(path.slice(3))
-      dir = await fetchModel(path.slice(3), options.hub ?? this.#hub, options.onDownloadProgress, 'adapter')
+      dir = await fetchModel(ref, options.hub ?? this.#hub, options.onDownloadProgress, 'adapter')
       // The snapshot directory is named by its commit: the repository's name reads better.
       defaultName = ref.repo.slice(ref.repo.indexOf('/') + 1)
       this.#check()

@@ -135,7 +135,6 @@ async function abandoned(lock: string): Promise<boolean> {
 }
 
 async function withAttempts(t: FileTarget, settings: HubSettings, onProgress: FileProgress): Promise<void> {
-  await mkdir(dirname(t.dest), { recursive: true })
   const partial = t.dest + PARTIAL_SUFFIX
   for (let n = 1; ; n++) {
     const attempt: Attempt = { progressed: false }

@@ -6,6 +6,7 @@
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 
+use super::kquant::{self, PackedK};
 use super::mapped::Mapped;
 use super::q8::PackedQ8_0;
 
@@ -51,6 +52,9 @@ pub enum Weight {
     /// Q8_0 on CPU, repacked for our own integer kernel ([`super::q8`]), which runs every row
     /// count with the same arithmetic; the only copy kept.
     Q8Packed(PackedQ8_0),
+    /// Q4_K / Q5_K / Q6_K on CPU, repacked (losslessly) for our own integer kernel
+    /// ([`super::kquant`]), which runs every row count with the same arithmetic; the only copy.
+    KPacked(PackedK),
     /// Dense, read in place from a memory-mapped file ([`super::mapped`]); CPU only.
     Mapped(Mapped),
 }
@@ -65,6 +69,8 @@ impl Weight {
             let q = super::repack::for_cpu(q, device)?;
             return Ok(if q.dtype() == GgmlDType::Q8_0 {
                 Weight::Q8Packed(PackedQ8_0::from_qtensor(&q)?)
+            } else if kquant::Kind::of(q.dtype()).is_some() && q.shape().dims().len() == 2 {
+                Weight::KPacked(PackedK::from_qtensor(&q)?)
             } else {
                 Weight::Quantized(QMatMul::from_qtensor(q)?)
             });
@@ -84,6 +90,7 @@ impl Weight {
             Weight::Quantized(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
             Weight::Quantized(QMatMul::Tensor(w) | QMatMul::TensorF16(w)) => w.elem_count() * w.dtype().size_in_bytes(),
             Weight::Q8Packed(p) => p.size_in_bytes(),
+            Weight::KPacked(p) => p.size_in_bytes(),
             Weight::Mapped(m) => m.size_in_bytes(),
         }
     }
@@ -93,6 +100,7 @@ impl Weight {
         match self {
             Weight::Quantized(QMatMul::QTensor(q)) => Some(super::quantize::format_name(q.dtype())),
             Weight::Q8Packed(_) => Some("q8_0".into()),
+            Weight::KPacked(p) => Some(super::quantize::format_name(p.kind().dtype())),
             _ => None,
         }
     }
@@ -127,18 +135,8 @@ impl Linear {
                 x.matmul(&w.t()?)?
             }
             Weight::Q8Packed(p) => p.forward(x)?,
+            Weight::KPacked(p) => p.forward(x)?,
             Weight::Mapped(m) => m.forward(x)?.to_dtype(x.dtype())?,
-            Weight::Quantized(mm @ QMatMul::QTensor(q))
-                if q.dtype() == GgmlDType::Q6K && x.dim(0)? == 1 && cpu_kernels(x.device()) =>
-            {
-                // candle multiplies one row by a Q6_K weight with a kernel of its own (compact
-                // GEMV) and 2..31 rows with its tiled kernel, whose rounding differs: one row goes
-                // through the tiled kernel too (beside a zero row), so a row's result does not
-                // depend on how many rows share the pass (speculative verification, batching).
-                let xf = x.to_dtype(candle_core::DType::F32)?;
-                let x2 = Tensor::cat(&[&xf, &xf.zeros_like()?], 0)?;
-                mm.forward(&x2)?.narrow(0, 0, 1)?.to_dtype(x.dtype())?
-            }
             Weight::Quantized(q) => {
                 // Quantized kernels take f32 activations; the result is cast back.
                 let dt = x.dtype();
@@ -156,6 +154,7 @@ impl Linear {
             Weight::Quantized(QMatMul::QTensor(q)) => q.dequantize(&q.device())?.to_dtype(f32)?,
             Weight::Quantized(QMatMul::Tensor(w) | QMatMul::TensorF16(w)) => w.to_dtype(f32)?,
             Weight::Q8Packed(p) => Tensor::from_vec(p.dequantize(), (p.rows(), p.cols()), &candle_core::Device::Cpu)?,
+            Weight::KPacked(p) => Tensor::from_vec(p.dequantize(), (p.rows(), p.cols()), &candle_core::Device::Cpu)?,
             Weight::Mapped(m) => m.to_tensor()?.to_dtype(f32)?,
         })
     }
@@ -166,6 +165,7 @@ impl Linear {
             Weight::Dense(w) => w.index_select(ids, 0)?,
             Weight::Quantized(q) => q.embedding(ids)?,
             Weight::Q8Packed(p) => p.embedding(ids)?,
+            Weight::KPacked(p) => p.embedding(ids)?,
             Weight::Mapped(m) => m.embedding(ids)?,
         })
     }
@@ -199,25 +199,21 @@ mod tests {
         assert!(d < 0.5, "f16 max |Δ| {d}");
     }
 
-    /// A row multiplied by a K-quant weight gives the same bits alone and among up to 31 rows
-    /// (below the dense prefill path): what speculative verification and batched decoding
-    /// rely on. Checks candle's kernel choice too: it takes another kernel for one Q6_K row.
+    /// A row multiplied by a K-quant weight gives the same bits alone and among any number of
+    /// rows (decode, batches, speculative verification, prefill, prefix-cache hits): the
+    /// weights load into our own kernel ([`super::kquant`]), whatever the row count.
     #[test]
     fn k_quant_rows_do_not_depend_on_the_rows_beside_them() {
         use candle_core::quantized::QTensor;
         let dev = Device::Cpu;
-        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
             let w = Tensor::randn(0f32, 1.0, (64, 512), &dev).unwrap();
             let q = QTensor::quantize(&w, dtype).unwrap();
-            let lin = Linear {
-                weight: Weight::Quantized(QMatMul::from_qtensor(q).unwrap()),
-                bias: None,
-                out_features: 64,
-                in_features: 512,
-            };
-            let x = Tensor::randn(0f32, 1.0, (DENSE_PREFILL_ROWS - 1, 512), &dev).unwrap();
+            let lin = Linear { weight: Weight::from_qtensor(q, &dev).unwrap(), bias: None, out_features: 64, in_features: 512 };
+            assert!(matches!(lin.weight, Weight::KPacked(_)), "{dtype:?}");
+            let x = Tensor::randn(0f32, 1.0, (70, 512), &dev).unwrap();
             let all: Vec<Vec<f32>> = lin.forward(&x).unwrap().to_vec2().unwrap();
-            for rows in [1, 2, 3, 5, 9] {
+            for rows in [1, 2, 3, 5, 9, 31, 32, 33, 64] {
                 let some: Vec<Vec<f32>> = lin.forward(&x.narrow(0, 0, rows).unwrap()).unwrap().to_vec2().unwrap();
                 assert_eq!(some[..], all[..rows], "{dtype:?}, {rows} rows");
             }

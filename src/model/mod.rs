@@ -5,6 +5,7 @@ pub mod block_quant;
 pub mod config;
 pub mod decoder;
 pub mod inspect;
+pub mod kquant;
 pub mod linear;
 pub mod loader;
 pub mod mapped;
@@ -12,6 +13,7 @@ pub mod q8;
 pub mod quantize;
 pub mod repack;
 pub mod rope;
+mod tiled;
 
 pub use config::{Arch, ModelConfig};
 pub use decoder::Decoder;

@@ -25,9 +25,7 @@
 //!   VNNI); off with `EXPERT_RUNTIME_AMX=0`. AVX2: the same tile read as two 8-lane halves,
 //!   `maddubs` on `|q_w|` and `q_x` with `q_w`'s sign. Portable: plain loops (any CPU, or
 //!   `EXPERT_RUNTIME_SIMD=portable`).
-//! - **Threads.** Tiles are split into chunks on rayon (candle's own pool spins on a barrier);
-//!   small matrices run on the calling thread. Within a chunk, rows go in groups of 64 so a
-//!   tile's weights stay in cache while the activation rows stream past.
+//! - **Threads.** [`super::tiled`]: chunks of tiles on rayon, rows in groups of 64 per tile.
 //! - **Allocation.** Besides the output, only the quantized activations (a thread-local
 //!   scratch reused across calls, or a fresh one if that scratch is already borrowed by a
 //!   re-entrant call from rayon work stealing); chunks write their columns of the output
@@ -41,20 +39,17 @@ use candle_core::{DType, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
+use super::tiled::{self, TN};
 use crate::error::{EngineError, Result};
 use crate::simd::{self, Level};
 
 /// Q8_0 block length.
 pub const QK: usize = 32;
 const Q8_0_BYTES: usize = 2 + QK;
-/// Output rows per tile.
-const TN: usize = 16;
 /// Quant bytes of one block column of a tile (8 lines of 64).
 const TILE_Q: usize = TN * QK;
 /// Scale bytes of one block column of a tile (16 f16).
 const TILE_S: usize = TN * 2;
-/// Activation rows per pass over a tile's weights (kept in cache in between).
-const ROW_GROUP: usize = 64;
 
 /// A kernel path of this module.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -388,51 +383,15 @@ impl PackedQ8_0 {
     fn matmul_quantized(&self, path: Path, xs: &mut QuantRows, x: &[f32], rows: usize, out: &mut [f32]) {
         xs.fill(x, rows, self.k);
         let xs = &*xs;
-        let (tiles, n) = (self.tiles(), self.n);
-        let threads = rayon::current_num_threads().max(1);
-        // Chunks of whole tiles: at least ~64 KiB of weights × rows of work, ~4 per thread.
-        let min_tiles = (64 * 1024 / (self.tile_bytes() * rows)).max(1);
-        let chunk = tiles.div_ceil(threads * 4).max(min_tiles);
-        let dst = Columns(out.as_mut_ptr());
-        let run = |c: usize| {
-            // SAFETY: the AMX path is only constructed after `has_amx`.
-            #[cfg(target_arch = "x86_64")]
-            let _tiles = (path == Path::Amx && rows >= 16).then(|| unsafe { x86::Tiles::configure() });
-            let mut local = [[0f32; TN]; ROW_GROUP];
-            for r0 in (0..rows).step_by(ROW_GROUP) {
-                let r1 = (r0 + ROW_GROUP).min(rows);
-                for t in c * chunk..((c + 1) * chunk).min(tiles) {
-                    let (qs, ss) = self.tile(t);
-                    let part = &mut local[..r1 - r0];
-                    tile_rows(path, qs, ss, self.nb(), xs, self.k, r0..r1, part);
-                    let cols = TN.min(n - t * TN);
-                    for (r, v) in (r0..r1).zip(part.iter()) {
-                        // SAFETY: `out` is `rows × n` (asserted by `matmul_at`) and `t·16 + cols
-                        // ≤ n`; each chunk owns its tiles' columns, so no two writers meet.
-                        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), dst.at(r * n + t * TN), cols) };
-                    }
-                }
-            }
-        };
-        let chunks = tiles.div_ceil(chunk);
-        if chunks == 1 || threads == 1 {
-            (0..chunks).for_each(run);
-        } else {
-            (0..chunks).into_par_iter().for_each(run);
-        }
-    }
-}
-
-/// The output of a product, written by several chunks at once, each into its own columns.
-struct Columns(*mut f32);
-
-// SAFETY: only `matmul_quantized` writes through it, to disjoint columns per chunk.
-unsafe impl Sync for Columns {}
-
-impl Columns {
-    /// Element `i` (a method, so closures capture the whole `Sync` wrapper).
-    fn at(&self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
+        // SAFETY: the AMX path is only constructed after `has_amx`.
+        #[cfg(target_arch = "x86_64")]
+        let chunk_state = || (path == Path::Amx && rows >= 16).then(|| unsafe { x86::Tiles::configure() });
+        #[cfg(not(target_arch = "x86_64"))]
+        let chunk_state = || ();
+        tiled::run(self.n, self.tile_bytes(), rows, out, chunk_state, |_, t, rows, part| {
+            let (qs, ss) = self.tile(t);
+            tile_rows(path, qs, ss, self.nb(), xs, self.k, rows, part);
+        });
     }
 }
 

@@ -144,7 +144,7 @@ fn info_names_the_formats_and_bytes_shrink() {
     assert_eq!(q8.quantization(), "q8_0");
     // 64-wide rows: no Q6_K for the embedding and head, so they fall back to Q8_0.
     assert!(["q4_0+q8_0", "q8_0+q4_0"].contains(&q4.quantization().as_str()), "{}", q4.quantization());
-    assert!(matches!(weight_of(&q8), Weight::Q8Packed(_)));
+    assert!(matches!(weight_of(&q8), Weight::Packed32(_)));
     assert!(matches!(weight_of(&q4), Weight::Quantized(_)));
     let (d, b8, b4) = (dense.weight_bytes(), q8.weight_bytes(), q4.weight_bytes());
     assert!(b8 * 3 < d && b4 < b8, "dense {d}, q8_0 {b8}, q4_0 {b4}");

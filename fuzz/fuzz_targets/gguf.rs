@@ -13,7 +13,7 @@ use candle_core::quantized::GgmlDType;
 use candle_core::Device;
 use expert_runtime::model::config::ModelConfig;
 use expert_runtime::model::loader::{gguf_tensor_extent, read_gguf_header};
-use expert_runtime::model::q8::PackedQ8_0;
+use expert_runtime::model::linear::Weight;
 use expert_runtime::model::repack;
 use expert_runtime::tokenizer::{ChatMessage, Tokenizer};
 use libfuzzer_sys::fuzz_target;
@@ -59,10 +59,9 @@ fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
         let Ok(q) = q else { continue };
         common::show(&format!("tensor {name} dequantize"), &q.dequantize(&device));
         if q.shape().rank() == 2 && !matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
+            // The repacking a CPU load does: Q4_1 / Q5_1 to Q8_0, then our kernels' layouts.
             if let Ok(q) = repack::for_cpu(q, &device) {
-                if q.dtype() == GgmlDType::Q8_0 {
-                    let _ = PackedQ8_0::from_qtensor(&q);
-                }
+                let _ = Weight::from_qtensor(q, &device);
             }
         }
     }

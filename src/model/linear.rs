@@ -3,12 +3,12 @@
 //! The weight stays in its stored form (dense tensor or `QMatMul` blocks); adapters add their
 //! own contribution on top of `forward` later and never touch `w`.
 
-use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::quantized::{QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use super::kquant::{self, PackedK};
 use super::mapped::Mapped;
-use super::q8::PackedQ8_0;
+use super::q8::{self, Packed32};
 
 use crate::backend::cpu_kernels;
 use crate::error::Result;
@@ -49,9 +49,9 @@ pub enum Weight {
     /// `[out, in]` in the model dtype.
     Dense(Tensor),
     Quantized(QMatMul),
-    /// Q8_0 on CPU, repacked for our own integer kernel ([`super::q8`]), which runs every row
-    /// count with the same arithmetic; the only copy kept.
-    Q8Packed(PackedQ8_0),
+    /// Q8_0, Q5_0 or Q4_0 on CPU, repacked (losslessly) for our own integer kernel
+    /// ([`super::q8`]), which runs every row count with the same arithmetic; the only copy kept.
+    Packed32(Packed32),
     /// Q4_K / Q5_K / Q6_K on CPU, repacked (losslessly) for our own integer kernel
     /// ([`super::kquant`]), which runs every row count with the same arithmetic; the only copy.
     KPacked(PackedK),
@@ -67,8 +67,8 @@ impl Weight {
     pub fn from_qtensor(q: QTensor, device: &Device) -> Result<Self> {
         if cpu_kernels(device) {
             let q = super::repack::for_cpu(q, device)?;
-            return Ok(if q.dtype() == GgmlDType::Q8_0 {
-                Weight::Q8Packed(PackedQ8_0::from_qtensor(&q)?)
+            return Ok(if q8::Format::of(q.dtype()).is_some() && q.shape().dims().len() == 2 {
+                Weight::Packed32(Packed32::from_qtensor(&q)?)
             } else if kquant::Kind::of(q.dtype()).is_some() && q.shape().dims().len() == 2 {
                 Weight::KPacked(PackedK::from_qtensor(&q)?)
             } else {
@@ -89,7 +89,7 @@ impl Weight {
             Weight::Dense(w) => w.elem_count() * w.dtype().size_in_bytes(),
             Weight::Quantized(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
             Weight::Quantized(QMatMul::Tensor(w) | QMatMul::TensorF16(w)) => w.elem_count() * w.dtype().size_in_bytes(),
-            Weight::Q8Packed(p) => p.size_in_bytes(),
+            Weight::Packed32(p) => p.size_in_bytes(),
             Weight::KPacked(p) => p.size_in_bytes(),
             Weight::Mapped(m) => m.size_in_bytes(),
         }
@@ -99,7 +99,7 @@ impl Weight {
     pub fn format(&self) -> Option<String> {
         match self {
             Weight::Quantized(QMatMul::QTensor(q)) => Some(super::quantize::format_name(q.dtype())),
-            Weight::Q8Packed(_) => Some("q8_0".into()),
+            Weight::Packed32(p) => Some(super::quantize::format_name(p.format().dtype())),
             Weight::KPacked(p) => Some(super::quantize::format_name(p.kind().dtype())),
             _ => None,
         }
@@ -134,7 +134,7 @@ impl Linear {
                 let w = q.dequantize(x.device())?.to_dtype(x.dtype())?;
                 x.matmul(&w.t()?)?
             }
-            Weight::Q8Packed(p) => p.forward(x)?,
+            Weight::Packed32(p) => p.forward(x)?,
             Weight::KPacked(p) => p.forward(x)?,
             Weight::Mapped(m) => m.forward(x)?.to_dtype(x.dtype())?,
             Weight::Quantized(q) => {
@@ -153,7 +153,7 @@ impl Linear {
             Weight::Dense(w) => w.to_dtype(f32)?,
             Weight::Quantized(QMatMul::QTensor(q)) => q.dequantize(&q.device())?.to_dtype(f32)?,
             Weight::Quantized(QMatMul::Tensor(w) | QMatMul::TensorF16(w)) => w.to_dtype(f32)?,
-            Weight::Q8Packed(p) => Tensor::from_vec(p.dequantize(), (p.rows(), p.cols()), &candle_core::Device::Cpu)?,
+            Weight::Packed32(p) => Tensor::from_vec(p.dequantize(), (p.rows(), p.cols()), &candle_core::Device::Cpu)?,
             Weight::KPacked(p) => Tensor::from_vec(p.dequantize(), (p.rows(), p.cols()), &candle_core::Device::Cpu)?,
             Weight::Mapped(m) => m.to_tensor()?.to_dtype(f32)?,
         })
@@ -164,7 +164,7 @@ impl Linear {
         Ok(match &self.weight {
             Weight::Dense(w) => w.index_select(ids, 0)?,
             Weight::Quantized(q) => q.embedding(ids)?,
-            Weight::Q8Packed(p) => p.embedding(ids)?,
+            Weight::Packed32(p) => p.embedding(ids)?,
             Weight::KPacked(p) => p.embedding(ids)?,
             Weight::Mapped(m) => m.embedding(ids)?,
         })
@@ -174,6 +174,7 @@ impl Linear {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::quantized::GgmlDType;
     use candle_core::{DType, Device};
 
     #[test]

@@ -1,29 +1,33 @@
-//! Our own Q8_0 matrix kernel on CPU: decode, batched decode and prefill all run it, with the
-//! same arithmetic for any number of rows.
+//! Our own matrix kernel on CPU for the block formats of 32 values with one f16 scale and no
+//! offset — Q8_0, Q5_0 and Q4_0 ([`Format`]): decode, batched decode and prefill all run it,
+//! with the same arithmetic for any number of rows.
 //!
 //! Design:
-//! - **Layout.** At load a `[n, k]` Q8_0 tensor (34-byte blocks: f16 scale + 32 i8) is repacked
-//!   into tiles of 16 output rows. For each block column `b` a tile stores the 16 rows' quants
-//!   as 8 lines of 64 bytes, line `j` holding `k = 4j..4j+3` of each of the 16 rows in turn
-//!   (the operand layout of a VNNI dot product, whose 16 lanes are then the 16 outputs), biased
-//!   by 128 to `u8`; the tile's f16 scales follow all its quant blocks. 544 B per 16 × 32
-//!   weights, exactly Q8_0's size; `n` is padded up to a multiple of 16 with zero-scale rows,
-//!   never written to the output. This is the only copy kept: embeddings and the adapters that
-//!   need the dense weight dequantize from it.
+//! - **Layout.** At load a `[n, k]` tensor is repacked, losslessly, into tiles of 16 output
+//!   rows. For each block column `b` a tile stores the 16 rows' quants as lines of 64 bytes in
+//!   the operand layout of a VNNI dot product (whose 16 lanes are then the 16 outputs), as
+//!   unsigned integers `u = q + bias`: Q8_0 as 8 lines, line `j` holding `k = 4j..4j+3` of each
+//!   row in turn (`u = q + 128`); Q5_0 / Q4_0 as 4 lines of nibbles (+ a line of fifth bits),
+//!   as [`Format`] says. The tile's f16 scales follow all its quant blocks. Per 16 × 32
+//!   weights that is 544 / 352 / 288 B, exactly the GGUF sizes; `n` is padded up to a multiple
+//!   of 16 with zero-scale rows, never written to the output. This is the only copy kept:
+//!   embeddings and the adapters that need the dense weight dequantize from it.
 //! - **Numerics.** Each activation row is quantized to Q8_0 exactly like ggml/candle (`d = amax
 //!   / 127`, `q = round(x / d)` with `1/d` from the unrounded `d`, `d` rounded through f16).
 //!   Each output is then, over blocks in order, `acc = acc + (d_w · d_x) · Σ q_w q_x` in f32
 //!   (two products and a sum, each rounded; no FMA), where the integer block dot is exact on
 //!   every path. So every path (portable, AVX2, AVX-512 VNNI) gives the same bits, and a row's
 //!   result does not depend on how many rows share the call: a prompt, a decode step, a batch
-//!   of sessions and a prefix-cache hit all see the same logits.
+//!   of sessions and a prefix-cache hit all see the same logits. (Q5_0 and Q4_0 give the bits
+//!   of the same blocks written as Q8_0.)
 //! - **Paths.** AVX-512 VNNI: one `vpdpbusd` per 64 weight bytes gives the 16 outputs' partial
-//!   sums in its lanes (the `+128` bias of the weights is taken back by starting from
-//!   `-128 · Σ q_x`); up to 4 activation rows share each weight load. AMX (Sapphire Rapids and
-//!   later, Linux): a tile block is already an AMX `B` operand, so groups of 16 activation rows
-//!   take one `tdpbsud` per block and the same float steps (rows past the last full group go to
-//!   VNNI); off with `EXPERT_RUNTIME_AMX=0`. AVX2: the same tile read as two 8-lane halves,
-//!   `maddubs` on `|q_w|` and `q_x` with `q_w`'s sign. Portable: plain loops (any CPU, or
+//!   sums in its lanes (the weights' bias is taken back by starting from `−bias · Σ q_x`; a
+//!   nibble line is masked and shifted into two operands); up to 4 activation rows share each
+//!   weight load. AMX (Sapphire Rapids and later, Linux; Q8_0 only): a tile block is already an
+//!   AMX `B` operand, so groups of 16 activation rows take one `tdpbsud` per block and the same
+//!   float steps (rows past the last full group go to VNNI); off with `EXPERT_RUNTIME_AMX=0`.
+//!   AVX2: the same tile read as two 8-lane halves, `maddubs` (Q8_0: on `|q_w|` and `q_x` with
+//!   `q_w`'s sign; Q5_0 / Q4_0: on `u` itself, at most 31). Portable: plain loops (any CPU, or
 //!   `EXPERT_RUNTIME_SIMD=portable`).
 //! - **Threads.** [`super::tiled`]: chunks of tiles on rayon, rows in groups of 64 per tile.
 //! - **Allocation.** Besides the output, only the quantized activations (a thread-local
@@ -103,12 +107,12 @@ fn paths_with(#[allow(unused_variables)] amx: bool) -> Vec<Path> {
 }
 
 /// Activation rows quantized to Q8_0: `q [rows, k]`, `d [rows, nb]` (f16-rounded scales as
-/// f32) and `c [rows, nb] = -128 · Σ q` per block (the VNNI path's starting sum).
+/// f32) and `s [rows, nb] = Σ q` per block (the unsigned-weight paths start from `−bias · s`).
 #[derive(Default)]
 struct QuantRows {
     q: Vec<i8>,
     d: Vec<f32>,
-    c: Vec<i32>,
+    s: Vec<i32>,
 }
 
 impl QuantRows {
@@ -116,20 +120,20 @@ impl QuantRows {
         let nb = k / QK;
         self.q.resize(rows * k, 0);
         self.d.resize(rows * nb, 0.0);
-        self.c.resize(rows * nb, 0);
-        let one = |((q, d), c): ((&mut [i8], &mut [f32]), &mut [i32]), xr: &[f32]| {
+        self.s.resize(rows * nb, 0);
+        let one = |((q, d), s): ((&mut [i8], &mut [f32]), &mut [i32]), xr: &[f32]| {
             quantize_row(xr, q, d);
-            for (cb, qb) in c.iter_mut().zip(q.chunks_exact(QK)) {
-                *cb = -128 * qb.iter().map(|&v| v as i32).sum::<i32>();
+            for (sb, qb) in s.iter_mut().zip(q.chunks_exact(QK)) {
+                *sb = qb.iter().map(|&v| v as i32).sum::<i32>();
             }
         };
         if rows == 1 {
-            one(((&mut self.q[..], &mut self.d[..]), &mut self.c[..]), x);
+            one(((&mut self.q[..], &mut self.d[..]), &mut self.s[..]), x);
         } else {
             self.q
                 .par_chunks_mut(k)
                 .zip(self.d.par_chunks_mut(nb))
-                .zip(self.c.par_chunks_mut(nb))
+                .zip(self.s.par_chunks_mut(nb))
                 .zip(x.par_chunks(k))
                 .for_each(|(parts, xr)| one(parts, xr));
         }
@@ -175,32 +179,114 @@ fn quantize_row_portable(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     }
 }
 
-/// A `[n, k]` Q8_0 weight repacked in 16-row tiles (see the module note).
-pub struct PackedQ8_0 {
+/// The block format of a packed matrix: blocks of 32 values with one f16 scale `d`, value
+/// `d · (u − bias)` with `u` the unsigned integer stored in the tile.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Format {
+    /// A block column is 8 lines of 64 bytes (line `j`: values `4j..4j+4` of each of the 16
+    /// rows), `u = q + 128`.
+    Q8_0,
+    /// 4 lines of nibbles (line `p`: each row's 4 bytes hold values `8p..8p+4` in their low
+    /// nibbles and `8p+4..8p+8` in their high nibbles), then one line of fifth bits (bit `2p`
+    /// of a row's byte `i` for value `8p + i`, bit `2p + 1` for `8p + 4 + i`): `u ∈ 0..32`,
+    /// bias 16, as ggml's Q5_0 stores it.
+    Q5_0,
+    /// The 4 nibble lines of [`Format::Q5_0`]: `u ∈ 0..16`, bias 8, as ggml's Q4_0.
+    Q4_0,
+}
+
+impl Format {
+    /// The format of a ggml block type, if this kernel runs it.
+    pub fn of(dtype: GgmlDType) -> Option<Format> {
+        match dtype {
+            GgmlDType::Q8_0 => Some(Format::Q8_0),
+            GgmlDType::Q5_0 => Some(Format::Q5_0),
+            GgmlDType::Q4_0 => Some(Format::Q4_0),
+            _ => None,
+        }
+    }
+
+    pub fn dtype(self) -> GgmlDType {
+        match self {
+            Format::Q8_0 => GgmlDType::Q8_0,
+            Format::Q5_0 => GgmlDType::Q5_0,
+            Format::Q4_0 => GgmlDType::Q4_0,
+        }
+    }
+
+    /// Quant bytes of one block column of a tile.
+    fn tile_q(self) -> usize {
+        match self {
+            Format::Q8_0 => TILE_Q,
+            Format::Q5_0 => 5 * 64,
+            Format::Q4_0 => 4 * 64,
+        }
+    }
+
+    fn bias(self) -> i32 {
+        match self {
+            Format::Q8_0 => 128,
+            Format::Q5_0 => 16,
+            Format::Q4_0 => 8,
+        }
+    }
+
+    /// Bytes of one ggml block.
+    fn ggml_bytes(self) -> usize {
+        match self {
+            Format::Q8_0 => Q8_0_BYTES,
+            Format::Q5_0 => 2 + 4 + QK / 2,
+            Format::Q4_0 => 2 + QK / 2,
+        }
+    }
+
+    /// The 32 stored integers `u` of one ggml block (`block_q8_0 { d; i8 qs[32] }`, `block_q5_0
+    /// { d; u8 qh[4]; u8 qs[16] }`, `block_q4_0 { d; u8 qs[16] }`), and its scale bits.
+    fn read_ggml(self, b: &[u8], u: &mut [u8; QK]) -> u16 {
+        let d = u16::from_le_bytes([b[0], b[1]]);
+        match self {
+            Format::Q8_0 => u.iter_mut().zip(&b[2..]).for_each(|(o, &v)| *o = v ^ 0x80),
+            Format::Q5_0 => {
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                for j in 0..QK {
+                    let nibble = (b[6 + j % 16] >> (4 * (j / 16))) & 0x0F;
+                    u[j] = nibble | (((qh >> j) & 1) << 4) as u8;
+                }
+            }
+            Format::Q4_0 => (0..QK).for_each(|j| u[j] = (b[2 + j % 16] >> (4 * (j / 16))) & 0x0F),
+        }
+        d
+    }
+}
+
+/// A `[n, k]` Q8_0, Q5_0 or Q4_0 weight repacked in 16-row tiles (see the module note and
+/// [`Format`]).
+pub struct Packed32 {
     /// The tiles start at `data[off]`, 64-byte aligned.
     data: Vec<u8>,
     off: usize,
+    format: Format,
     n: usize,
     k: usize,
 }
 
-impl PackedQ8_0 {
+impl Packed32 {
     /// A zeroed matrix (every scale 0) for `[n, k]`.
-    fn zeroed(n: usize, k: usize) -> Result<Self> {
+    fn zeroed(format: Format, n: usize, k: usize) -> Result<Self> {
         if n == 0 || k == 0 || !k.is_multiple_of(QK) {
-            return Err(EngineError::Internal(format!("a [{n}, {k}] matrix cannot be packed as Q8_0")));
+            return Err(EngineError::InvalidModel(format!("a [{n}, {k}] matrix cannot be packed as {format:?}")));
         }
-        let bytes = n
-            .div_ceil(TN)
-            .checked_mul(k / QK * (TILE_Q + TILE_S))
+        let bytes = (k / QK)
+            .checked_mul(format.tile_q() + TILE_S)
+            .and_then(|tile| n.div_ceil(TN).checked_mul(tile))
             .and_then(|b| b.checked_add(64))
-            .ok_or_else(|| EngineError::OutOfMemory(format!("a [{n}, {k}] Q8_0 matrix is too large")))?;
+            .ok_or_else(|| EngineError::OutOfMemory(format!("a [{n}, {k}] {format:?} matrix is too large")))?;
         let mut data = Vec::new();
         data.try_reserve_exact(bytes)
-            .map_err(|_| EngineError::OutOfMemory(format!("cannot allocate a [{n}, {k}] Q8_0 matrix")))?;
+            .map_err(|_| EngineError::OutOfMemory(format!("cannot allocate a [{n}, {k}] {format:?} matrix")))?;
         data.resize(bytes, 0u8);
         let off = data.as_ptr().align_offset(64).min(63);
-        Ok(Self { data, off, n, k })
+        Ok(Self { data, off, format, n, k })
     }
 
     fn nb(&self) -> usize {
@@ -208,17 +294,17 @@ impl PackedQ8_0 {
     }
 
     fn tile_bytes(&self) -> usize {
-        self.nb() * (TILE_Q + TILE_S)
+        self.nb() * (self.format.tile_q() + TILE_S)
     }
 
     fn tiles(&self) -> usize {
         self.n.div_ceil(TN)
     }
 
-    /// Tile `t`: its quant blocks (`nb × 512` B) and scales (`nb × 32` B).
+    /// Tile `t`: its quant blocks (`nb × tile_q` B) and scales (`nb × 32` B).
     fn tile(&self, t: usize) -> (&[u8], &[u8]) {
         let tb = self.tile_bytes();
-        self.data[self.off + t * tb..][..tb].split_at(self.nb() * TILE_Q)
+        self.data[self.off + t * tb..][..tb].split_at(self.nb() * self.format.tile_q())
     }
 
     /// Every tile, mutably, for filling in parallel.
@@ -227,32 +313,59 @@ impl PackedQ8_0 {
         self.data[self.off..self.off + len].par_chunks_mut(tb)
     }
 
-    /// Writes row `lane` of a tile's block `b`: scale bits `d` and 32 quants.
-    fn put(tile: &mut [u8], nb: usize, lane: usize, b: usize, d: u16, q: &[i8]) {
-        let (qs, ss) = tile.split_at_mut(nb * TILE_Q);
+    /// Writes row `lane` of a (zeroed) tile's block `b`: scale bits `d` and the 32 stored
+    /// integers `u`.
+    fn put(format: Format, tile: &mut [u8], nb: usize, lane: usize, b: usize, d: u16, u: &[u8; QK]) {
+        let tq = format.tile_q();
+        let (qs, ss) = tile.split_at_mut(nb * tq);
         ss[b * TILE_S + lane * 2..][..2].copy_from_slice(&d.to_le_bytes());
-        let blk = &mut qs[b * TILE_Q..][..TILE_Q];
-        for (i, &v) in q.iter().enumerate() {
-            blk[quant_at(lane, i)] = (v as u8) ^ 0x80;
+        let blk = &mut qs[b * tq..][..tq];
+        for (i, &v) in u.iter().enumerate() {
+            match format {
+                Format::Q8_0 => blk[quant_at(lane, i)] = v,
+                Format::Q5_0 | Format::Q4_0 => {
+                    let (p, h, j) = (i / 8, (i / 4) % 2, i % 4);
+                    blk[p * 64 + lane * 4 + j] |= (v & 0x0F) << (4 * h);
+                    if format == Format::Q5_0 {
+                        blk[256 + lane * 4 + j] |= ((v >> 4) & 1) << (2 * p + h);
+                    }
+                }
+            }
         }
     }
 
-    /// Quantizes a `[n, k]` matrix straight into the packed layout (quantize on load): `row(r,
-    /// out)` writes row `r` in f32 into `out` (`len = k`). The blocks are those of
+    /// Row `lane`'s stored integer `i` (0..32) of a tile's block.
+    #[inline]
+    fn stored(format: Format, blk: &[u8], lane: usize, i: usize) -> u8 {
+        match format {
+            Format::Q8_0 => blk[quant_at(lane, i)],
+            Format::Q5_0 | Format::Q4_0 => {
+                let (p, h, j) = (i / 8, (i / 4) % 2, i % 4);
+                let nibble = (blk[p * 64 + lane * 4 + j] >> (4 * h)) & 0x0F;
+                let high = if format == Format::Q5_0 { ((blk[256 + lane * 4 + j] >> (2 * p + h)) & 1) << 4 } else { 0 };
+                nibble | high
+            }
+        }
+    }
+
+    /// Quantizes a `[n, k]` matrix straight into the packed Q8_0 layout (quantize on load):
+    /// `row(r, out)` writes row `r` in f32 into `out` (`len = k`). The blocks are those of
     /// [`quantize_row`] (candle's and ggml's Q8_0 quantizer), so the result equals
     /// [`Self::from_qtensor`] of the same matrix quantized by candle. Tiles run in parallel; a
     /// failing `row` fails the whole.
     pub fn from_rows(n: usize, k: usize, row: impl Fn(usize, &mut [f32]) -> Result<()> + Sync) -> Result<Self> {
-        let mut p = Self::zeroed(n, k)?;
+        let mut p = Self::zeroed(Format::Q8_0, n, k)?;
         let nb = p.nb();
         p.tiles_mut().enumerate().try_for_each_init(
             || (vec![0f32; k], vec![0i8; k], vec![0f32; nb]),
             |(x, q, d), (t, tile)| -> Result<()> {
+                let mut u = [0u8; QK];
                 for lane in 0..TN.min(n - t * TN) {
                     row(t * TN + lane, x)?;
                     quantize_row(x, q, d);
                     for b in 0..nb {
-                        Self::put(tile, nb, lane, b, f16::from_f32(d[b]).to_bits(), &q[b * QK..(b + 1) * QK]);
+                        u.iter_mut().zip(&q[b * QK..(b + 1) * QK]).for_each(|(o, &v)| *o = (v as u8) ^ 0x80);
+                        Self::put(Format::Q8_0, tile, nb, lane, b, f16::from_f32(d[b]).to_bits(), &u);
                     }
                 }
                 Ok(())
@@ -261,35 +374,43 @@ impl PackedQ8_0 {
         Ok(p)
     }
 
-    /// Repacks a 2-D Q8_0 `QTensor` of shape `[n, k]`.
+    /// Repacks a 2-D Q8_0, Q5_0 or Q4_0 `QTensor` of shape `[n, k]`.
     pub fn from_qtensor(q: &QTensor) -> Result<Self> {
-        if q.dtype() != GgmlDType::Q8_0 {
-            return Err(EngineError::InvalidModel(format!("PackedQ8_0 needs Q8_0, got {:?}", q.dtype())));
-        }
+        let format = Format::of(q.dtype())
+            .ok_or_else(|| EngineError::InvalidModel(format!("Packed32 needs Q8_0, Q5_0 or Q4_0, got {:?}", q.dtype())))?;
         let (n, k) = q.shape().dims2()?;
-        Self::from_q8_0_bytes(&q.data()?, n, k)
+        Self::from_ggml_bytes(format, &q.data()?, n, k)
     }
 
-    /// Repacks raw GGUF Q8_0 blocks (row-major, `k / 32` blocks per row).
-    pub fn from_q8_0_bytes(bytes: &[u8], n: usize, k: usize) -> Result<Self> {
-        let mut p = Self::zeroed(n, k)?;
-        let nb = p.nb();
-        if n.checked_mul(nb * Q8_0_BYTES) != Some(bytes.len()) {
-            return Err(EngineError::InvalidModel(format!("{} bytes of Q8_0 do not make a [{n}, {k}] matrix", bytes.len())));
+    /// Repacks raw ggml blocks (row-major, `k / 32` blocks per row).
+    pub fn from_ggml_bytes(format: Format, bytes: &[u8], n: usize, k: usize) -> Result<Self> {
+        let mut p = Self::zeroed(format, n, k)?;
+        let (nb, gb) = (p.nb(), format.ggml_bytes());
+        if nb.checked_mul(gb).and_then(|row| n.checked_mul(row)) != Some(bytes.len()) {
+            return Err(EngineError::InvalidModel(format!(
+                "{} bytes of {format:?} do not make a [{n}, {k}] matrix",
+                bytes.len()
+            )));
         }
         p.tiles_mut().enumerate().for_each(|(t, tile)| {
-            let mut q = [0i8; QK];
+            let mut u = [0u8; QK];
             for lane in 0..TN.min(n - t * TN) {
                 for b in 0..nb {
-                    let src = &bytes[((t * TN + lane) * nb + b) * Q8_0_BYTES..][..Q8_0_BYTES];
-                    for (o, &v) in q.iter_mut().zip(&src[2..]) {
-                        *o = v as i8;
-                    }
-                    Self::put(tile, nb, lane, b, u16::from_le_bytes([src[0], src[1]]), &q);
+                    let d = format.read_ggml(&bytes[((t * TN + lane) * nb + b) * gb..][..gb], &mut u);
+                    Self::put(format, tile, nb, lane, b, d, &u);
                 }
             }
         });
         Ok(p)
+    }
+
+    /// Repacks raw GGUF Q8_0 blocks (row-major, `k / 32` blocks per row).
+    pub fn from_q8_0_bytes(bytes: &[u8], n: usize, k: usize) -> Result<Self> {
+        Self::from_ggml_bytes(Format::Q8_0, bytes, n, k)
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
     }
 
     pub fn rows(&self) -> usize {
@@ -305,16 +426,16 @@ impl PackedQ8_0 {
         self.tiles() * self.tile_bytes()
     }
 
-    /// Row `r` dequantized (`q · d`, as candle's `to_float`) into `out` (`len = k`).
+    /// Row `r` dequantized (`(u − bias) · d`, as candle's `to_float`) into `out` (`len = k`).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.n && out.len() == self.k);
         let (qs, ss) = self.tile(r / TN);
-        let lane = r % TN;
+        let (lane, tq, bias) = (r % TN, self.format.tile_q(), self.format.bias());
         for (b, o) in out.chunks_exact_mut(QK).enumerate() {
             let d = scale(ss, b, lane);
-            let blk = &qs[b * TILE_Q..][..TILE_Q];
+            let blk = &qs[b * tq..][..tq];
             for (i, v) in o.iter_mut().enumerate() {
-                *v = ((blk[quant_at(lane, i)] ^ 0x80) as i8) as f32 * d;
+                *v = (Self::stored(self.format, blk, lane, i) as i32 - bias) as f32 * d;
             }
         }
     }
@@ -383,6 +504,9 @@ impl PackedQ8_0 {
     fn matmul_quantized(&self, path: Path, xs: &mut QuantRows, x: &[f32], rows: usize, out: &mut [f32]) {
         xs.fill(x, rows, self.k);
         let xs = &*xs;
+        // AMX multiplies 8-bit weights only: the nibble formats take the VNNI path there.
+        #[cfg(target_arch = "x86_64")]
+        let path = if path == Path::Amx && self.format != Format::Q8_0 { Path::Avx512Vnni } else { path };
         // SAFETY: the AMX path is only constructed after `has_amx`.
         #[cfg(target_arch = "x86_64")]
         let chunk_state = || (path == Path::Amx && rows >= 16).then(|| unsafe { x86::Tiles::configure() });
@@ -390,7 +514,7 @@ impl PackedQ8_0 {
         let chunk_state = || ();
         tiled::run(self.n, self.tile_bytes(), rows, out, chunk_state, |_, t, rows, part| {
             let (qs, ss) = self.tile(t);
-            tile_rows(path, qs, ss, self.nb(), xs, self.k, rows, part);
+            tile_rows(path, self.format, qs, ss, self.nb(), xs, self.k, rows, part);
         });
     }
 }
@@ -413,6 +537,7 @@ fn scale(ss: &[u8], b: usize, lane: usize) -> f32 {
 #[allow(clippy::too_many_arguments)]
 fn tile_rows(
     path: Path,
+    format: Format,
     qs: &[u8],
     ss: &[u8],
     nb: usize,
@@ -421,38 +546,57 @@ fn tile_rows(
     rows: std::ops::Range<usize>,
     out: &mut [[f32; TN]],
 ) {
-    assert!(qs.len() == nb * TILE_Q && ss.len() == nb * TILE_S && out.len() == rows.len());
-    assert!(xs.q.len() >= rows.end * k && xs.d.len() >= rows.end * nb && xs.c.len() >= rows.end * nb && k == nb * QK);
+    assert!(qs.len() == nb * format.tile_q() && ss.len() == nb * TILE_S && out.len() == rows.len());
+    assert!(xs.q.len() >= rows.end * k && xs.d.len() >= rows.end * nb && xs.s.len() >= rows.end * nb && k == nb * QK);
     match path {
-        // SAFETY: each x86 path is only constructed after its features were detected; the
-        // asserts above bound every pointer the kernels read (see their notes).
+        // SAFETY: each x86 path is only constructed after its features were detected (and AMX
+        // only runs Q8_0); the asserts above bound every pointer the kernels read (see their
+        // notes).
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512Vnni => unsafe { x86::rows_vnni(qs, ss, nb, xs, k, rows.start, out) },
+        Path::Avx512Vnni => unsafe { x86::rows_vnni(format, qs, ss, nb, xs, k, rows.start, out) },
         #[cfg(target_arch = "x86_64")]
         Path::Amx => unsafe { x86::rows_amx(qs, ss, nb, xs, k, rows.start, out) },
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { x86::rows_avx2(qs, ss, nb, xs, k, rows.start, out) },
+        Path::Avx2 => unsafe { x86::rows_avx2(format, qs, ss, nb, xs, k, rows.start, out) },
         Path::Portable => {
             for (r, o) in rows.zip(out) {
-                tile_row_portable(qs, ss, nb, &xs.q[r * k..(r + 1) * k], &xs.d[r * nb..(r + 1) * nb], o);
+                tile_row_portable(format, qs, ss, nb, &xs.q[r * k..(r + 1) * k], &xs.d[r * nb..(r + 1) * nb], o);
             }
         }
     }
 }
 
 /// The reference arithmetic: per output, blocks in order, `acc + (d_w · d_x) · Σ q_w q_x`.
-fn tile_row_portable(qs: &[u8], ss: &[u8], nb: usize, xq: &[i8], xd: &[f32], out: &mut [f32; TN]) {
+fn tile_row_portable(format: Format, qs: &[u8], ss: &[u8], nb: usize, xq: &[i8], xd: &[f32], out: &mut [f32; TN]) {
+    let (tq, bias) = (format.tile_q(), format.bias());
     let mut acc = [0f32; TN];
     for b in 0..nb {
-        let blk = &qs[b * TILE_Q..][..TILE_Q];
+        let blk = &qs[b * tq..][..tq];
         let xb = &xq[b * QK..][..QK];
         let mut isum = [0i32; TN];
-        // Line by line (the layout's order, contiguous reads): line `j` holds quants
-        // `4j..4j+4` of each lane, as `quant_at` places them.
-        for (j, line) in blk.chunks_exact(64).enumerate() {
-            for (lane, s) in isum.iter_mut().enumerate() {
-                for i in 0..4 {
-                    *s += ((line[lane * 4 + i] ^ 0x80) as i8 as i32) * xb[j * 4 + i] as i32;
+        match format {
+            // Line by line (the layout's order, contiguous reads): line `j` holds quants
+            // `4j..4j+4` of each lane, as `quant_at` places them.
+            Format::Q8_0 => {
+                for (j, line) in blk.chunks_exact(64).enumerate() {
+                    for (lane, s) in isum.iter_mut().enumerate() {
+                        for i in 0..4 {
+                            *s += ((line[lane * 4 + i] ^ 0x80) as i8 as i32) * xb[j * 4 + i] as i32;
+                        }
+                    }
+                }
+            }
+            Format::Q5_0 | Format::Q4_0 => {
+                let high = if format == Format::Q5_0 { &blk[256..320] } else { &[0u8; 64][..] };
+                for (p, line) in blk[..256].chunks_exact(64).enumerate() {
+                    for (lane, s) in isum.iter_mut().enumerate() {
+                        for i in 0..4 {
+                            let (byte, hb) = (line[lane * 4 + i], high[lane * 4 + i]);
+                            let lo = ((byte & 0x0F) | ((hb >> (2 * p)) & 1) << 4) as i32 - bias;
+                            let hi = ((byte >> 4) | ((hb >> (2 * p + 1)) & 1) << 4) as i32 - bias;
+                            *s += lo * xb[8 * p + i] as i32 + hi * xb[8 * p + 4 + i] as i32;
+                        }
+                    }
                 }
             }
         }
@@ -465,7 +609,11 @@ fn tile_row_portable(qs: &[u8], ss: &[u8], nb: usize, xq: &[i8], xd: &[f32], out
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{QuantRows, QK, TILE_Q, TILE_S, TN};
+    use super::{Format, QuantRows, QK, TILE_Q, TILE_S, TN};
+    /// Blocks ahead that the nibble kernels prefetch (measured on decode-sized products streaming
+    /// from memory: the hardware prefetchers alone leave Q5_0 / Q4_0 ~25% slower; Q8_0, with
+    /// less work per byte, gains nothing).
+    const PREFETCH_BLOCKS: usize = 8;
     use std::arch::asm;
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
@@ -586,7 +734,7 @@ mod x86 {
                 amx16(qs, ss, nb, xs, k, r0 + i * 16, o);
             }
         }
-        rows_vnni(qs, ss, nb, xs, k, r0 + full, &mut out[full..]);
+        rows_vnni(Format::Q8_0, qs, ss, nb, xs, k, r0 + full, &mut out[full..]);
     }
 
     /// One block's sums for 16 rows, as `tilestored` writes them: row `r`, then its 16 lanes.
@@ -595,7 +743,7 @@ mod x86 {
 
     /// 16 rows from `r0` against one tile. Per block, `tdpbsud` gives `Σ q_x · (q_w + 128)`
     /// for the 16 rows × 16 lanes (activations signed in A, the biased weights unsigned in B);
-    /// adding the row's `c = -128 · Σ q_x` leaves `Σ q_x q_w`, the same exact integer as the
+    /// adding the row's `-128 · Σ q_x` leaves `Σ q_x q_w`, the same exact integer as the
     /// other paths, and the float steps are `rows_vnni`'s.
     ///
     /// Blocks go in pairs, software-pipelined over two sets of sum tiles: while the vector
@@ -671,6 +819,14 @@ mod x86 {
         }
     }
 
+    /// The sum of a row's `C` accumulator chains (independent `vpdpbusd` chains, so one does
+    /// not wait on the latency of the last; integer sums, exact in any order).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn chains<const C: usize>(c: [__m512i; C]) -> __m512i {
+        c[1..].iter().fold(c[0], |a, &v| _mm512_add_epi32(a, v))
+    }
+
     /// One block folded into a row's 16 outputs: `acc + (d_w · d_x) · isum`, two products and a
     /// sum, each rounded (the float steps of the module note, shared by the VNNI and AMX paths).
     #[inline]
@@ -680,15 +836,15 @@ mod x86 {
     }
 
     /// Folds block `b`'s sums of 16 rows from `r0` into their accumulators with
-    /// [`scale_add`] after adding `c`. Unrolled so the accumulators stay in registers.
+    /// [`scale_add`] after adding `-128 · Σ q_x`. Unrolled so the accumulators stay in registers.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn fold16(acc: &mut [__m512; 16], sums: &Sums, ss: &[u8], nb: usize, xs: &QuantRows, r0: usize, b: usize) {
         let dw = _mm512_cvtph_ps(_mm256_loadu_si256(ss.as_ptr().add(b * TILE_S) as *const __m256i));
-        let (c, d) = (xs.c.as_ptr().add(r0 * nb + b), xs.d.as_ptr().add(r0 * nb + b));
+        let (s, d) = (xs.s.as_ptr().add(r0 * nb + b), xs.d.as_ptr().add(r0 * nb + b));
         macro_rules! row {
             ($($r:literal)*) => {$(
-                let isum = _mm512_add_epi32(_mm512_load_si512(sums.0[$r].as_ptr() as *const _), _mm512_set1_epi32(*c.add($r * nb)));
+                let isum = _mm512_add_epi32(_mm512_load_si512(sums.0[$r].as_ptr() as *const _), _mm512_set1_epi32(-128 * *s.add($r * nb)));
                 acc[$r] = scale_add(acc[$r], dw, *d.add($r * nb), isum);
             )*};
         }
@@ -746,40 +902,128 @@ mod x86 {
     /// AVX-512 F/BW/VL and VNNI must be present; `qs`, `ss`, `out` and `xs` as asserted by
     /// `super::tile_rows` (every read below is inside them).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn rows_vnni(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn rows_vnni(
+        format: Format,
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+    ) {
         for (i, o) in out.chunks_mut(4).enumerate() {
             let r = r0 + i * 4;
-            match o.len() {
-                4 => vnni::<4>(qs, ss, nb, xs, k, r, o),
-                3 => vnni::<3>(qs, ss, nb, xs, k, r, o),
-                2 => vnni::<2>(qs, ss, nb, xs, k, r, o),
-                _ => vnni::<1>(qs, ss, nb, xs, k, r, o),
+            macro_rules! rows {
+                ($f:ident $(, $hi:literal)?) => {
+                    match o.len() {
+                        4 => $f::<4, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o),
+                        3 => $f::<3, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o),
+                        2 => $f::<2, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o),
+                        _ => $f::<1, 4 $(, $hi)?>(qs, ss, nb, xs, k, r, o),
+                    }
+                };
             }
+            match format {
+                Format::Q8_0 => rows!(vnni),
+                Format::Q5_0 => rows!(vnni_nibbles, true),
+                Format::Q4_0 => rows!(vnni_nibbles, false),
+            }
+        }
+    }
+
+    /// `R` rows from `r0` against one Q4_0 (`HI = false`) or Q5_0 tile: per line of nibbles
+    /// two `vpdpbusd` (the fifth bits moved to bit 4 by 16-bit shifts of at most 4 left or 3
+    /// right, which never carry another byte's bit there), from `−bias · Σ q_x`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn vnni_nibbles<const R: usize, const C: usize, const HI: bool>(
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+    ) {
+        let format = if HI { Format::Q5_0 } else { Format::Q4_0 };
+        let (tq, bias) = (format.tile_q(), format.bias());
+        let (nib, bit4) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
+        let mut acc = [_mm512_setzero_ps(); R];
+        let xq = xs.q.as_ptr().add(r0 * k);
+        for b in 0..nb {
+            let mut isum = [[_mm512_setzero_si512(); C]; R];
+            for (r, s) in isum.iter_mut().enumerate() {
+                s[0] = _mm512_set1_epi32(-bias * *xs.s.get_unchecked((r0 + r) * nb + b));
+            }
+            let blk = qs.as_ptr().add(b * tq);
+            for l in 0..tq / 64 {
+                // A hint only: past the end of the weights it loads nothing and cannot fault.
+                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BLOCKS * tq + l * 64) as *const i8);
+            }
+            let qh = if HI { _mm512_loadu_si512(blk.add(256) as *const _) } else { _mm512_setzero_si512() };
+            macro_rules! line {
+                ($p:literal, $lo:expr, $hi:expr) => {{
+                    let w = _mm512_loadu_si512(blk.add($p * 64) as *const _);
+                    let (mut lo, mut hi) = (_mm512_and_si512(w, nib), _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib));
+                    if HI {
+                        lo = _mm512_ternarylogic_epi32::<0xEA>($lo, bit4, lo);
+                        hi = _mm512_ternarylogic_epi32::<0xEA>($hi, bit4, hi);
+                    }
+                    let (cl, ch) = ((2 * $p) % C, (2 * $p + 1) % C);
+                    for (r, s) in isum.iter_mut().enumerate() {
+                        let x = xq.add(r * k + b * QK + $p * 8);
+                        s[cl] = _mm512_dpbusd_epi32(s[cl], lo, _mm512_set1_epi32(std::ptr::read_unaligned(x as *const i32)));
+                        s[ch] =
+                            _mm512_dpbusd_epi32(s[ch], hi, _mm512_set1_epi32(std::ptr::read_unaligned(x.add(4) as *const i32)));
+                    }
+                }};
+            }
+            line!(0, _mm512_slli_epi16::<4>(qh), _mm512_slli_epi16::<3>(qh));
+            line!(1, _mm512_slli_epi16::<2>(qh), _mm512_slli_epi16::<1>(qh));
+            line!(2, qh, _mm512_srli_epi16::<1>(qh));
+            line!(3, _mm512_srli_epi16::<2>(qh), _mm512_srli_epi16::<3>(qh));
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(ss.as_ptr().add(b * TILE_S) as *const __m256i));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = scale_add(*a, dw, *xs.d.get_unchecked((r0 + r) * nb + b), chains(isum[r]));
+            }
+        }
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            _mm512_storeu_ps(o.as_mut_ptr(), *a);
         }
     }
 
     /// `R` rows from `r0` against one tile.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn vnni<const R: usize>(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+    unsafe fn vnni<const R: usize, const C: usize>(
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+    ) {
         let mut acc = [_mm512_setzero_ps(); R];
         let xq = xs.q.as_ptr().add(r0 * k);
         for b in 0..nb {
-            let mut isum = [_mm512_setzero_si512(); R];
+            let mut isum = [[_mm512_setzero_si512(); C]; R];
             for (r, s) in isum.iter_mut().enumerate() {
-                *s = _mm512_set1_epi32(*xs.c.get_unchecked((r0 + r) * nb + b));
+                s[0] = _mm512_set1_epi32(-128 * *xs.s.get_unchecked((r0 + r) * nb + b));
             }
             let blk = qs.as_ptr().add(b * TILE_Q);
             for j in 0..8 {
                 let w = _mm512_loadu_si512(blk.add(j * 64) as *const _);
                 for (r, s) in isum.iter_mut().enumerate() {
                     let quad = std::ptr::read_unaligned(xq.add(r * k + b * QK + j * 4) as *const i32);
-                    *s = _mm512_dpbusd_epi32(*s, w, _mm512_set1_epi32(quad));
+                    s[j % C] = _mm512_dpbusd_epi32(s[j % C], w, _mm512_set1_epi32(quad));
                 }
             }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(ss.as_ptr().add(b * TILE_S) as *const __m256i));
             for (r, a) in acc.iter_mut().enumerate() {
-                *a = scale_add(*a, dw, *xs.d.get_unchecked((r0 + r) * nb + b), isum[r]);
+                *a = scale_add(*a, dw, *xs.d.get_unchecked((r0 + r) * nb + b), chains(isum[r]));
             }
         }
         for (a, o) in acc.iter().zip(out.iter_mut()) {
@@ -792,12 +1036,88 @@ mod x86 {
     /// # Safety
     /// AVX2 and F16C must be present; slices as for `rows_vnni`.
     #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn rows_avx2(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn rows_avx2(
+        format: Format,
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+    ) {
         for (i, o) in out.chunks_mut(2).enumerate() {
-            match o.len() {
-                2 => avx2::<2>(qs, ss, nb, xs, k, r0 + i * 2, o),
-                _ => avx2::<1>(qs, ss, nb, xs, k, r0 + i * 2, o),
+            let r = r0 + i * 2;
+            match (format, o.len()) {
+                (Format::Q8_0, 2) => avx2::<2>(qs, ss, nb, xs, k, r, o),
+                (Format::Q8_0, _) => avx2::<1>(qs, ss, nb, xs, k, r, o),
+                (_, 2) => avx2_nibbles::<2>(format, qs, ss, nb, xs, k, r, o),
+                (_, _) => avx2_nibbles::<1>(format, qs, ss, nb, xs, k, r, o),
             }
+        }
+    }
+
+    /// `R` rows from `r0` against one Q4_0 or Q5_0 tile, as two halves of 8 lanes: `maddubs`
+    /// on the unsigned stored integers (a line's two results, each at most `2 · 31 · 128`, are
+    /// added as `i16`), from `−bias · Σ q_x`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn avx2_nibbles<const R: usize>(
+        format: Format,
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+    ) {
+        let (tq, bias) = (format.tile_q(), format.bias());
+        let (nib, bit4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10), _mm256_set1_epi16(1));
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let xq = xs.q.as_ptr().add(r0 * k);
+        for b in 0..nb {
+            let blk = qs.as_ptr().add(b * tq);
+            for h in 0..2 {
+                let mut isum = [_mm256_setzero_si256(); R];
+                for (r, s) in isum.iter_mut().enumerate() {
+                    *s = _mm256_set1_epi32(-bias * *xs.s.get_unchecked((r0 + r) * nb + b));
+                }
+                let qh = if format == Format::Q5_0 {
+                    _mm256_loadu_si256(blk.add(256 + h * 32) as *const __m256i)
+                } else {
+                    _mm256_setzero_si256()
+                };
+                for p in 0..4 {
+                    let w = _mm256_loadu_si256(blk.add(p * 64 + h * 32) as *const __m256i);
+                    let (mut lo, mut hi) = (_mm256_and_si256(w, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(w), nib));
+                    if format == Format::Q5_0 {
+                        // Bits `2p` and `2p + 1` to bit 4 (32-bit shifts, one bit per byte kept).
+                        let (sl, sh) = (_mm_cvtsi32_si128(2 * p as i32), _mm_cvtsi32_si128(2 * p as i32 + 1));
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, sl)), bit4));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, sh)), bit4));
+                    }
+                    for (r, s) in isum.iter_mut().enumerate() {
+                        let x = xq.add(r * k + b * QK + p * 8);
+                        let pairs = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, _mm256_set1_epi32(std::ptr::read_unaligned(x as *const i32))),
+                            _mm256_maddubs_epi16(hi, _mm256_set1_epi32(std::ptr::read_unaligned(x.add(4) as *const i32))),
+                        );
+                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(ss.as_ptr().add(b * TILE_S + h * 16) as *const __m128i));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.d.get_unchecked((r0 + r) * nb + b)));
+                    a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[r])));
+                }
+            }
+        }
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
         }
     }
 
@@ -883,7 +1203,7 @@ mod tests {
 
     /// The product on every path (each must equal the portable one bit for bit), with each
     /// batched row equal to the same row alone.
-    fn every_path(packed: &PackedQ8_0, x: &[f32], rows: usize) -> Vec<f32> {
+    fn every_path(packed: &Packed32, x: &[f32], rows: usize) -> Vec<f32> {
         let (n, k) = (packed.rows(), packed.cols());
         let mut want = vec![0f32; rows * n];
         packed.matmul_at(Path::Portable, x, rows, &mut want);
@@ -892,7 +1212,8 @@ mod tests {
             packed.matmul_at(p, x, rows, &mut y);
             assert!(
                 y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{p:?} [{n}x{k}] × {rows} rows differs from portable"
+                "{p:?} {:?} [{n}x{k}] × {rows} rows differs from portable",
+                packed.format()
             );
             for r in [0, rows / 2, rows - 1] {
                 let mut alone = vec![0f32; n];
@@ -904,10 +1225,16 @@ mod tests {
     }
 
     fn check(n: usize, k: usize, rows: usize) {
+        for format in [Format::Q8_0, Format::Q5_0, Format::Q4_0] {
+            check_format(format, n, k, rows);
+        }
+    }
+
+    fn check_format(format: Format, n: usize, k: usize, rows: usize) {
         let dev = Device::Cpu;
         let w = Tensor::randn(0f32, 0.05, (n, k), &dev).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
-        let packed = PackedQ8_0::from_qtensor(&q).unwrap();
+        let q = QTensor::quantize(&w, format.dtype()).unwrap();
+        let packed = Packed32::from_qtensor(&q).unwrap();
         let deq: Vec<f32> = q.dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         let mm = QMatMul::from_qtensor(q).unwrap();
         let x = Tensor::randn(0f32, 1.0, (rows, k), &dev).unwrap();
@@ -922,7 +1249,7 @@ mod tests {
             quantize_row(xr, &mut xq, &mut xd);
             for (i, (want, tol)) in exact_with_bound(&deq, k, &xq, &xd).into_iter().enumerate() {
                 let got = y[r * n + i] as f64;
-                assert!((got - want).abs() <= tol, "[{n}x{k}] row {r} out {i}: {got} vs exact {want} (bound {tol:e})");
+                assert!((got - want).abs() <= tol, "{format:?} [{n}x{k}] row {r} out {i}: {got} vs exact {want} (bound {tol:e})");
             }
             // candle's QMatMul computes the same product by a CPU-dependent path (see the
             // module note): both it and we must be within the activation-quantization bound
@@ -974,7 +1301,7 @@ mod tests {
                 bytes.extend((0..QK).map(|i| if (i + r) % 3 == 0 { 0x80 } else { 0x7f }));
             }
         }
-        let packed = PackedQ8_0::from_q8_0_bytes(&bytes, n, k).unwrap();
+        let packed = Packed32::from_q8_0_bytes(&bytes, n, k).unwrap();
         // Activations quantizing to ±127 with scale 1 (17 rows: one AMX group and a tail).
         let x: Vec<f32> = (0..17 * k).map(|i| if i % 2 == 0 { 127.0 } else { -127.0 }).collect();
         let y = every_path(&packed, &x, 17);
@@ -1039,10 +1366,72 @@ mod tests {
         }
     }
 
+    /// ggml's Q5_0 block bytes for `u` (32 values in 0..32) and scale bits `d`.
+    fn q5_0_block(u: &[u8; QK], d: u16) -> Vec<u8> {
+        let mut b = d.to_le_bytes().to_vec();
+        let qh: u32 = (0..QK).map(|j| (((u[j] >> 4) & 1) as u32) << j).sum();
+        b.extend(qh.to_le_bytes());
+        b.extend((0..16).map(|j| (u[j] & 0x0F) | (u[j + 16] & 0x0F) << 4));
+        b
+    }
+
+    /// Q5_0 and Q4_0 run natively with the very integers and scales of the same blocks as
+    /// Q8_0 (`q − 16` / `q − 8` with the same `d`), so they give the bits the earlier lossless
+    /// repack to Q8_0 gave, on every path; extreme quants (0 and 31 against ±127) included.
+    #[test]
+    fn nibble_formats_equal_the_same_blocks_as_q8_0() {
+        let (n, k) = (21, 256);
+        let mut seed = 1u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+            seed >> 8
+        };
+        for format in [Format::Q5_0, Format::Q4_0] {
+            let top = if format == Format::Q5_0 { 32 } else { 16 };
+            let (mut native, mut as_q8) = (Vec::new(), Vec::new());
+            for r in 0..n {
+                for _ in 0..k / QK {
+                    let u: [u8; QK] = std::array::from_fn(|i| match r {
+                        0 => top as u8 - 1,
+                        1 => 0,
+                        _ => (next() % top) as u8,
+                    } ^ if r < 2 && i % 3 == 0 { top as u8 - 1 } else { 0 });
+                    let d = f16::from_f32(0.01 + (next() % 100) as f32 / 1000.0).to_bits();
+                    match format {
+                        Format::Q5_0 => native.extend(q5_0_block(&u, d)),
+                        _ => {
+                            native.extend(d.to_le_bytes());
+                            native.extend((0..16).map(|j| (u[j] & 0x0F) | (u[j + 16] & 0x0F) << 4));
+                        }
+                    }
+                    as_q8.extend(d.to_le_bytes());
+                    as_q8.extend(u.iter().map(|&v| (v as i32 - format.bias()) as i8 as u8));
+                }
+            }
+            let p = Packed32::from_ggml_bytes(format, &native, n, k).unwrap();
+            let p8 = Packed32::from_q8_0_bytes(&as_q8, n, k).unwrap();
+            assert_eq!(p.dequantize(), p8.dequantize(), "{format:?}");
+            // Against candle's reading of the same bytes.
+            let storage = candle_core::quantized::QStorage::from_data(
+                std::borrow::Cow::Borrowed(&native[..]),
+                &Device::Cpu,
+                format.dtype(),
+            )
+            .unwrap();
+            let q = QTensor::new(storage, (n, k)).unwrap();
+            let candle: Vec<f32> = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(p.dequantize(), candle, "{format:?}");
+            let x: Vec<f32> = (0..5 * k).map(|i| if i % 7 < 3 { 127.0 } else { -127.0 }).collect();
+            let y = every_path(&p, &x, 5);
+            assert_eq!(y, every_path(&p8, &x, 5), "{format:?}");
+            assert!(p.size_in_bytes() * 8 < p8.size_in_bytes() * (if format == Format::Q5_0 { 6 } else { 5 }));
+        }
+    }
+
     #[test]
     fn zero_rows_and_activation() {
         let (n, k) = (6, 64);
-        let packed = PackedQ8_0::from_q8_0_bytes(&vec![0u8; n * (k / QK) * Q8_0_BYTES], n, k).unwrap();
+        let packed = Packed32::from_q8_0_bytes(&vec![0u8; n * (k / QK) * Q8_0_BYTES], n, k).unwrap();
         let mut y = vec![1f32; n];
         packed.matmul(&vec![0f32; k], 1, &mut y);
         assert!(y.iter().all(|v| *v == 0.0));
@@ -1050,9 +1439,13 @@ mod tests {
 
     #[test]
     fn bad_shapes_are_errors() {
-        assert!(PackedQ8_0::from_q8_0_bytes(&[0u8; 33], 1, 32).is_err());
-        assert!(PackedQ8_0::from_q8_0_bytes(&[], 0, 32).is_err());
-        assert!(PackedQ8_0::from_q8_0_bytes(&[0u8; 34], 1, 31).is_err());
-        assert_eq!(PackedQ8_0::from_rows(usize::MAX / 2, 1 << 20, |_, _| Ok(())).err().map(|e| e.code()), Some("OUT_OF_MEMORY"));
+        assert!(Packed32::from_ggml_bytes(Format::Q5_0, &[0u8; 23], 1, 32).is_err());
+        assert!(Packed32::from_ggml_bytes(Format::Q4_0, &[0u8; 18], 1, 64).is_err());
+        let huge = Packed32::from_ggml_bytes(Format::Q4_0, &[], usize::MAX / 2, 1 << 20).err().map(|e| e.code());
+        assert_eq!(huge, Some("OUT_OF_MEMORY"));
+        assert!(Packed32::from_q8_0_bytes(&[0u8; 33], 1, 32).is_err());
+        assert!(Packed32::from_q8_0_bytes(&[], 0, 32).is_err());
+        assert!(Packed32::from_q8_0_bytes(&[0u8; 34], 1, 31).is_err());
+        assert_eq!(Packed32::from_rows(usize::MAX / 2, 1 << 20, |_, _| Ok(())).err().map(|e| e.code()), Some("OUT_OF_MEMORY"));
     }
 }

@@ -31,7 +31,7 @@ use rayon::prelude::*;
 
 use super::block_quant;
 use super::linear::Weight;
-use super::q8::PackedQ8_0;
+use super::q8::Packed32;
 use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
 
@@ -272,12 +272,12 @@ pub fn quantize(rows: &DenseRows, format: GgmlDType, name: &str) -> Result<QTens
 }
 
 /// Quantizes `rows` into `format` as the engine will run it on `device`: Q8_0 on the CPU
-/// kernels goes straight into our packed layout ([`PackedQ8_0::from_rows`], one pass, no
+/// kernels goes straight into our packed layout ([`Packed32::from_rows`], one pass, no
 /// intermediate blocks); the rest through [`quantize`] and [`Weight::from_qtensor`].
 pub fn quantize_weight(rows: &DenseRows, format: GgmlDType, name: &str, device: &Device) -> Result<Weight> {
     if format == GgmlDType::Q8_0 && cpu_kernels(device) {
-        let packed = PackedQ8_0::from_rows(rows.n, rows.k, |r, out| rows.row_checked(r, out, name))?;
-        return Ok(Weight::Q8Packed(packed));
+        let packed = Packed32::from_rows(rows.n, rows.k, |r, out| rows.row_checked(r, out, name))?;
+        return Ok(Weight::Packed32(packed));
     }
     Weight::from_qtensor(quantize(rows, format, name)?, device)
 }
@@ -341,10 +341,10 @@ mod tests {
         v[..32].fill(0.0);
         let bytes = le_bytes(&v, DenseType::F32);
         let rows = DenseRows::new(&bytes, DenseType::F32, n, k).unwrap();
-        let Weight::Q8Packed(direct) = quantize_weight(&rows, GgmlDType::Q8_0, "w", &Device::Cpu).unwrap() else {
+        let Weight::Packed32(direct) = quantize_weight(&rows, GgmlDType::Q8_0, "w", &Device::Cpu).unwrap() else {
             panic!("Q8_0 on CPU is packed")
         };
-        let via = PackedQ8_0::from_qtensor(&quantize(&rows, GgmlDType::Q8_0, "w").unwrap()).unwrap();
+        let via = Packed32::from_qtensor(&quantize(&rows, GgmlDType::Q8_0, "w").unwrap()).unwrap();
         assert_eq!(direct.dequantize(), via.dequantize());
         assert_eq!(direct.size_in_bytes(), via.size_in_bytes());
         let bad = DenseRows::new(&le_bytes(&[f32::NAN; 64], DenseType::F32), DenseType::F32, 1, 64)

@@ -12,6 +12,7 @@ use expert_runtime::engine::{load_model, LoadOptions};
 use expert_runtime::model::adapt::{Proj, Slot};
 use expert_runtime::model::decoder::Logits;
 use expert_runtime::model::linear::Weight;
+use expert_runtime::model::q8::Format;
 use expert_runtime::model::Decoder;
 use serde_json::Value;
 
@@ -145,7 +146,7 @@ fn info_names_the_formats_and_bytes_shrink() {
     // 64-wide rows: no Q6_K for the embedding and head, so they fall back to Q8_0.
     assert!(["q4_0+q8_0", "q8_0+q4_0"].contains(&q4.quantization().as_str()), "{}", q4.quantization());
     assert!(matches!(weight_of(&q8), Weight::Packed32(_)));
-    assert!(matches!(weight_of(&q4), Weight::Quantized(_)));
+    assert!(matches!(weight_of(&q4), Weight::Packed32(p) if p.format() == Format::Q4_0));
     let (d, b8, b4) = (dense.weight_bytes(), q8.weight_bytes(), q4.weight_bytes());
     assert!(b8 * 3 < d && b4 < b8, "dense {d}, q8_0 {b8}, q4_0 {b4}");
     // A quantized GGUF is not requantized.

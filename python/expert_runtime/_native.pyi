@@ -85,9 +85,18 @@ class _SpeculativeRequired(TypedDict):
     type: Literal["ngram"]
 
 class Speculative(_SpeculativeRequired, total=False):
+    """Prompt lookup: drafts copied from the context."""
     max_draft: int  # draft tokens per step at most, 1..64 (default 8)
     ngram: int  # longest suffix matched, 1..16 (default 3)
     min_ngram: int  # shortest suffix matched (default 2, at most ngram)
+
+class _SpeculativeDraftRequired(TypedDict):
+    type: Literal["draft"]
+    model: "Runtime"  # another loaded runtime with the same tokenizer
+
+class SpeculativeDraft(_SpeculativeDraftRequired, total=False):
+    """A second, smaller model proposes the drafts (greedily)."""
+    max_draft: int  # draft tokens per step at most, 1..64 (default 4)
 
 class GenerateOptions(TypedDict, total=False):
     max_tokens: int
@@ -108,7 +117,7 @@ class GenerateOptions(TypedDict, total=False):
     tools: Sequence[Tool]
     tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice]
     parallel_tool_calls: bool
-    speculative: Speculative
+    speculative: Union[Speculative, SpeculativeDraft]
 
 class EmbedOptions(TypedDict, total=False):
     pooling: Literal["mean", "last"]

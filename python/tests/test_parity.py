@@ -102,3 +102,37 @@ def test_speculative_ngram_keeps_the_reference_tokens():
             with pytest.raises(Exception) as e:
                 rt.create_session().complete({"tokens": [1, 2]}, max_tokens=2, speculative=bad)
             assert getattr(e.value, "code", None) == "INVALID_ARGUMENT", bad
+
+
+def test_speculative_draft_model_keeps_the_reference_tokens():
+    ref = fixture_json("qwen3-tiny", "reference.json")
+    steps = ref["f32"]["steps"]
+    with Runtime.load(FIXTURES / "qwen3-tiny") as rt, Runtime.load(FIXTURES / "qwen3-tiny") as same, Runtime.load(
+        FIXTURES / "llama-tiny"
+    ) as other:
+        for draft, name in [(same, "the same model"), (other, "llama-tiny")]:
+            stream = rt.create_session().generate(
+                {"tokens": ref["prompt_ids"]},
+                max_tokens=len(steps),
+                temperature=0,
+                speculative={"type": "draft", "model": draft, "max_draft": 4},
+            )
+            assert_steps(list(stream), steps, f"qwen3-tiny drafted by {name}")
+            u = stream.result.usage
+            assert 0 < u.accepted_draft_tokens <= u.draft_tokens, (name, u.draft_tokens, u.accepted_draft_tokens)
+            if draft is same:
+                assert u.accepted_draft_tokens >= 0.9 * u.draft_tokens, (u.draft_tokens, u.accepted_draft_tokens)
+        for bad in [
+            {"type": "draft", "model": "qwen3-tiny"},
+            {"type": "draft", "model": same, "ngram": 2},
+            {"type": "ngram", "model": same},
+            {"type": "draft", "model": same, "max_draft": 65},
+        ]:
+            with pytest.raises(Exception) as e:
+                rt.create_session().complete({"tokens": [1, 2]}, max_tokens=2, speculative=bad)
+            assert getattr(e.value, "code", None) == "INVALID_ARGUMENT", bad
+        gone = Runtime.load(FIXTURES / "llama-tiny")
+        gone.close()
+        with pytest.raises(Exception) as e:
+            rt.create_session().complete({"tokens": [1, 2]}, max_tokens=2, speculative={"type": "draft", "model": gone})
+        assert getattr(e.value, "code", None) == "DISPOSED"

@@ -168,14 +168,23 @@ pub fn generate_options(kw: Option<&Bound<'_, PyDict>>) -> PyResult<engine::Gene
     })
 }
 
-/// `{"type": "ngram", "max_draft"?: int, "ngram"?: int, "min_ngram"?: int}`.
+/// `{"type": "ngram", "max_draft"?: int, "ngram"?: int, "min_ngram"?: int}` or `{"type":
+/// "draft", "model": Runtime, "max_draft"?: int}` (another loaded runtime with the same
+/// tokenizer proposes the drafts; the engine checks the vocabulary and which fields go with
+/// which type).
 fn speculative(v: &Bound<'_, PyAny>) -> PyResult<engine::SpeculativeOptions> {
     let d = dict(v, "speculative")?;
-    let k = Kwargs::new(Some(&d), &["type", "max_draft", "ngram", "min_ngram"], "speculative")?;
+    let k = Kwargs::new(Some(&d), &["type", "max_draft", "ngram", "min_ngram", "model"], "speculative")?;
     let kind = k.string("type")?.ok_or_else(|| invalid("speculative needs a string 'type'"))?;
     let n = |name: &str| k.u32(name).map(|v| v.map(|x| x as usize));
-    // A draft model (`type: "draft"`) is not offered from Python yet: `new` refuses it without one.
-    engine::SpeculativeOptions::new(&kind, n("max_draft")?, n("ngram")?, n("min_ngram")?, None).map_err(to_py)
+    let draft = match k.any("model")? {
+        Some(m) => {
+            let rt = m.downcast::<super::runtime::Runtime>().map_err(|_| invalid("speculative.model must be a Runtime"))?;
+            Some(rt.get().draft_model()?)
+        }
+        None => None,
+    };
+    engine::SpeculativeOptions::new(&kind, n("max_draft")?, n("ngram")?, n("min_ngram")?, draft).map_err(to_py)
 }
 
 /// `{"type": "json_schema", "schema": {...}}` (or OpenAI's `{"type": "json_schema",

@@ -89,6 +89,12 @@ impl Runtime {
         self.engine.lock().unwrap().clone().filter(|e| !e.is_disposed()).ok_or_else(|| disposed("runtime"))
     }
 
+    /// This runtime's model, to draft for another runtime's requests (`speculative={"type":
+    /// "draft", "model": rt}`); `DISPOSED` once disposed.
+    pub(super) fn draft_model(&self) -> PyResult<crate::engine::DraftModel> {
+        self.engine()?.draft_model().map_err(to_py)
+    }
+
     fn start(
         path_arg: &Bound<'_, PyAny>,
         options: Option<&Bound<'_, PyDict>>,

@@ -119,8 +119,8 @@ def test_speculative_draft_model_keeps_the_reference_tokens():
             )
             assert_steps(list(stream), steps, f"qwen3-tiny drafted by {name}")
             u = stream.result.usage
-            assert 0 < u.accepted_draft_tokens <= u.draft_tokens, (name, u.draft_tokens, u.accepted_draft_tokens)
-            if draft is same:
+            assert 0 < u.draft_tokens and 0 <= u.accepted_draft_tokens <= u.draft_tokens, (name, u.draft_tokens)
+            if draft is same:  # another model (random weights) keeps few or none
                 assert u.accepted_draft_tokens >= 0.9 * u.draft_tokens, (u.draft_tokens, u.accepted_draft_tokens)
         for bad in [
             {"type": "draft", "model": "qwen3-tiny"},

@@ -179,7 +179,7 @@ fn speculative(v: &Bound<'_, PyAny>) -> PyResult<engine::SpeculativeOptions> {
     let n = |name: &str| k.u32(name).map(|v| v.map(|x| x as usize));
     let draft = match k.any("model")? {
         Some(m) => {
-            let rt = m.downcast::<super::runtime::Runtime>().map_err(|_| invalid("speculative.model must be a Runtime"))?;
+            let rt = m.cast::<super::runtime::Runtime>().map_err(|_| invalid("speculative.model must be a Runtime"))?;
             Some(rt.get().draft_model()?)
         }
         None => None,

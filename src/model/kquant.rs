@@ -42,12 +42,11 @@
 use std::cell::RefCell;
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
 use super::q8::{self, Path};
-use super::tiled::{self, TN};
+use super::tiled::{self, PackedMatrix, Tiles, TN};
 use crate::error::{EngineError, Result};
 
 /// Values per super-block.
@@ -357,9 +356,7 @@ fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
 
 /// A `[n, k]` K-quant weight repacked in 16-row tiles (see the module note).
 pub struct PackedK {
-    /// The tiles start at `data[off]`, 64-byte aligned.
-    data: Vec<u8>,
-    off: usize,
+    tiles: Tiles,
     kind: Kind,
     n: usize,
     k: usize,
@@ -368,20 +365,8 @@ pub struct PackedK {
 impl PackedK {
     /// A zeroed matrix (every scale 0) for `[n, k]`.
     fn zeroed(kind: Kind, n: usize, k: usize) -> Result<Self> {
-        if n == 0 || k == 0 || !k.is_multiple_of(QK_K) {
-            return Err(EngineError::InvalidModel(format!("a [{n}, {k}] matrix cannot be packed as {kind:?}")));
-        }
-        let bytes = (k / QK_K)
-            .checked_mul(kind.block_bytes())
-            .and_then(|tile| n.div_ceil(TN).checked_mul(tile))
-            .and_then(|b| b.checked_add(64))
-            .ok_or_else(|| EngineError::OutOfMemory(format!("a [{n}, {k}] {kind:?} matrix is too large")))?;
-        let mut data = Vec::new();
-        data.try_reserve_exact(bytes)
-            .map_err(|_| EngineError::OutOfMemory(format!("cannot allocate a [{n}, {k}] {kind:?} matrix")))?;
-        data.resize(bytes, 0u8);
-        let off = data.as_ptr().align_offset(64).min(63);
-        Ok(Self { data, off, kind, n, k })
+        let tiles = Tiles::zeroed(n, k, QK_K, kind.block_bytes(), &format!("{kind:?}"))?;
+        Ok(Self { tiles, kind, n, k })
     }
 
     /// Repacks a 2-D Q4_K / Q5_K / Q6_K `QTensor` of shape `[n, k]`.
@@ -400,7 +385,7 @@ impl PackedK {
             return Err(EngineError::InvalidModel(format!("{} bytes of {kind:?} do not make a [{n}, {k}] matrix", bytes.len())));
         }
         let bb = kind.block_bytes();
-        p.tiles_mut().enumerate().for_each(|(t, tile)| {
+        p.tiles.par_mut().enumerate().for_each(|(t, tile)| {
             let mut s = Super::zero();
             for lane in 0..TN.min(n - t * TN) {
                 for (b, blk) in tile.chunks_exact_mut(bb).enumerate() {
@@ -416,97 +401,17 @@ impl PackedK {
         self.kind
     }
 
-    pub fn rows(&self) -> usize {
-        self.n
-    }
-
-    pub fn cols(&self) -> usize {
-        self.k
-    }
-
     fn nsb(&self) -> usize {
         self.k / QK_K
     }
 
-    fn tile_bytes(&self) -> usize {
-        self.nsb() * self.kind.block_bytes()
-    }
-
-    fn tiles(&self) -> usize {
-        self.n.div_ceil(TN)
-    }
-
     fn tile(&self, t: usize) -> &[u8] {
-        let tb = self.tile_bytes();
-        &self.data[self.off + t * tb..][..tb]
-    }
-
-    fn tiles_mut(&mut self) -> rayon::slice::ChunksMut<'_, u8> {
-        let (tb, len) = (self.tile_bytes(), self.tiles() * self.tile_bytes());
-        self.data[self.off..self.off + len].par_chunks_mut(tb)
+        self.tiles.get(t)
     }
 
     /// Bytes held (the tiles, with their padding rows).
     pub fn size_in_bytes(&self) -> usize {
-        self.tiles() * self.tile_bytes()
-    }
-
-    /// Row `r` dequantized (candle's `to_float`, bit for bit) into `out` (`len = k`).
-    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        assert!(r < self.n && out.len() == self.k);
-        let bb = self.kind.block_bytes();
-        for (blk, o) in self.tile(r / TN).chunks_exact(bb).zip(out.chunks_exact_mut(QK_K)) {
-            Super::get(self.kind, blk, r % TN).dequantize(self.kind, o);
-        }
-    }
-
-    /// The whole matrix dequantized, row-major `[n, k]`.
-    pub fn dequantize(&self) -> Vec<f32> {
-        let mut out = vec![0f32; self.n * self.k];
-        out.par_chunks_mut(self.k).enumerate().for_each(|(r, o)| self.dequantize_row(r, o));
-        out
-    }
-
-    /// Rows `ids` of the weight, dequantized: `[ids.., k]` in f32.
-    pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
-        let ids_v: Vec<u32> = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1()?;
-        let k = self.k;
-        let mut out = vec![0f32; ids_v.len() * k];
-        for (&id, row) in ids_v.iter().zip(out.chunks_exact_mut(k)) {
-            if id as usize >= self.n {
-                return Err(EngineError::InvalidArgument(format!(
-                    "token id {id} out of range for an embedding of {} rows",
-                    self.n
-                )));
-            }
-            self.dequantize_row(id as usize, row);
-        }
-        let mut dims = ids.dims().to_vec();
-        dims.push(k);
-        Ok(Tensor::from_vec(out, dims, ids.device())?)
-    }
-
-    /// `x [rows, k]` (any float dtype, CPU) → `[rows, n]` in `x`'s dtype.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let rows = x.dim(0)?;
-        let xf = x.to_dtype(DType::F32)?.contiguous()?;
-        let mut out = vec![0f32; rows * self.n];
-        {
-            let (storage, layout) = xf.storage_and_layout();
-            let candle_core::Storage::Cpu(cpu) = &*storage else {
-                return Err(EngineError::InvalidModel("a packed K-quant weight needs a CPU tensor".into()));
-            };
-            let xs = &cpu.as_slice::<f32>()?[layout.start_offset()..][..rows * self.k];
-            self.matmul(xs, rows, &mut out);
-        }
-        Ok(Tensor::from_vec(out, (rows, self.n), x.device())?.to_dtype(x.dtype())?)
-    }
-
-    /// `out[r, i] = Σ_j W[i, j] x[r, j]` for `rows` activation rows (`x`: `[rows, k]`, `out`:
-    /// `[rows, n]`), each row quantized to Q8_K first. A row's result does not depend on the
-    /// other rows (see the module note).
-    pub fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32]) {
-        self.matmul_at(q8::path(), x, rows, out)
+        self.tiles.size_in_bytes()
     }
 
     fn matmul_at(&self, path: Path, x: &[f32], rows: usize, out: &mut [f32]) {
@@ -515,10 +420,7 @@ impl PackedK {
         if rows == 0 {
             return;
         }
-        SCRATCH.with(|s| match s.try_borrow_mut() {
-            Ok(mut s) => self.matmul_quantized(path, &mut s, x, rows, out),
-            Err(_) => self.matmul_quantized(path, &mut QuantRows::default(), x, rows, out),
-        })
+        tiled::with_scratch(&SCRATCH, |s| self.matmul_quantized(path, s, x, rows, out))
     }
 
     fn matmul_quantized(&self, path: Path, xs: &mut QuantRows, x: &[f32], rows: usize, out: &mut [f32]) {
@@ -526,7 +428,7 @@ impl PackedK {
         let xs = &*xs;
         tiled::run(
             self.n,
-            self.tile_bytes(),
+            self.tiles.tile_bytes(),
             rows,
             out,
             || (),
@@ -534,6 +436,30 @@ impl PackedK {
                 tile_rows(path, self.kind, self.tile(t), self.nsb(), xs, self.k, rows, part);
             },
         );
+    }
+}
+
+impl PackedMatrix for PackedK {
+    fn rows(&self) -> usize {
+        self.n
+    }
+
+    fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Candle's `to_float`, bit for bit.
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.n && out.len() == self.k);
+        let bb = self.kind.block_bytes();
+        for (blk, o) in self.tile(r / TN).chunks_exact(bb).zip(out.chunks_exact_mut(QK_K)) {
+            Super::get(self.kind, blk, r % TN).dequantize(self.kind, o);
+        }
+    }
+
+    /// Each row quantized to Q8_K first (see the module note).
+    fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32]) {
+        self.matmul_at(q8::path(), x, rows, out)
     }
 }
 

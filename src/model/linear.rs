@@ -9,6 +9,7 @@ use candle_core::{Device, Module, Tensor};
 use super::kquant::{self, PackedK};
 use super::mapped::Mapped;
 use super::q8::{self, Packed32};
+use super::tiled::PackedMatrix;
 
 use crate::backend::cpu_kernels;
 use crate::error::Result;

@@ -17,3 +17,4 @@ mod tiled;
 
 pub use config::{Arch, ModelConfig};
 pub use decoder::Decoder;
+pub use tiled::PackedMatrix;

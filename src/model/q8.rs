@@ -39,11 +39,10 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
-use super::tiled::{self, TN};
+use super::tiled::{self, PackedMatrix, Tiles, TN};
 use crate::error::{EngineError, Result};
 use crate::simd::{self, Level};
 
@@ -262,9 +261,7 @@ impl Format {
 /// A `[n, k]` Q8_0, Q5_0 or Q4_0 weight repacked in 16-row tiles (see the module note and
 /// [`Format`]).
 pub struct Packed32 {
-    /// The tiles start at `data[off]`, 64-byte aligned.
-    data: Vec<u8>,
-    off: usize,
+    tiles: Tiles,
     format: Format,
     n: usize,
     k: usize,
@@ -273,44 +270,17 @@ pub struct Packed32 {
 impl Packed32 {
     /// A zeroed matrix (every scale 0) for `[n, k]`.
     fn zeroed(format: Format, n: usize, k: usize) -> Result<Self> {
-        if n == 0 || k == 0 || !k.is_multiple_of(QK) {
-            return Err(EngineError::InvalidModel(format!("a [{n}, {k}] matrix cannot be packed as {format:?}")));
-        }
-        let bytes = (k / QK)
-            .checked_mul(format.tile_q() + TILE_S)
-            .and_then(|tile| n.div_ceil(TN).checked_mul(tile))
-            .and_then(|b| b.checked_add(64))
-            .ok_or_else(|| EngineError::OutOfMemory(format!("a [{n}, {k}] {format:?} matrix is too large")))?;
-        let mut data = Vec::new();
-        data.try_reserve_exact(bytes)
-            .map_err(|_| EngineError::OutOfMemory(format!("cannot allocate a [{n}, {k}] {format:?} matrix")))?;
-        data.resize(bytes, 0u8);
-        let off = data.as_ptr().align_offset(64).min(63);
-        Ok(Self { data, off, format, n, k })
+        let tiles = Tiles::zeroed(n, k, QK, format.tile_q() + TILE_S, &format!("{format:?}"))?;
+        Ok(Self { tiles, format, n, k })
     }
 
     fn nb(&self) -> usize {
         self.k / QK
     }
 
-    fn tile_bytes(&self) -> usize {
-        self.nb() * (self.format.tile_q() + TILE_S)
-    }
-
-    fn tiles(&self) -> usize {
-        self.n.div_ceil(TN)
-    }
-
     /// Tile `t`: its quant blocks (`nb × tile_q` B) and scales (`nb × 32` B).
     fn tile(&self, t: usize) -> (&[u8], &[u8]) {
-        let tb = self.tile_bytes();
-        self.data[self.off + t * tb..][..tb].split_at(self.nb() * self.format.tile_q())
-    }
-
-    /// Every tile, mutably, for filling in parallel.
-    fn tiles_mut(&mut self) -> rayon::slice::ChunksMut<'_, u8> {
-        let (tb, len) = (self.tile_bytes(), self.tiles() * self.tile_bytes());
-        self.data[self.off..self.off + len].par_chunks_mut(tb)
+        self.tiles.get(t).split_at(self.nb() * self.format.tile_q())
     }
 
     /// Writes row `lane` of a (zeroed) tile's block `b`: scale bits `d` and the 32 stored
@@ -356,7 +326,7 @@ impl Packed32 {
     pub fn from_rows(n: usize, k: usize, row: impl Fn(usize, &mut [f32]) -> Result<()> + Sync) -> Result<Self> {
         let mut p = Self::zeroed(Format::Q8_0, n, k)?;
         let nb = p.nb();
-        p.tiles_mut().enumerate().try_for_each_init(
+        p.tiles.par_mut().enumerate().try_for_each_init(
             || (vec![0f32; k], vec![0i8; k], vec![0f32; nb]),
             |(x, q, d), (t, tile)| -> Result<()> {
                 let mut u = [0u8; QK];
@@ -392,7 +362,7 @@ impl Packed32 {
                 bytes.len()
             )));
         }
-        p.tiles_mut().enumerate().for_each(|(t, tile)| {
+        p.tiles.par_mut().enumerate().for_each(|(t, tile)| {
             let mut u = [0u8; QK];
             for lane in 0..TN.min(n - t * TN) {
                 for b in 0..nb {
@@ -413,80 +383,9 @@ impl Packed32 {
         self.format
     }
 
-    pub fn rows(&self) -> usize {
-        self.n
-    }
-
-    pub fn cols(&self) -> usize {
-        self.k
-    }
-
     /// Bytes held (the tiles, with their padding rows).
     pub fn size_in_bytes(&self) -> usize {
-        self.tiles() * self.tile_bytes()
-    }
-
-    /// Row `r` dequantized (`(u − bias) · d`, as candle's `to_float`) into `out` (`len = k`).
-    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        assert!(r < self.n && out.len() == self.k);
-        let (qs, ss) = self.tile(r / TN);
-        let (lane, tq, bias) = (r % TN, self.format.tile_q(), self.format.bias());
-        for (b, o) in out.chunks_exact_mut(QK).enumerate() {
-            let d = scale(ss, b, lane);
-            let blk = &qs[b * tq..][..tq];
-            for (i, v) in o.iter_mut().enumerate() {
-                *v = (Self::stored(self.format, blk, lane, i) as i32 - bias) as f32 * d;
-            }
-        }
-    }
-
-    /// The whole matrix dequantized, row-major `[n, k]`.
-    pub fn dequantize(&self) -> Vec<f32> {
-        let mut out = vec![0f32; self.n * self.k];
-        out.par_chunks_mut(self.k).enumerate().for_each(|(r, o)| self.dequantize_row(r, o));
-        out
-    }
-
-    /// Rows `ids` of the weight, dequantized: `[ids.., k]` in f32.
-    pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
-        let ids_v: Vec<u32> = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1()?;
-        let k = self.cols();
-        let mut out = vec![0f32; ids_v.len() * k];
-        for (&id, row) in ids_v.iter().zip(out.chunks_exact_mut(k)) {
-            if id as usize >= self.rows() {
-                return Err(EngineError::InvalidArgument(format!(
-                    "token id {id} out of range for an embedding of {} rows",
-                    self.rows()
-                )));
-            }
-            self.dequantize_row(id as usize, row);
-        }
-        let mut dims = ids.dims().to_vec();
-        dims.push(k);
-        Ok(Tensor::from_vec(out, dims, ids.device())?)
-    }
-
-    /// `x [rows, k]` (any float dtype, CPU) → `[rows, n]` in `x`'s dtype.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let rows = x.dim(0)?;
-        let xf = x.to_dtype(DType::F32)?.contiguous()?;
-        let mut out = vec![0f32; rows * self.rows()];
-        {
-            let (storage, layout) = xf.storage_and_layout();
-            let candle_core::Storage::Cpu(cpu) = &*storage else {
-                return Err(EngineError::InvalidModel("a packed Q8_0 weight needs a CPU tensor".into()));
-            };
-            let xs = &cpu.as_slice::<f32>()?[layout.start_offset()..][..rows * self.cols()];
-            self.matmul(xs, rows, &mut out);
-        }
-        Ok(Tensor::from_vec(out, (rows, self.rows()), x.device())?.to_dtype(x.dtype())?)
-    }
-
-    /// `out[r, i] = Σ_j W[i, j] x[r, j]` for `rows` activation rows (`x`: `[rows, k]`, `out`:
-    /// `[rows, n]`), each row quantized to Q8_0 first (candle's `QMatMul` semantics). A row's
-    /// result does not depend on the other rows (see the module note).
-    pub fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32]) {
-        self.matmul_at(path(), x, rows, out)
+        self.tiles.size_in_bytes()
     }
 
     fn matmul_at(&self, path: Path, x: &[f32], rows: usize, out: &mut [f32]) {
@@ -495,10 +394,7 @@ impl Packed32 {
         if rows == 0 {
             return;
         }
-        SCRATCH.with(|s| match s.try_borrow_mut() {
-            Ok(mut s) => self.matmul_quantized(path, &mut s, x, rows, out),
-            Err(_) => self.matmul_quantized(path, &mut QuantRows::default(), x, rows, out),
-        })
+        tiled::with_scratch(&SCRATCH, |s| self.matmul_quantized(path, s, x, rows, out))
     }
 
     fn matmul_quantized(&self, path: Path, xs: &mut QuantRows, x: &[f32], rows: usize, out: &mut [f32]) {
@@ -512,10 +408,39 @@ impl Packed32 {
         let chunk_state = || (path == Path::Amx && rows >= 16).then(|| unsafe { x86::Tiles::configure() });
         #[cfg(not(target_arch = "x86_64"))]
         let chunk_state = || ();
-        tiled::run(self.n, self.tile_bytes(), rows, out, chunk_state, |_, t, rows, part| {
+        tiled::run(self.n, self.tiles.tile_bytes(), rows, out, chunk_state, |_, t, rows, part| {
             let (qs, ss) = self.tile(t);
             tile_rows(path, self.format, qs, ss, self.nb(), xs, self.k, rows, part);
         });
+    }
+}
+
+impl PackedMatrix for Packed32 {
+    fn rows(&self) -> usize {
+        self.n
+    }
+
+    fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// `(u − bias) · d`, as candle's `to_float`.
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.n && out.len() == self.k);
+        let (qs, ss) = self.tile(r / TN);
+        let (lane, tq, bias) = (r % TN, self.format.tile_q(), self.format.bias());
+        for (b, o) in out.chunks_exact_mut(QK).enumerate() {
+            let d = scale(ss, b, lane);
+            let blk = &qs[b * tq..][..tq];
+            for (i, v) in o.iter_mut().enumerate() {
+                *v = (Self::stored(self.format, blk, lane, i) as i32 - bias) as f32 * d;
+            }
+        }
+    }
+
+    /// Each row quantized to Q8_0 first (candle's `QMatMul` semantics; see the module note).
+    fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32]) {
+        self.matmul_at(path(), x, rows, out)
     }
 }
 

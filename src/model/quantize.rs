@@ -290,6 +290,7 @@ pub fn format_name(f: GgmlDType) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::PackedMatrix;
     use candle_core::{Device, Tensor};
 
     fn le_bytes(v: &[f32], dtype: DenseType) -> Vec<u8> {

@@ -1,17 +1,143 @@
-//! The thread split shared by the packed matrix kernels ([`super::q8`], [`super::kquant`]):
-//! a weight is stored in tiles of 16 output rows; chunks of whole tiles run on rayon (candle's
-//! own pool spins on a barrier), each writing its own columns of the output; within a chunk,
-//! activation rows go in groups of 64 so a tile's weights stay in cache while the rows stream
-//! past. Small products run on the calling thread.
+//! What the packed matrix kernels ([`super::q8`], [`super::kquant`]) share: the
+//! [`PackedMatrix`] interface the linear layer calls, and the thread split. A weight is stored
+//! in tiles of 16 output rows; chunks of whole tiles run on rayon (candle's own pool spins on a
+//! barrier), each writing its own columns of the output; within a chunk, activation rows go in
+//! groups of 64 so a tile's weights stay in cache while the rows stream past. Small products run
+//! on the calling thread.
 
+use std::cell::RefCell;
 use std::ops::Range;
+use std::thread::LocalKey;
 
+use candle_core::{DType, Tensor};
 use rayon::prelude::*;
+
+use crate::error::{EngineError, Result};
+
+/// A `[rows, cols]` weight packed for one of our integer kernels. The provided methods are the
+/// same for every format.
+pub trait PackedMatrix: Sync {
+    fn rows(&self) -> usize;
+
+    fn cols(&self) -> usize;
+
+    /// Row `r` dequantized (candle's `to_float` of the format, bit for bit) into `out` (`len =
+    /// cols`).
+    fn dequantize_row(&self, r: usize, out: &mut [f32]);
+
+    /// `out[r, i] = Σ_j W[i, j] x[r, j]` for `rows` activation rows (`x`: `[rows, cols]`, `out`:
+    /// `[rows, self.rows()]`), on the best kernel path of this CPU. A row's result does not
+    /// depend on the other rows.
+    fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32]);
+
+    /// The whole matrix dequantized, row-major.
+    fn dequantize(&self) -> Vec<f32> {
+        let k = self.cols();
+        let mut out = vec![0f32; self.rows() * k];
+        out.par_chunks_mut(k).enumerate().for_each(|(r, o)| self.dequantize_row(r, o));
+        out
+    }
+
+    /// Rows `ids` of the weight, dequantized: `[ids.., cols]` in f32.
+    fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
+        let ids_v: Vec<u32> = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1()?;
+        let k = self.cols();
+        let mut out = vec![0f32; ids_v.len() * k];
+        for (&id, row) in ids_v.iter().zip(out.chunks_exact_mut(k)) {
+            if id as usize >= self.rows() {
+                return Err(EngineError::InvalidArgument(format!(
+                    "token id {id} out of range for an embedding of {} rows",
+                    self.rows()
+                )));
+            }
+            self.dequantize_row(id as usize, row);
+        }
+        let mut dims = ids.dims().to_vec();
+        dims.push(k);
+        Ok(Tensor::from_vec(out, dims, ids.device())?)
+    }
+
+    /// `x [rows, cols]` (any float dtype, CPU) → `[rows, self.rows()]` in `x`'s dtype.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        let xf = x.to_dtype(DType::F32)?.contiguous()?;
+        let mut out = vec![0f32; rows * self.rows()];
+        {
+            let (storage, layout) = xf.storage_and_layout();
+            let candle_core::Storage::Cpu(cpu) = &*storage else {
+                return Err(EngineError::InvalidModel("a packed weight needs a CPU tensor".into()));
+            };
+            let xs = &cpu.as_slice::<f32>()?[layout.start_offset()..][..rows * self.cols()];
+            self.matmul(xs, rows, &mut out);
+        }
+        Ok(Tensor::from_vec(out, (rows, self.rows()), x.device())?.to_dtype(x.dtype())?)
+    }
+}
 
 /// Output rows per tile.
 pub(super) const TN: usize = 16;
 /// Activation rows per pass over a tile's weights.
 const ROW_GROUP: usize = 64;
+
+/// The bytes of a `[n, k]` matrix in tiles of 16 rows: `k / block` block columns of
+/// `block_bytes` each per tile, zeroed, the first tile 64-byte aligned; the only copy of a
+/// packed weight.
+pub(super) struct Tiles {
+    data: Vec<u8>,
+    off: usize,
+    count: usize,
+    tile_bytes: usize,
+}
+
+impl Tiles {
+    /// `format` names the layout in errors: a shape the blocks do not divide is
+    /// `INVALID_MODEL`, a size past the address space or the allocator `OUT_OF_MEMORY`.
+    pub(super) fn zeroed(n: usize, k: usize, block: usize, block_bytes: usize, format: &str) -> Result<Self> {
+        if n == 0 || k == 0 || !k.is_multiple_of(block) {
+            return Err(EngineError::InvalidModel(format!("a [{n}, {k}] matrix cannot be packed as {format}")));
+        }
+        let too_large = || EngineError::OutOfMemory(format!("a [{n}, {k}] {format} matrix is too large"));
+        let tile_bytes = (k / block).checked_mul(block_bytes).ok_or_else(too_large)?;
+        let count = n.div_ceil(TN);
+        let bytes = count.checked_mul(tile_bytes).and_then(|b| b.checked_add(64)).ok_or_else(too_large)?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(bytes)
+            .map_err(|_| EngineError::OutOfMemory(format!("cannot allocate a [{n}, {k}] {format} matrix")))?;
+        data.resize(bytes, 0u8);
+        let off = data.as_ptr().align_offset(64).min(63);
+        Ok(Self { data, off, count, tile_bytes })
+    }
+
+    /// Bytes of one tile.
+    pub(super) fn tile_bytes(&self) -> usize {
+        self.tile_bytes
+    }
+
+    /// Tile `t`.
+    pub(super) fn get(&self, t: usize) -> &[u8] {
+        &self.data[self.off + t * self.tile_bytes..][..self.tile_bytes]
+    }
+
+    /// Every tile, mutably, for filling in parallel.
+    pub(super) fn par_mut(&mut self) -> rayon::slice::ChunksMut<'_, u8> {
+        let len = self.size_in_bytes();
+        self.data[self.off..self.off + len].par_chunks_mut(self.tile_bytes)
+    }
+
+    /// Bytes held (the tiles, with their padding rows).
+    pub(super) fn size_in_bytes(&self) -> usize {
+        self.count * self.tile_bytes
+    }
+}
+
+/// Runs `f` on this thread's scratch in `key`, or on a fresh one when that is already borrowed
+/// (a re-entrant product: rayon work stealing can start one inside another on this thread).
+pub(super) fn with_scratch<S: Default + 'static, R>(key: &'static LocalKey<RefCell<S>>, f: impl FnOnce(&mut S) -> R) -> R {
+    key.with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut S::default()),
+    })
+}
 
 /// Fills `out` (`rows × n`, row-major) tile by tile: `kernel(state, t, r0..r1, block)` writes
 /// the 16 outputs of tile `t` for activation rows `r0..r1` into `block` (one entry per row);

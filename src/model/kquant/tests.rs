@@ -1,6 +1,6 @@
 use super::*;
 use candle_core::quantized::{QMatMul, QStorage};
-use candle_core::{Device, Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 use std::borrow::Cow;
 
 const KINDS: [Kind; 3] = [Kind::Q4K, Kind::Q5K, Kind::Q6K];

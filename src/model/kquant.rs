@@ -8,10 +8,10 @@
 //!   `sc_j`, `m_j` per 32 values; Q6_K value `(d·sc_j)·(q − 32)` with `q ∈ 0..64` and an `i8`
 //!   `sc_j` per 16 values. At load every integer and scale is moved, unchanged, into tiles of 16
 //!   output rows. Per super-block a tile holds:
-//!   - the low 4 bits of every `q` as 32 lines of 64 bytes: line `p` holds, for each of the 16
-//!     rows in turn, 4 bytes whose low nibbles are values `8p..8p+4` and high nibbles values
-//!     `8p+4..8p+8` (a nibble mask and a shift give two VNNI operands, whose 16 lanes are the
-//!     16 outputs);
+//!   - the low 4 bits of every `q` as 32 lines of 64 bytes in [`super::nibbles`]' layout: line
+//!     `p` holds, for each of the 16 rows in turn, 4 bytes whose low nibbles are values
+//!     `8p..8p+4` and high nibbles values `8p+4..8p+8` (a nibble mask and a shift give two VNNI
+//!     operands, whose 16 lanes are the 16 outputs);
 //!   - Q5_K: the fifth bit of the 32 values of sub-block `j` in a 64-byte line (row `lane`'s
 //!     4 bytes; line `l` of the sub-block's low nibbles in bit `2l`, its high nibbles in
 //!     `2l + 1`); Q6_K: bits 4–5 of the 16 values of group `j` in a 64-byte line (bit pair
@@ -45,16 +45,16 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 use rayon::prelude::*;
 
+use super::nibbles::{self, LINE};
 use super::q8::{self, Path};
 use super::tiled::{self, PackedMatrix, Tiles, TN};
 use crate::error::{EngineError, Result};
 
 /// Values per super-block.
 pub const QK_K: usize = 256;
-/// Bytes of one line of a tile: 4 bytes for each of the 16 rows.
-const LINE: usize = 64;
-/// Bytes of a tile super-block's low nibbles (32 lines).
-const NIBBLES: usize = 32 * LINE;
+/// Bytes of a tile super-block's low nibbles (8 groups of 32 values, 32 lines).
+/// The high-bit lines (Q5_K, Q6_K) follow them.
+const NIBBLES: usize = 8 * nibbles::GROUP;
 
 /// A K-quant block format this kernel runs.
 ///
@@ -102,11 +102,6 @@ impl Kind {
             Kind::Q4K | Kind::Q5K => 8,
             Kind::Q6K => 16,
         }
-    }
-
-    /// Offset of the high-bit lines in a tile super-block (right after the nibbles).
-    const fn high_at(self) -> usize {
-        NIBBLES
     }
 
     /// Offset of the scale pairs.
@@ -191,19 +186,16 @@ impl Super {
 
     /// Writes this super-block as row `lane` of a tile super-block (see the module note).
     fn put(&self, kind: Kind, blk: &mut [u8], lane: usize) {
+        let (lines, high) = blk.split_at_mut(NIBBLES);
         for (v, &q) in self.q.iter().enumerate() {
-            let (p, h, i) = (v / 8, (v / 4) % 2, v % 4);
-            blk[p * LINE + lane * 4 + i] |= (q & 0x0F) << (4 * h);
-            match kind {
-                Kind::Q4K => {}
-                Kind::Q5K => {
-                    let (j, l) = (v / 32, (v / 8) % 4);
-                    blk[kind.high_at() + j * LINE + lane * 4 + i] |= ((q >> 4) & 1) << (2 * l + h);
-                }
-                Kind::Q6K => {
-                    let (j, l) = (v / 16, (v / 8) % 2);
-                    blk[kind.high_at() + j * LINE + lane * 4 + i] |= ((q >> 4) & 3) << (2 * (2 * l + h));
-                }
+            // Group `g` of 32 values in the nibble layout; Q5_K's fifth bits in line `g`.
+            let (g, w) = (v / 32, v % 32);
+            let group = &mut lines[g * nibbles::GROUP..][..nibbles::GROUP];
+            let fifth = (kind == Kind::Q5K).then(|| &mut high[g * LINE..][..LINE]);
+            nibbles::put(group, fifth, lane, w, q);
+            if kind == Kind::Q6K {
+                let (j, p, h, i) = q6_high_at(v);
+                high[j * LINE + lane * 4 + i] |= ((q >> 4) & 3) << (2 * (2 * p + h));
             }
         }
         for j in 0..kind.groups() {
@@ -221,19 +213,14 @@ impl Super {
     /// Reads row `lane` back from a tile super-block.
     fn get(kind: Kind, blk: &[u8], lane: usize) -> Self {
         let mut s = Super::zero();
+        let (lines, high) = blk.split_at(NIBBLES);
         for (v, q) in s.q.iter_mut().enumerate() {
-            let (p, h, i) = (v / 8, (v / 4) % 2, v % 4);
-            *q = (blk[p * LINE + lane * 4 + i] >> (4 * h)) & 0x0F;
-            match kind {
-                Kind::Q4K => {}
-                Kind::Q5K => {
-                    let (j, l) = (v / 32, (v / 8) % 4);
-                    *q |= ((blk[kind.high_at() + j * LINE + lane * 4 + i] >> (2 * l + h)) & 1) << 4;
-                }
-                Kind::Q6K => {
-                    let (j, l) = (v / 16, (v / 8) % 2);
-                    *q |= ((blk[kind.high_at() + j * LINE + lane * 4 + i] >> (2 * (2 * l + h))) & 3) << 4;
-                }
+            let (g, w) = (v / 32, v % 32);
+            let fifth = (kind == Kind::Q5K).then(|| &high[g * LINE..][..LINE]);
+            *q = nibbles::get(&lines[g * nibbles::GROUP..][..nibbles::GROUP], fifth, lane, w);
+            if kind == Kind::Q6K {
+                let (j, p, h, i) = q6_high_at(v);
+                *q |= ((high[j * LINE + lane * 4 + i] >> (2 * (2 * p + h))) & 3) << 4;
             }
         }
         for j in 0..kind.groups() {
@@ -267,6 +254,13 @@ impl Super {
             }
         }
     }
+}
+
+/// Where bits 4–5 of Q6_K value `v` sit: `(group j of 16 values, its line p ∈ 0..2, half h,
+/// byte i of the row)`, the bit pair being `2 · (2p + h)` of that byte in the group's line.
+#[inline(always)]
+fn q6_high_at(v: usize) -> (usize, usize, usize, usize) {
+    (v / 16, (v / 8) % 2, (v / 4) % 2, v % 4)
 }
 
 /// ggml's `get_scale_min_k4`: sub-block `j`'s 6-bit scale and min from the 12 packed bytes.
@@ -510,7 +504,7 @@ fn tile_row_portable(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRows, r: usi
         let (s16, s32) = (&xs.s16[(r * nsb + b) * 16..][..16], &xs.s32[(r * nsb + b) * 8..][..8]);
         let (mut isum, mut imin) = ([0i32; TN], [0i32; TN]);
         for j in 0..kind.groups() {
-            let high = if kind == Kind::Q4K { &[0u8; LINE][..] } else { &blk[kind.high_at() + j * LINE..][..LINE] };
+            let high = if kind == Kind::Q4K { &[0u8; LINE][..] } else { &blk[NIBBLES + j * LINE..][..LINE] };
             let mut dot = [0i32; TN];
             for l in 0..lines {
                 let p = j * lines + l;
@@ -519,10 +513,7 @@ fn tile_row_portable(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRows, r: usi
                     for i in 0..4 {
                         let (byte, hb) = (line[lane * 4 + i], high[lane * 4 + i]);
                         let (lo, hi) = match kind {
-                            Kind::Q4K => (byte & 0x0F, byte >> 4),
-                            Kind::Q5K => {
-                                ((byte & 0x0F) | ((hb >> (2 * l)) & 1) << 4, (byte >> 4) | ((hb >> (2 * l + 1)) & 1) << 4)
-                            }
+                            Kind::Q4K | Kind::Q5K => nibbles::pair(byte, hb, l),
                             Kind::Q6K => {
                                 ((byte & 0x0F) | ((hb >> (4 * l)) & 3) << 4, (byte >> 4) | ((hb >> (4 * l + 2)) & 3) << 4)
                             }

@@ -9,6 +9,7 @@ pub mod kquant;
 pub mod linear;
 pub mod loader;
 pub mod mapped;
+mod nibbles;
 pub mod q8;
 pub mod quantize;
 pub mod repack;

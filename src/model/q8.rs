@@ -42,6 +42,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 use rayon::prelude::*;
 
+use super::nibbles;
 use super::tiled::{self, PackedMatrix, Tiles, TN};
 use crate::error::{EngineError, Result};
 use crate::simd::{self, Level};
@@ -217,8 +218,8 @@ impl Format {
     fn tile_q(self) -> usize {
         match self {
             Format::Q8_0 => TILE_Q,
-            Format::Q5_0 => 5 * 64,
-            Format::Q4_0 => 4 * 64,
+            Format::Q5_0 => nibbles::GROUP + nibbles::LINE,
+            Format::Q4_0 => nibbles::GROUP,
         }
     }
 
@@ -294,11 +295,8 @@ impl Packed32 {
             match format {
                 Format::Q8_0 => blk[quant_at(lane, i)] = v,
                 Format::Q5_0 | Format::Q4_0 => {
-                    let (p, h, j) = (i / 8, (i / 4) % 2, i % 4);
-                    blk[p * 64 + lane * 4 + j] |= (v & 0x0F) << (4 * h);
-                    if format == Format::Q5_0 {
-                        blk[256 + lane * 4 + j] |= ((v >> 4) & 1) << (2 * p + h);
-                    }
+                    let (lines, fifth) = blk.split_at_mut(nibbles::GROUP);
+                    nibbles::put(lines, (format == Format::Q5_0).then_some(fifth), lane, i, v);
                 }
             }
         }
@@ -310,10 +308,8 @@ impl Packed32 {
         match format {
             Format::Q8_0 => blk[quant_at(lane, i)],
             Format::Q5_0 | Format::Q4_0 => {
-                let (p, h, j) = (i / 8, (i / 4) % 2, i % 4);
-                let nibble = (blk[p * 64 + lane * 4 + j] >> (4 * h)) & 0x0F;
-                let high = if format == Format::Q5_0 { ((blk[256 + lane * 4 + j] >> (2 * p + h)) & 1) << 4 } else { 0 };
-                nibble | high
+                let (lines, fifth) = blk.split_at(nibbles::GROUP);
+                nibbles::get(lines, (format == Format::Q5_0).then_some(fifth), lane, i)
             }
         }
     }
@@ -512,14 +508,13 @@ fn tile_row_portable(format: Format, qs: &[u8], ss: &[u8], nb: usize, xq: &[i8],
                 }
             }
             Format::Q5_0 | Format::Q4_0 => {
-                let high = if format == Format::Q5_0 { &blk[256..320] } else { &[0u8; 64][..] };
-                for (p, line) in blk[..256].chunks_exact(64).enumerate() {
+                let (lines, fifth) = blk.split_at(nibbles::GROUP);
+                let fifth = if format == Format::Q5_0 { fifth } else { &[0u8; nibbles::LINE][..] };
+                for (p, line) in lines.chunks_exact(nibbles::LINE).enumerate() {
                     for (lane, s) in isum.iter_mut().enumerate() {
                         for i in 0..4 {
-                            let (byte, hb) = (line[lane * 4 + i], high[lane * 4 + i]);
-                            let lo = ((byte & 0x0F) | ((hb >> (2 * p)) & 1) << 4) as i32 - bias;
-                            let hi = ((byte >> 4) | ((hb >> (2 * p + 1)) & 1) << 4) as i32 - bias;
-                            *s += lo * xb[8 * p + i] as i32 + hi * xb[8 * p + 4 + i] as i32;
+                            let (lo, hi) = nibbles::pair(line[lane * 4 + i], fifth[lane * 4 + i], p);
+                            *s += (lo as i32 - bias) * xb[8 * p + i] as i32 + (hi as i32 - bias) * xb[8 * p + 4 + i] as i32;
                         }
                     }
                 }
@@ -534,7 +529,7 @@ fn tile_row_portable(format: Format, qs: &[u8], ss: &[u8], nb: usize, xq: &[i8],
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Format, QuantRows, QK, TILE_Q, TILE_S, TN};
+    use super::{nibbles, Format, QuantRows, QK, TILE_Q, TILE_S, TN};
     /// Blocks ahead that the nibble kernels prefetch (measured on decode-sized products streaming
     /// from memory: the hardware prefetchers alone leave Q5_0 / Q4_0 ~25% slower; Q8_0, with
     /// less work per byte, gains nothing).
@@ -874,7 +869,6 @@ mod x86 {
     ) {
         let format = if HI { Format::Q5_0 } else { Format::Q4_0 };
         let (tq, bias) = (format.tile_q(), format.bias());
-        let (nib, bit4) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
         let mut acc = [_mm512_setzero_ps(); R];
         let xq = xs.q.as_ptr().add(r0 * k);
         for b in 0..nb {
@@ -887,15 +881,11 @@ mod x86 {
                 // A hint only: past the end of the weights it loads nothing and cannot fault.
                 _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BLOCKS * tq + l * 64) as *const i8);
             }
-            let qh = if HI { _mm512_loadu_si512(blk.add(256) as *const _) } else { _mm512_setzero_si512() };
+            let qh = if HI { _mm512_loadu_si512(blk.add(nibbles::GROUP) as *const _) } else { _mm512_setzero_si512() };
             macro_rules! line {
-                ($p:literal, $lo:expr, $hi:expr) => {{
+                ($p:literal) => {{
                     let w = _mm512_loadu_si512(blk.add($p * 64) as *const _);
-                    let (mut lo, mut hi) = (_mm512_and_si512(w, nib), _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib));
-                    if HI {
-                        lo = _mm512_ternarylogic_epi32::<0xEA>($lo, bit4, lo);
-                        hi = _mm512_ternarylogic_epi32::<0xEA>($hi, bit4, hi);
-                    }
+                    let (lo, hi) = nibbles::x86::vnni_operands::<HI>(w, qh, $p);
                     let (cl, ch) = ((2 * $p) % C, (2 * $p + 1) % C);
                     for (r, s) in isum.iter_mut().enumerate() {
                         let x = xq.add(r * k + b * QK + $p * 8);
@@ -905,10 +895,10 @@ mod x86 {
                     }
                 }};
             }
-            line!(0, _mm512_slli_epi16::<4>(qh), _mm512_slli_epi16::<3>(qh));
-            line!(1, _mm512_slli_epi16::<2>(qh), _mm512_slli_epi16::<1>(qh));
-            line!(2, qh, _mm512_srli_epi16::<1>(qh));
-            line!(3, _mm512_srli_epi16::<2>(qh), _mm512_srli_epi16::<3>(qh));
+            line!(0);
+            line!(1);
+            line!(2);
+            line!(3);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(ss.as_ptr().add(b * TILE_S) as *const __m256i));
             for (r, a) in acc.iter_mut().enumerate() {
                 *a = scale_add(*a, dw, *xs.d.get_unchecked((r0 + r) * nb + b), chains(isum[r]));
@@ -1000,7 +990,7 @@ mod x86 {
         out: &mut [[f32; TN]],
     ) {
         let (tq, bias) = (format.tile_q(), format.bias());
-        let (nib, bit4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10), _mm256_set1_epi16(1));
+        let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         let xq = xs.q.as_ptr().add(r0 * k);
         for b in 0..nb {
@@ -1010,20 +1000,15 @@ mod x86 {
                 for (r, s) in isum.iter_mut().enumerate() {
                     *s = _mm256_set1_epi32(-bias * *xs.s.get_unchecked((r0 + r) * nb + b));
                 }
-                let qh = if format == Format::Q5_0 {
-                    _mm256_loadu_si256(blk.add(256 + h * 32) as *const __m256i)
+                let fifth = format == Format::Q5_0;
+                let qh = if fifth {
+                    _mm256_loadu_si256(blk.add(nibbles::GROUP + h * 32) as *const __m256i)
                 } else {
                     _mm256_setzero_si256()
                 };
                 for p in 0..4 {
                     let w = _mm256_loadu_si256(blk.add(p * 64 + h * 32) as *const __m256i);
-                    let (mut lo, mut hi) = (_mm256_and_si256(w, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(w), nib));
-                    if format == Format::Q5_0 {
-                        // Bits `2p` and `2p + 1` to bit 4 (32-bit shifts, one bit per byte kept).
-                        let (sl, sh) = (_mm_cvtsi32_si128(2 * p as i32), _mm_cvtsi32_si128(2 * p as i32 + 1));
-                        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, sl)), bit4));
-                        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, sh)), bit4));
-                    }
+                    let (lo, hi) = nibbles::x86::avx2_operands(w, qh, p, fifth);
                     for (r, s) in isum.iter_mut().enumerate() {
                         let x = xq.add(r * k + b * QK + p * 8);
                         let pairs = _mm256_add_epi16(

@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 use std::ptr::read_unaligned;
 
-use super::{Kind, QuantRows, LINE, NIBBLES, QK_K, TN};
+use super::{nibbles, Kind, QuantRows, LINE, NIBBLES, QK_K, TN};
 
 /// Where an activation row's data for super-block `b` starts.
 struct Row {
@@ -80,7 +80,7 @@ unsafe fn q45_vnni<const R: usize, const HI: bool>(
     r0: usize,
     out: &mut [[f32; TN]],
 ) {
-    let (nib, bit4, low16) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10), _mm512_set1_epi32(0xFFFF));
+    let low16 = _mm512_set1_epi32(0xFFFF);
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..nsb {
         let blk = tile.as_ptr().add(b * kind.block_bytes());
@@ -97,17 +97,11 @@ unsafe fn q45_vnni<const R: usize, const HI: bool>(
                 let sc = if h == 0 { _mm512_and_si512(scales, low16) } else { _mm512_srli_epi32::<16>(scales) };
                 let qh = if HI { _mm512_loadu_si512(blk.add(NIBBLES + j * LINE) as *const _) } else { _mm512_setzero_si512() };
                 let mut s = [_mm512_setzero_si512(); R];
-                // Line `l` of the sub-block: its fifth bits are bits `2l` (low nibbles) and
-                // `2l + 1` (high) of `qh`, shifted to bit 4 (16-bit shifts of at most 4 left or
-                // 3 right never carry another byte's bit into bit 4).
+                // Line `l` of the sub-block, its fifth bits from `qh` (Q5_K).
                 macro_rules! line {
-                    ($l:literal, $lo:expr, $hi:expr) => {{
+                    ($l:literal) => {{
                         let w = _mm512_loadu_si512(blk.add((4 * j + $l) * LINE) as *const _);
-                        let (mut lo, mut hi) = (_mm512_and_si512(w, nib), _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib));
-                        if HI {
-                            lo = _mm512_ternarylogic_epi32::<0xEA>($lo, bit4, lo);
-                            hi = _mm512_ternarylogic_epi32::<0xEA>($hi, bit4, hi);
-                        }
+                        let (lo, hi) = nibbles::x86::vnni_operands::<HI>(w, qh, $l);
                         for r in 0..R {
                             let (a, c) = x[r].quads(32 * j + 8 * $l);
                             s[r] = _mm512_dpbusd_epi32(s[r], lo, _mm512_set1_epi32(a));
@@ -115,10 +109,10 @@ unsafe fn q45_vnni<const R: usize, const HI: bool>(
                         }
                     }};
                 }
-                line!(0, _mm512_slli_epi16::<4>(qh), _mm512_slli_epi16::<3>(qh));
-                line!(1, _mm512_slli_epi16::<2>(qh), _mm512_slli_epi16::<1>(qh));
-                line!(2, qh, _mm512_srli_epi16::<1>(qh));
-                line!(3, _mm512_srli_epi16::<2>(qh), _mm512_srli_epi16::<3>(qh));
+                line!(0);
+                line!(1);
+                line!(2);
+                line!(3);
                 for r in 0..R {
                     isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s[r], sc));
                 }
@@ -216,8 +210,7 @@ pub(super) unsafe fn rows_avx2(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRo
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn avx2<const R: usize>(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRows, r0: usize, out: &mut [[f32; TN]]) {
-    let (nib, ones, low16) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1), _mm256_set1_epi32(0xFFFF));
-    let (bit4, bits) = (_mm256_set1_epi8(0x10), _mm256_set1_epi8(0x30));
+    let (ones, low16, bits) = (_mm256_set1_epi16(1), _mm256_set1_epi32(0xFFFF), _mm256_set1_epi8(0x30));
     let q6 = kind == Kind::Q6K;
     let lines = if q6 { 2 } else { 4 };
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
@@ -258,25 +251,13 @@ unsafe fn avx2<const R: usize>(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRo
                     let mut s = [_mm256_setzero_si256(); R];
                     for l in 0..lines {
                         let w = _mm256_loadu_si256(blk.add((lines * j + l) * LINE + 2 * h16) as *const __m256i);
-                        let (mut lo, mut hi) = (_mm256_and_si256(w, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(w), nib));
-                        match kind {
-                            Kind::Q4K => {}
-                            Kind::Q5K => {
-                                // Bits `2l` and `2l + 1` to bit 4: a variable shift of the
-                                // 32-bit lanes, then one bit per byte kept.
-                                let (sl, sh) = (_mm_cvtsi32_si128(2 * l as i32), _mm_cvtsi32_si128(2 * l as i32 + 1));
-                                lo =
-                                    _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, sl)), bit4));
-                                hi =
-                                    _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, sh)), bit4));
-                            }
-                            Kind::Q6K => {
-                                let (sl, sh) = (_mm_cvtsi32_si128(4 * l as i32), _mm_cvtsi32_si128(4 * l as i32 + 2));
-                                lo =
-                                    _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, sl)), bits));
-                                hi =
-                                    _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, sh)), bits));
-                            }
+                        let (mut lo, mut hi) = nibbles::x86::avx2_operands(w, qh, l, kind == Kind::Q5K);
+                        if q6 {
+                            // Bits `4l` and `4l + 2` to bits 4–5: a variable shift of the 32-bit
+                            // lanes, then two bits per byte kept.
+                            let (sl, sh) = (_mm_cvtsi32_si128(4 * l as i32), _mm_cvtsi32_si128(4 * l as i32 + 2));
+                            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, sl)), bits));
+                            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, sh)), bits));
                         }
                         let at = (lines * j + l) * 8;
                         for r in 0..R {

@@ -1,0 +1,90 @@
+//! The 4-bit layout both packed kernels store: [`super::q8`] for Q5_0 / Q4_0 blocks,
+//! [`super::kquant`] for Q4_K / Q5_K sub-blocks and the low nibbles of Q6_K.
+//!
+//! A group of 32 values of 16 rows is 4 lines of 64 bytes: line `p` holds, for each row in turn,
+//! 4 bytes whose low nibbles are values `8p..8p+4` and whose high nibbles are `8p+4..8p+8`. A
+//! nibble mask and a shift make two VNNI operands of a line, whose 16 32-bit lanes are the 16
+//! rows. A fifth bit, where the format has one, lives in one more line: bit `2p + h` of a row's
+//! byte `i` for the value in half `h` (0 low nibble, 1 high) of byte `i` of line `p`.
+
+/// Bytes of one line: 4 for each of the 16 rows.
+pub(super) const LINE: usize = 64;
+/// Bytes of a group's 4 nibble lines.
+pub(super) const GROUP: usize = 4 * LINE;
+
+/// Where value `v` (0..32) of row `lane` sits: `(line p, half h, byte within the line)`.
+#[inline(always)]
+fn place(lane: usize, v: usize) -> (usize, usize, usize) {
+    (v / 8, (v / 4) % 2, lane * 4 + v % 4)
+}
+
+/// Writes the low 4 bits of `u` as value `v` of row `lane` into a zeroed group (`lines`:
+/// `GROUP` bytes) and, with `fifth` (`LINE` bytes), its bit 4.
+pub(super) fn put(lines: &mut [u8], fifth: Option<&mut [u8]>, lane: usize, v: usize, u: u8) {
+    let (p, h, i) = place(lane, v);
+    lines[p * LINE + i] |= (u & 0x0F) << (4 * h);
+    if let Some(f) = fifth {
+        f[i] |= ((u >> 4) & 1) << (2 * p + h);
+    }
+}
+
+/// Value `v` of row `lane` as [`put`] wrote it (bit 4 only with `fifth`).
+pub(super) fn get(lines: &[u8], fifth: Option<&[u8]>, lane: usize, v: usize) -> u8 {
+    let (p, h, i) = place(lane, v);
+    let nibble = (lines[p * LINE + i] >> (4 * h)) & 0x0F;
+    nibble | fifth.map_or(0, |f| ((f[i] >> (2 * p + h)) & 1) << 4)
+}
+
+/// The two values of a row's `byte` of line `p` (values `8p + i` and `8p + 4 + i`), their
+/// fifth bits taken from `fifth_byte` (0 where there are none).
+#[inline(always)]
+pub(super) fn pair(byte: u8, fifth_byte: u8, p: usize) -> (u8, u8) {
+    let bit = |h: usize| ((fifth_byte >> (2 * p + h)) & 1) << 4;
+    ((byte & 0x0F) | bit(0), (byte >> 4) | bit(1))
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod x86 {
+    use std::arch::x86_64::*;
+
+    /// The two VNNI operands of line `p` (`w`), with their fifth bits from the group's fifth
+    /// line `qh` when `FIFTH`: bits `2p` and `2p + 1` shifted to bit 4. A 16-bit shift of at
+    /// most 4 left or 3 right never carries another byte's bit into bit 4. Called with a
+    /// literal `p`, the match folds away.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(crate) fn vnni_operands<const FIFTH: bool>(w: __m512i, qh: __m512i, p: usize) -> (__m512i, __m512i) {
+        let nib = _mm512_set1_epi8(0x0F);
+        let (lo, hi) = (_mm512_and_si512(w, nib), _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib));
+        if !FIFTH {
+            return (lo, hi);
+        }
+        let (bl, bh) = match p {
+            0 => (_mm512_slli_epi16::<4>(qh), _mm512_slli_epi16::<3>(qh)),
+            1 => (_mm512_slli_epi16::<2>(qh), _mm512_slli_epi16::<1>(qh)),
+            2 => (qh, _mm512_srli_epi16::<1>(qh)),
+            _ => (_mm512_srli_epi16::<2>(qh), _mm512_srli_epi16::<3>(qh)),
+        };
+        // (bit & 0x10) | nibble in one instruction.
+        let bit4 = _mm512_set1_epi8(0x10);
+        (_mm512_ternarylogic_epi32::<0xEA>(bl, bit4, lo), _mm512_ternarylogic_epi32::<0xEA>(bh, bit4, hi))
+    }
+
+    /// [`vnni_operands`] for 8 rows (one 32-byte half of a line and of `qh`), `fifth` at run
+    /// time: the fifth bits move by a 32-bit shift (right by `2p + h`, left by 4), then one bit
+    /// per byte is kept.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn avx2_operands(w: __m256i, qh: __m256i, p: usize, fifth: bool) -> (__m256i, __m256i) {
+        let nib = _mm256_set1_epi8(0x0F);
+        let (lo, hi) = (_mm256_and_si256(w, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(w), nib));
+        if !fifth {
+            return (lo, hi);
+        }
+        // No closure here: a closure would not inherit this function's target features.
+        let bit4 = _mm256_set1_epi8(0x10);
+        let bl = _mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, _mm_cvtsi32_si128(2 * p as i32)));
+        let bh = _mm256_slli_epi32::<4>(_mm256_srl_epi32(qh, _mm_cvtsi32_si128(2 * p as i32 + 1)));
+        (_mm256_or_si256(lo, _mm256_and_si256(bl, bit4)), _mm256_or_si256(hi, _mm256_and_si256(bh, bit4)))
+    }
+}

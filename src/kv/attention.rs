@@ -48,6 +48,7 @@ const PAR_MIN_MACS: usize = 1 << 16;
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Keys or values of up to [`GATHER`] positions, widened to f32 rows side by side.
+    #[cfg(target_arch = "x86_64")]
     static GATHERED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -55,6 +56,7 @@ thread_local! {
 /// size of 128: they stay in L1 while every row of the tile reads them). Gathered even from
 /// an f32 pool: read in place, rows one pool row apart (4 KiB for 8 KV heads of 128) fall in
 /// the same few L1 sets, and prefill ran 12% slower on a Qwen3-0.6B shape.
+#[cfg(target_arch = "x86_64")]
 const GATHER: usize = 64;
 
 /// One sequence's rows in a batch.

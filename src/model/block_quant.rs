@@ -859,6 +859,7 @@ mod tests {
             assert_eq!(blocks_bytes(&got), &want[..], "q6_k: {what}");
             // Every path this CPU has.
             type Path = (&'static str, fn(&[f32], &mut [u8]));
+            #[allow(unused_mut)] // nothing is added off x86-64
             let mut paths: Vec<Path> = vec![("portable", q6_k_bytes)];
             #[cfg(target_arch = "x86_64")]
             if std::is_x86_feature_detected!("avx2") {

@@ -35,7 +35,9 @@
 //! - **Paths** ([`q8::Path`]): AVX-512 VNNI (`vpdpbusd` with the unsigned weights, `vpdpwssd`
 //!   for the min and offset terms, up to 4 activation rows sharing each weight load; the AMX
 //!   path runs it too), AVX2 (the same tiles as two 8-lane halves, `maddubs`, which cannot
-//!   saturate here: `2 · 63 · 128 < 2¹⁵`), portable (plain loops).
+//!   saturate here: `2 · 63 · 128 < 2¹⁵`), NEON on aarch64 (`kquant/neon.rs`: 4 vectors of 4
+//!   lanes, SDOT or widening multiplies, 2 rows sharing each weight load), portable (plain
+//!   loops).
 //! - **Threads and allocation** as in [`super::q8`] ([`super::tiled`]; a thread-local scratch for
 //!   the quantized activations).
 
@@ -484,6 +486,12 @@ fn tile_rows(
         Path::Avx512Vnni | Path::Amx => unsafe { x86::rows_vnni(kind, tile, nsb, xs, rows.start, out) },
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe { x86::rows_avx2(kind, tile, nsb, xs, rows.start, out) },
+        // SAFETY: `NeonDot` is only constructed after SDOT was detected; the asserts above
+        // bound every pointer the kernels read.
+        #[cfg(target_arch = "aarch64")]
+        Path::Neon => unsafe { neon::rows::<false>(kind, tile, nsb, xs, rows.start, out) },
+        #[cfg(target_arch = "aarch64")]
+        Path::NeonDot => unsafe { neon::rows::<true>(kind, tile, nsb, xs, rows.start, out) },
         Path::Portable => {
             for (r, o) in rows.zip(out) {
                 tile_row_portable(kind, tile, nsb, xs, r, o);
@@ -549,6 +557,8 @@ fn tile_row_portable(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRows, r: usi
     *out = acc;
 }
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

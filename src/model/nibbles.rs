@@ -88,3 +88,27 @@ pub(super) mod x86 {
         (_mm256_or_si256(lo, _mm256_and_si256(bl, bit4)), _mm256_or_si256(hi, _mm256_and_si256(bh, bit4)))
     }
 }
+
+#[cfg(target_arch = "aarch64")]
+pub(super) mod neon {
+    use std::arch::aarch64::*;
+
+    /// The two operands of 16 bytes `w` of line `p` (4 rows' bytes), as signed bytes (the
+    /// values are below 32), with their fifth bits from the same 16 bytes `qh` of the group's
+    /// fifth line when `FIFTH`: bits `2p` and `2p + 1` moved to bit 4 by a per-byte shift
+    /// (`vshlq_u8` shifts right for a negative count), so no other byte's bit reaches it.
+    #[inline(always)]
+    pub(crate) fn operands<const FIFTH: bool>(w: uint8x16_t, qh: uint8x16_t, p: usize) -> (int8x16_t, int8x16_t) {
+        // SAFETY: NEON is part of every aarch64 target.
+        unsafe {
+            let (lo, hi) = (vandq_u8(w, vdupq_n_u8(0x0F)), vshrq_n_u8::<4>(w));
+            if !FIFTH {
+                return (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi));
+            }
+            let bit4 = vdupq_n_u8(0x10);
+            let bl = vandq_u8(vshlq_u8(qh, vdupq_n_s8(4 - 2 * p as i8)), bit4);
+            let bh = vandq_u8(vshlq_u8(qh, vdupq_n_s8(3 - 2 * p as i8)), bit4);
+            (vreinterpretq_s8_u8(vorrq_u8(lo, bl)), vreinterpretq_s8_u8(vorrq_u8(hi, bh)))
+        }
+    }
+}

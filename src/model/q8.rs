@@ -28,7 +28,9 @@
 //!   float steps (rows past the last full group go to VNNI); off with `EXPERT_RUNTIME_AMX=0`.
 //!   AVX2: the same tile read as two 8-lane halves, `maddubs` (Q8_0: on `|q_w|` and `q_x` with
 //!   `q_w`'s sign; Q5_0 / Q4_0: on `u` itself, at most 31). Portable: plain loops (any CPU, or
-//!   `EXPERT_RUNTIME_SIMD=portable`).
+//!   `EXPERT_RUNTIME_SIMD=portable`). NEON (aarch64, `q8/neon.rs`): a tile's 16 outputs as 4
+//!   vectors of 4 lanes, one SDOT per 16 weight bytes where the CPU has it ([`Path::NeonDot`]),
+//!   widening multiplies otherwise ([`Path::Neon`]); 2 activation rows share each weight load.
 //! - **Threads.** [`super::tiled`]: chunks of tiles on rayon, rows in groups of 64 per tile.
 //! - **Allocation.** Besides the output, only the quantized activations (a thread-local
 //!   scratch reused across calls, or a fresh one if that scratch is already borrowed by a
@@ -45,7 +47,7 @@ use rayon::prelude::*;
 use super::nibbles;
 use super::tiled::{self, PackedMatrix, Tiles, TN};
 use crate::error::{EngineError, Result};
-use crate::simd::{self, Level};
+use crate::simd;
 
 /// Q8_0 block length.
 pub const QK: usize = 32;
@@ -68,6 +70,12 @@ pub enum Path {
     /// [`Path::Avx512Vnni`] plus AMX-INT8 tiles for every full group of 16 activation rows.
     #[cfg(target_arch = "x86_64")]
     Amx,
+    /// aarch64 NEON (every aarch64 CPU): widening multiplies for the integer dots.
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+    /// aarch64 NEON with SDOT (FEAT_DotProd).
+    #[cfg(target_arch = "aarch64")]
+    NeonDot,
 }
 
 /// The path this process runs (detected once; portable when `simd::level()` is). With
@@ -75,7 +83,7 @@ pub enum Path {
 pub fn path() -> Path {
     static PATH: OnceLock<Path> = OnceLock::new();
     *PATH.get_or_init(|| {
-        if simd::level() == Level::Portable {
+        if simd::forced_portable() {
             return Path::Portable;
         }
         let amx = std::env::var("EXPERT_RUNTIME_AMX").map_or(true, |v| v != "0");
@@ -101,6 +109,13 @@ fn paths_with(#[allow(unused_variables)] amx: bool) -> Vec<Path> {
         }
         if amx && x86::has_amx() {
             v.push(Path::Amx);
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        v.push(Path::Neon);
+        if simd::neon::has_dotprod() {
+            v.push(Path::NeonDot);
         }
     }
     v
@@ -156,6 +171,8 @@ fn quantize_row_at(path: Path, x: &[f32], q: &mut [i8], d: &mut [f32]) {
         // SAFETY: the x86 paths are only constructed after AVX2 was detected; lengths asserted.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 | Path::Avx512Vnni | Path::Amx => unsafe { x86::quantize_row_avx2(x, q, d) },
+        #[cfg(target_arch = "aarch64")]
+        Path::Neon | Path::NeonDot => quantize_row_portable(x, q, d),
         Path::Portable => quantize_row_portable(x, q, d),
     }
 }
@@ -479,6 +496,12 @@ fn tile_rows(
         Path::Amx => unsafe { x86::rows_amx(qs, ss, nb, xs, k, rows.start, out) },
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe { x86::rows_avx2(format, qs, ss, nb, xs, k, rows.start, out) },
+        // SAFETY: `NeonDot` is only constructed after SDOT was detected; the asserts above
+        // bound every pointer the kernels read.
+        #[cfg(target_arch = "aarch64")]
+        Path::Neon => unsafe { neon::rows::<false>(format, qs, ss, nb, xs, k, rows.start, out) },
+        #[cfg(target_arch = "aarch64")]
+        Path::NeonDot => unsafe { neon::rows::<true>(format, qs, ss, nb, xs, k, rows.start, out) },
         Path::Portable => {
             for (r, o) in rows.zip(out) {
                 tile_row_portable(format, qs, ss, nb, &xs.q[r * k..(r + 1) * k], &xs.d[r * nb..(r + 1) * nb], o);
@@ -526,6 +549,9 @@ fn tile_row_portable(format: Format, qs: &[u8], ss: &[u8], nb: usize, xq: &[i8],
     }
     *out = acc;
 }
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -1146,9 +1172,10 @@ mod tests {
         let q = QTensor::quantize(&w, format.dtype()).unwrap();
         let packed = Packed32::from_qtensor(&q).unwrap();
         let deq: Vec<f32> = q.dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let mm = QMatMul::from_qtensor(q).unwrap();
         let x = Tensor::randn(0f32, 1.0, (rows, k), &dev).unwrap();
-        let candle: Vec<f32> = mm.forward(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        // candle's kernels need SDOT on aarch64 (see `repack`); where there is none, only ours run.
+        let candle: Option<Vec<f32>> = crate::model::repack::candle_dots_run_here()
+            .then(|| QMatMul::from_qtensor(q).unwrap().forward(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap());
         let xv: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
         let y = every_path(&packed, &xv, rows);
         let mut xq = vec![0i8; k];
@@ -1167,9 +1194,12 @@ mod tests {
             let bounds = activation_quantization_bound(&deq, k, xr);
             for (i, (wr, tol)) in deq.chunks_exact(k).zip(bounds).enumerate() {
                 let truth: f64 = wr.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                let (ours, theirs) = (y[r * n + i] as f64, candle[r * n + i] as f64);
+                let ours = y[r * n + i] as f64;
                 assert!((ours - truth).abs() <= tol, "[{n}x{k}] out {i}: ours {ours} vs {truth} (bound {tol})");
-                assert!((theirs - truth).abs() <= tol, "[{n}x{k}] out {i}: candle {theirs} vs {truth} (bound {tol})");
+                if let Some(candle) = &candle {
+                    let theirs = candle[r * n + i] as f64;
+                    assert!((theirs - truth).abs() <= tol, "[{n}x{k}] out {i}: candle {theirs} vs {truth} (bound {tol})");
+                }
             }
         }
         assert_eq!(packed.dequantize(), deq);
@@ -1244,6 +1274,16 @@ mod tests {
         let (wrong, _) = exact_with_bound(&broken, k, &xq, &xd)[0];
         let (want, tol) = exact[0];
         assert!((wrong - want).abs() > 100.0 * tol, "{wrong} vs {want} ± {tol}");
+    }
+
+    /// aarch64 always has the NEON path, and the SDOT one where the CPU has SDOT.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn neon_paths_on_aarch64() {
+        let p = paths();
+        assert!(p.contains(&Path::Neon));
+        assert_eq!(p.contains(&Path::NeonDot), crate::simd::neon::has_dotprod());
+        assert_eq!(path(), if crate::simd::forced_portable() { Path::Portable } else { *p.last().unwrap() });
     }
 
     /// Every path quantizes like the portable code (candle's quantizer), including halves,

@@ -1,12 +1,13 @@
 //! CPU vector support: which instruction set the hand-written kernels use, and portable
 //! vector loops written so the compiler vectorises them.
 //!
-//! The kernels (packed Q8_0 matmul, fused paged attention, fused LoRA) have two paths: an
-//! AVX2 + FMA one on x86-64 and a portable one everywhere else. [`level`] picks the path once
+//! The f32 kernels (fused paged attention, fused LoRA) have two paths: an AVX2 + FMA one on
+//! x86-64 and a portable one everywhere else (on aarch64 the compiler vectorises it for NEON). [`level`] picks the path once
 //! per process from what the CPU reports at run time; `EXPERT_RUNTIME_SIMD=portable` forces
 //! the portable path (tests run it on machines that have AVX2, so both paths stay covered).
-//! The Q8_0 matrix kernel ([`crate::model::q8`]) adds AVX-512 VNNI and AMX paths of its own,
-//! with the same results as its AVX2 and portable ones. candle's own kernels may take other
+//! The integer matrix kernels ([`crate::model::q8`], [`crate::model::kquant`]) choose their
+//! own paths (AVX2, AVX-512 VNNI, AMX; NEON with or without SDOT on aarch64, from [`neon`]),
+//! with the same results as their portable ones; [`forced_portable`] turns them off too. candle's own kernels may take other
 //! wide paths, which is why tests never compare our results with candle's bit for bit.
 //!
 //! [`dot`] and [`axpy`] are inlined both into functions compiled with
@@ -17,6 +18,8 @@
 
 use std::sync::OnceLock;
 
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
@@ -33,14 +36,13 @@ pub enum Level {
 /// The path the kernels take in this process (detected once).
 pub fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        let forced = std::env::var("EXPERT_RUNTIME_SIMD").is_ok_and(|v| v.eq_ignore_ascii_case("portable"));
-        if forced {
-            Level::Portable
-        } else {
-            best_level()
-        }
-    })
+    *LEVEL.get_or_init(|| if forced_portable() { Level::Portable } else { best_level() })
+}
+
+/// Whether `EXPERT_RUNTIME_SIMD=portable` asks every kernel for its portable path.
+pub fn forced_portable() -> bool {
+    static FORCED: OnceLock<bool> = OnceLock::new();
+    *FORCED.get_or_init(|| std::env::var("EXPERT_RUNTIME_SIMD").is_ok_and(|v| v.eq_ignore_ascii_case("portable")))
 }
 
 /// Every path this CPU can run, portable first (tests run each of them).

@@ -65,3 +65,26 @@ unsafe fn weigh_chunks<const C: usize>(p: &[f32], values: &[f32], hd: usize, h0:
         _mm256_storeu_ps(o.add(c * 8), *a);
     }
 }
+
+/// Whether the CPU has F16C (checked once).
+pub(super) fn has_f16c() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| std::is_x86_feature_detected!("avx") && std::is_x86_feature_detected!("f16c"))
+}
+
+/// `dst = src` widened to f32 (exact), 8 values per `vcvtph2ps`.
+///
+/// # Safety
+/// AVX and F16C must be present ([`has_f16c`]); `dst.len() == src.len()` (asserted).
+#[target_feature(enable = "avx,f16c")]
+pub(super) unsafe fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len());
+    let full = src.len() / 8 * 8;
+    for i in (0..full).step_by(8) {
+        let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+        _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+    }
+    for (o, v) in dst[full..].iter_mut().zip(&src[full..]) {
+        *o = v.to_f32();
+    }
+}

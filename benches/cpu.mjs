@@ -44,7 +44,7 @@ function parseArgs(argv) {
   return parseBenchArgs(argv, {
     usage: 'node benches/cpu.mjs [--quick] [--cases KEY,KEY] [--threads N] [--repeat N] [--wait-idle SECONDS] [--out file.json]',
     help: [
-      '  --cases K,K      only these rows (keys: smollm2-q4_1, qwen3-q8_0, qwen3-f32, qwen3-f16, qwen3-f32-q8_0, qwen3-f32-q4_0, qwen3-f32-q4_k, qwen25-q4_k_m)',
+      '  --cases K,K      only these rows (keys: smollm2-q4_1, qwen3-q8_0, qwen3-q8_0-kv-f16, qwen3-f32, qwen3-f16, qwen3-f32-q8_0, qwen3-f32-q4_0, qwen3-f32-q4_k, qwen25-q4_k_m)',
       '  --repeat N       run every measurement N times (interleaved) and keep the best of each figure',
       '  --wait-idle S    before each measurement, wait up to S seconds (default 120, 0 = off) for a >= 90% idle second',
     ],
@@ -72,7 +72,8 @@ async function childOurs(spec) {
   const { Runtime } = require(join(root, 'dist', 'index.js'))
   const rss0 = rss()
   const t0 = performance.now()
-  const rt = await Runtime.load(spec.path, { threads: spec.threads, dtype: spec.dtype, quantize: spec.quantize, contextLength: CONTEXT })
+  const kvCache = spec.kv ? { dtype: spec.kv } : undefined
+  const rt = await Runtime.load(spec.path, { threads: spec.threads, dtype: spec.dtype, quantize: spec.quantize, contextLength: CONTEXT, kvCache })
   const loadMs = performance.now() - t0
   const rssLoad = rss()
 
@@ -239,6 +240,9 @@ async function parent(args) {
     const q = ensureQwen3Bench()
     llamaSpecs.q8 = { engine: 'llama', path: q.q8_0 }
     cases.push({ key: 'qwen3-q8_0', label: 'Qwen3-0.6B-rand Q8_0 GGUF', ours: { engine: 'ours', path: q.q8_0 }, llamaKey: 'q8', llamaLabel: 'same GGUF' })
+    // Our KV pool is f32 on CPU by default (exact); llama.cpp's default cache is f16: this row
+    // runs ours with an f16 pool too, the same bytes per position read at each decode step.
+    cases.push({ key: 'qwen3-q8_0-kv-f16', label: 'Qwen3-0.6B-rand Q8_0 GGUF, KV f16 as llama.cpp', ours: { engine: 'ours', path: q.q8_0, kv: 'f16' }, llamaKey: 'q8', llamaLabel: 'same GGUF' })
     cases.push({ key: 'qwen3-f32', label: 'Qwen3-0.6B-rand f32 safetensors', ours: { engine: 'ours', path: q.f32, dtype: 'f32' }, llamaKey: 'q8', llamaLabel: 'Q8_0 GGUF (same weights)' })
     cases.push({ key: 'qwen3-f16', label: 'Qwen3-0.6B-rand f16 safetensors (dtype f16)', ours: { engine: 'ours', path: q.f16, dtype: 'f16' }, llamaKey: 'q8', llamaLabel: 'Q8_0 GGUF (same weights)' })
     // Quantized on load from the f32 safetensors: q8_0 makes the GGUF's very blocks.

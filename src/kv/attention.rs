@@ -381,7 +381,24 @@ trait KvElem: Copy + Send + Sync {
     fn with_f32<R>(row: &[Self], f: impl FnOnce(&[f32]) -> R) -> R;
 
     /// `row` as f32 into `dst` (same length).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the gathering kernels are x86's
     fn widen_into(row: &[Self], dst: &mut [f32]);
+
+    /// `row` where the in-place kernels can read it (f32, f16).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn in_place(row: &[Self]) -> RowPtr {
+        let _ = row;
+        RowPtr::None
+    }
+}
+
+/// A pool row the in-place kernels read as it is ([`KvElem::in_place`]).
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum RowPtr {
+    F32(*const f32),
+    F16(*const half::f16),
+    None,
 }
 
 thread_local! {
@@ -398,18 +415,22 @@ impl KvElem for f32 {
     fn widen_into(row: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(row)
     }
+
+    #[inline(always)]
+    fn in_place(row: &[f32]) -> RowPtr {
+        RowPtr::F32(row.as_ptr())
+    }
 }
 
 macro_rules! half_elem {
-    ($t:ty, $widen:ident) => {
+    ($t:ty, $widen:ident $(, $ptr:ident)?) => {
         impl KvElem for $t {
             #[inline(always)]
             fn with_f32<R>(row: &[$t], f: impl FnOnce(&[f32]) -> R) -> R {
-                use half::slice::HalfFloatSliceExt;
                 WIDE.with(|w| {
                     let mut w = w.borrow_mut();
                     w.resize(row.len(), 0.0);
-                    row.convert_to_f32_slice(&mut w);
+                    $widen(row, &mut w);
                     f(&w)
                 })
             }
@@ -418,10 +439,16 @@ macro_rules! half_elem {
             fn widen_into(row: &[$t], dst: &mut [f32]) {
                 $widen(row, dst)
             }
+            $(
+                #[inline(always)]
+                fn in_place(row: &[$t]) -> RowPtr {
+                    RowPtr::$ptr(row.as_ptr())
+                }
+            )?
         }
     };
 }
-half_elem!(half::f16, widen);
+half_elem!(half::f16, widen, F16);
 half_elem!(half::bf16, widen_bf16);
 
 /// f16 widened exactly, 8 at a time with F16C where the CPU has it (`half`'s slice
@@ -452,7 +479,15 @@ trait KvRows: Sync {
     fn with_row<R>(&self, value: bool, slot: usize, f: impl FnOnce(&[f32]) -> R) -> R;
 
     /// The same row written into `dst` (the head size long): no staging buffer between.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn row_into(&self, value: bool, slot: usize, dst: &mut [f32]);
+
+    /// The same row where the in-place kernels can read it, if they can.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn row_ptr(&self, value: bool, slot: usize) -> RowPtr {
+        let _ = (value, slot);
+        RowPtr::None
+    }
 }
 
 /// `(stride, offset, len)`: a slot's row is `data[slot · stride + offset ..][..len]`.
@@ -479,6 +514,11 @@ impl<T: KvElem> KvRows for Dense<'_, T> {
     #[inline(always)]
     fn row_into(&self, value: bool, slot: usize, dst: &mut [f32]) {
         T::widen_into(row_of(if value { self.v } else { self.k }, self.at, slot), dst)
+    }
+
+    #[inline(always)]
+    fn row_ptr(&self, value: bool, slot: usize) -> RowPtr {
+        T::in_place(row_of(if value { self.v } else { self.k }, self.at, slot))
     }
 }
 
@@ -735,6 +775,21 @@ fn scores<S: KvRows>(
     let hd = kv.hd;
     #[cfg(target_arch = "x86_64")]
     if simd == Level::Avx2Fma && hd.is_multiple_of(8) {
+        let q_row = |qi: usize| &q[qi * hd..(qi + 1) * hd];
+        let done = in_place(kv, false, p0, n, rep, (from, to), |qi, j0, rows, seen| {
+            let o = &mut sc[qi * stride + j0 - from..][..seen];
+            // SAFETY: `in_place` runs only with F16C, `Avx2Fma` means AVX2 and FMA; `hd` is a
+            // multiple of 8 and every row pointer is a pool row of `hd` values.
+            unsafe {
+                match rows {
+                    InPlace::F32(r) => super::attention_x86::scores_in_place(q_row(qi), &r, scale, o),
+                    InPlace::F16(r) => super::attention_x86::scores_in_place(q_row(qi), &r, scale, o),
+                }
+            }
+        });
+        if done {
+            return;
+        }
         return gathered(kv, false, p0, n, rep, (from, to), |qi, j0, keys, seen| {
             // SAFETY: `Avx2Fma` is only constructed after detecting AVX2 and FMA; `hd` is a
             // multiple of 8 and `keys` holds `seen` rows of `hd`.
@@ -752,6 +807,94 @@ fn scores<S: KvRows>(
             }
         })
     });
+}
+
+/// Rows of a block read in place by the kernels.
+#[cfg(target_arch = "x86_64")]
+enum InPlace<'a> {
+    F32(simd::x86::F32Rows<'a>),
+    F16(simd::x86::F16Rows<'a>),
+}
+
+/// Positions [`in_place`] runs every query head over before the next: rows a slot apart fall
+/// in the same L1 sets (4 KiB apart: all of them), and 8 fit at once whatever the stride.
+#[cfg(target_arch = "x86_64")]
+const IN_PLACE_BLOCK: usize = 8;
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Where positions `from..to` of the head being read sit in the pool.
+    static IN_PLACE: RefCell<(Vec<*const f32>, Vec<*const half::f16>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// [`gathered`] without the gathering, for one decode row (`n == 1`): its query heads read
+/// the pool's f32 or f16 rows where they are, a block of up to [`GATHER`] positions for every
+/// head in turn (so the second head finds them in cache). With one row there is no tile to
+/// keep in L1, and an f16 pool is read at half the bytes instead of widened into a copy.
+/// Returns false, having run nothing, for other tiles, other pools (bf16, quantized) and
+/// CPUs without F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn in_place<S: KvRows>(
+    kv: &KvView<S>,
+    value: bool,
+    p0: usize,
+    n: usize,
+    rep: usize,
+    (from, to): (usize, usize),
+    mut f: impl FnMut(usize, usize, InPlace<'_>, usize),
+) -> bool {
+    if n != 1 || from >= to || !super::attention_x86::has_f16c() {
+        return false;
+    }
+    IN_PLACE.with(|c| {
+        let (f32s, f16s) = &mut *c.borrow_mut();
+        f32s.clear();
+        f16s.clear();
+        let mut other = false;
+        kv.for_rows(from, to, |_, slot| match kv.rows.row_ptr(value, slot) {
+            RowPtr::F32(p) => f32s.push(p),
+            RowPtr::F16(p) => f16s.push(p),
+            RowPtr::None => other = true,
+        });
+        let len = to - from;
+        if other || (f32s.len() != len && f16s.len() != len) {
+            return false;
+        }
+        // A head's rows sit a pool slot apart (all KV heads of a position side by side: 2 or 4
+        // KiB at 8 heads of 128), so the hardware prefetchers, which stop at page boundaries,
+        // barely help: the next block's rows are asked for while this one is read.
+        let prefetch = |j0: usize| {
+            let (j0, j1) = (j0.min(to) - from, (j0 + GATHER).min(to) - from);
+            let bytes = kv.hd * if f32s.is_empty() { 2 } else { 4 };
+            for r in j0..j1 {
+                let p = if f32s.is_empty() { f16s[r] as *const i8 } else { f32s[r] as *const i8 };
+                for line in (0..bytes).step_by(64) {
+                    // SAFETY: a hint only (SSE, part of x86-64); it never faults.
+                    unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.wrapping_add(line)) };
+                }
+            }
+        };
+        prefetch(from);
+        for j0 in (from..to).step_by(IN_PLACE_BLOCK) {
+            let j1 = (j0 + IN_PLACE_BLOCK).min(to);
+            if (j0 - from) % GATHER == 0 {
+                prefetch(j0 + GATHER);
+            }
+            for qi in j0.saturating_sub(p0) * rep..rep {
+                let seen = (p0 + qi / rep + 1).min(j1) - j0;
+                let at = j0 - from..j0 - from + seen;
+                let rows = if f32s.is_empty() {
+                    InPlace::F16(simd::x86::F16Rows(&f16s[at]))
+                } else {
+                    InPlace::F32(simd::x86::F32Rows(&f32s[at]))
+                };
+                f(qi, j0, rows, seen);
+            }
+        }
+        true
+    })
 }
 
 /// Runs `f(qi, j0, rows, seen)` per block of up to [`GATHER`] positions `j0..` of `from..to`,
@@ -804,6 +947,19 @@ fn weigh_values<S: KvRows>(
     let hd = kv.hd;
     #[cfg(target_arch = "x86_64")]
     if simd == Level::Avx2Fma && hd.is_multiple_of(8) {
+        let done = in_place(kv, true, p0, n, rep, (from, to), |qi, j0, rows, seen| {
+            let (p, o) = (&sc[qi * stride + j0 - from..][..seen], &mut out[qi * hd..(qi + 1) * hd]);
+            // SAFETY: as in `scores`.
+            unsafe {
+                match rows {
+                    InPlace::F32(r) => super::attention_x86::weigh_in_place(p, &r, o),
+                    InPlace::F16(r) => super::attention_x86::weigh_in_place(p, &r, o),
+                }
+            }
+        });
+        if done {
+            return;
+        }
         return gathered(kv, true, p0, n, rep, (from, to), |qi, j0, values, seen| {
             let p = &sc[qi * stride + j0 - from..][..seen];
             // SAFETY: as in `scores`.

@@ -13,6 +13,7 @@
 use std::arch::x86_64::*;
 
 use crate::simd;
+use crate::simd::x86::{Packed, Rows8};
 
 /// `out[d] = dot(q, keys[d]) · scale` for the `out.len()` keys in `keys` (rows of `q.len()`).
 ///
@@ -34,31 +35,58 @@ pub(super) unsafe fn scores(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]
 pub(super) unsafe fn weigh(p: &[f32], values: &[f32], out: &mut [f32]) {
     let hd = out.len();
     assert!(hd.is_multiple_of(8) && values.len() >= p.len() * hd);
+    weigh_rows(p, &Packed { p: values.as_ptr(), hd }, out)
+}
+
+/// Scores of `q` against rows read in place from the pool (`rows.0.len() ≥ out.len()`, each
+/// `q.len()` values): the bits of [`scores`] on the same rows gathered.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be present ([`has_f16c`]); `q.len()` a multiple of 8; every row
+/// pointer valid for `q.len()` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn scores_in_place<R: Rows8>(q: &[f32], rows: &R, scale: f32, out: &mut [f32]) {
+    assert!(q.len().is_multiple_of(8));
+    simd::x86::dots_rows::<false, R>(q, rows, scale, out)
+}
+
+/// [`weigh`] over rows read in place from the pool (`p.len()` of them).
+///
+/// # Safety
+/// As [`scores_in_place`], each row `out.len()` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn weigh_in_place<R: Rows8>(p: &[f32], rows: &R, out: &mut [f32]) {
+    assert!(out.len().is_multiple_of(8));
+    weigh_rows(p, rows, out)
+}
+
+#[inline(always)]
+unsafe fn weigh_rows<R: Rows8>(p: &[f32], rows: &R, out: &mut [f32]) {
+    let hd = out.len();
     for h0 in (0..hd).step_by(64) {
         let chunks = ((hd - h0) / 8).min(8);
         if chunks == 8 {
-            weigh_chunks::<8>(p, values, hd, h0, out);
+            weigh_chunks::<8, R>(p, rows, h0, out);
         } else {
             for c in 0..chunks {
-                weigh_chunks::<1>(p, values, hd, h0 + c * 8, out);
+                weigh_chunks::<1, R>(p, rows, h0 + c * 8, out);
             }
         }
     }
 }
 
 /// [`weigh`] for output elements `h0 .. h0 + 8·C`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn weigh_chunks<const C: usize>(p: &[f32], values: &[f32], hd: usize, h0: usize, out: &mut [f32]) {
+#[inline(always)]
+unsafe fn weigh_chunks<const C: usize, R: Rows8>(p: &[f32], rows: &R, h0: usize, out: &mut [f32]) {
     let o = out.as_mut_ptr().add(h0);
     let mut acc = [_mm256_setzero_ps(); C];
     for (c, a) in acc.iter_mut().enumerate() {
         *a = _mm256_loadu_ps(o.add(c * 8));
     }
     for (j, &pj) in p.iter().enumerate() {
-        let (pv, v) = (_mm256_set1_ps(pj), values.as_ptr().add(j * hd + h0));
+        let pv = _mm256_set1_ps(pj);
         for (c, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, _mm256_loadu_ps(v.add(c * 8))));
+            *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, rows.load8(j, h0 + c * 8)));
         }
     }
     for (c, a) in acc.iter().enumerate() {

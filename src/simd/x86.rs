@@ -6,6 +6,46 @@
 
 use std::arch::x86_64::*;
 
+/// Where a kernel reads rows from: 8 values of row `j` from element `c`, as f32.
+pub(crate) trait Rows8 {
+    /// # Safety
+    /// Row `j` must exist and hold `c + 8` values; for f16 rows the caller has F16C.
+    unsafe fn load8(&self, j: usize, c: usize) -> __m256;
+}
+
+/// Rows of `hd` f32 side by side from `p`.
+pub(crate) struct Packed {
+    pub p: *const f32,
+    pub hd: usize,
+}
+
+impl Rows8 for Packed {
+    #[inline(always)]
+    unsafe fn load8(&self, j: usize, c: usize) -> __m256 {
+        _mm256_loadu_ps(self.p.add(j * self.hd + c))
+    }
+}
+
+/// f32 rows wherever they are.
+pub(crate) struct F32Rows<'a>(pub &'a [*const f32]);
+
+impl Rows8 for F32Rows<'_> {
+    #[inline(always)]
+    unsafe fn load8(&self, j: usize, c: usize) -> __m256 {
+        _mm256_loadu_ps(self.0.get_unchecked(j).add(c))
+    }
+}
+
+/// f16 rows wherever they are, widened (exactly) as they are read.
+pub(crate) struct F16Rows<'a>(pub &'a [*const half::f16]);
+
+impl Rows8 for F16Rows<'_> {
+    #[inline(always)]
+    unsafe fn load8(&self, j: usize, c: usize) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(self.0.get_unchecked(j).add(c) as *const __m128i))
+    }
+}
+
 /// `out[d] = dot(q, keys[d]) · scale`, or with `ADD` `out[d] += dot(q, keys[d]) · scale`, for
 /// the `out.len()` rows in `keys` (each `q.len()` long).
 ///
@@ -16,24 +56,39 @@ use std::arch::x86_64::*;
 pub(crate) unsafe fn dots<const ADD: bool>(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
     let hd = q.len();
     assert!(hd.is_multiple_of(8) && keys.len() >= out.len() * hd);
-    let full = out.len() / 8 * 8;
+    dots_rows::<ADD, _>(q, &Packed { p: keys.as_ptr(), hd }, scale, out)
+}
+
+/// [`dots`] over rows read through `rows` (`out.len()` of them), the same bits: groups of 8,
+/// and a last group of fewer padded with copies of its last row whose results are dropped
+/// (its lanes then sum as [`super::dot`] does: `−0 + a₀ + … + a₇`, then `+ −0`, which leaves
+/// every bit as it is).
+///
+/// # Safety
+/// As [`dots`]; `rows` holds `out.len()` rows of `q.len()` values (a multiple of 8).
+#[inline(always)]
+pub(crate) unsafe fn dots_rows<const ADD: bool, R: Rows8>(q: &[f32], rows: &R, scale: f32, out: &mut [f32]) {
+    let (hd, n) = (q.len(), out.len());
     let sv = _mm256_set1_ps(scale);
-    for g in (0..full).step_by(8) {
-        let kp = keys.as_ptr().add(g * hd);
+    for g in (0..n).step_by(8) {
+        let m = (n - g).min(8);
         let mut acc = [_mm256_setzero_ps(); 8];
         for c in (0..hd).step_by(8) {
             let qc = _mm256_loadu_ps(q.as_ptr().add(c));
             for (d, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, _mm256_loadu_ps(kp.add(d * hd + c))));
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, rows.load8(g + d.min(m - 1), c)));
             }
         }
-        let op = out.as_mut_ptr().add(g);
         let s = _mm256_mul_ps(lane_sums(acc), sv);
+        let mut t = [0f32; 8];
+        let op = if m == 8 { out.as_mut_ptr().add(g) } else { t.as_mut_ptr() };
+        if ADD && m < 8 {
+            t[..m].copy_from_slice(&out[g..g + m]);
+        }
         _mm256_storeu_ps(op, if ADD { _mm256_add_ps(_mm256_loadu_ps(op), s) } else { s });
-    }
-    for (d, o) in out.iter_mut().enumerate().skip(full) {
-        let s = super::dot(q, &keys[d * hd..][..hd]) * scale;
-        *o = if ADD { *o + s } else { s };
+        if m < 8 {
+            out[g..g + m].copy_from_slice(&t[..m]);
+        }
     }
 }
 

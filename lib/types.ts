@@ -354,7 +354,8 @@ export interface KvCacheOptions {
    * 8- or 4-bit values with an f16 scale per block of 32, as llama.cpp's KV types do, and
    * need a head dimension that is a multiple of 32 (else `INVALID_ARGUMENT`). Attention
    * widens or dequantizes rows to f32 as it reads them. `stats().kvBytesPerToken` reports
-   * the real figure.
+   * the real figure. On CPU, decode steps read f32 and f16 rows in place, so `f16` (llama.cpp's
+   * default cache type) is also the faster choice at long contexts: it reads half the bytes.
    */
   dtype?: KvCacheDtype
 }

@@ -557,6 +557,31 @@ fn tile_row_portable(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRows, r: usi
     *out = acc;
 }
 
+/// Where an activation row's data for super-block `b` starts (the SIMD paths' view of
+/// [`QuantRows`]).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+struct Row {
+    q: *const i8,
+    d: f32,
+    s16: *const i16,
+    s32: *const i16,
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+impl Row {
+    /// # Safety
+    /// `xs` holds row `r` of a `k = 256 · nsb` matrix and `b < nsb`.
+    #[inline(always)]
+    unsafe fn at(xs: &QuantRows, nsb: usize, r: usize, b: usize) -> Row {
+        Row {
+            q: xs.q.as_ptr().add((r * nsb + b) * QK_K),
+            d: *xs.d.get_unchecked(r * nsb + b),
+            s16: xs.s16.as_ptr().add((r * nsb + b) * 16),
+            s32: xs.s32.as_ptr().add((r * nsb + b) * 8),
+        }
+    }
+}
+
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]

@@ -13,28 +13,8 @@
 
 use std::arch::aarch64::*;
 
-use super::{nibbles, Kind, QuantRows, LINE, NIBBLES, QK_K, TN};
+use super::{nibbles, Kind, QuantRows, Row, LINE, NIBBLES, TN};
 use crate::simd::neon::{f16x4, quad, Dots};
-
-/// Where an activation row's data for super-block `b` starts.
-struct Row {
-    q: *const i8,
-    d: f32,
-    s16: *const i16,
-    s32: *const i16,
-}
-
-impl Row {
-    #[inline(always)]
-    unsafe fn at(xs: &QuantRows, nsb: usize, r: usize, b: usize) -> Row {
-        Row {
-            q: xs.q.as_ptr().add((r * nsb + b) * QK_K),
-            d: *xs.d.get_unchecked(r * nsb + b),
-            s16: xs.s16.as_ptr().add((r * nsb + b) * 16),
-            s32: xs.s32.as_ptr().add((r * nsb + b) * 8),
-        }
-    }
-}
 
 /// Rows from `r0` (`out.len()` of them) against one tile, 2 sharing each weight load.
 ///

@@ -8,27 +8,9 @@
 use std::arch::x86_64::*;
 use std::ptr::read_unaligned;
 
-use super::{nibbles, Kind, QuantRows, LINE, NIBBLES, QK_K, TN};
-
-/// Where an activation row's data for super-block `b` starts.
-struct Row {
-    q: *const i8,
-    d: f32,
-    s16: *const i16,
-    s32: *const i16,
-}
+use super::{nibbles, Kind, QuantRows, Row, LINE, NIBBLES, TN};
 
 impl Row {
-    #[inline(always)]
-    unsafe fn at(xs: &QuantRows, nsb: usize, r: usize, b: usize) -> Row {
-        Row {
-            q: xs.q.as_ptr().add((r * nsb + b) * QK_K),
-            d: *xs.d.get_unchecked(r * nsb + b),
-            s16: xs.s16.as_ptr().add((r * nsb + b) * 16),
-            s32: xs.s32.as_ptr().add((r * nsb + b) * 8),
-        }
-    }
-
     /// Quants `at..at + 8` as two 4-byte groups (two loads, so each broadcast can be folded
     /// into the instruction that uses it).
     #[inline(always)]

@@ -52,11 +52,8 @@ case "$PLATFORM" in
     # binary load into the official node.exe and Electron; so LIBNODE_PATH gets a stub: an empty
     # libnode.dll for the existence check and an empty libnode.a that the linker takes for
     # `-lnode`. Any Node-API symbol still linked statically would fail the link here, loudly.
-    STUB="$CACHE/libnode-stub"
-    if [ ! -f "$STUB/libnode.a" ]; then
-      mkdir -p "$STUB" && : > "$STUB/libnode.dll" && (cd "$STUB" && x86_64-w64-mingw32-ar rcs libnode.a)
-    fi
-    export LIBNODE_PATH="$STUB"
+    # (Made below, once the tools are installed: the stub archive needs mingw's `ar`.)
+    export LIBNODE_PATH="$CACHE/libnode-stub"
     ;;
   darwin-arm64|darwin-x64)
     [ "$PLATFORM" = darwin-arm64 ] && TRIPLE=aarch64-apple-darwin || TRIPLE=x86_64-apple-darwin
@@ -87,6 +84,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 rustup target list --installed | grep -qx "$TRIPLE" || rustup target add "$TRIPLE"
+if [ "$PLATFORM" = win32-x64 ] && [ ! -f "$LIBNODE_PATH/libnode.a" ]; then
+  mkdir -p "$LIBNODE_PATH" && : > "$LIBNODE_PATH/libnode.dll" && (cd "$LIBNODE_PATH" && x86_64-w64-mingw32-ar rcs libnode.a)
+fi
 
 CROSS_ARGS=()
 if [[ "$PLATFORM" == darwin-* ]]; then

@@ -828,8 +828,8 @@ thread_local! {
 }
 
 /// [`gathered`] without the gathering, for one decode row (`n == 1`): its query heads read
-/// the pool's f32 or f16 rows where they are, a block of up to [`GATHER`] positions for every
-/// head in turn (so the second head finds them in cache). With one row there is no tile to
+/// the pool's f32 or f16 rows where they are, [`IN_PLACE_BLOCK`] positions for every head in
+/// turn (so the second head finds them in L1), the next [`GATHER`] positions prefetched. With one row there is no tile to
 /// keep in L1, and an f16 pool is read at half the bytes instead of widened into a copy.
 /// Returns false, having run nothing, for other tiles, other pools (bf16, quantized) and
 /// CPUs without F16C.

@@ -52,10 +52,9 @@ thread_local! {
     static GATHERED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Positions gathered at a time for the AVX2 micro-kernels (32 KiB of f32 rows at a head
-/// size of 128: they stay in L1 while every row of the tile reads them). Gathered even from
-/// an f32 pool: read in place, rows one pool row apart (4 KiB for 8 KV heads of 128) fall in
-/// the same few L1 sets, and prefill ran 12% slower on a Qwen3-0.6B shape.
+/// Positions gathered at a time for the AVX2 micro-kernels of a prompt tile (32 KiB of f32
+/// rows at a head size of 128: they stay in L1 while every row of the tile reads them, and a
+/// narrower pool is widened once for all of them).
 #[cfg(target_arch = "x86_64")]
 const GATHER: usize = 64;
 
@@ -264,8 +263,8 @@ fn cpu_f32_blocks(
         return Ok(None);
     };
     let qd = &qd[q0..q1];
-    let (hd, stride) = (store.head_dim, store.kv_heads * store.head_dim);
-    let dense = |g: usize| (stride, g * hd, hd);
+    let hd = store.head_dim;
+    let dense = |g: usize| store.head_rows(g, hd);
     let out = match (&*ks, &*vs, store.format) {
         (Storage::Cpu(CpuStorage::F32(kd)), Storage::Cpu(CpuStorage::F32(vd)), KvFormat::Dense(_)) => {
             let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
@@ -289,15 +288,15 @@ fn cpu_f32_blocks(
                 return Ok(None);
             };
             let (k, v, kd, vd) = (&kd[k0..k1], &vd[v0..v1], &ksd[a0..a1], &vsd[b0..b1]);
-            let (qstride, qhd, nb) = (quant.packed_cols(stride), quant.packed_cols(hd), hd / super::quant::BLOCK);
+            let (qhd, nb) = (quant.packed_cols(hd), hd / super::quant::BLOCK);
             fused(qd, plan, store, nh, block, |g| Quantized {
                 quant,
                 k,
                 v,
                 kd,
                 vd,
-                q: (qstride, g * qhd, qhd),
-                d: (stride / super::quant::BLOCK, g * nb, nb),
+                q: store.head_rows(g, qhd),
+                d: store.head_rows(g, nb),
                 hd,
             })
         }
@@ -567,16 +566,7 @@ fn generic_tiled(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize
     // The pool may hold a narrower dtype than the activations: rows are widened (or
     // dequantized) once gathered.
     let dt = q.dtype();
-    let gather = |idx: &Tensor| -> Result<(Tensor, Tensor)> {
-        let (kp, vp) = store.layer(layer);
-        Ok(match (store.format, store.scales(layer)) {
-            (KvFormat::Quant(quant), Some((ks, vs))) => (
-                quant.dequantize(&kp.index_select(idx, 0)?, &ks.index_select(idx, 0)?, dt)?,
-                quant.dequantize(&vp.index_select(idx, 0)?, &vs.index_select(idx, 0)?, dt)?,
-            ),
-            _ => (kp.index_select(idx, 0)?.to_dtype(dt)?, vp.index_select(idx, 0)?.to_dtype(dt)?),
-        })
-    };
+    let gather = |idx: &Tensor| store.gather(layer, idx, dt);
     let mut outs = Vec::with_capacity(g.decode.len() + g.chunks.len());
     for d in &g.decode {
         let (n, l) = (d.n, d.longest);
@@ -816,8 +806,8 @@ enum InPlace<'a> {
     F16(simd::x86::F16Rows<'a>),
 }
 
-/// Positions [`in_place`] runs every query head over before the next: rows a slot apart fall
-/// in the same L1 sets (4 KiB apart: all of them), and 8 fit at once whatever the stride.
+/// Positions [`in_place`] runs every query head of a KV head over before the next: the
+/// second head finds the block's rows (4 KiB of f32 at a head size of 128) in L1.
 #[cfg(target_arch = "x86_64")]
 const IN_PLACE_BLOCK: usize = 8;
 
@@ -829,8 +819,9 @@ thread_local! {
 
 /// [`gathered`] without the gathering, for one decode row (`n == 1`): its query heads read
 /// the pool's f32 or f16 rows where they are, [`IN_PLACE_BLOCK`] positions for every head in
-/// turn (so the second head finds them in L1), the next [`GATHER`] positions prefetched. With one row there is no tile to
-/// keep in L1, and an f16 pool is read at half the bytes instead of widened into a copy.
+/// turn. A head's rows are consecutive in the (head-major) pool, so the hardware prefetchers
+/// stream them; with one row there is no tile to keep in L1, and an f16 pool is read at half
+/// the bytes instead of widened into a copy.
 /// Returns false, having run nothing, for other tiles, other pools (bf16, quantized) and
 /// CPUs without F16C.
 #[cfg(target_arch = "x86_64")]
@@ -862,26 +853,8 @@ fn in_place<S: KvRows>(
         if other || (f32s.len() != len && f16s.len() != len) {
             return false;
         }
-        // A head's rows sit a pool slot apart (all KV heads of a position side by side: 2 or 4
-        // KiB at 8 heads of 128), so the hardware prefetchers, which stop at page boundaries,
-        // barely help: the next block's rows are asked for while this one is read.
-        let prefetch = |j0: usize| {
-            let (j0, j1) = (j0.min(to) - from, (j0 + GATHER).min(to) - from);
-            let bytes = kv.hd * if f32s.is_empty() { 2 } else { 4 };
-            for r in j0..j1 {
-                let p = if f32s.is_empty() { f16s[r] as *const i8 } else { f32s[r] as *const i8 };
-                for line in (0..bytes).step_by(64) {
-                    // SAFETY: a hint only (SSE, part of x86-64); it never faults.
-                    unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.wrapping_add(line)) };
-                }
-            }
-        };
-        prefetch(from);
         for j0 in (from..to).step_by(IN_PLACE_BLOCK) {
             let j1 = (j0 + IN_PLACE_BLOCK).min(to);
-            if (j0 - from) % GATHER == 0 {
-                prefetch(j0 + GATHER);
-            }
             for qi in j0.saturating_sub(p0) * rep..rep {
                 let seen = (p0 + qi / rep + 1).min(j1) - j0;
                 let at = j0 - from..j0 - from + seen;

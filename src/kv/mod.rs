@@ -18,6 +18,7 @@ pub mod prefix;
 pub mod quant;
 pub mod sizing;
 pub mod store;
+mod store_cpu;
 
 pub use block_pool::BlockPool;
 pub use block_table::BlockTable;

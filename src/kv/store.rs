@@ -1,18 +1,27 @@
 //! The KV pool's memory: per layer, one K and one V tensor of `num_blocks · block_size` token
-//! slots, each slot a row of `kv_heads · head_dim` values (in a quantized pool: their packed
-//! `u8` values, plus a row of f16 scales in a second tensor). Block `b` owns slots
+//! slots, each slot `kv_heads` rows of `head_dim` values (in a quantized pool: their packed
+//! `u8` values, plus f16 scales in a second tensor). Block `b` owns slots
 //! `b · block_size ..`. A position's slot comes from its sequence's block table.
 //!
-//! Rows are written in place (`slice_set`, one call per run of consecutive slots), so one code
-//! path serves every device. On CPU the buffers are zero-initialised with `calloc`-backed
-//! vectors: memory is committed by the OS only as blocks are first written, so a large bound
-//! costs nothing until it is used.
+//! Two layouts, chosen by device:
+//! - **Head-major on CPU**: `[kv_heads · slots, head_dim]`, row `head · slots + slot`. A
+//!   decode step's attention reads each KV head's positions one after another; here they are
+//!   consecutive in memory, so the hardware prefetchers stream them (position-major, a head's
+//!   rows were a slot apart, each in its own 4 KiB page, and read at half the bandwidth).
+//!   Writes copy each run head by head ([`super::store_cpu`]).
+//! - **Position-major elsewhere**: `[slots, kv_heads · head_dim]`, what the CUDA decode kernels
+//!   and the generic path's gathers read; rows are written with `slice_set` (one call per run of
+//!   consecutive slots) or one scatter per pass.
+//!
+//! [`KvStore::head_rows`] says where a head's rows are; [`KvStore::gather`] reads any layout
+//! back position-major. On CPU the buffers are zero-initialised with `calloc`-backed vectors:
+//! memory is committed by the OS only as blocks are first written, so a large bound costs
+//! nothing until it is used.
 
 use candle_core::{DType, Device, Tensor};
 
 use super::quant::Quant;
-use super::BlockId;
-use crate::backend::cpu_kernels;
+use super::{store_cpu, BlockId};
 use crate::error::{EngineError, Result};
 
 /// `n` zeroed values from `calloc`: the OS commits pages only as they are written. Unlike
@@ -89,13 +98,15 @@ impl KvFormat {
 }
 
 pub struct KvStore {
-    /// Per layer: the values (`[slots, kv_heads · head_dim]` in a dense pool; packed `u8`
-    /// in a quantized one) ...
+    /// Per layer: the values (`head_dim` of them per head and slot in a dense pool; packed
+    /// `u8` in a quantized one) ...
     k: Vec<Tensor>,
     v: Vec<Tensor>,
-    /// ... and, quantized, the `f16` scales `[slots, kv_heads · head_dim / 32]` (else empty).
+    /// ... and, quantized, the `f16` scales (`head_dim / 32` per head and slot; else empty).
     ks: Vec<Tensor>,
     vs: Vec<Tensor>,
+    /// `[kv_heads · slots, width]` (CPU) rather than `[slots, kv_heads · width]`.
+    head_major: bool,
     pub num_blocks: usize,
     pub block_size: usize,
     pub kv_heads: usize,
@@ -126,8 +137,7 @@ const SCATTER_MIN_RUNS: usize = 4;
 impl KvStore {
     /// Plans the writes of a pass whose rows go to `runs`.
     pub fn plan_writes(&self, runs: Vec<SlotRun>) -> Result<KvWrites> {
-        let scatter =
-            runs.len() >= SCATTER_MIN_RUNS && !cpu_kernels(self.k[0].device()) && matches!(self.format, KvFormat::Dense(_));
+        let scatter = runs.len() >= SCATTER_MIN_RUNS && !self.head_major && matches!(self.format, KvFormat::Dense(_));
         self.writes(runs, scatter)
     }
 
@@ -172,25 +182,93 @@ impl KvStore {
         format: impl Into<KvFormat>,
         device: &Device,
     ) -> Result<Self> {
+        Self::with_layout(num_layers, num_blocks, block_size, kv_heads, head_dim, format, device, device.is_cpu())
+    }
+
+    /// [`Self::new`] with the layout chosen: head-major (CPU only) or position-major (see the
+    /// module notes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_layout(
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        format: impl Into<KvFormat>,
+        device: &Device,
+        head_major: bool,
+    ) -> Result<Self> {
         let format = format.into();
-        let (rows, cols) = (num_blocks * block_size, kv_heads * head_dim);
+        if head_major && !device.is_cpu() {
+            return Err(EngineError::InvalidArgument("a head-major KV pool is CPU only".into()));
+        }
+        let slots =
+            num_blocks.checked_mul(block_size).ok_or_else(|| EngineError::OutOfMemory("KV pool size overflows".into()))?;
+        let size_overflow = || EngineError::OutOfMemory("KV pool size overflows".into());
+        // `[kv_heads · slots, width]` or `[slots, kv_heads · width]` for `width` per head.
+        let pool = |width: usize, dtype: DType| -> Result<Tensor> {
+            if head_major {
+                zeros(kv_heads.checked_mul(slots).ok_or_else(size_overflow)?, width, dtype, device)
+            } else {
+                zeros(slots, kv_heads.checked_mul(width).ok_or_else(size_overflow)?, dtype, device)
+            }
+        };
         let (mut k, mut v, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..num_layers {
             match format {
                 KvFormat::Dense(dtype) => {
-                    k.push(zeros(rows, cols, dtype, device)?);
-                    v.push(zeros(rows, cols, dtype, device)?);
+                    k.push(pool(head_dim, dtype)?);
+                    v.push(pool(head_dim, dtype)?);
                 }
                 KvFormat::Quant(q) => {
+                    // Whole blocks per head: a head's packed values and scales are its own.
                     q.check_head_dim(head_dim)?;
-                    k.push(zeros(rows, q.packed_cols(cols), DType::U8, device)?);
-                    v.push(zeros(rows, q.packed_cols(cols), DType::U8, device)?);
-                    ks.push(zeros(rows, cols / super::quant::BLOCK, DType::F16, device)?);
-                    vs.push(zeros(rows, cols / super::quant::BLOCK, DType::F16, device)?);
+                    k.push(pool(q.packed_cols(head_dim), DType::U8)?);
+                    v.push(pool(q.packed_cols(head_dim), DType::U8)?);
+                    ks.push(pool(head_dim / super::quant::BLOCK, DType::F16)?);
+                    vs.push(pool(head_dim / super::quant::BLOCK, DType::F16)?);
                 }
             }
         }
-        Ok(Self { k, v, ks, vs, num_blocks, block_size, kv_heads, head_dim, format })
+        Ok(Self { k, v, ks, vs, head_major, num_blocks, block_size, kv_heads, head_dim, format })
+    }
+
+    /// Whether the pool is head-major (`[kv_heads · slots, width]`, on CPU) rather than
+    /// position-major (`[slots, kv_heads · width]`).
+    pub fn head_major(&self) -> bool {
+        self.head_major
+    }
+
+    /// Where KV head `head`'s rows of `width` values per slot sit in a layer's flat buffer
+    /// (values, packed values or scales): `(stride, offset, width)`, slot `s`'s row being
+    /// `data[s · stride + offset ..][..width]`.
+    pub fn head_rows(&self, head: usize, width: usize) -> (usize, usize, usize) {
+        if self.head_major {
+            (width, head * self.num_blocks * self.block_size * width, width)
+        } else {
+            (self.kv_heads * width, head * width, width)
+        }
+    }
+
+    /// K and V of `layer` at pool slots `idx` (`u32`), position-major `[idx.len(), kv_heads ·
+    /// head_dim]` in `dtype` (widened or dequantized), whatever the layout.
+    pub fn gather(&self, layer: usize, idx: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
+        let rows = |t: &Tensor| -> Result<Tensor> {
+            if !self.head_major {
+                return Ok(t.index_select(idx, 0)?);
+            }
+            let (n, width) = (idx.dim(0)?, t.dim(1)?);
+            let per_head = t.reshape((self.kv_heads, self.num_blocks * self.block_size, width))?;
+            let picked = per_head.index_select(idx, 1)?.transpose(0, 1)?.contiguous()?;
+            Ok(picked.reshape((n, self.kv_heads * width))?)
+        };
+        let (k, v) = (&self.k[layer], &self.v[layer]);
+        Ok(match (self.format, self.ks.get(layer), self.vs.get(layer)) {
+            (KvFormat::Quant(quant), Some(ks), Some(vs)) => {
+                (quant.dequantize(&rows(k)?, &rows(ks)?, dtype)?, quant.dequantize(&rows(v)?, &rows(vs)?, dtype)?)
+            }
+            _ => (rows(k)?.to_dtype(dtype)?, rows(v)?.to_dtype(dtype)?),
+        })
     }
 
     /// Bytes of K and V for one token over all layers.
@@ -202,8 +280,8 @@ impl KvStore {
         self.bytes_per_token() * self.block_size
     }
 
-    /// K and V of `layer`: `[slots, kv_heads · head_dim]` values in a dense pool, packed
-    /// quantized values in a quantized one (see [`Self::scales`]).
+    /// K and V of `layer`: values in a dense pool, packed quantized values in a quantized one
+    /// (see [`Self::scales`]), laid out as [`Self::head_major`] says.
     pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
         (&self.k[layer], &self.v[layer])
     }
@@ -216,6 +294,9 @@ impl KvStore {
     /// Writes rows of `k`, `v` (`[rows, kv_heads · head_dim]`, contiguous) into `layer`,
     /// narrowed to the pool's dtype or quantized.
     pub fn write(&self, layer: usize, runs: &[SlotRun], k: &Tensor, v: &Tensor) -> Result<()> {
+        if self.head_major {
+            return self.write_head_major(layer, runs, k, v);
+        }
         match self.format {
             KvFormat::Dense(dt) => {
                 let (k, v) = (&k.to_dtype(dt)?, &v.to_dtype(dt)?);
@@ -237,10 +318,40 @@ impl KvStore {
         Ok(())
     }
 
+    /// [`Self::write`] into a head-major pool: each tensor's runs copied head by head.
+    fn write_head_major(&self, layer: usize, runs: &[SlotRun], k: &Tensor, v: &Tensor) -> Result<()> {
+        let slots = self.num_blocks * self.block_size;
+        let put = |dst: &Tensor, src: &Tensor| -> Result<()> {
+            let op = store_cpu::WriteRuns { runs, heads: self.kv_heads, width: dst.dim(1)?, slots };
+            Ok(dst.inplace_op2(&src.contiguous()?, &op)?)
+        };
+        match self.format {
+            KvFormat::Dense(dt) => {
+                put(&self.k[layer], &k.to_dtype(dt)?)?;
+                put(&self.v[layer], &v.to_dtype(dt)?)?;
+            }
+            KvFormat::Quant(quant) => {
+                let ((kq, kd), (vq, vd)) = (quant.quantize(k)?, quant.quantize(v)?);
+                put(&self.k[layer], &kq)?;
+                put(&self.v[layer], &vq)?;
+                put(&self.ks[layer], &kd)?;
+                put(&self.vs[layer], &vd)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Copies the first `n` positions of block `src` into block `dst`, every layer
     /// (copy-on-write of a shared, partly used block).
     pub fn copy_block(&self, src: BlockId, dst: BlockId, n: usize) -> Result<()> {
         let (s, d) = (src as usize * self.block_size, dst as usize * self.block_size);
+        if self.head_major {
+            let slots = self.num_blocks * self.block_size;
+            for t in self.k.iter().chain(&self.v).chain(&self.ks).chain(&self.vs) {
+                t.inplace_op1(&store_cpu::CopySlots { src: s, dst: d, n, heads: self.kv_heads, width: t.dim(1)?, slots })?;
+            }
+            return Ok(());
+        }
         for t in self.k.iter().chain(&self.v).chain(&self.ks).chain(&self.vs) {
             // Through a small buffer: `slice_set` needs distinct storages, and `Tensor::copy`
             // of a view would clone the whole pool.
@@ -302,7 +413,8 @@ mod tests {
         ];
         let k = Tensor::randn(0f32, 1.0, (7, 6), &Device::Cpu).unwrap();
         let v = Tensor::randn(0f32, 1.0, (7, 6), &Device::Cpu).unwrap();
-        let stores: Vec<KvStore> = (0..2).map(|_| KvStore::new(2, 4, 4, 2, 3, DType::F32, &Device::Cpu).unwrap()).collect();
+        let stores: Vec<KvStore> =
+            (0..2).map(|_| KvStore::with_layout(2, 4, 4, 2, 3, DType::F32, &Device::Cpu, false).unwrap()).collect();
         for (s, scatter) in stores.iter().zip([false, true]) {
             let w = s.writes(runs.clone(), scatter).unwrap();
             assert_eq!(w.scatter.is_some(), scatter);
@@ -318,6 +430,71 @@ mod tests {
         let got: Vec<f32> = stores[1].layer(1).0.narrow(0, 5, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         let want: Vec<f32> = k.narrow(0, 3, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         assert_eq!(got, want);
+    }
+
+    /// Head-major and position-major pools hold the same rows: written by runs, copied
+    /// block to block, gathered back position-major, for float and quantized formats.
+    #[test]
+    fn both_layouts_hold_the_same_rows() {
+        let (heads, hd, bs) = (3, 64, 4);
+        let runs =
+            [SlotRun { row: 0, slot: 9, len: 3 }, SlotRun { row: 3, slot: 0, len: 2 }, SlotRun { row: 5, slot: 21, len: 1 }];
+        let k = Tensor::randn(0f32, 1.0, (6, heads * hd), &Device::Cpu).unwrap();
+        let v = Tensor::randn(0f32, 1.0, (6, heads * hd), &Device::Cpu).unwrap();
+        let idx = Tensor::new(&[9u32, 10, 11, 0, 1, 21, 17, 18, 3], &Device::Cpu).unwrap();
+        for format in
+            [KvFormat::Dense(DType::F32), KvFormat::Dense(DType::F16), KvFormat::Quant(Quant::Q8_0), KvFormat::Quant(Quant::Q4_0)]
+        {
+            type Rows = Vec<Vec<f32>>;
+            let got: Vec<(Rows, Rows)> = [true, false]
+                .iter()
+                .map(|&head_major| {
+                    let s = KvStore::with_layout(2, 6, bs, heads, hd, format, &Device::Cpu, head_major).unwrap();
+                    assert_eq!(s.head_major(), head_major);
+                    s.write(1, &runs, &k, &v).unwrap();
+                    // Slots 8..10 (block 2) to block 4 (slots 16..).
+                    s.copy_block(2, 4, 3).unwrap();
+                    let (gk, gv) = s.gather(1, &idx, DType::F32).unwrap();
+                    (gk.to_vec2().unwrap(), gv.to_vec2().unwrap())
+                })
+                .collect();
+            assert_eq!(got[0], got[1], "{format:?}");
+            // Slot 9 is batch row 0; slot 18 its copy (slot 10, row 1).
+            let (gk, _) = &got[0];
+            let (want0, want1): (Vec<f32>, Vec<f32>) =
+                (k.get(0).unwrap().to_vec1().unwrap(), k.get(1).unwrap().to_vec1().unwrap());
+            // Half a quantization step of the format at |x| ≤ ~4.
+            let tol = if format == KvFormat::Quant(Quant::Q4_0) { 0.3 } else { 0.02 };
+            let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol);
+            assert!(close(&gk[0], &want0) && close(&gk[7], &want1), "{format:?}");
+        }
+    }
+
+    #[test]
+    fn a_head_major_pool_keeps_a_heads_rows_together() {
+        let s = KvStore::new(1, 2, 2, 2, 2, DType::F32, &Device::Cpu).unwrap();
+        assert!(s.head_major());
+        let k = Tensor::new(&[[1f32, 2., 3., 4.], [5., 6., 7., 8.]], &Device::Cpu).unwrap();
+        s.write(0, &[SlotRun { row: 0, slot: 1, len: 2 }], &k, &k).unwrap();
+        let got: Vec<Vec<f32>> = s.layer(0).0.to_vec2().unwrap();
+        // Head 0's four slots, then head 1's.
+        assert_eq!(
+            got,
+            vec![vec![0., 0.], vec![1., 2.], vec![5., 6.], vec![0., 0.], vec![0., 0.], vec![3., 4.], vec![7., 8.], vec![0., 0.]]
+        );
+        assert_eq!(s.head_rows(1, 2), (2, 8, 2));
+        assert!(
+            KvStore::with_layout(1, 2, 2, 2, 2, DType::F32, &Device::Cpu, false).is_ok_and(|p| p.head_rows(1, 2) == (4, 2, 2))
+        );
+    }
+
+    #[test]
+    fn out_of_bounds_writes_are_errors() {
+        let s = KvStore::new(1, 2, 2, 2, 2, DType::F32, &Device::Cpu).unwrap();
+        let k = Tensor::zeros((2, 4), DType::F32, &Device::Cpu).unwrap();
+        assert!(s.write(0, &[SlotRun { row: 0, slot: 3, len: 2 }], &k, &k).is_err());
+        assert!(s.write(0, &[SlotRun { row: 1, slot: 0, len: 2 }], &k, &k).is_err());
+        assert!(s.copy_block(1, 2, 2).is_err());
     }
 
     #[test]

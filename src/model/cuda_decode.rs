@@ -411,6 +411,7 @@ impl CudaDecode {
         !chunks.is_empty()
             && chunks.len() <= MAX_ROWS
             && store.format == KvFormat::Dense(self.dtype)
+            && !store.head_major()
             && store.kv_heads == self.nkv
             && store.head_dim == self.hd
             && chunks.iter().all(|c| {

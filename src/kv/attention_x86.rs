@@ -47,7 +47,7 @@ pub(super) unsafe fn weigh(p: &[f32], values: &[f32], out: &mut [f32]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn scores_in_place<R: Rows8>(q: &[f32], rows: &R, scale: f32, out: &mut [f32]) {
     assert!(q.len().is_multiple_of(8));
-    simd::x86::dots_rows::<false, R>(q, rows, scale, out)
+    simd::x86::dots_rows::<false, true, R>(q, rows, scale, out)
 }
 
 /// [`weigh`] over rows read in place from the pool (`p.len()` of them).

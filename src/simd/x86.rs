@@ -56,7 +56,7 @@ impl Rows8 for F16Rows<'_> {
 pub(crate) unsafe fn dots<const ADD: bool>(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
     let hd = q.len();
     assert!(hd.is_multiple_of(8) && keys.len() >= out.len() * hd);
-    dots_rows::<ADD, _>(q, &Packed { p: keys.as_ptr(), hd }, scale, out)
+    dots_rows::<ADD, false, _>(q, &Packed { p: keys.as_ptr(), hd }, scale, out)
 }
 
 /// [`dots`] over rows read through `rows` (`out.len()` of them), the same bits: groups of 8,
@@ -64,19 +64,37 @@ pub(crate) unsafe fn dots<const ADD: bool>(q: &[f32], keys: &[f32], scale: f32, 
 /// (its lanes then sum as [`super::dot`] does: `−0 + a₀ + … + a₇`, then `+ −0`, which leaves
 /// every bit as it is).
 ///
+/// `ROW_BY_ROW` reads each row start to end before the next (rows streamed from memory: in
+/// that order the hardware prefetchers keep up, and a decode row's scores ran 1.7× faster);
+/// otherwise the 8 rows a column at a time (rows in L1: more independent sums in flight, and
+/// a prompt tile's scores ran 12% faster). Each row's sum is taken in the same order either way.
+///
 /// # Safety
 /// As [`dots`]; `rows` holds `out.len()` rows of `q.len()` values (a multiple of 8).
 #[inline(always)]
-pub(crate) unsafe fn dots_rows<const ADD: bool, R: Rows8>(q: &[f32], rows: &R, scale: f32, out: &mut [f32]) {
+pub(crate) unsafe fn dots_rows<const ADD: bool, const ROW_BY_ROW: bool, R: Rows8>(
+    q: &[f32],
+    rows: &R,
+    scale: f32,
+    out: &mut [f32],
+) {
     let (hd, n) = (q.len(), out.len());
     let sv = _mm256_set1_ps(scale);
     for g in (0..n).step_by(8) {
         let m = (n - g).min(8);
         let mut acc = [_mm256_setzero_ps(); 8];
-        for c in (0..hd).step_by(8) {
-            let qc = _mm256_loadu_ps(q.as_ptr().add(c));
+        if ROW_BY_ROW {
             for (d, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, rows.load8(g + d.min(m - 1), c)));
+                for c in (0..hd).step_by(8) {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_loadu_ps(q.as_ptr().add(c)), rows.load8(g + d.min(m - 1), c)));
+                }
+            }
+        } else {
+            for c in (0..hd).step_by(8) {
+                let qc = _mm256_loadu_ps(q.as_ptr().add(c));
+                for (d, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, rows.load8(g + d.min(m - 1), c)));
+                }
             }
         }
         let s = _mm256_mul_ps(lane_sums(acc), sv);

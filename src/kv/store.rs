@@ -202,9 +202,8 @@ impl KvStore {
         if head_major && !device.is_cpu() {
             return Err(EngineError::InvalidArgument("a head-major KV pool is CPU only".into()));
         }
-        let slots =
-            num_blocks.checked_mul(block_size).ok_or_else(|| EngineError::OutOfMemory("KV pool size overflows".into()))?;
         let size_overflow = || EngineError::OutOfMemory("KV pool size overflows".into());
+        let slots = num_blocks.checked_mul(block_size).ok_or_else(size_overflow)?;
         // `[kv_heads · slots, width]` or `[slots, kv_heads · width]` for `width` per head.
         let pool = |width: usize, dtype: DType| -> Result<Tensor> {
             if head_major {
@@ -233,6 +232,11 @@ impl KvStore {
         Ok(Self { k, v, ks, vs, head_major, num_blocks, block_size, kv_heads, head_dim, format })
     }
 
+    /// Token slots per layer (`num_blocks · block_size`, checked at construction).
+    fn slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+
     /// Whether the pool is head-major (`[kv_heads · slots, width]`, on CPU) rather than
     /// position-major (`[slots, kv_heads · width]`).
     pub fn head_major(&self) -> bool {
@@ -244,7 +248,7 @@ impl KvStore {
     /// `data[s · stride + offset ..][..width]`.
     pub fn head_rows(&self, head: usize, width: usize) -> (usize, usize, usize) {
         if self.head_major {
-            (width, head * self.num_blocks * self.block_size * width, width)
+            (width, head * self.slots() * width, width)
         } else {
             (self.kv_heads * width, head * width, width)
         }
@@ -258,7 +262,7 @@ impl KvStore {
                 return Ok(t.index_select(idx, 0)?);
             }
             let (n, width) = (idx.dim(0)?, t.dim(1)?);
-            let per_head = t.reshape((self.kv_heads, self.num_blocks * self.block_size, width))?;
+            let per_head = t.reshape((self.kv_heads, self.slots(), width))?;
             let picked = per_head.index_select(idx, 1)?.transpose(0, 1)?.contiguous()?;
             Ok(picked.reshape((n, self.kv_heads * width))?)
         };
@@ -320,9 +324,8 @@ impl KvStore {
 
     /// [`Self::write`] into a head-major pool: each tensor's runs copied head by head.
     fn write_head_major(&self, layer: usize, runs: &[SlotRun], k: &Tensor, v: &Tensor) -> Result<()> {
-        let slots = self.num_blocks * self.block_size;
         let put = |dst: &Tensor, src: &Tensor| -> Result<()> {
-            let op = store_cpu::WriteRuns { runs, heads: self.kv_heads, width: dst.dim(1)?, slots };
+            let op = store_cpu::WriteRuns { runs, heads: self.kv_heads, width: dst.dim(1)?, slots: self.slots() };
             Ok(dst.inplace_op2(&src.contiguous()?, &op)?)
         };
         match self.format {
@@ -346,9 +349,9 @@ impl KvStore {
     pub fn copy_block(&self, src: BlockId, dst: BlockId, n: usize) -> Result<()> {
         let (s, d) = (src as usize * self.block_size, dst as usize * self.block_size);
         if self.head_major {
-            let slots = self.num_blocks * self.block_size;
+            let (heads, slots) = (self.kv_heads, self.slots());
             for t in self.k.iter().chain(&self.v).chain(&self.ks).chain(&self.vs) {
-                t.inplace_op1(&store_cpu::CopySlots { src: s, dst: d, n, heads: self.kv_heads, width: t.dim(1)?, slots })?;
+                t.inplace_op1(&store_cpu::CopySlots { src: s, dst: d, n, heads, width: t.dim(1)?, slots })?;
             }
             return Ok(());
         }

@@ -49,7 +49,7 @@ use rayon::prelude::*;
 
 use super::nibbles::{self, LINE};
 use super::q8::{self, Path};
-use super::tiled::{self, PackedMatrix, Tiles, TN};
+use super::tiled::{self, Ahead, PackedMatrix, Tiles, TN};
 use crate::error::{EngineError, Result};
 
 /// Values per super-block.
@@ -424,12 +424,12 @@ impl PackedK {
         let xs = &*xs;
         tiled::run(
             self.n,
-            self.tiles.tile_bytes(),
+            &self.tiles,
             rows,
             out,
             || (),
-            |_, t, rows, part| {
-                tile_rows(path, self.kind, self.tile(t), self.nsb(), xs, self.k, rows, part);
+            |_, t, rows, part, ahead| {
+                tile_rows(path, self.kind, self.tile(t), self.nsb(), xs, self.k, rows, part, ahead);
             },
         );
     }
@@ -471,6 +471,7 @@ fn tile_rows(
     k: usize,
     rows: std::ops::Range<usize>,
     out: &mut [[f32; TN]],
+    ahead: Ahead,
 ) {
     assert!(tile.len() == nsb * kind.block_bytes() && out.len() == rows.len() && k == nsb * QK_K);
     assert!(
@@ -483,9 +484,9 @@ fn tile_rows(
         // SAFETY: each x86 path is only constructed after its features were detected; the
         // asserts above bound every pointer the kernels read (see their notes).
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512Vnni | Path::Amx => unsafe { x86::rows_vnni(kind, tile, nsb, xs, rows.start, out) },
+        Path::Avx512Vnni | Path::Amx => unsafe { x86::rows_vnni(kind, tile, nsb, xs, rows.start, out, ahead) },
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { x86::rows_avx2(kind, tile, nsb, xs, rows.start, out) },
+        Path::Avx2 => unsafe { x86::rows_avx2(kind, tile, nsb, xs, rows.start, out, ahead) },
         // SAFETY: `NeonDot` is only constructed after SDOT was detected; the asserts above
         // bound every pointer the kernels read.
         #[cfg(target_arch = "aarch64")]
@@ -493,6 +494,7 @@ fn tile_rows(
         #[cfg(target_arch = "aarch64")]
         Path::NeonDot => unsafe { neon::rows::<true>(kind, tile, nsb, xs, rows.start, out) },
         Path::Portable => {
+            let _ = ahead;
             for (r, o) in rows.zip(out) {
                 tile_row_portable(kind, tile, nsb, xs, r, o);
             }

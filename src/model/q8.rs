@@ -31,7 +31,9 @@
 //!   `EXPERT_RUNTIME_SIMD=portable`). NEON (aarch64, `q8/neon.rs`): a tile's 16 outputs as 4
 //!   vectors of 4 lanes, one SDOT per 16 weight bytes where the CPU has it ([`Path::NeonDot`]),
 //!   widening multiplies otherwise ([`Path::Neon`]); 2 activation rows share each weight load.
-//! - **Threads.** [`super::tiled`]: chunks of tiles on rayon, rows in groups of 64 per tile.
+//! - **Threads.** [`super::tiled`]: chunks of tiles on rayon, rows in groups of 64 per tile;
+//!   the x86 kernels prefetch the weights 32 KiB ahead into L2 ([`tiled::Ahead`]), which a
+//!   decode-sized product, bound by the weight stream, needs to come near a plain read.
 //! - **Allocation.** Besides the output, only the quantized activations (a thread-local
 //!   scratch reused across calls, or a fresh one if that scratch is already borrowed by a
 //!   re-entrant call from rayon work stealing); chunks write their columns of the output
@@ -45,7 +47,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::nibbles;
-use super::tiled::{self, PackedMatrix, Tiles, TN};
+use super::tiled::{self, Ahead, PackedMatrix, Tiles, TN};
 use crate::error::{EngineError, Result};
 use crate::simd;
 
@@ -421,9 +423,9 @@ impl Packed32 {
         let chunk_state = || (path == Path::Amx && rows >= 16).then(|| unsafe { x86::Tiles::configure() });
         #[cfg(not(target_arch = "x86_64"))]
         let chunk_state = || ();
-        tiled::run(self.n, self.tiles.tile_bytes(), rows, out, chunk_state, |_, t, rows, part| {
+        tiled::run(self.n, &self.tiles, rows, out, chunk_state, |_, t, rows, part, ahead| {
             let (qs, ss) = self.tile(t);
-            tile_rows(path, self.format, qs, ss, self.nb(), xs, self.k, rows, part);
+            tile_rows(path, self.format, qs, ss, self.nb(), xs, self.k, rows, part, ahead);
         });
     }
 }
@@ -483,6 +485,7 @@ fn tile_rows(
     k: usize,
     rows: std::ops::Range<usize>,
     out: &mut [[f32; TN]],
+    ahead: Ahead,
 ) {
     assert!(qs.len() == nb * format.tile_q() && ss.len() == nb * TILE_S && out.len() == rows.len());
     assert!(xs.q.len() >= rows.end * k && xs.d.len() >= rows.end * nb && xs.s.len() >= rows.end * nb && k == nb * QK);
@@ -491,11 +494,11 @@ fn tile_rows(
         // only runs Q8_0); the asserts above bound every pointer the kernels read (see their
         // notes).
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512Vnni => unsafe { x86::rows_vnni(format, qs, ss, nb, xs, k, rows.start, out) },
+        Path::Avx512Vnni => unsafe { x86::rows_vnni(format, qs, ss, nb, xs, k, rows.start, out, ahead) },
         #[cfg(target_arch = "x86_64")]
-        Path::Amx => unsafe { x86::rows_amx(qs, ss, nb, xs, k, rows.start, out) },
+        Path::Amx => unsafe { x86::rows_amx(qs, ss, nb, xs, k, rows.start, out, ahead) },
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { x86::rows_avx2(format, qs, ss, nb, xs, k, rows.start, out) },
+        Path::Avx2 => unsafe { x86::rows_avx2(format, qs, ss, nb, xs, k, rows.start, out, ahead) },
         // SAFETY: `NeonDot` is only constructed after SDOT was detected; the asserts above
         // bound every pointer the kernels read.
         #[cfg(target_arch = "aarch64")]
@@ -503,6 +506,7 @@ fn tile_rows(
         #[cfg(target_arch = "aarch64")]
         Path::NeonDot => unsafe { neon::rows::<true>(format, qs, ss, nb, xs, k, rows.start, out) },
         Path::Portable => {
+            let _ = ahead;
             for (r, o) in rows.zip(out) {
                 tile_row_portable(format, qs, ss, nb, &xs.q[r * k..(r + 1) * k], &xs.d[r * nb..(r + 1) * nb], o);
             }
@@ -555,11 +559,7 @@ mod neon;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{nibbles, Format, QuantRows, QK, TILE_Q, TILE_S, TN};
-    /// Blocks ahead that the nibble kernels prefetch (measured on decode-sized products streaming
-    /// from memory: the hardware prefetchers alone leave Q5_0 / Q4_0 ~25% slower; Q8_0, with
-    /// less work per byte, gains nothing).
-    const PREFETCH_BLOCKS: usize = 8;
+    use super::{nibbles, Ahead, Format, QuantRows, QK, TILE_Q, TILE_S, TN};
     use std::arch::asm;
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
@@ -672,7 +672,17 @@ mod x86 {
     /// # Safety
     /// [`has_amx`] must have returned true; slices as for `rows_vnni`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn rows_amx(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn rows_amx(
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+        ahead: Ahead,
+    ) {
         let full = out.len() / 16 * 16;
         if full > 0 {
             let _tiles = Tiles::configure();
@@ -680,7 +690,8 @@ mod x86 {
                 amx16(qs, ss, nb, xs, k, r0 + i * 16, o);
             }
         }
-        rows_vnni(Format::Q8_0, qs, ss, nb, xs, k, r0 + full, &mut out[full..]);
+        // Fewer than 16 rows in all (decode): the VNNI pass streams the tile and prefetches.
+        rows_vnni(Format::Q8_0, qs, ss, nb, xs, k, r0 + full, &mut out[full..], if full == 0 { ahead } else { Ahead::NONE });
     }
 
     /// One block's sums for 16 rows, as `tilestored` writes them: row `r`, then its 16 lanes.
@@ -858,16 +869,19 @@ mod x86 {
         k: usize,
         r0: usize,
         out: &mut [[f32; TN]],
+        ahead: Ahead,
     ) {
         for (i, o) in out.chunks_mut(4).enumerate() {
             let r = r0 + i * 4;
+            // The first pass streams the tile from memory; the others find it in cache.
+            let a = if i == 0 { ahead } else { Ahead::NONE };
             macro_rules! rows {
                 ($f:ident $(, $hi:literal)?) => {
                     match o.len() {
-                        4 => $f::<4, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o),
-                        3 => $f::<3, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o),
-                        2 => $f::<2, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o),
-                        _ => $f::<1, 4 $(, $hi)?>(qs, ss, nb, xs, k, r, o),
+                        4 => $f::<4, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o, a),
+                        3 => $f::<3, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o, a),
+                        2 => $f::<2, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o, a),
+                        _ => $f::<1, 4 $(, $hi)?>(qs, ss, nb, xs, k, r, o, a),
                     }
                 };
             }
@@ -884,6 +898,7 @@ mod x86 {
     /// right, which never carry another byte's bit there), from `−bias · Σ q_x`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn vnni_nibbles<const R: usize, const C: usize, const HI: bool>(
         qs: &[u8],
         ss: &[u8],
@@ -892,6 +907,7 @@ mod x86 {
         k: usize,
         r0: usize,
         out: &mut [[f32; TN]],
+        ahead: Ahead,
     ) {
         let format = if HI { Format::Q5_0 } else { Format::Q4_0 };
         let (tq, bias) = (format.tile_q(), format.bias());
@@ -903,10 +919,7 @@ mod x86 {
                 s[0] = _mm512_set1_epi32(-bias * *xs.s.get_unchecked((r0 + r) * nb + b));
             }
             let blk = qs.as_ptr().add(b * tq);
-            for l in 0..tq / 64 {
-                // A hint only: past the end of the weights it loads nothing and cannot fault.
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH_BLOCKS * tq + l * 64) as *const i8);
-            }
+            ahead.fetch(qs.as_ptr().add(b * (tq + TILE_S)), tq + TILE_S);
             let qh = if HI { _mm512_loadu_si512(blk.add(nibbles::GROUP) as *const _) } else { _mm512_setzero_si512() };
             macro_rules! line {
                 ($p:literal) => {{
@@ -938,6 +951,7 @@ mod x86 {
     /// `R` rows from `r0` against one tile.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn vnni<const R: usize, const C: usize>(
         qs: &[u8],
         ss: &[u8],
@@ -946,10 +960,12 @@ mod x86 {
         k: usize,
         r0: usize,
         out: &mut [[f32; TN]],
+        ahead: Ahead,
     ) {
         let mut acc = [_mm512_setzero_ps(); R];
         let xq = xs.q.as_ptr().add(r0 * k);
         for b in 0..nb {
+            ahead.fetch(qs.as_ptr().add(b * (TILE_Q + TILE_S)), TILE_Q + TILE_S);
             let mut isum = [[_mm512_setzero_si512(); C]; R];
             for (r, s) in isum.iter_mut().enumerate() {
                 s[0] = _mm512_set1_epi32(-128 * *xs.s.get_unchecked((r0 + r) * nb + b));
@@ -987,14 +1003,17 @@ mod x86 {
         k: usize,
         r0: usize,
         out: &mut [[f32; TN]],
+        ahead: Ahead,
     ) {
         for (i, o) in out.chunks_mut(2).enumerate() {
             let r = r0 + i * 2;
+            // The first pass streams the tile from memory; the others find it in cache.
+            let a = if i == 0 { ahead } else { Ahead::NONE };
             match (format, o.len()) {
-                (Format::Q8_0, 2) => avx2::<2>(qs, ss, nb, xs, k, r, o),
-                (Format::Q8_0, _) => avx2::<1>(qs, ss, nb, xs, k, r, o),
-                (_, 2) => avx2_nibbles::<2>(format, qs, ss, nb, xs, k, r, o),
-                (_, _) => avx2_nibbles::<1>(format, qs, ss, nb, xs, k, r, o),
+                (Format::Q8_0, 2) => avx2::<2>(qs, ss, nb, xs, k, r, o, a),
+                (Format::Q8_0, _) => avx2::<1>(qs, ss, nb, xs, k, r, o, a),
+                (_, 2) => avx2_nibbles::<2>(format, qs, ss, nb, xs, k, r, o, a),
+                (_, _) => avx2_nibbles::<1>(format, qs, ss, nb, xs, k, r, o, a),
             }
         }
     }
@@ -1014,12 +1033,14 @@ mod x86 {
         k: usize,
         r0: usize,
         out: &mut [[f32; TN]],
+        ahead: Ahead,
     ) {
         let (tq, bias) = (format.tile_q(), format.bias());
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         let xq = xs.q.as_ptr().add(r0 * k);
         for b in 0..nb {
+            ahead.fetch(qs.as_ptr().add(b * (tq + TILE_S)), tq + TILE_S);
             let blk = qs.as_ptr().add(b * tq);
             for h in 0..2 {
                 let mut isum = [_mm256_setzero_si256(); R];
@@ -1058,13 +1079,24 @@ mod x86 {
     }
 
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn avx2<const R: usize>(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+    unsafe fn avx2<const R: usize>(
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+        ahead: Ahead,
+    ) {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         let xq = xs.q.as_ptr().add(r0 * k);
         let bias = _mm256_set1_epi8(-128);
         let ones = _mm256_set1_epi16(1);
         for b in 0..nb {
+            ahead.fetch(qs.as_ptr().add(b * (TILE_Q + TILE_S)), TILE_Q + TILE_S);
             let mut isum = [[_mm256_setzero_si256(); 2]; R];
             let blk = qs.as_ptr().add(b * TILE_Q);
             for j in 0..8 {

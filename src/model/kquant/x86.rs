@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 use std::ptr::read_unaligned;
 
-use super::{nibbles, Kind, QuantRows, Row, LINE, NIBBLES, TN};
+use super::{nibbles, Ahead, Kind, QuantRows, Row, LINE, NIBBLES, TN};
 
 impl Row {
     /// Quants `at..at + 8` as two 4-byte groups (two loads, so each broadcast can be folded
@@ -30,16 +30,26 @@ impl Row {
 /// # Safety
 /// AVX-512 F/BW/VL and VNNI must be present; slices as asserted by `super::tile_rows`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn rows_vnni(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRows, r0: usize, out: &mut [[f32; TN]]) {
+pub(super) unsafe fn rows_vnni(
+    kind: Kind,
+    tile: &[u8],
+    nsb: usize,
+    xs: &QuantRows,
+    r0: usize,
+    out: &mut [[f32; TN]],
+    ahead: Ahead,
+) {
     for (i, o) in out.chunks_mut(4).enumerate() {
         let r = r0 + i * 4;
+        // The first pass streams the tile from memory; the others find it in cache.
+        let a = if i == 0 { ahead } else { Ahead::NONE };
         macro_rules! rows {
             ($f:ident $(, $hi:literal)?) => {
                 match o.len() {
-                    4 => $f::<4 $(, $hi)?>(kind, tile, nsb, xs, r, o),
-                    3 => $f::<3 $(, $hi)?>(kind, tile, nsb, xs, r, o),
-                    2 => $f::<2 $(, $hi)?>(kind, tile, nsb, xs, r, o),
-                    _ => $f::<1 $(, $hi)?>(kind, tile, nsb, xs, r, o),
+                    4 => $f::<4 $(, $hi)?>(kind, tile, nsb, xs, r, o, a),
+                    3 => $f::<3 $(, $hi)?>(kind, tile, nsb, xs, r, o, a),
+                    2 => $f::<2 $(, $hi)?>(kind, tile, nsb, xs, r, o, a),
+                    _ => $f::<1 $(, $hi)?>(kind, tile, nsb, xs, r, o, a),
                 }
             };
         }
@@ -61,6 +71,7 @@ unsafe fn q45_vnni<const R: usize, const HI: bool>(
     xs: &QuantRows,
     r0: usize,
     out: &mut [[f32; TN]],
+    ahead: Ahead,
 ) {
     let low16 = _mm512_set1_epi32(0xFFFF);
     let mut acc = [_mm512_setzero_ps(); R];
@@ -69,6 +80,7 @@ unsafe fn q45_vnni<const R: usize, const HI: bool>(
         let x: [Row; R] = std::array::from_fn(|r| Row::at(xs, nsb, r0 + r, b));
         let (mut isum, mut imin) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
         for t in 0..4 {
+            ahead.fetch_part(blk, kind.block_bytes(), t, 4);
             let scales = _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(kind.scales_at() + t * 32) as *const __m256i));
             let mins = _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(kind.mins_at() + t * 32) as *const __m256i));
             for r in 0..R {
@@ -117,7 +129,15 @@ unsafe fn q45_vnni<const R: usize, const HI: bool>(
 /// `R` rows against one Q6_K tile.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6_vnni<const R: usize>(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRows, r0: usize, out: &mut [[f32; TN]]) {
+unsafe fn q6_vnni<const R: usize>(
+    kind: Kind,
+    tile: &[u8],
+    nsb: usize,
+    xs: &QuantRows,
+    r0: usize,
+    out: &mut [[f32; TN]],
+    ahead: Ahead,
+) {
     let (nib, bits) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..nsb {
@@ -126,6 +146,7 @@ unsafe fn q6_vnni<const R: usize>(kind: Kind, tile: &[u8], nsb: usize, xs: &Quan
         // `isum`: Σ sc_j Σ q_w q_x; `offset`: Σ sc_j Σ q_x (the weights' −32, applied at the end).
         let (mut isum, mut offset) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
         for t in 0..8 {
+            ahead.fetch_part(blk, kind.block_bytes(), t, 8);
             let scales = _mm512_cvtepi8_epi16(_mm256_loadu_si256(blk.add(kind.scales_at() + t * 32) as *const __m256i));
             for r in 0..R {
                 offset[r] = _mm512_dpwssd_epi32(offset[r], scales, _mm512_set1_epi32(x[r].sum_pair(false, t)));
@@ -176,12 +197,22 @@ unsafe fn q6_vnni<const R: usize>(kind: Kind, tile: &[u8], nsb: usize, xs: &Quan
 /// # Safety
 /// AVX2 and F16C must be present; slices as asserted by `super::tile_rows`.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn rows_avx2(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRows, r0: usize, out: &mut [[f32; TN]]) {
+pub(super) unsafe fn rows_avx2(
+    kind: Kind,
+    tile: &[u8],
+    nsb: usize,
+    xs: &QuantRows,
+    r0: usize,
+    out: &mut [[f32; TN]],
+    ahead: Ahead,
+) {
     for (i, o) in out.chunks_mut(2).enumerate() {
         let r = r0 + i * 2;
+        // The first pass streams the tile from memory; the others find it in cache.
+        let a = if i == 0 { ahead } else { Ahead::NONE };
         match o.len() {
-            2 => avx2::<2>(kind, tile, nsb, xs, r, o),
-            _ => avx2::<1>(kind, tile, nsb, xs, r, o),
+            2 => avx2::<2>(kind, tile, nsb, xs, r, o, a),
+            _ => avx2::<1>(kind, tile, nsb, xs, r, o, a),
         }
     }
 }
@@ -191,13 +222,22 @@ pub(super) unsafe fn rows_avx2(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRo
 /// `63 · 128`, so the four stay below `2¹⁵`.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn avx2<const R: usize>(kind: Kind, tile: &[u8], nsb: usize, xs: &QuantRows, r0: usize, out: &mut [[f32; TN]]) {
+unsafe fn avx2<const R: usize>(
+    kind: Kind,
+    tile: &[u8],
+    nsb: usize,
+    xs: &QuantRows,
+    r0: usize,
+    out: &mut [[f32; TN]],
+    ahead: Ahead,
+) {
     let (ones, low16, bits) = (_mm256_set1_epi16(1), _mm256_set1_epi32(0xFFFF), _mm256_set1_epi8(0x30));
     let q6 = kind == Kind::Q6K;
     let lines = if q6 { 2 } else { 4 };
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     for b in 0..nsb {
         let blk = tile.as_ptr().add(b * kind.block_bytes());
+        ahead.fetch(blk, kind.block_bytes());
         let x: [Row; R] = std::array::from_fn(|r| Row::at(xs, nsb, r0 + r, b));
         let (mut isum, mut imin) = ([[_mm256_setzero_si256(); 2]; R], [[_mm256_setzero_si256(); 2]; R]);
         for (half, h16) in [0, 16].into_iter().enumerate() {

@@ -84,9 +84,9 @@ pub trait PackedMatrix: Sync {
 
 /// Output rows per tile.
 pub(super) const TN: usize = 16;
-/// How far ahead of its reads a kernel prefetches, into L2 (1 MiB or more where AVX-512 is):
-/// on a Zen 4, 24 to 64 KiB measured alike, 2 to 16 KiB no better than none, and prefetching
-/// into L1 instead slower. The NEON kernels do not ask (unmeasured there).
+/// How far ahead of its reads a kernel prefetches, into L2 (1 MiB or more where AVX-512 is).
+/// On a Zen 4: 8 to 16 KiB already helped, 32 to 64 KiB most, 128 KiB less; prefetching into
+/// L1 instead was slower than none. The NEON kernels do not ask (unmeasured there).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) const AHEAD: usize = 32 * 1024;
 

@@ -84,9 +84,10 @@ pub trait PackedMatrix: Sync {
 
 /// Output rows per tile.
 pub(super) const TN: usize = 16;
-/// How far ahead of its reads a kernel prefetches, into L2 (1 MiB or more where AVX-512 is).
-/// On a Zen 4: 8 to 16 KiB already helped, 32 to 64 KiB most, 128 KiB less; prefetching into
-/// L1 instead was slower than none. The NEON kernels do not ask (unmeasured there).
+/// How far ahead of its reads a kernel prefetches, into L2 (an eighth of the smallest L2 of an
+/// AVX2 CPU, 256 KiB). On a Zen 4: 8 to 16 KiB already helped, 32 to 64 KiB most, 128 KiB
+/// less; prefetching into L1 instead was slower than none. The NEON kernels do not ask
+/// (unmeasured there).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) const AHEAD: usize = 32 * 1024;
 
@@ -133,6 +134,7 @@ impl Ahead {
         self.fetch(block.wrapping_add(lo), hi - lo)
     }
 }
+
 /// Activation rows per pass over a tile's weights.
 const ROW_GROUP: usize = 64;
 

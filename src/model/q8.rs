@@ -690,8 +690,9 @@ mod x86 {
                 amx16(qs, ss, nb, xs, k, r0 + i * 16, o);
             }
         }
-        // Fewer than 16 rows in all (decode): the VNNI pass streams the tile and prefetches.
-        rows_vnni(Format::Q8_0, qs, ss, nb, xs, k, r0 + full, &mut out[full..], if full == 0 { ahead } else { Ahead::NONE });
+        // The VNNI rows come after `full / 16` AMX passes: with none (decode) they stream the
+        // tile and prefetch.
+        rows_vnni(Format::Q8_0, qs, ss, nb, xs, k, r0 + full, &mut out[full..], ahead.for_pass(full / 16));
     }
 
     /// One block's sums for 16 rows, as `tilestored` writes them: row `r`, then its 16 lanes.
@@ -873,8 +874,7 @@ mod x86 {
     ) {
         for (i, o) in out.chunks_mut(4).enumerate() {
             let r = r0 + i * 4;
-            // The first pass streams the tile from memory; the others find it in cache.
-            let a = if i == 0 { ahead } else { Ahead::NONE };
+            let a = ahead.for_pass(i);
             macro_rules! rows {
                 ($f:ident $(, $hi:literal)?) => {
                     match o.len() {
@@ -1007,8 +1007,7 @@ mod x86 {
     ) {
         for (i, o) in out.chunks_mut(2).enumerate() {
             let r = r0 + i * 2;
-            // The first pass streams the tile from memory; the others find it in cache.
-            let a = if i == 0 { ahead } else { Ahead::NONE };
+            let a = ahead.for_pass(i);
             match (format, o.len()) {
                 (Format::Q8_0, 2) => avx2::<2>(qs, ss, nb, xs, k, r, o, a),
                 (Format::Q8_0, _) => avx2::<1>(qs, ss, nb, xs, k, r, o, a),

@@ -108,14 +108,25 @@ impl Ahead {
     /// `bytes` calls this once per step, so each line of the chunk is asked for once.
     #[inline(always)]
     pub(super) fn fetch(self, at: *const u8, bytes: usize) {
-        #[cfg(target_arch = "x86_64")]
-        for line in self.lines(at as usize, bytes) {
-            // SAFETY: a prefetch is a hint: it reads nothing into the program and never faults,
-            // whatever the address.
-            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line as *const i8) };
+        prefetch(self.lines(at as usize, bytes))
+    }
+
+    /// Part `i` of `parts` of [`Ahead::fetch`] for one block of `bytes` at `block` (a long block
+    /// asked for over its loop rather than at once).
+    #[inline(always)]
+    pub(super) fn fetch_part(self, block: *const u8, bytes: usize, i: usize, parts: usize) {
+        prefetch(self.part_lines(block as usize, bytes, i, parts))
+    }
+
+    /// What pass `i` over a tile's activation rows asks for: the first streams the tile from
+    /// memory and prefetches; the others find the tile in cache and ask for nothing.
+    #[inline(always)]
+    pub(super) fn for_pass(self, i: usize) -> Ahead {
+        if i == 0 {
+            self
+        } else {
+            Ahead::NONE
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (at, bytes);
     }
 
     /// The addresses of the lines [`Ahead::fetch`] asks for.
@@ -126,13 +137,25 @@ impl Ahead {
         (from.checked_next_multiple_of(64).unwrap_or(usize::MAX)..to).step_by(64)
     }
 
-    /// Part `i` of `parts` of [`Ahead::fetch`] for one block of `bytes` at `block` (a long block
-    /// asked for over its loop rather than at once).
+    /// The addresses of the lines [`Ahead::fetch_part`] asks for.
     #[inline(always)]
-    pub(super) fn fetch_part(self, block: *const u8, bytes: usize, i: usize, parts: usize) {
+    fn part_lines(self, block: usize, bytes: usize, i: usize, parts: usize) -> std::iter::StepBy<Range<usize>> {
         let (lo, hi) = (i * bytes / parts, (i + 1) * bytes / parts);
-        self.fetch(block.wrapping_add(lo), hi - lo)
+        self.lines(block.saturating_add(lo), hi - lo)
     }
+}
+
+/// Asks for each line (an address) to be brought into L2; nothing off x86-64.
+#[inline(always)]
+fn prefetch(lines: impl Iterator<Item = usize>) {
+    #[cfg(target_arch = "x86_64")]
+    for line in lines {
+        // SAFETY: a prefetch is a hint: it reads nothing into the program and never faults,
+        // whatever the address.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = lines;
 }
 
 /// Activation rows per pass over a tile's weights.
@@ -272,7 +295,7 @@ mod tests {
 
     /// A kernel's steps over a chunk ask for every line from `AHEAD` past the chunk's start up
     /// to its end once, in order, and for nothing at or past the end; split steps ask for the
-    /// same lines; `NONE` asks for nothing.
+    /// same lines; `NONE`, and every pass after the first, ask for nothing.
     #[test]
     fn ahead_asks_for_each_line_of_the_chunk_once() {
         let lines_of = |start: usize, end: usize, step: usize, parts: usize| {
@@ -280,8 +303,7 @@ mod tests {
             let mut got = Vec::new();
             for at in (start..end).step_by(step) {
                 for i in 0..parts {
-                    let (lo, hi) = (i * step / parts, (i + 1) * step / parts);
-                    got.extend(ahead.lines(at + lo, hi - lo));
+                    got.extend(ahead.part_lines(at, step, i, parts));
                 }
             }
             got
@@ -292,6 +314,8 @@ mod tests {
             assert_eq!(lines_of(start, end, step, 1), want, "step {step}");
             assert_eq!(lines_of(start, end, step, 8), want, "step {step} in 8 parts");
             assert!(Ahead::NONE.lines(start, step).next().is_none());
+            assert_eq!(Ahead { end }.for_pass(0).lines(start, step).count(), Ahead { end }.lines(start, step).count());
+            assert!(Ahead { end }.for_pass(1).lines(start, step).next().is_none());
         }
         // Addresses near the top never overflow.
         assert!(Ahead { end: usize::MAX }.lines(usize::MAX - 10, 1 << 20).all(|l| l % 64 == 0));

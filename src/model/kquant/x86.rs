@@ -41,8 +41,7 @@ pub(super) unsafe fn rows_vnni(
 ) {
     for (i, o) in out.chunks_mut(4).enumerate() {
         let r = r0 + i * 4;
-        // The first pass streams the tile from memory; the others find it in cache.
-        let a = if i == 0 { ahead } else { Ahead::NONE };
+        let a = ahead.for_pass(i);
         macro_rules! rows {
             ($f:ident $(, $hi:literal)?) => {
                 match o.len() {
@@ -208,8 +207,7 @@ pub(super) unsafe fn rows_avx2(
 ) {
     for (i, o) in out.chunks_mut(2).enumerate() {
         let r = r0 + i * 2;
-        // The first pass streams the tile from memory; the others find it in cache.
-        let a = if i == 0 { ahead } else { Ahead::NONE };
+        let a = ahead.for_pass(i);
         match o.len() {
             2 => avx2::<2>(kind, tile, nsb, xs, r, o, a),
             _ => avx2::<1>(kind, tile, nsb, xs, r, o, a),

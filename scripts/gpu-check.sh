@@ -14,7 +14,8 @@
 # then runs ours (--quick) with EXPERT_RUNTIME_CUDA_TIMING=1: device µs per kind of decode kernel
 # (timing.log). --kernels first
 # builds and runs benches/cuda/kernels.cu with the machine's nvcc: each decode kernel alone on the
-# Qwen3-0.6B shape, in variants (kernels.md); --kernels-only runs that and nothing else.
+# Qwen3-0.6B shape, in variants, and the kernels of benches/cuda/experiments.cuh checked against
+# the ones they would replace (kernels.md); --kernels-only runs that and nothing else.
 #
 # With this project's `device` tool: run it with carry ["target/gpu-bundle"]; the results come
 # back through $OUT, which that tool sets. Otherwise they go to ./gpu-results: tests.log,

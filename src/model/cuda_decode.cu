@@ -91,7 +91,6 @@ __device__ void add_rmsnorm(T* x, const T* add, const T* w, T* out, int n, float
 #define MAX_REP 8   // query heads per KV head
 #define MAX_HD 256  // head_dim at most
 #define MAX_J (MAX_HD / 32)          // features per lane of a warp
-#define MAX_F (MAX_HD / (NWARP * 32)) // features per thread of an attention block
 #define MAX_SPLITS 64
 // Positions of an attention tile: 32 in bf16, 16 in f32 (a tile of keys and values, padded,
 // stays within 48 KB of shared memory at head_dim 256).
@@ -180,13 +179,21 @@ __device__ void finish_vec(const T* src, const T* bias, const T* norm, bool rope
 //    `done`, set back to 0) merges the splits into `out` ([rows, nh·hd]).
 // Keys and values are read through the row's block table: tables[toff[r] + p / bs] is the block
 // of position p. head_dim must be a multiple of 16 bytes / sizeof(T) (the host checks).
-template <typename T>
+//
+// Two variants the decode path does not use yet (benches/cuda/kernels.cu checks and times them):
+// HDC, head_dim fixed at compile time (0: the argument `hd_arg`), and EARLY, the first tile's keys
+// and values (all but the new position) loaded before `pdl_wait`, while the previous kernel
+// finishes: earlier passes wrote them, and only this kernel writes the pool during a pass.
+template <typename T, int HDC = 0, bool EARLY = false>
 __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, const T* qb, const T* kb, const T* vb,
                             const T* qn, const T* kn, const T* cos, const T* sin, const u32* pos, const u32* slot,
                             T* kpool, T* vpool, const u32* tables, const u32* toff, const u32* lens, float* ws_ml,
-                            float* ws_acc, u32* done, T* out, int nh, int nkv, int hd, int bs, int split, float scale,
-                            float eps, int interleaved) {
-  constexpr int TILE = ATILE(T), TPP = NWARP * 32 / TILE, V = 16 / sizeof(T), MAX_CH = TILE * (MAX_HD / V) / (NWARP * 32);
+                            float* ws_acc, u32* done, T* out, int nh, int nkv, int hd_arg, int bs, int split,
+                            float scale, float eps, int interleaved) {
+  constexpr int HDM = HDC ? HDC : MAX_HD, MF = HDM / (NWARP * 32);
+  constexpr int TILE = ATILE(T), TPP = NWARP * 32 / TILE, V = 16 / sizeof(T), MAX_CH = TILE * (HDM / V) / (NWARP * 32);
+  static_assert(HDC % (NWARP * 32) == 0 && HDC <= MAX_HD, "HDC: a multiple of the block's threads, at most MAX_HD");
+  const int hd = HDC ? HDC : hd_arg;
   extern __shared__ __align__(16) unsigned char tile_mem[];
   __shared__ __align__(16) float qs[MAX_REP * MAX_HD]; // the queries
   __shared__ float scratch[NWARP * MAX_HD];            // RoPE pairs; then scores; then the merge's
@@ -211,6 +218,21 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
   if (threadIdx.x < min(TILE, end - start)) {
     const int at = start + threadIdx.x;
     row = table[at / bs] * (u32)bs + (u32)(at % bs);
+  }
+  uint4 kr0[MAX_CH], vr0[MAX_CH];
+  if constexpr (EARLY) {
+#pragma unroll
+    for (int j = 0; j < MAX_CH; j++) {
+      const int c = threadIdx.x + j * NWARP * 32;
+      if (c < min(TILE, end - start) * chunks) {
+        const int at = start + c / chunks;
+        if (!owner || at != L - 1) {
+          const size_t e = (size_t)(table[at / bs] * (u32)bs + (u32)(at % bs)) * kvs + g * hd + (c % chunks) * V;
+          kr0[j] = *(const uint4*)(kpool + e);
+          vr0[j] = *(const uint4*)(vpool + e);
+        }
+      }
+    }
   }
   pdl_wait();
 
@@ -246,11 +268,11 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
     ls[threadIdx.x] = 0.f;
   }
 
-  float acc[MAX_REP][MAX_F];
+  float acc[MAX_REP][MF];
 #pragma unroll
   for (int h = 0; h < MAX_REP; h++) {
 #pragma unroll
-    for (int j = 0; j < MAX_F; j++) acc[h][j] = 0.f;
+    for (int j = 0; j < MF; j++) acc[h][j] = 0.f;
   }
   float* sc = scratch;
   for (int t0 = start; t0 < end; t0 += TILE) {
@@ -272,6 +294,9 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
         if (owner && t0 + p == L - 1) {
           kr[j] = *(const uint4*)&fresh[0][off];
           vr[j] = *(const uint4*)&fresh[1][off];
+        } else if (EARLY && t0 == start) {
+          kr[j] = kr0[j];
+          vr[j] = vr0[j];
         } else {
           const size_t at = (size_t)rows_at[p] * kvs + g * hd + off;
           kr[j] = *(const uint4*)(kpool + at);
@@ -336,7 +361,7 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
     __syncthreads();
     // 2d. Values: a thread per feature.
 #pragma unroll
-    for (int j = 0; j < MAX_F; j++) {
+    for (int j = 0; j < MF; j++) {
       const int f = threadIdx.x + j * NWARP * 32;
       if (f >= hd) continue;
 #pragma unroll
@@ -356,7 +381,7 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
   const size_t head0 = (size_t)r * nh + g * rep;
   if (ns == 1) {
 #pragma unroll
-    for (int j = 0; j < MAX_F; j++) {
+    for (int j = 0; j < MF; j++) {
       const int f = threadIdx.x + j * NWARP * 32;
 #pragma unroll
       for (int h = 0; h < MAX_REP; h++)
@@ -365,7 +390,7 @@ __device__ void attn_decode(const T* q, const T* k, const T* v, int stride, cons
     return;
   }
 #pragma unroll
-  for (int j = 0; j < MAX_F; j++) {
+  for (int j = 0; j < MF; j++) {
     const int f = threadIdx.x + j * NWARP * 32;
 #pragma unroll
     for (int h = 0; h < MAX_REP; h++)

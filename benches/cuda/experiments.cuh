@@ -66,17 +66,6 @@ extern "C" __global__ void gemv_add_rmsnorm_bf16(const bf16* xin, int ldx, const
 
 // attn_decode's variants (cuda_decode.cu): head_dim fixed at 128, the first tile loaded before
 // pdl_wait, and both.
-#define ATTN_VARIANT(NAME, HDC, EARLY)                                                                              \
-  extern "C" __global__ void NAME(const bf16* q, const bf16* k, const bf16* v, int stride, const bf16* qb,           \
-                                  const bf16* kb, const bf16* vb, const bf16* qn, const bf16* kn, const bf16* cos,   \
-                                  const bf16* sin, const u32* pos, const u32* slot, bf16* kpool, bf16* vpool,        \
-                                  const u32* tables, const u32* toff, const u32* lens, float* ws_ml, float* ws_acc,  \
-                                  u32* done, bf16* out, int nh, int nkv, int hd, int bs, int split, float scale,     \
-                                  float eps, int interleaved) {                                                     \
-    attn_decode<bf16, HDC, EARLY>(q, k, v, stride, qb, kb, vb, qn, kn, cos, sin, pos, slot, kpool, vpool, tables,    \
-                                  toff, lens, ws_ml, ws_acc, done, out, nh, nkv, hd, bs, split, scale, eps,         \
-                                  interleaved);                                                                     \
-  }
-ATTN_VARIANT(attn_decode_hd128_bf16, 128, false)
-ATTN_VARIANT(attn_decode_early_bf16, 0, true)
-ATTN_VARIANT(attn_decode_hd128_early_bf16, 128, true)
+ATTN_KERNEL(attn_decode_hd128_bf16, bf16, 128, false)
+ATTN_KERNEL(attn_decode_early_bf16, bf16, 0, true)
+ATTN_KERNEL(attn_decode_hd128_early_bf16, bf16, 128, true)

@@ -104,6 +104,33 @@ int main() {
   CK(cudaMalloc(&ws_acc, (size_t)rows_max * nh * MAX_SPLITS * hd * 4));
   CK(cudaMalloc(&done, rows_max * nkv * 4));
   CK(cudaMemset(done, 0, rows_max * nkv * 4));
+  // The decode path's uploaded row inputs for `rows` rows at context L: ids, pos, slot, lens,
+  // toff (rows_max each), then each row's block table (identity blocks, row-major). Freed by the
+  // caller.
+  const int nb = maxpos / bs, tile_bytes = 2 * ATILE(bf16) * (hd + 8) * 2;
+  auto row_inputs = [&](int rows, int L) {
+    std::vector<u32> in(5 * rows_max + rows_max * nb);
+    for (int r = 0; r < rows; r++) {
+      in[rows_max + r] = L - 1;
+      in[2 * rows_max + r] = r * maxpos + L - 1;
+      in[3 * rows_max + r] = L;
+      in[4 * rows_max + r] = r * nb;
+      for (int b = 0; b < nb; b++) in[5 * rows_max + r * nb + b] = r * nb + b;
+    }
+    u32* din;
+    CK(cudaMalloc(&din, in.size() * 4));
+    CK(cudaMemcpy(din, in.data(), in.size() * 4, cudaMemcpyHostToDevice));
+    return din;
+  };
+  using AttnKernel = decltype(&attn_decode_bf16);
+  // An attention kernel over `qkv` and the pool, for the row inputs `din`, into `o`.
+  auto attention = [&](bool pdl, AttnKernel kernel, int rows, int split, int splits, const u32* din, bf16* o) {
+    launch(pdl, kernel, dim3(rows, nkv, splits), NWARP * 32, tile_bytes, s, (const bf16*)qkv,
+           (const bf16*)qkv + nh * hd, (const bf16*)qkv + (nh + nkv) * hd, wide, (const bf16*)nullptr,
+           (const bf16*)nullptr, (const bf16*)nullptr, (const bf16*)norm, (const bf16*)norm, (const bf16*)cosv,
+           (const bf16*)sinv, din + rows_max, din + 2 * rows_max, kp, vp, din + 5 * rows_max, din + 4 * rows_max,
+           din + 3 * rows_max, ws_ml, ws_acc, done, o, nh, nkv, hd, bs, split, scale, eps, 0);
+  };
 
   printf("| product (n × k) | rows | parts 1 | parts 2 | parts 4 | parts 8 | µs at 4.3 TB/s |\n|---|---:|---:|---:|---:|---:|---:|\n");
   const int shapes[][2] = {{wide, h}, {h, nh * hd}, {h, inter}, {vocab, h}};
@@ -174,32 +201,13 @@ int main() {
   printf("\n| attention: rows | context | split | splits | µs |\n|---:|---:|---:|---:|---:|\n");
   for (int rows : {1, 8, 64}) {
     for (int L : {64, 128, 512, 2048, 8192}) {
-      // Inputs: ids, pos, slot, lens, toff, then each row's table (identity blocks, row-major).
-      const int nb = maxpos / bs;
-      std::vector<u32> in(5 * rows_max + rows_max * nb);
-      for (int r = 0; r < rows; r++) {
-        in[rows_max + r] = L - 1;
-        in[2 * rows_max + r] = r * maxpos + L - 1;
-        in[3 * rows_max + r] = L;
-        in[4 * rows_max + r] = r * nb;
-        for (int b = 0; b < nb; b++) in[5 * rows_max + r * nb + b] = r * nb + b;
-      }
-      u32* din;
-      CK(cudaMalloc(&din, in.size() * 4));
-      CK(cudaMemcpy(din, in.data(), in.size() * 4, cudaMemcpyHostToDevice));
+      u32* din = row_inputs(rows, L);
       for (int split : {32, 64, 128}) {
         int bucket = 1;
         while (bucket < L) bucket *= 2;
         const int splits = (bucket + split - 1) / split;
         if (splits > MAX_SPLITS || (splits < 2 && split > 32)) continue;
-        dim3 grid(rows, nkv, splits);
-        const int tile_bytes = 2 * ATILE(bf16) * (hd + 8) * 2;
-        const float us = time_us(s, [&] {
-          attn_decode_bf16<<<grid, NWARP * 32, tile_bytes, s>>>(qkv, qkv + nh * hd, qkv + (nh + nkv) * hd, wide, nullptr, nullptr,
-                                                       nullptr, norm, norm, cosv, sinv, din + rows_max, din + 2 * rows_max,
-                                                       kp, vp, din + 5 * rows_max, din + 4 * rows_max, din + 3 * rows_max,
-                                                       ws_ml, ws_acc, done, out, nh, nkv, hd, bs, split, scale, eps, 0);
-        });
+        const float us = time_us(s, [&] { attention(false, attn_decode_bf16, rows, split, splits, din, out); });
         printf("| %d | %d | %d | %d | %.2f |\n", rows, L, split, splits, us);
       }
       CK(cudaFree(din));
@@ -211,38 +219,20 @@ int main() {
   {
     printf("\n| attention variant: rows | context | same bits | as shipped | head_dim 128 | first tile early | both |\n"
            "|---:|---:|---|---:|---:|---:|---:|\n");
-    decltype(&attn_decode_bf16) kernels[] = {attn_decode_bf16, attn_decode_hd128_bf16, attn_decode_early_bf16,
-                                             attn_decode_hd128_early_bf16};
-    const int nb = maxpos / bs;
+    AttnKernel kernels[] = {attn_decode_bf16, attn_decode_hd128_bf16, attn_decode_early_bf16,
+                            attn_decode_hd128_early_bf16};
     const size_t cells = (size_t)rows_max * nh * hd;
     bf16* outs = dalloc(4 * cells * 2, false);
     for (int rows : {1, 8, 64}) {
       for (int L : {128, 512, 2048}) {
-        std::vector<u32> in(5 * rows_max + rows_max * nb);
-        for (int r = 0; r < rows; r++) {
-          in[rows_max + r] = L - 1;
-          in[2 * rows_max + r] = r * maxpos + L - 1;
-          in[3 * rows_max + r] = L;
-          in[4 * rows_max + r] = r * nb;
-          for (int b = 0; b < nb; b++) in[5 * rows_max + r * nb + b] = r * nb + b;
-        }
-        u32* din;
-        CK(cudaMalloc(&din, in.size() * 4));
-        CK(cudaMemcpy(din, in.data(), in.size() * 4, cudaMemcpyHostToDevice));
+        u32* din = row_inputs(rows, L);
         int bucket = 32;
         while (bucket < L) bucket *= 2;
         const int want = (256 + rows * nkv - 1) / (rows * nkv);
         int split = std::min(std::max(bucket / want, 32), 128);
         split = std::max(split, bucket / MAX_SPLITS);
-        const int splits = (bucket + split - 1) / split, tile_bytes = 2 * ATILE(bf16) * (hd + 8) * 2;
-        auto run = [&](int kv) {
-          launch(true, kernels[kv], dim3(rows, nkv, splits), NWARP * 32, tile_bytes, s, (const bf16*)qkv,
-                 (const bf16*)qkv + nh * hd, (const bf16*)qkv + (nh + nkv) * hd, wide, (const bf16*)nullptr,
-                 (const bf16*)nullptr, (const bf16*)nullptr, (const bf16*)norm, (const bf16*)norm, (const bf16*)cosv,
-                 (const bf16*)sinv, (const u32*)din + rows_max, (const u32*)din + 2 * rows_max, kp, vp,
-                 (const u32*)din + 5 * rows_max, (const u32*)din + 4 * rows_max, (const u32*)din + 3 * rows_max, ws_ml,
-                 ws_acc, done, outs + kv * cells, nh, nkv, hd, bs, split, scale, eps, 0);
-        };
+        const int splits = (bucket + split - 1) / split;
+        auto run = [&](int kv) { attention(true, kernels[kv], rows, split, splits, din, outs + kv * cells); };
         std::vector<bf16> ref(cells), got(cells);
         bool same = true;
         for (int kv = 0; kv < 4; kv++) run(kv);
@@ -264,24 +254,17 @@ int main() {
   // norms after the o and down projections in those products' kernels (gemv_add_rmsnorm), after
   // checking that such a pass gives the same logits.
   {
-    const int layers = 28, L = 128, nb = maxpos / bs;
+    const int layers = 28, L = 128;
     const size_t per_layer = (size_t)wide * h + (size_t)h * nh * hd + 2 * (size_t)inter * h + (size_t)h * inter;
     bf16* wl = dalloc(per_layer * layers * 2);
-    std::vector<u32> in(5 * rows_max + rows_max * nb);
-    in[rows_max] = L - 1;
-    in[2 * rows_max] = L - 1;
-    in[3 * rows_max] = L;
-    for (int b = 0; b < nb; b++) in[5 * rows_max + b] = b;
-    u32 *din, *fdone;
-    CK(cudaMalloc(&din, in.size() * 4));
-    CK(cudaMemcpy(din, in.data(), in.size() * 4, cudaMemcpyHostToDevice));
+    u32 *din = row_inputs(1, L), *fdone;
     CK(cudaMalloc(&fdone, 4));
     CK(cudaMemset(fdone, 0, 4));
     bf16 *xs = dalloc(h * 2), *hn = dalloc(h * 2), *delta = dalloc(h * 2), *act = dalloc(inter * 2);
     bf16 *xs0 = dalloc(h * 2), *delta0 = dalloc(h * 2);
     bf16* attn = dalloc(nh * hd * 2);
-    const int split = 32, splits = 4, tile_bytes = 2 * ATILE(bf16) * (hd + 8) * 2;
-    auto pass = [&](bool pdl, bool fused, decltype(&attn_decode_bf16) attn_kernel = attn_decode_bf16) {
+    const int split = 32, splits = 4;
+    auto pass = [&](bool pdl, bool fused, AttnKernel attn_kernel) {
       for (int l = 0; l < layers; l++) {
         bf16* wq = wl + per_layer * l;
         bf16* wo = wq + (size_t)wide * h;
@@ -290,12 +273,7 @@ int main() {
         bf16* wd = wu + (size_t)inter * h;
         if (!fused || l == 0) launch(pdl, add_rmsnorm_bf16, 1, 1024, 0, s, xs, delta, norm, hn, h, eps);
         launch(pdl, gemv_bf16, wide / 8, 256, 0, s, hn, h, wq, qkv, wide, 1, wide, h, 1);
-        launch(pdl, attn_kernel, dim3(1, nkv, splits), NWARP * 32, tile_bytes, s, (const bf16*)qkv,
-               (const bf16*)qkv + nh * hd, (const bf16*)qkv + (nh + nkv) * hd, wide, (const bf16*)nullptr,
-               (const bf16*)nullptr, (const bf16*)nullptr, (const bf16*)norm, (const bf16*)norm, (const bf16*)cosv,
-               (const bf16*)sinv, (const u32*)din + rows_max, (const u32*)din + 2 * rows_max, kp, vp,
-               (const u32*)din + 5 * rows_max, (const u32*)din + 4 * rows_max, (const u32*)din + 3 * rows_max, ws_ml,
-               ws_acc, done, attn, nh, nkv, hd, bs, split, scale, eps, 0);
+        attention(pdl, attn_kernel, 1, split, splits, din, attn);
         if (fused) {
           launch(pdl, gemv_add_rmsnorm_bf16, h / 2, 256, 0, s, (const bf16*)attn, nh * hd, (const bf16*)wo, delta, h, 1,
                  h, nh * hd, 4, xs, (const bf16*)norm, hn, eps, 1024, fdone);
@@ -318,7 +296,7 @@ int main() {
     struct Variant {
       const char* name;
       bool pdl, fused;
-      decltype(&attn_decode_bf16) attn;
+      AttnKernel attn;
     };
     const Variant variants[] = {
         {"plain graph", false, false, attn_decode_bf16},

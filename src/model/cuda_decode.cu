@@ -733,19 +733,25 @@ __device__ void lora_expand(const unsigned long long* sets, int slot, const floa
   st(&y[(size_t)r * ldy + n], yv);
 }
 
+// The attention kernel NAME: attn_decode<T, HDC, EARLY> (the decode path's is <T, 0, false>;
+// benches/cuda/experiments.cuh declares the variants).
+#define ATTN_KERNEL(NAME, T, HDC, EARLY)                                                                          \
+  extern "C" __global__ void NAME(                                                                                \
+      const T* q, const T* k, const T* v, int stride, const T* qb, const T* kb, const T* vb, const T* qn,           \
+      const T* kn, const T* cos, const T* sin, const u32* pos, const u32* slot, T* kpool, T* vpool,                \
+      const u32* tables, const u32* toff, const u32* lens, float* ws_ml, float* ws_acc, u32* done, T* out, int nh, \
+      int nkv, int hd, int bs, int split, float scale, float eps, int interleaved) {                                \
+    attn_decode<T, HDC, EARLY>(q, k, v, stride, qb, kb, vb, qn, kn, cos, sin, pos, slot, kpool, vpool, tables,     \
+                               toff, lens, ws_ml, ws_acc, done, out, nh, nkv, hd, bs, split, scale, eps,           \
+                               interleaved);                                                                       \
+  }
+
 #define KERNELS(T, S)                                                                                             \
   extern "C" __global__ void embed_##S(const T* table, const u32* ids, T* out, int h) { embed<T>(table, ids, out, h); } \
   extern "C" __global__ void add_rmsnorm_##S(T* x, const T* add, const T* w, T* out, int n, float eps) {            \
     add_rmsnorm<T>(x, add, w, out, n, eps);                                                                       \
   }                                                                                                               \
-  extern "C" __global__ void attn_decode_##S(                                                                     \
-      const T* q, const T* k, const T* v, int stride, const T* qb, const T* kb, const T* vb, const T* qn,           \
-      const T* kn, const T* cos, const T* sin, const u32* pos, const u32* slot, T* kpool, T* vpool,                \
-      const u32* tables, const u32* toff, const u32* lens, float* ws_ml, float* ws_acc, u32* done, T* out, int nh, \
-      int nkv, int hd, int bs, int split, float scale, float eps, int interleaved) {                                \
-    attn_decode<T>(q, k, v, stride, qb, kb, vb, qn, kn, cos, sin, pos, slot, kpool, vpool, tables, toff, lens,     \
-                   ws_ml, ws_acc, done, out, nh, nkv, hd, bs, split, scale, eps, interleaved);                      \
-  }                                                                                                               \
+  ATTN_KERNEL(attn_decode_##S, T, 0, false)                                                                      \
   extern "C" __global__ void silu_mul_##S(const T* gate, const T* up, int stride, T* out, int inter, int n) {          \
     silu_mul<T>(gate, up, stride, out, inter, n);                                                                     \
   }                                                                                                               \

@@ -226,7 +226,7 @@ describe('OpenAI server', () => {
       required: ['colour', 'size'],
       additionalProperties: false,
     }
-    const parsed = await srv.client.beta.chat.completions.parse({
+    const parsed = await srv.client.chat.completions.parse({
       model: 'tiny',
       messages: MSGS,
       max_tokens: 40,
@@ -447,7 +447,7 @@ describe('OpenAI server: tool calls on SmolLM2', { skip: smolLM2OrSkip().skip },
     const params = { type: 'object', properties: { colour: { type: 'string', enum: ['red', 'green', 'blue'] } }, required: ['colour'], additionalProperties: false }
     const tools = [{ type: 'function', function: { name: 'paint', parameters: params, strict: true } }]
     const ask = [{ role: 'user', content: 'Paint.' }]
-    const called = await smol.client.beta.chat.completions.parse({ model: 'smol', messages: ask, max_tokens: 60, temperature: 0, tools, tool_choice: 'required', parallel_tool_calls: false })
+    const called = await smol.client.chat.completions.parse({ model: 'smol', messages: ask, max_tokens: 60, temperature: 0, tools, tool_choice: 'required', parallel_tool_calls: false })
     const choice = called.choices[0]
     assert.equal(choice.finish_reason, 'tool_calls')
     assert.equal(choice.message.tool_calls.length, 1)

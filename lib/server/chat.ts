@@ -1,7 +1,7 @@
 import type { ServerResponse } from 'node:http'
 import type { ChatMessage, TokenChunk } from '../types'
 import { badRequest } from './errors'
-import { newId, now, runGeneration, startSse, tokenInfo, usage } from './generation'
+import { expertsHeader, newId, now, runGeneration, startSse, tokenInfo, usage } from './generation'
 import type { Context } from './context'
 import { samplingOptions } from './params'
 import { assistantMessage, structuredOptions, toolCalls } from './structured'
@@ -58,7 +58,8 @@ export async function chatCompletions(ctx: Context, body: Record<string, unknown
   const stream = body.stream === true
   const so = body.stream_options as { include_usage?: unknown } | undefined | null
   const includeUsage = stream && so != null && typeof so === 'object' && so.include_usage === true
-  options.experts = ctx.select(body.model)
+  const run = await ctx.experts(body.model, msgs)
+  options.experts = run.experts
 
   const id = newId('chatcmpl')
   const created = now()
@@ -73,21 +74,27 @@ export async function chatCompletions(ctx: Context, body: Record<string, unknown
     const r = await ctx.generate(msgs, options, res, (c) => {
       if (logprobs === true) content.push(lp(c))
     })
-    ctx.json(res, 200, {
-      ...base,
-      object: 'chat.completion',
-      choices: [{ index: 0, message: assistantMessage(r.text, r.toolCalls), logprobs: logprobs === true ? { content } : null, finish_reason: r.finishReason }],
-      usage: usage(r),
-      expert_runtime: { experts: r.experts, routing: r.routing ?? null },
-    })
+    ctx.json(
+      res,
+      200,
+      {
+        ...base,
+        object: 'chat.completion',
+        choices: [{ index: 0, message: assistantMessage(r.text, r.toolCalls), logprobs: logprobs === true ? { content } : null, finish_reason: r.finishReason }],
+        usage: usage(r),
+        expert_runtime: { experts: r.experts, routing: run.routing },
+      },
+      expertsHeader(r.experts),
+    )
     return
   }
-  const send = startSse(res)
-  const chunk = (delta: Record<string, unknown>, finish: string | null, extra: Record<string, unknown> = {}) =>
-    send({ ...base, object: 'chat.completion.chunk', choices: [{ index: 0, delta, logprobs: null, finish_reason: finish, ...extra }], ...(includeUsage ? { usage: null } : {}) })
+  // The experts are known before the first token: the header and the first chunk say which run.
+  const send = startSse(res, ctx.headers(expertsHeader(run.experts)))
+  const chunk = (delta: Record<string, unknown>, finish: string | null, extra: Record<string, unknown> = {}, top: Record<string, unknown> = {}) =>
+    send({ ...base, object: 'chat.completion.chunk', choices: [{ index: 0, delta, logprobs: null, finish_reason: finish, ...extra }], ...(includeUsage ? { usage: null } : {}), ...top })
   let started = false
   const first = () => {
-    if (!started) chunk({ role: 'assistant', content: '' }, null)
+    if (!started) chunk({ role: 'assistant', content: '' }, null, {}, { expert_runtime: { experts: run.experts, routing: run.routing } })
     started = true
   }
   const r = await runGeneration(ctx.rt, msgs, options, res, ctx.metrics, ctx.track, (c) => {

@@ -1,7 +1,7 @@
 import type { ServerResponse } from 'node:http'
 import type { GenerateInput, TokenChunk } from '../types'
 import { badRequest } from './errors'
-import { newId, now, runGeneration, startSse, tokenInfo, usage } from './generation'
+import { expertsHeader, newId, now, runGeneration, startSse, tokenInfo, usage } from './generation'
 import type { Context } from './context'
 import { samplingOptions } from './params'
 import { structuredOptions } from './structured'
@@ -28,7 +28,8 @@ export async function completions(ctx: Context, body: Record<string, unknown>, r
   }
   const wantLogprobs = typeof logprobs === 'number'
   if (wantLogprobs) options.topLogprobs = logprobs as number
-  options.experts = ctx.select(body.model)
+  const run = await ctx.experts(body.model, input)
+  options.experts = run.experts
   const stream = body.stream === true
   const so = body.stream_options as { include_usage?: unknown } | undefined | null
   const includeUsage = stream && so != null && typeof so === 'object' && so.include_usage === true
@@ -48,25 +49,37 @@ export async function completions(ctx: Context, body: Record<string, unknown>, r
   }
   if (!stream) {
     const r = await ctx.generate(input, options, res, (c) => wantLogprobs && record(c))
-    ctx.json(res, 200, {
-      ...base,
-      object: 'text_completion',
-      choices: [{ index: 0, text: r.text, logprobs: wantLogprobs ? lp : null, finish_reason: r.finishReason }],
-      usage: usage(r),
-      expert_runtime: { experts: r.experts, routing: r.routing ?? null },
-    })
+    ctx.json(
+      res,
+      200,
+      {
+        ...base,
+        object: 'text_completion',
+        choices: [{ index: 0, text: r.text, logprobs: wantLogprobs ? lp : null, finish_reason: r.finishReason }],
+        usage: usage(r),
+        expert_runtime: { experts: r.experts, routing: run.routing },
+      },
+      expertsHeader(r.experts),
+    )
     return
   }
-  const send = startSse(res)
+  // The experts are known before the first token: the header and the first chunk say which run.
+  const send = startSse(res, ctx.headers(expertsHeader(run.experts)))
+  let announce: Record<string, unknown> | null = { expert_runtime: { experts: run.experts, routing: run.routing } }
+  const once = () => {
+    const a = announce ?? {}
+    announce = null
+    return a
+  }
   const r = await runGeneration(ctx.rt, input, options, res, ctx.metrics, ctx.track, (c) => {
     const one = { tokens: [] as string[], token_logprobs: [] as number[], top_logprobs: [] as Record<string, number>[], text_offset: [] as number[] }
     if (wantLogprobs) {
       record(c)
       for (const k of Object.keys(one) as (keyof typeof one)[]) (one[k] as unknown[]).push(lp[k][lp[k].length - 1])
     }
-    send({ ...base, object: 'text_completion', choices: [{ index: 0, text: c.text, logprobs: wantLogprobs ? one : null, finish_reason: null }] })
+    send({ ...base, object: 'text_completion', choices: [{ index: 0, text: c.text, logprobs: wantLogprobs ? one : null, finish_reason: null }], ...once() })
   })
-  send({ ...base, object: 'text_completion', choices: [{ index: 0, text: '', logprobs: null, finish_reason: r.finishReason }] })
+  send({ ...base, object: 'text_completion', choices: [{ index: 0, text: '', logprobs: null, finish_reason: r.finishReason }], ...once() })
   if (includeUsage) send({ ...base, object: 'text_completion', choices: [], usage: usage(r) })
   send('[DONE]')
   res.end()

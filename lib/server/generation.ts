@@ -66,15 +66,22 @@ export const usage = (r: CompletionResult) => ({
  * with the first event, so a request that fails before producing anything (a prompt beyond the
  * context) still gets its JSON error status.
  */
-export function startSse(res: ServerResponse): (data: unknown) => void {
+export function startSse(res: ServerResponse, headers: Record<string, string> = {}): (data: unknown) => void {
   return (data) => {
     if (res.writableEnded || res.destroyed) return
     if (!res.headersSent) {
-      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' })
+      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no', ...headers })
     }
     res.write(`data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`)
   }
 }
+
+/**
+ * The response header naming the experts that run (`x-expert-runtime-experts`): their names in
+ * application order, each percent-encoded (a name may hold any character), comma-separated;
+ * empty for the base model.
+ */
+export const expertsHeader = (experts: string[]) => ({ 'x-expert-runtime-experts': experts.map(encodeURIComponent).join(',') })
 
 /** A token's text and bytes, for logprobs. */
 export function tokenInfo(rt: Runtime, id: number) {

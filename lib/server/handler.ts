@@ -7,19 +7,34 @@ import { chatCompletions } from './chat'
 import { completions } from './completions'
 import type { Context } from './context'
 import { embeddings } from './embeddings'
-import { HttpError, errorBody, notFound, toHttpError } from './errors'
+import { HttpError, badRequest, errorBody, notFound, toHttpError } from './errors'
 import { loadExpert, unloadExpert } from './experts'
 import { runGeneration } from './generation'
 import { Metrics } from './metrics'
-import { listModels, selectModel } from './models'
+import { listModels, resolveExperts, selectModel } from './models'
 
 export interface ServerOptions {
   /** Clients must send `Authorization: Bearer <apiKey>` for `/v1/*` (compared in constant time). */
   apiKey?: string
   /** Larger request bodies get 413. Default 4 MiB. */
   maxBodyBytes?: number
-  /** Generation and embedding requests running at once; more get 429. Default 256. */
+  /**
+   * Generation and embedding requests running at once; more get 429. Default 256. A request
+   * takes its slot once its body has arrived: one still sending its body holds none.
+   */
   maxConcurrentRequests?: number
+  /**
+   * A request body (after the headers) must arrive in full within this many milliseconds, or
+   * the request gets 408 and its connection is closed. `0`: no limit. Default 30000. The
+   * handler enforces it itself, wherever it is mounted.
+   */
+  bodyTimeoutMs?: number
+  /**
+   * `OpenAIServer` only (a server you mount the handler in keeps its own): a client must send
+   * the request's headers within this many milliseconds, or gets 408 and its connection is
+   * closed (node:http's `headersTimeout`). `0`: no limit. Default 30000.
+   */
+  headersTimeoutMs?: number
   /** Enables `POST /v1/experts {name}` (loads `expertsDir/name`) and `DELETE /v1/experts/:name`. */
   expertsDir?: string
   /** CORS: `true` allows any origin, a string that origin. Default: no CORS headers. */
@@ -42,7 +57,9 @@ const ENDPOINTS = new Set(['/v1/chat/completions', '/v1/completions', '/v1/embed
 export function createHandler(runtime: Runtime | Promise<Runtime>, options: ServerOptions = {}): OpenAIHandler {
   const maxBody = options.maxBodyBytes ?? 4 << 20
   const maxConcurrent = options.maxConcurrentRequests ?? 256
+  const bodyTimeout = options.bodyTimeoutMs ?? 30_000
   if (!(Number.isSafeInteger(maxBody) && maxBody > 0)) throw new TypeError('maxBodyBytes must be a positive integer')
+  if (!(Number.isSafeInteger(bodyTimeout) && bodyTimeout >= 0)) throw new TypeError('bodyTimeoutMs must be a non-negative integer')
   if (!(Number.isSafeInteger(maxConcurrent) && maxConcurrent > 0)) throw new TypeError('maxConcurrentRequests must be a positive integer')
   if (options.apiKey !== undefined && (typeof options.apiKey !== 'string' || options.apiKey.length === 0)) throw new TypeError('apiKey must be a non-empty string')
   const keyHash = options.apiKey === undefined ? null : createHash('sha256').update(options.apiKey).digest()
@@ -61,13 +78,21 @@ export function createHandler(runtime: Runtime | Promise<Runtime>, options: Serv
 
   const cors = options.cors === true ? '*' : typeof options.cors === 'string' ? options.cors : null
   const headers = (extra: Record<string, string> = {}) => ({
-    ...(cors ? { 'access-control-allow-origin': cors, 'access-control-allow-headers': 'authorization, content-type', 'access-control-allow-methods': 'GET, POST, DELETE, OPTIONS' } : {}),
+    ...(cors
+      ? {
+          'access-control-allow-origin': cors,
+          'access-control-allow-headers': 'authorization, content-type',
+          'access-control-allow-methods': 'GET, POST, DELETE, OPTIONS',
+          // A browser shows a script only the headers listed here (besides the standard few).
+          'access-control-expose-headers': 'x-expert-runtime-experts',
+        }
+      : {}),
     ...extra,
   })
-  const json = (res: ServerResponse, status: number, body: unknown) => {
+  const json = (res: ServerResponse, status: number, body: unknown, extra: Record<string, string> = {}) => {
     if (res.headersSent) return
     const text = JSON.stringify(body)
-    res.writeHead(status, headers({ 'content-type': 'application/json; charset=utf-8', 'content-length': String(Buffer.byteLength(text)) }))
+    res.writeHead(status, headers({ 'content-type': 'application/json; charset=utf-8', 'content-length': String(Buffer.byteLength(text)), ...extra }))
     res.end(text)
   }
   const authorized = (req: IncomingMessage) => {
@@ -83,28 +108,39 @@ export function createHandler(runtime: Runtime | Promise<Runtime>, options: Serv
     return () => void streams.delete(s)
   }
 
-  async function serve(req: IncomingMessage, res: ServerResponse, path: string): Promise<{ endpoint: string; model: string }> {
+  /** A request's `model` as a metrics label: only names the server serves (bounded cardinality). */
+  const modelLabel = (model: unknown): string => {
+    if (model === undefined || model === null) return baseId
+    if (typeof model !== 'string' || model.length > 128) return 'other'
+    try {
+      selectModel(rt!, baseId, model)
+      return model
+    } catch {
+      return 'other'
+    }
+  }
+
+  /** Serves one request; sets `label.model` once the request's model is known. */
+  async function serve(req: IncomingMessage, res: ServerResponse, path: string, label: { model: string }): Promise<void> {
     const method = req.method ?? 'GET'
-    const endpoint = path.startsWith('/v1/experts/') ? '/v1/experts/:name' : ENDPOINTS.has(path) ? path : 'other'
-    const label = { endpoint, model: '' }
     if (method === 'OPTIONS' && cors) {
       res.writeHead(204, headers())
       res.end()
-      return label
+      return
     }
     if (path === '/health') {
       const ok = rt && !closing && !rt.disposed
       json(res, ok ? 200 : 503, { status: ok ? 'ok' : loadError ? 'failed' : closing ? 'closing' : 'loading' })
-      return label
+      return
     }
-    if (closing) throw new HttpError(503, 'the server is shutting down', 'server_error')
+    if (closing) throw shuttingDown()
     if (!rt) throw new HttpError(503, loadError ? `the model failed to load: ${(loadError as Error).message}` : 'the model is still loading', 'server_error')
     if (path === '/metrics') {
       if (method !== 'GET') throw methodNotAllowed(method, path)
       const text = await metrics.registry.metrics()
       res.writeHead(200, headers({ 'content-type': metrics.registry.contentType }))
       res.end(text)
-      return label
+      return
     }
     if (!path.startsWith('/v1/')) throw notFound(`no route ${method} ${path}`)
     if (!authorized(req)) throw new HttpError(401, 'Incorrect or missing API key (Authorization: Bearer <key>)', 'invalid_request_error', null, 'invalid_api_key')
@@ -115,35 +151,40 @@ export function createHandler(runtime: Runtime | Promise<Runtime>, options: Serv
       select: (m) => selectModel(rt!, baseId, m),
       track,
       json,
+      headers,
       generate: (input, opts, r, onChunk) => runGeneration(rt!, input, opts, r, metrics, track, onChunk),
+      experts: (model, input) => resolveExperts(rt!, selectModel(rt!, baseId, model), input),
     }
     if (path === '/v1/models') {
       if (method !== 'GET') throw methodNotAllowed(method, path)
       json(res, 200, listModels(rt, baseId, created))
-      return label
+      return
     }
     if (path.startsWith('/v1/experts')) {
       if (!options.expertsDir) throw notFound('expert management is off (the server has no expertsDir)')
-      if (path === '/v1/experts' && method === 'POST') await loadExpert(ctx, options.expertsDir, await readJson(req, maxBody), res)
-      else if (path.startsWith('/v1/experts/') && method === 'DELETE') await unloadExpert(ctx, decodeURIComponent(path.slice('/v1/experts/'.length)), res)
+      if (path === '/v1/experts' && method === 'POST') await loadExpert(ctx, options.expertsDir, await readJson(req, maxBody, bodyTimeout), res)
+      else if (path.startsWith('/v1/experts/') && method === 'DELETE') await unloadExpert(ctx, decodeSegment(path.slice('/v1/experts/'.length)), res)
       else if (path === '/v1/experts' && method === 'GET') json(res, 200, { object: 'list', data: rt.experts.map((e) => ({ id: e.name, object: 'expert', kind: e.kind })) })
       else throw methodNotAllowed(method, path)
-      return label
+      return
     }
     const run = path === '/v1/chat/completions' ? chatCompletions : path === '/v1/completions' ? completions : path === '/v1/embeddings' ? embeddings : null
     if (!run) throw notFound(`no route ${method} ${path}`)
     if (method !== 'POST') throw methodNotAllowed(method, path)
-    if (running >= maxConcurrent) throw new HttpError(429, `too many requests at once (maxConcurrentRequests ${maxConcurrent})`, 'rate_limit_exceeded', null, 'rate_limit_exceeded')
+    // Full already: answered without reading the body. Otherwise the body is read first and
+    // holds no slot meanwhile (bodyTimeoutMs bounds it), so clients that stall their bodies
+    // cannot starve the others; the slot is taken once the request can run.
+    if (running >= maxConcurrent) throw tooMany(maxConcurrent)
+    const body = await readJson(req, maxBody, bodyTimeout)
+    label.model = modelLabel(body.model)
+    if (closing) throw shuttingDown()
+    if (running >= maxConcurrent) throw tooMany(maxConcurrent)
     running++
     try {
-      const body = await readJson(req, maxBody)
-      const model = typeof body.model === 'string' ? body.model : baseId
-      label.model = model.length <= 128 ? model : 'other'
-      await run(ctx, body, res, model)
+      await run(ctx, body, res, typeof body.model === 'string' ? body.model : baseId)
     } finally {
       running--
     }
-    return label
   }
 
   const handler = ((req: IncomingMessage, res: ServerResponse) => {
@@ -154,14 +195,15 @@ export function createHandler(runtime: Runtime | Promise<Runtime>, options: Serv
     } catch {
       /* a malformed URL: 404 below */
     }
+    // Failed requests are counted under the endpoint they hit too (and their model, once read).
+    const label = { endpoint: path.startsWith('/v1/experts/') ? '/v1/experts/:name' : ENDPOINTS.has(path) ? path : 'other', model: '' }
     const done = (async () => {
-      let label = { endpoint: 'other', model: '' }
       try {
-        label = await serve(req, res, path)
+        await serve(req, res, path, label)
       } catch (e) {
         const err = toHttpError(e)
-        // A body larger than allowed is not read: the connection closes after the answer.
-        if (err.status === 413 && !res.headersSent) res.setHeader('connection', 'close')
+        // A body too large or too slow is not read to its end: the connection closes after the answer.
+        if ((err.status === 413 || err.status === 408) && !res.headersSent) res.setHeader('connection', 'close')
         if (!res.headersSent) json(res, err.status, errorBody(err))
         else if (!res.writableEnded) {
           // Mid-stream: the error as a last event, then the end of the stream.
@@ -185,6 +227,20 @@ export function createHandler(runtime: Runtime | Promise<Runtime>, options: Serv
     },
   })
   return handler
+}
+
+const tooMany = (max: number) => new HttpError(429, `too many requests at once (maxConcurrentRequests ${max})`, 'rate_limit_exceeded', null, 'rate_limit_exceeded')
+
+const shuttingDown = () => new HttpError(503, 'the server is shutting down', 'server_error')
+
+/** A percent-encoded path segment, decoded; malformed encoding (`%ZZ`, a cut UTF-8 sequence) is a 400. */
+function decodeSegment(segment: string): string {
+  try {
+    return decodeURIComponent(segment)
+  } catch {
+    const shown = segment.length > 80 ? `${segment.slice(0, 80)}…` : segment
+    throw badRequest(`the path segment '${shown}' is not valid percent-encoding`)
+  }
 }
 
 const methodNotAllowed = (method: string, path: string) => new HttpError(405, `${method} is not allowed on ${path}`, 'invalid_request_error', null, 'method_not_allowed')

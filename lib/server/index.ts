@@ -20,10 +20,22 @@ export class OpenAIServer {
   readonly handler: OpenAIHandler
   constructor(runtime: Runtime | Promise<Runtime>, options?: ServerOptions) {
     this.handler = createHandler(runtime, options)
-    this.http = createHttpServer(this.handler)
-    // Slow clients cannot hold a connection forever before sending their request.
-    this.http.headersTimeout = 30_000
-    this.http.requestTimeout = 0
+    const headersTimeout = options?.headersTimeoutMs ?? 30_000
+    const bodyTimeout = options?.bodyTimeoutMs ?? 30_000
+    if (!(Number.isSafeInteger(headersTimeout) && headersTimeout >= 0)) throw new TypeError('headersTimeoutMs must be a non-negative integer')
+    // Slow clients cannot hold a connection forever before sending their request: node:http
+    // answers headers that take too long with 408 and closes the connection. The handler
+    // bounds the body itself (bodyTimeoutMs); node's requestTimeout, a little beyond both, is
+    // the backstop for a body the handler does not read (a route that needs none). Node checks
+    // both every connectionsCheckingInterval, so that is kept well under the headers limit.
+    this.http = createHttpServer(
+      {
+        headersTimeout,
+        requestTimeout: headersTimeout > 0 && bodyTimeout > 0 ? headersTimeout + bodyTimeout + 1000 : 0,
+        connectionsCheckingInterval: headersTimeout > 0 ? Math.min(30_000, Math.max(50, Math.floor(headersTimeout / 4))) : 30_000,
+      },
+      this.handler,
+    )
   }
 
   /** Starts listening; resolves with the address (port 0 picks a free one). */

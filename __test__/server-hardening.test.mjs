@@ -1,0 +1,232 @@
+// The OpenAI server under misbehaving clients and launchers, on the tiny Qwen3 fixture: request
+// bodies (and headers) that stall are answered 408 and their connections closed without
+// holding a generation slot, wherever the handler is mounted; malformed percent-encoding in a
+// path is a 400; failed requests are counted in /metrics under their endpoint and model;
+// and streamed answers say which experts run (first chunk and a header), routed or named.
+import { describe, it, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { createServer as createHttpServer } from 'node:http'
+import { createRequire } from 'node:module'
+import net from 'node:net'
+import path from 'node:path'
+import { fixture } from './helpers.mjs'
+
+const require = createRequire(import.meta.url)
+const { Runtime } = require('../dist/index.js')
+const { createServer, openaiHandler } = require('../dist/server/index.js')
+const { default: OpenAI } = require('openai')
+const parsePrometheus = require('parse-prometheus-text-format')
+
+const MODEL = fixture('qwen3-tiny')
+const ADAPTERS = fixture('adapters')
+const GREEDY = { temperature: 0 }
+const SQL_ASK = [{ role: 'user', content: 'Write an sql query that lists every user.' }]
+
+async function start(rt, options = {}) {
+  const server = createServer(rt, { modelName: 'tiny', ...options })
+  const { port } = await server.listen(0, '127.0.0.1')
+  const base = `http://127.0.0.1:${port}`
+  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: options.apiKey ?? 'unused', maxRetries: 0 })
+  return { server, port, base, client }
+}
+
+/**
+ * A raw connection to `port` that writes `text` and never finishes its request: `answer`
+ * resolves with everything the server sent once the server has closed the connection.
+ */
+function stalled(port, text) {
+  const sock = net.connect(port, '127.0.0.1')
+  sock.write(text)
+  let got = ''
+  sock.setEncoding('utf8').on('data', (d) => (got += d))
+  // A write after the server closed may reset the connection: what it sent is read by then.
+  sock.on('error', () => {})
+  const answer = new Promise((resolve) => sock.on('close', () => resolve(got)))
+  return { sock, answer }
+}
+
+const head = (contentLength, extra = '') =>
+  `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${contentLength}\r\n${extra}\r\n`
+
+/** An answer read off a raw connection: its status and JSON body. */
+function parseAnswer(raw) {
+  const [headers, body] = raw.split('\r\n\r\n')
+  return { status: Number(/^HTTP\/1\.1 (\d{3})/.exec(headers)?.[1]), headers, body: body ? JSON.parse(body) : null }
+}
+
+/** Reads an SSE response: the header naming the experts, and the JSON events before [DONE]. */
+async function sse(res) {
+  assert.equal(res.status, 200)
+  const text = await res.text()
+  assert.ok(text.endsWith('data: [DONE]\n\n'), text.slice(-200))
+  const events = text.split('\n\n').filter(Boolean).map((e) => e.slice('data: '.length))
+  return { header: res.headers.get('x-expert-runtime-experts'), events: events.slice(0, -1).map((e) => JSON.parse(e)) }
+}
+
+const post = (base, route, body) => fetch(`${base}${route}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })
+
+describe('OpenAI server hardening', () => {
+  let rt
+  before(async () => {
+    rt = await Runtime.load(MODEL, { threads: 2 })
+    await rt.loadExpert(path.join(ADAPTERS, 'lora')) // its manifest routes "sql" to it
+    await rt.loadExpert(path.join(ADAPTERS, 'dora'))
+  })
+  after(() => rt?.dispose())
+
+  it('answers bodies that stall 408 and closes them; they hold no generation slot, so others still run', { timeout: 30_000 }, async () => {
+    const stalledCount = 6
+    const s = await start(rt, { apiKey: 'k', maxConcurrentRequests: 2, bodyTimeoutMs: 3000 })
+    try {
+      let seen = 0
+      const arrived = new Promise((resolve) => s.server.http.on('request', () => ++seen === stalledCount && resolve()))
+      const conns = Array.from({ length: stalledCount }, () => stalled(s.port, `${head(200, 'authorization: Bearer k\r\n')}{"messages": [`))
+      let answered = 0
+      for (const c of conns) c.answer.then(() => answered++)
+      await arrived // every stalled request is in the handler, reading its body
+      // More stalled bodies than slots, and a whole request still gets through.
+      const r = await s.client.chat.completions.create({ model: 'tiny', messages: SQL_ASK, max_tokens: 1 })
+      assert.equal(r.choices.length, 1)
+      assert.equal(answered, 0, 'the request ran while the stalled bodies were still stalled')
+      for (const c of conns) {
+        const a = parseAnswer(await c.answer) // resolves once the server closed the connection
+        assert.equal(a.status, 408, a.headers)
+        assert.match(a.headers, /connection: close/i)
+        assert.deepEqual([a.body.error.type, a.body.error.code], ['invalid_request_error', 'request_timeout'])
+      }
+    } finally {
+      await s.server.close()
+    }
+  })
+
+  it('the handler bounds a body by itself where it is mounted, a trickling one too; OpenAIServer bounds headers', { timeout: 30_000 }, async () => {
+    // A server of the user's with node's own limits off: only the handler can end these.
+    const handler = openaiHandler(rt, { modelName: 'tiny', bodyTimeoutMs: 300 })
+    const http = createHttpServer({ requestTimeout: 0, headersTimeout: 0 }, handler)
+    await new Promise((r) => http.listen(0, '127.0.0.1', r))
+    try {
+      const { port } = http.address()
+      const trickle = stalled(port, `${head(100)}{"messages":`)
+      // One byte at a time, each soon after the last: the limit is on the whole body.
+      const drip = setInterval(() => trickle.sock.write(' '), 20)
+      trickle.sock.on('data', () => clearInterval(drip))
+      const a = parseAnswer(await trickle.answer)
+      clearInterval(drip)
+      assert.equal(a.status, 408)
+      assert.equal(a.body.error.code, 'request_timeout')
+      // A whole request on the same server is served.
+      assert.equal((await post(`http://127.0.0.1:${port}`, '/v1/chat/completions', { messages: SQL_ASK, max_tokens: 1 })).status, 200)
+    } finally {
+      await handler.close()
+      http.closeAllConnections()
+      await new Promise((r) => http.close(r))
+    }
+
+    const s = await start(rt, { headersTimeoutMs: 300 })
+    try {
+      const slow = stalled(s.port, 'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n')
+      assert.match(await slow.answer, /^HTTP\/1\.1 408 /)
+    } finally {
+      await s.server.close()
+    }
+    assert.throws(() => createServer(rt, { bodyTimeoutMs: -1 }), /bodyTimeoutMs/)
+    assert.throws(() => createServer(rt, { headersTimeoutMs: 1.5 }), /headersTimeoutMs/)
+  })
+
+  it('answers malformed percent-encoding in a path with 400, not 500', async () => {
+    const s = await start(rt, { expertsDir: ADAPTERS })
+    try {
+      for (const name of ['%ZZ', '%E0%A4%A', 'lo%ra%', '%']) {
+        const res = await fetch(`${s.base}/v1/experts/${name}`, { method: 'DELETE' })
+        assert.equal(res.status, 400, name)
+        const j = await res.json()
+        assert.equal(j.error.type, 'invalid_request_error')
+        assert.match(j.error.message, /percent-encoding/)
+      }
+      // Well-formed encoding still decodes: an expert that is not loaded is a 404.
+      assert.equal((await fetch(`${s.base}/v1/experts/no%20such`, { method: 'DELETE' })).status, 404)
+      assert.equal((await fetch(`${s.base}/v1/%ZZ`)).status, 404)
+    } finally {
+      await s.server.close()
+    }
+  })
+
+  it('counts failed requests in /metrics under the endpoint they hit and their model', async () => {
+    const s = await start(rt, { expertsDir: ADAPTERS, apiKey: 'k' })
+    try {
+      const auth = { authorization: 'Bearer k', 'content-type': 'application/json' }
+      const read = async () => parsePrometheus(await (await fetch(`${s.base}/metrics`)).text()).find((m) => m.name === 'expert_runtime_http_requests_total')?.metrics ?? []
+      const count = (series, labels) => series.filter((x) => Object.entries(labels).every(([k, v]) => x.labels[k] === v)).reduce((a, x) => a + Number(x.value), 0)
+      const before = await read()
+      const send = (route, body, method = 'POST', headers = auth) => fetch(`${s.base}${route}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) })
+      assert.equal((await send('/v1/chat/completions', { model: 'tiny', messages: SQL_ASK, temperature: 'hot' })).status, 400)
+      assert.equal((await send('/v1/completions', { model: 'lora', prompt: 'x', max_tokens: -1 })).status, 400)
+      assert.equal((await send('/v1/chat/completions', { model: 'nope-4c1d', messages: SQL_ASK })).status, 404)
+      assert.equal((await send('/v1/embeddings', { model: 'auto', input: 'x' })).status, 400)
+      assert.equal((await send('/v1/experts/%ZZ', undefined, 'DELETE')).status, 400)
+      assert.equal((await send('/v1/models', undefined, 'GET', {})).status, 401)
+      const after = await read()
+      const moved = (labels) => count(after, labels) - count(before, labels)
+      assert.equal(moved({ endpoint: '/v1/chat/completions', model: 'tiny', status: '400' }), 1)
+      assert.equal(moved({ endpoint: '/v1/completions', model: 'lora', status: '400' }), 1)
+      // A model the server does not serve is not a label of its own (clients cannot grow the series).
+      assert.equal(moved({ endpoint: '/v1/chat/completions', model: 'other', status: '404' }), 1)
+      assert.ok(after.every((x) => x.labels.model !== 'nope-4c1d'))
+      assert.equal(moved({ endpoint: '/v1/embeddings', model: 'auto', status: '400' }), 1)
+      assert.equal(moved({ endpoint: '/v1/experts/:name', status: '400' }), 1)
+      assert.equal(moved({ endpoint: '/v1/models', status: '401' }), 1)
+      assert.equal(moved({ endpoint: 'other' }), 0)
+    } finally {
+      await s.server.close()
+    }
+  })
+
+  it('streamed answers name their experts in the first chunk and a header: routed (auto) and named', async () => {
+    const s = await start(rt, { cors: true })
+    try {
+      const decision = await rt.route(SQL_ASK)
+      assert.deepEqual(decision.experts, ['lora'], 'premise: the router picks the lora fixture for an SQL question')
+      // model "auto": the router's choice, before the first token.
+      const autoRes = await post(s.base, '/v1/chat/completions', { model: 'auto', messages: SQL_ASK, max_tokens: 6, temperature: 0, stream: true })
+      // A browser script may read the header (and the stream at all: CORS headers on SSE too).
+      assert.equal(autoRes.headers.get('access-control-allow-origin'), '*')
+      assert.match(autoRes.headers.get('access-control-expose-headers'), /x-expert-runtime-experts/)
+      const auto = await sse(autoRes)
+      assert.equal(auto.header, 'lora')
+      assert.deepEqual(auto.events[0].expert_runtime.experts, ['lora'])
+      assert.deepEqual(auto.events[0].expert_runtime.routing.experts, ['lora'])
+      assert.ok(auto.events[0].expert_runtime.routing.reason.length > 0)
+      assert.ok(auto.events.slice(1).every((e) => e.expert_runtime === undefined), 'only the first chunk carries it')
+      // ... and that is what ran: the same text as the in-process API routing the same request.
+      const mine = await rt.createSession().complete(SQL_ASK, { ...GREEDY, maxTokens: 6, experts: 'auto' })
+      assert.deepEqual(mine.experts, ['lora'])
+      assert.equal(auto.events.map((e) => e.choices[0]?.delta?.content ?? '').join(''), mine.text)
+      // The same request unstreamed says the same, in its body and the header.
+      const whole = await post(s.base, '/v1/chat/completions', { model: 'auto', messages: SQL_ASK, max_tokens: 6, temperature: 0 })
+      assert.equal(whole.headers.get('x-expert-runtime-experts'), 'lora')
+      const body = await whole.json()
+      assert.deepEqual(body.expert_runtime.experts, ['lora'])
+      assert.equal(body.choices[0].message.content, mine.text)
+      // A generic question goes to the base model: no experts, an empty header.
+      const hello = await sse(await post(s.base, '/v1/chat/completions', { model: 'auto', messages: [{ role: 'user', content: 'hello' }], max_tokens: 2, stream: true }))
+      assert.equal(hello.header, '')
+      assert.deepEqual(hello.events[0].expert_runtime.experts, [])
+      assert.equal(hello.events[0].expert_runtime.routing.generic, true)
+
+      // Named experts, through the openai client: the first chunk says so, no routing.
+      const stream = await s.client.chat.completions.create({ model: 'lora+dora', messages: SQL_ASK, max_tokens: 3, stream: true })
+      const chunks = []
+      for await (const c of stream) chunks.push(c)
+      assert.deepEqual(chunks[0].expert_runtime, { experts: ['lora', 'dora'], routing: null })
+      // Text completions too, with the header.
+      const text = await sse(await post(s.base, '/v1/completions', { model: 'dora', prompt: 'The sea is', max_tokens: 3, stream: true }))
+      assert.equal(text.header, 'dora')
+      assert.deepEqual(text.events[0].expert_runtime, { experts: ['dora'], routing: null })
+      const routedText = await sse(await post(s.base, '/v1/completions', { model: 'auto', prompt: 'select from the sql table', max_tokens: 2, stream: true }))
+      assert.equal(routedText.header, 'lora')
+      assert.deepEqual(routedText.events[0].expert_runtime.experts, ['lora'])
+    } finally {
+      await s.server.close()
+    }
+  })
+})

@@ -2,14 +2,18 @@
 // bodies (and headers) that stall are answered 408 and their connections closed without
 // holding a generation slot, wherever the handler is mounted; malformed percent-encoding in a
 // path is a 400; failed requests are counted in /metrics under their endpoint and model;
-// and streamed answers say which experts run (first chunk and a header), routed or named.
+// streamed answers say which experts run (first chunk and a header), routed or named; and the
+// `serve` command shuts down on SIGINT / SIGTERM and when whoever launched it (npx) is gone.
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer as createHttpServer } from 'node:http'
 import { createRequire } from 'node:module'
 import net from 'node:net'
+import os from 'node:os'
 import path from 'node:path'
-import { fixture } from './helpers.mjs'
+import { CLI, fixture } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
@@ -230,3 +234,130 @@ describe('OpenAI server hardening', () => {
     }
   })
 })
+
+// ---- the `serve` command: signals, and a launcher that goes away ----
+
+/** The environment without what an enclosing `npm test` put in it (npm's settings and script names). */
+const CLEAN_ENV = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.toLowerCase().startsWith('npm_')))
+
+/** Whether `pid` has exited (gone, or a zombie nobody reaped yet). */
+function exited(pid) {
+  try {
+    process.kill(pid, 0)
+  } catch (e) {
+    return e.code === 'ESRCH'
+  }
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+    return stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')
+  } catch {
+    return true
+  }
+}
+
+const parentOf = (pid) => {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1])
+}
+
+/**
+ * Runs `command args` and collects its output: `ready` resolves once stdout says the server is
+ * ready (with its URL), `closed` once nothing holds its stdout and stderr any more: every
+ * process that inherited them (the server's included) has exited.
+ */
+function launch(command, args, options = {}) {
+  const child = spawn(command, args, { stdio: ['ignore', 'pipe', 'pipe'], ...options })
+  const out = { stdout: '', stderr: '' }
+  child.stdout.setEncoding('utf8').on('data', (d) => (out.stdout += d))
+  child.stderr.setEncoding('utf8').on('data', (d) => (out.stderr += d))
+  const ready = new Promise((resolve, reject) => {
+    child.stdout.on('data', () => {
+      const url = /listening on (http:\/\/\S+)\/v1/.exec(out.stdout)?.[1]
+      if (url && out.stdout.includes('ready')) resolve(url)
+    })
+    child.on('exit', (code) => reject(new Error(`exited ${code} before it was ready: ${out.stderr}`)))
+  })
+  const closed = Promise.all([new Promise((r) => child.stdout.on('close', r)), new Promise((r) => child.stderr.on('close', r))])
+  return { child, out, ready, closed }
+}
+
+describe('expert-runtime serve: shutdown', () => {
+  const leftovers = []
+  after(() => {
+    for (const pid of leftovers) if (!exited(pid)) process.kill(pid, 'SIGKILL')
+  })
+
+  it('takes the body and headers limits as flags, and shuts down gracefully on SIGINT (exit 0)', { timeout: 60_000 }, async () => {
+    const run = launch(process.execPath, [CLI, 'serve', MODEL, '--port', '0', '--threads', '2', '--body-timeout-ms', '300', '--headers-timeout-ms', '300'])
+    leftovers.push(run.child.pid)
+    const url = await run.ready
+    const port = Number(new URL(url).port)
+    const body = stalled(port, `${head(100)}{"messages":`)
+    assert.equal(parseAnswer(await body.answer).status, 408)
+    assert.match(await stalled(port, 'GET /health HTTP/1.1\r\n').answer, /^HTTP\/1\.1 408 /)
+    const exit = new Promise((r) => run.child.on('exit', (code, signal) => r({ code, signal })))
+    run.child.kill('SIGINT')
+    assert.deepEqual(await exit, { code: 0, signal: null })
+    assert.match(run.out.stderr, /SIGINT, shutting down/)
+  })
+
+  const npx = spawnable('npx')
+  const linuxNpx = process.platform !== 'linux' ? 'reads /proc' : npx ? false : 'npx is not on PATH'
+
+  /** A project with `expert-runtime` in node_modules/.bin (as npm installs it), which notes its pid. */
+  function project() {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'er-npx-'))
+    mkdirSync(path.join(dir, 'node_modules', '.bin'), { recursive: true })
+    writeFileSync(path.join(dir, 'package.json'), JSON.stringify({ name: 'npx-test', version: '1.0.0', private: true }))
+    const pidFile = path.join(dir, 'server.pid')
+    writeFileSync(
+      path.join(dir, 'node_modules', '.bin', 'expert-runtime'),
+      `#!/usr/bin/env node\nrequire('node:fs').writeFileSync(${JSON.stringify(pidFile)}, String(process.pid))\nrequire(${JSON.stringify(CLI)})\n`,
+      { mode: 0o755 },
+    )
+    return { dir, pidFile }
+  }
+
+  for (const signal of ['SIGTERM', 'SIGKILL']) {
+    it(`leaves no server behind when npx gets ${signal}`, { skip: linuxNpx, timeout: 60_000 }, async () => {
+      const { dir, pidFile } = project()
+      try {
+        const run = launch('npx', ['--no-install', 'expert-runtime', 'serve', MODEL, '--port', '0', '--threads', '2'], { cwd: dir, env: CLEAN_ENV })
+        leftovers.push(run.child.pid)
+        const url = await run.ready
+        const server = Number(readFileSync(pidFile, 'utf8'))
+        leftovers.push(server)
+        const shell = parentOf(server) // npm's `sh -c`, between npm and the server
+        assert.notEqual(shell, run.child.pid, 'premise: npm runs the command through a shell')
+        run.child.kill(signal)
+        await run.closed // every holder of npx's stdout and stderr is gone: the server too
+        assert.ok(exited(server), 'the server exited')
+        assert.ok(exited(shell), "npm's shell exited")
+        assert.match(run.out.stderr, /exited, shutting down/)
+        await assert.rejects(fetch(`${url}/health`))
+      } finally {
+        rmSync(dir, { recursive: true, force: true })
+      }
+    })
+  }
+
+  it('--exit-with-parent: a server whose parent is killed shuts down', { skip: process.platform === 'win32' && 'POSIX signals', timeout: 60_000 }, async () => {
+    // A parent that starts the server with the parent's own stdout and stderr, then is killed.
+    const script = `const c = require('node:child_process').spawn(process.execPath, ${JSON.stringify([CLI, 'serve', MODEL, '--port', '0', '--threads', '2', '--exit-with-parent'])}, { stdio: 'inherit' }); console.log('server pid', c.pid)`
+    // Not launched by npm: only the flag turns the watch on.
+    const run = launch(process.execPath, ['-e', script], { env: CLEAN_ENV })
+    leftovers.push(run.child.pid)
+    await run.ready
+    const server = Number(/server pid (\d+)/.exec(run.out.stdout)[1])
+    leftovers.push(server)
+    run.child.kill('SIGKILL')
+    await run.closed
+    assert.ok(exited(server))
+    assert.match(run.out.stderr, /the parent process \(\d+\) exited, shutting down/)
+  })
+})
+
+/** Whether `command` is on PATH. */
+function spawnable(command) {
+  return (process.env.PATH ?? '').split(path.delimiter).some((d) => d && existsSync(path.join(d, command)))
+}

@@ -5,6 +5,7 @@ import { basename, join } from 'node:path'
 import { Runtime } from '../runtime'
 import { createServer } from '../server'
 import { intOption, onePositional, parseArgs, stringOption } from './args'
+import { launchedByNpm, watchParent } from './parent'
 import { loadProgress } from './progress'
 
 export const USAGE = `usage: expert-runtime serve <model.gguf | model-dir> [options]
@@ -18,11 +19,18 @@ export const USAGE = `usage: expert-runtime serve <model.gguf | model-dir> [opti
   --context-length N     the context length (default: the model's)
   --max-concurrent N     requests at once before 429 (default 256)
   --max-body-bytes N     largest request body (default 4194304)
-  --cors [ORIGIN]        send CORS headers (any origin, or ORIGIN)`
+  --body-timeout-ms N    a request body must arrive within N ms, else 408 (default 30000; 0: no limit)
+  --headers-timeout-ms N request headers must arrive within N ms, else 408 (default 30000; 0: no limit)
+  --exit-with-parent     shut down when the launching process exits (on by default under npx / npm)
+  --cors [ORIGIN]        send CORS headers (any origin, or ORIGIN)
+
+SIGINT and SIGTERM shut it down gracefully: running requests end (finish_reason "cancelled"),
+the model is unloaded, exit code 0.`
 
 function parse(argv: string[]) {
   const p = parseArgs(argv, {
-    values: ['experts', 'port', 'host', 'api-key', 'model-name', 'threads', 'context-length', 'max-concurrent', 'max-body-bytes'],
+    values: ['experts', 'port', 'host', 'api-key', 'model-name', 'threads', 'context-length', 'max-concurrent', 'max-body-bytes', 'body-timeout-ms', 'headers-timeout-ms'],
+    flags: ['exit-with-parent'],
     optionalValue: ['cors'],
   })
   const model = onePositional(p, 'serve needs a model path')
@@ -37,12 +45,18 @@ function parse(argv: string[]) {
     contextLength: intOption(p, 'context-length', 1),
     maxConcurrentRequests: intOption(p, 'max-concurrent', 1),
     maxBodyBytes: intOption(p, 'max-body-bytes', 1),
+    bodyTimeoutMs: intOption(p, 'body-timeout-ms', 0),
+    headersTimeoutMs: intOption(p, 'headers-timeout-ms', 0),
+    exitWithParent: p.options.get('exit-with-parent') === true,
     cors: p.options.get('cors'),
   }
 }
 
 export async function serve(argv: string[]): Promise<void> {
   const a = parse(argv)
+  // The launcher may be gone with the other ends of our stdout and stderr: a failed write must
+  // not turn the shutdown into a crash.
+  for (const stream of [process.stdout, process.stderr]) stream.on('error', () => {})
   // Listen first (health says 503 while the model loads), then load.
   const { end, ...progress } = loadProgress(a.model)
   const loading = Runtime.load(a.model, { threads: a.threads, contextLength: a.contextLength, ...progress }).finally(end)
@@ -52,45 +66,59 @@ export async function serve(argv: string[]): Promise<void> {
     modelName: a.modelName,
     maxConcurrentRequests: a.maxConcurrentRequests,
     maxBodyBytes: a.maxBodyBytes,
+    bodyTimeoutMs: a.bodyTimeoutMs,
+    headersTimeoutMs: a.headersTimeoutMs,
     cors: a.cors,
   })
-  const addr = await server.listen(a.port, a.host)
-  const url = `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`
-  process.stdout.write(`expert-runtime: listening on ${url}/v1 (health: ${url}/health)\n`)
 
+  // One shutdown, whatever asks for it first (a signal, the launcher's exit, a failed load):
+  // stop accepting, end running requests, wait for the load to settle, unload, exit.
   let stopping = false
-  const stop = async (signal: string) => {
+  const stop = async (why: string, code = 0): Promise<void> => {
     if (stopping) return
     stopping = true
-    process.stderr.write(`expert-runtime: ${signal}, shutting down\n`)
-    await server.close()
-    await (await loading.catch(() => undefined))?.dispose()
-    process.exit(0)
+    process.stderr.write(`expert-runtime: ${why}, shutting down\n`)
+    try {
+      await server.close()
+      await (await loading.catch(() => undefined))?.dispose()
+    } catch (e) {
+      process.stderr.write(`expert-runtime: shutdown: ${(e as Error).message}\n`)
+      code = 1
+    }
+    process.exit(code)
   }
   process.on('SIGINT', () => void stop('SIGINT'))
   process.on('SIGTERM', () => void stop('SIGTERM'))
+  // Under npx, npm runs us through `sh -c` and a SIGTERM to npm kills only that shell: see parent.ts.
+  if (a.exitWithParent || launchedByNpm()) watchParent((what) => void stop(what))
+
+  const addr = await server.listen(a.port, a.host)
+  const url = `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`
+  process.stdout.write(`expert-runtime: listening on ${url}/v1 (health: ${url}/health)\n`)
 
   let rt: Runtime
   try {
     rt = await loading
   } catch (e) {
-    process.stderr.write(`expert-runtime: the model failed to load: ${(e as Error).message}\n`)
-    await server.close()
-    process.exit(1)
+    return stop(`the model failed to load: ${(e as Error).message}`, 1)
   }
+  if (stopping) return
   process.stderr.write(`loaded ${a.modelName} (${rt.info.architecture}, ${rt.info.dtype}, ${rt.info.device})\n`)
   if (a.experts) {
     const dirs = readdirSync(a.experts)
       .map((d) => join(a.experts!, d))
       .filter((d) => statSync(d).isDirectory() && statSync(join(d, 'adapter_config.json'), { throwIfNoEntry: false }))
     for (const d of dirs) {
+      if (stopping) return
       try {
         const e = await rt.loadExpert(d)
         process.stderr.write(`loaded expert ${e.name} (${e.kind}) from ${d}\n`)
       } catch (err) {
+        if (stopping) return
         process.stderr.write(`expert-runtime: skipped ${d}: ${(err as Error).message}\n`)
       }
     }
   }
+  if (stopping) return
   process.stdout.write(`expert-runtime: ready (models: ${[a.modelName, ...rt.experts.map((e) => e.name), 'auto'].join(', ')})\n`)
 }

@@ -9,6 +9,9 @@
 //     lives on and exits normally. With a driver and a GPU, `auto` takes the GPU.
 //   - The README's quick start, compiled by TypeScript with `skipLibCheck: false` in a fresh
 //     ES-module project (so every shipped declaration file is checked), then run on SmolLM2.
+//     The declarations alone also compile with `types: []` (TypeScript 7's default: no @types
+//     package is read unless named), on TypeScript 5 and on TypeScript 7 (the dev dependency
+//     `typescript7`, run from this repository's node_modules).
 // The main package's own dependencies (prom-client and what it needs), and TypeScript with
 // @types/node for the TypeScript project, are packed from this repository's node_modules and
 // installed beside it: an offline install finds no registry metadata for them in a fresh
@@ -89,6 +92,34 @@ function packDependencies(dest) {
 }
 
 /**
+ * A program using the API's types without any of Node's globals (which need @types/node): it
+ * compiles where `types` is `[]` only if the package's declarations need nothing outside
+ * TypeScript's own libraries (`Symbol.asyncDispose`, `Symbol.dispose` included).
+ */
+const TYPES_ONLY = `
+import { Runtime, ExpertRuntimeError, type GenerateOptions, type CompletionResult } from 'expert-runtime'
+
+export async function answer(model: string, question: string, signal: AbortSignal): Promise<CompletionResult> {
+  await using rt = await Runtime.load(model, { kvCache: { maxTokens: 4096 } })
+  using session = rt.createSession({ system: 'Be brief.' })
+  const options: GenerateOptions = { maxTokens: 64, temperature: 0, signal }
+  for await (const chunk of session.generate(question, options)) void chunk.text
+  try {
+    return await session.complete('Again, shorter.', options)
+  } catch (e) {
+    if (e instanceof ExpertRuntimeError && e.code === 'CONTEXT_OVERFLOW') session.reset()
+    throw e
+  }
+}
+`
+
+/** The TypeScript compilers the declarations are checked with: the consumer's own (5.x) and TypeScript 7. */
+const compilers = (dir) => [
+  ['TypeScript 5', join(dir, 'node_modules', 'typescript', 'bin', 'tsc')],
+  ['TypeScript 7', join(root, 'node_modules', 'typescript7', 'bin', 'tsc')],
+]
+
+/**
  * The README's quick start: the first ```ts block after the comment that names this test,
  * loading `model` instead of the model it names.
  */
@@ -148,7 +179,7 @@ describe('npm packages installed into a fresh project', { skip }, () => {
     assert.equal(cuda.error?.code, 'NO_CUDA_DEVICE')
   })
 
-  it("the README's quick start compiles (TypeScript, skipLibCheck: false) and runs", () => {
+  it("the README's quick start compiles (TypeScript 5 and 7, skipLibCheck: false) and runs; the declarations need no @types (types: [])", () => {
     const dir = install('typescript', [tarballs.main, tarballs.cpu, ...packClosure(['typescript', '@types/node'], join(work, 'tarballs'))])
     const pkg = JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8'))
     writeFileSync(join(dir, 'package.json'), JSON.stringify({ ...pkg, type: 'module' }, null, 2))
@@ -160,8 +191,26 @@ describe('npm packages installed into a fresh project', { skip }, () => {
     // The demo model: a real chat model ends its answers, and its context holds both turns.
     writeFileSync(join(dir, 'quickstart.ts'), readmeQuickStart(modelPath))
     const env = { PATH: cleanPath.join(delimiter), HOME: dir }
-    const tsc = spawnSync(process.execPath, [join(dir, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', '.'], { cwd: dir, encoding: 'utf8', env, timeout: 120_000 })
-    assert.equal(tsc.status, 0, `tsc failed:\n${tsc.stdout}${tsc.stderr}`)
+    const tsc = (name, compiler, project, ...args) => {
+      const r = spawnSync(process.execPath, [compiler, '-p', project, ...args], { cwd: dir, encoding: 'utf8', env, timeout: 120_000 })
+      assert.equal(r.status, 0, `${name} (${project}) failed:\n${r.stdout}${r.stderr}`)
+      return r
+    }
+    // The declarations on their own, where no @types package is read (TypeScript 7's default).
+    writeFileSync(join(dir, 'types-only.ts'), TYPES_ONLY)
+    writeFileSync(join(dir, 'tsconfig.types-only.json'), JSON.stringify({
+      compilerOptions: { target: 'ES2022', module: 'nodenext', moduleResolution: 'nodenext', strict: true, skipLibCheck: false, types: [], noEmit: true },
+      files: ['types-only.ts'],
+    }))
+    const versions = compilers(dir).map(([name, compiler]) => {
+      tsc(name, compiler, 'tsconfig.types-only.json')
+      // The quick start (it writes to process.stdout: @types/node, as the README says); what
+      // runs below is TypeScript 5's output.
+      tsc(name, compiler, '.', ...(name === 'TypeScript 5' ? [] : ['--noEmit']))
+      return spawnSync(process.execPath, [compiler, '--version'], { encoding: 'utf8', env }).stdout.trim()
+    })
+    assert.match(versions[0], /^Version 5\./)
+    assert.match(versions[1], /^Version 7\./)
     const run = spawnSync(process.execPath, ['out/quickstart.js'], { cwd: dir, encoding: 'utf8', env, timeout: 120_000 })
     assert.equal(run.status, 0, `the quick start exited with ${run.status}:\n${run.stderr}`)
     assert.match(run.stdout, /\(\d+ tokens, [\d.]+ tokens\/s\)/)

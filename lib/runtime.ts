@@ -1,3 +1,7 @@
+// `Symbol.asyncDispose` is typed by TypeScript's own `esnext.disposable` library, which the
+// emitted .d.ts names (`preserve`), so a project compiles it without @types/node (as with
+// TypeScript 7's default `"types": []`).
+/// <reference lib="esnext.disposable" preserve="true" />
 import { bindingFor, type Variant } from './binding'
 import type * as N from '../native'
 import { isPositiveU32, isU32, onlyKeys, optionsObject } from './checks'

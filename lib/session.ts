@@ -1,3 +1,7 @@
+// `Symbol.dispose` is typed by TypeScript's own `esnext.disposable` library, which the emitted
+// .d.ts names (`preserve`), so a project compiles it without @types/node (as with TypeScript
+// 7's default `"types": []`).
+/// <reference lib="esnext.disposable" preserve="true" />
 import type * as N from '../native'
 import { isAbortSignal, isU32, optionsObject } from './checks'
 import { ExpertRuntimeError, disposedError, invalidArgument, toError } from './errors'

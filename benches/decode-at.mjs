@@ -1,8 +1,9 @@
 // `node benches/decode-at.mjs <model> [promptTokens=512] [kvDtype=f32] [decodeTokens=65]`: decode
 // speed of one session after a prompt of the given length, with the KV pool in the given dtype
 // (how much a decode step's attention costs at that position, and what the pool type changes).
-// One warm-up request, then greedy decoding with `ignoreEos`; prints one line. No peer: it is a
-// probe for where the time goes (BENCHMARKS.md, CPU), not a comparison; run it on an idle machine.
+// One warm-up request, then greedy decoding (an end-of-sequence token ends it early; the line
+// says over how many tokens); prints one line. No peer: it is a probe for where the time goes
+// (BENCHMARKS.md, CPU), not a comparison; run it on an idle machine.
 import { Runtime } from '../dist/index.js'
 
 const [model, promptLen = '512', kv = 'f32', decode = '65'] = process.argv.slice(2)
@@ -17,7 +18,7 @@ for await (const _ of rt.createSession().generate({ tokens: ids(64, 5) }, { temp
 }
 let n = 0
 let first = 0
-for await (const _ of rt.createSession().generate({ tokens: ids(Number(promptLen), 1) }, { temperature: 0, maxTokens: Number(decode), ignoreEos: true })) {
+for await (const _ of rt.createSession().generate({ tokens: ids(Number(promptLen), 1) }, { temperature: 0, maxTokens: Number(decode) })) {
   if (n++ === 0) first = performance.now()
 }
 const s = (performance.now() - first) / 1000

@@ -4,26 +4,60 @@
 /// <reference lib="esnext.disposable" preserve="true" />
 import { bindingFor, type Variant } from './binding'
 import type * as N from '../native'
-import { isPositiveU32, isU32, onlyKeys, optionsObject } from './checks'
+import { checkInt, onlyKeys, optionKeys, optionsObject } from './checks'
 import { disposedError, invalidArgument, toError } from './errors'
 import { Expert } from './expert'
 import { runtimeHandles } from './handles'
 import { fetchModel, parseHfRef } from './hub'
+import { checkHubOptions } from './hub/settings'
 import { Session, checkNames, toDecision, toNativeInput } from './session'
 import type {
   ChatMessage,
   EmbedOptions,
   HubOptions,
+  KvCacheOptions,
   LoadExpertOptions,
   LoadOptions,
   RouteDecision,
   RouteOptions,
+  RopeScaling,
   RopeScalingInfo,
   RouterSettings,
   RuntimeInfo,
   RuntimeStats,
   SessionOptions,
 } from './types'
+
+// The keys each options object of the API takes (checked complete against its type): any other
+// key is refused with INVALID_ARGUMENT naming the nearest of them.
+const LOAD_KEYS = optionKeys<LoadOptions>({
+  device: true, dtype: true, contextLength: true, ropeScaling: true, threads: true, quantize: true, mmap: true,
+  onProgress: true, kvCache: true, hub: true, onDownloadProgress: true,
+})
+const KV_CACHE_KEYS = optionKeys<KvCacheOptions>({ blockSize: true, maxTokens: true, prefixCache: true, dtype: true })
+const TOKENIZE_KEYS = optionKeys<NonNullable<Parameters<Runtime['tokenize']>[1]>>({ addSpecialTokens: true, parseSpecialTokens: true })
+const SESSION_KEYS = optionKeys<SessionOptions>({ system: true, experts: true, contextShift: true })
+const LOAD_EXPERT_KEYS = optionKeys<LoadExpertOptions>({ name: true, hub: true, onDownloadProgress: true, scale: true, mmap: true })
+const EMBED_KEYS = optionKeys<EmbedOptions>({ pooling: true, normalize: true, experts: true })
+const ROUTE_KEYS = optionKeys<RouteOptions>({ historyTurns: true })
+const ROUTER_KEYS = optionKeys<RouterSettings>({
+  threshold: true, maxExperts: true, genericPatterns: true, weights: true, historyTurns: true, genericMinKeywordHits: true,
+})
+const ROUTER_WEIGHT_KEYS = optionKeys<RouterSettings['weights']>({ keywords: true, similarity: true })
+/** Every member's keys of a union type. */
+type KeysOfUnion<T> = T extends unknown ? keyof T : never
+/**
+ * `ropeScaling`'s keys as the types spell them, then HF's snake_case spellings, which the engine
+ * also reads (src/model/rope.rs, OPTION_KEYS), with `rope_type` / `ropeType` for `type`.
+ */
+const ROPE_KEYS = [
+  ...optionKeys<{ [K in KeysOfUnion<RopeScaling>]: unknown }>({
+    type: true, factor: true, originalMaxPositionEmbeddings: true, attentionFactor: true, betaFast: true, betaSlow: true,
+    mscale: true, mscaleAllDim: true, truncate: true, lowFreqFactor: true, highFreqFactor: true,
+  }),
+  'rope_type', 'ropeType', 'original_max_position_embeddings', 'attention_factor', 'beta_fast', 'beta_slow',
+  'mscale_all_dim', 'low_freq_factor', 'high_freq_factor',
+]
 
 /** A loaded base model. Everything heavy runs on its own engine thread. */
 export class Runtime {
@@ -56,21 +90,23 @@ export class Runtime {
    */
   static async load(path: string, options?: LoadOptions): Promise<Runtime> {
     if (typeof path !== 'string' || path.length === 0) throw invalidArgument('path must be a non-empty string')
-    const { onProgress, onDownloadProgress, hub, ...rest } = optionsObject(options)
+    const o = optionsObject(options)
+    onlyKeys(o, LOAD_KEYS, 'Runtime.load')
+    const { onProgress, onDownloadProgress, hub, ...rest } = o
     for (const k of ['contextLength', 'threads'] as const) {
-      const v = rest[k]
-      if (v !== undefined && !isPositiveU32(v)) throw invalidArgument(`${k} must be a positive integer below 2^32`)
+      if (rest[k] !== undefined) checkInt(k, rest[k], 1)
     }
+    // Checked whatever the path: a misspelt hub option is refused before a local load too.
+    if (hub !== undefined) checkHubOptions(hub)
     if (onProgress !== undefined && typeof onProgress !== 'function') throw invalidArgument('onProgress must be a function')
     if (rest.quantize !== undefined && typeof rest.quantize !== 'string') throw invalidArgument('quantize must be a string')
     if (rest.mmap !== undefined && typeof rest.mmap !== 'boolean') throw invalidArgument('mmap must be a boolean')
     const kv = rest.kvCache
     if (kv !== undefined) {
       if (kv === null || typeof kv !== 'object' || Array.isArray(kv)) throw invalidArgument('kvCache must be an object')
-      if (kv.blockSize !== undefined && !isPositiveU32(kv.blockSize)) throw invalidArgument('kvCache.blockSize must be a positive integer')
-      if (kv.maxTokens !== undefined && !(Number.isSafeInteger(kv.maxTokens) && kv.maxTokens > 0)) {
-        throw invalidArgument('kvCache.maxTokens must be a positive integer')
-      }
+      onlyKeys(kv, KV_CACHE_KEYS, 'kvCache')
+      if (kv.blockSize !== undefined) checkInt('kvCache.blockSize', kv.blockSize, 1)
+      if (kv.maxTokens !== undefined) checkInt('kvCache.maxTokens', kv.maxTokens, 1, Number.MAX_SAFE_INTEGER)
       if (kv.prefixCache !== undefined && typeof kv.prefixCache !== 'boolean') throw invalidArgument('kvCache.prefixCache must be a boolean')
       if (kv.dtype !== undefined && typeof kv.dtype !== 'string') throw invalidArgument('kvCache.dtype must be a string')
     }
@@ -141,7 +177,9 @@ export class Runtime {
   tokenize(text: string, options?: { addSpecialTokens?: boolean; parseSpecialTokens?: boolean }): number[] {
     this.#check()
     if (typeof text !== 'string') throw invalidArgument('text must be a string')
-    const { addSpecialTokens, parseSpecialTokens } = optionsObject(options)
+    const o = optionsObject(options)
+    onlyKeys(o, TOKENIZE_KEYS, 'tokenize')
+    const { addSpecialTokens, parseSpecialTokens } = o
     if (addSpecialTokens !== undefined && typeof addSpecialTokens !== 'boolean') throw invalidArgument('addSpecialTokens must be a boolean')
     if (parseSpecialTokens !== undefined && typeof parseSpecialTokens !== 'boolean') throw invalidArgument('parseSpecialTokens must be a boolean')
     try {
@@ -154,7 +192,9 @@ export class Runtime {
   /** The text of token ids (special tokens included as their spellings). */
   detokenize(ids: number[]): string {
     this.#check()
-    if (!Array.isArray(ids) || !ids.every(isU32)) throw invalidArgument('ids must be non-negative integers below 2^32')
+    if (!Array.isArray(ids)) throw invalidArgument('ids must be an array of token ids')
+    // An index loop, not `every`: a sparse array's holes are not token ids either.
+    for (let i = 0; i < ids.length; i++) checkInt(`ids[${i}]`, ids[i], 0)
     try {
       return this.#native.detokenize(ids)
     } catch (e) {
@@ -169,6 +209,7 @@ export class Runtime {
   createSession(sessionOptions?: SessionOptions): Session {
     this.#check()
     const options = optionsObject(sessionOptions)
+    onlyKeys(options, SESSION_KEYS, 'createSession')
     if (options.system !== undefined && typeof options.system !== 'string') throw invalidArgument('system must be a string')
     const auto = options.experts === 'auto'
     if (options.experts !== undefined && !auto) checkNames(options.experts)
@@ -198,6 +239,8 @@ export class Runtime {
     this.#check()
     const options = optionsObject(expertOptions)
     if (typeof path !== 'string' || path.length === 0) throw invalidArgument('path must be a non-empty string')
+    onlyKeys(options, LOAD_EXPERT_KEYS, 'loadExpert')
+    if (options.hub !== undefined) checkHubOptions(options.hub)
     if (options.name !== undefined && (typeof options.name !== 'string' || options.name.length === 0)) {
       throw invalidArgument('name must be a non-empty string')
     }
@@ -269,7 +312,7 @@ export class Runtime {
     // An index loop, not `every`: a sparse array's holes are not strings either.
     for (let i = 0; i < texts.length; i++) if (typeof texts[i] !== 'string') throw invalidArgument(`texts[${i}] must be a string`)
     const o = optionsObject(embedOptions)
-    onlyKeys(o, ['pooling', 'normalize', 'experts'], 'embed')
+    onlyKeys(o, EMBED_KEYS, 'embed')
     if (o.pooling !== undefined && o.pooling !== 'mean' && o.pooling !== 'last') throw invalidArgument("pooling must be 'mean' or 'last'")
     if (o.normalize !== undefined && typeof o.normalize !== 'boolean') throw invalidArgument('normalize must be a boolean')
     if (o.experts !== undefined) checkNames(o.experts)
@@ -289,8 +332,8 @@ export class Runtime {
     this.#check()
     if (typeof input !== 'string' && !Array.isArray(input)) throw invalidArgument('input must be a string or a ChatMessage[]')
     const o = optionsObject(routeOptions)
-    onlyKeys(o, ['historyTurns'], 'route')
-    if (o.historyTurns !== undefined && !isU32(o.historyTurns)) throw invalidArgument('historyTurns must be a non-negative integer')
+    onlyKeys(o, ROUTE_KEYS, 'route')
+    if (o.historyTurns !== undefined) checkInt('historyTurns', o.historyTurns, 0)
     const native = typeof input === 'string' ? { text: input } : toNativeInput(input)
     try {
       // Keywords only (no expert has examples): decided at once, without a trip to the engine.
@@ -305,18 +348,15 @@ export class Runtime {
   setRouter(settings: Partial<RouterSettings>): void {
     this.#check()
     const o = optionsObject(settings, 'settings')
-    onlyKeys(o, ['threshold', 'maxExperts', 'genericPatterns', 'weights', 'historyTurns', 'genericMinKeywordHits'], 'setRouter')
+    onlyKeys(o, ROUTER_KEYS, 'setRouter')
     const cur = this.#native.router
     const num = (k: string, v: unknown): number => {
       if (typeof v !== 'number' || !Number.isFinite(v)) throw invalidArgument(`${k} must be a finite number`)
       return v
     }
-    const int = (k: string, v: unknown): number => {
-      if (!isU32(v)) throw invalidArgument(`${k} must be a non-negative integer`)
-      return v
-    }
+    const int = (k: string, v: unknown): number => checkInt(k, v, 0)
     const w = o.weights === undefined ? cur.weights : optionsObject(o.weights, 'weights')
-    onlyKeys(w, ['keywords', 'similarity'], 'weights')
+    onlyKeys(w, ROUTER_WEIGHT_KEYS, 'weights')
     if (o.genericPatterns !== undefined && !(Array.isArray(o.genericPatterns) && o.genericPatterns.every((p) => typeof p === 'string'))) {
       throw invalidArgument('genericPatterns must be an array of strings')
     }
@@ -371,6 +411,7 @@ function ropeScalingJson(v: unknown): string | undefined {
   if (v === undefined) return undefined
   if (v === null) return 'null'
   if (typeof v !== 'object' || Array.isArray(v)) throw invalidArgument('ropeScaling must be an object or null')
+  onlyKeys(v, ROPE_KEYS, 'ropeScaling')
   for (const [k, x] of Object.entries(v)) {
     const ok = typeof x === 'string' || typeof x === 'boolean' || (typeof x === 'number' && Number.isFinite(x))
     if (!ok) throw invalidArgument(`ropeScaling.${k} must be a string, a boolean or a finite number`)

@@ -3,10 +3,51 @@
 // 7's default `"types": []`).
 /// <reference lib="esnext.disposable" preserve="true" />
 import type * as N from '../native'
-import { isAbortSignal, isU32, optionsObject } from './checks'
+import { checkInt, isAbortSignal, onlyKeys, optionKeys, optionsObject } from './checks'
 import { ExpertRuntimeError, disposedError, invalidArgument, toError } from './errors'
 import { runtimeHandles } from './handles'
-import type { ChatMessage, CompletionResult, FinishReason, GenerateInput, GenerateOptions, RouteDecision, TokenChunk, ToolCall } from './types'
+import type {
+  ChatMessage,
+  CompletionResult,
+  FinishReason,
+  GenerateInput,
+  GenerateOptions,
+  ResponseFormat,
+  RouteDecision,
+  SpeculativeOptions,
+  TokenChunk,
+  Tool,
+  ToolCall,
+  ToolChoice,
+} from './types'
+
+// The keys of the options objects of `generate` / `complete` (checked complete against their
+// types). Chat messages and JSON schemas are the caller's data and are not checked.
+const GENERATE_KEYS = optionKeys<GenerateOptions>({
+  maxTokens: true, temperature: true, topK: true, topP: true, minP: true, repetitionPenalty: true, frequencyPenalty: true,
+  presencePenalty: true, seed: true, stop: true, topLogprobs: true, signal: true, enableThinking: true, experts: true,
+  parseSpecialTokens: true, responseFormat: true, tools: true, toolChoice: true, parallelToolCalls: true, speculative: true,
+})
+/** Either kind's keys: which go with which `type` is the engine's to say (as the Python binding does). */
+const SPECULATIVE_KEYS = [
+  ...new Set([
+    ...optionKeys<Extract<SpeculativeOptions, { type: 'ngram' }>>({ type: true, maxDraft: true, ngram: true, minNgram: true }),
+    ...optionKeys<Extract<SpeculativeOptions, { type: 'draft' }>>({ type: true, model: true, maxDraft: true }),
+  ]),
+]
+/** Per `responseFormat.type`: a field of another type would be ignored, so it is refused. */
+const FORMAT_KEYS: { [T in ResponseFormat['type']]: readonly string[] } = {
+  text: optionKeys<Extract<ResponseFormat, { type: 'text' }>>({ type: true }),
+  json_object: optionKeys<Extract<ResponseFormat, { type: 'json_object' }>>({ type: true }),
+  json_schema: optionKeys<Extract<ResponseFormat, { type: 'json_schema' }>>({ type: true, schema: true, name: true, strict: true }),
+  regex: optionKeys<Extract<ResponseFormat, { type: 'regex' }>>({ type: true, pattern: true }),
+  grammar: optionKeys<Extract<ResponseFormat, { type: 'grammar' }>>({ type: true, grammar: true }),
+}
+const TOOL_KEYS = optionKeys<Tool>({ type: true, function: true })
+const TOOL_FUNCTION_KEYS = optionKeys<Tool['function']>({ name: true, description: true, parameters: true, strict: true })
+type NamedToolChoice = Extract<ToolChoice, object>
+const TOOL_CHOICE_KEYS = optionKeys<NamedToolChoice>({ type: true, function: true })
+const TOOL_CHOICE_FUNCTION_KEYS = optionKeys<NamedToolChoice['function']>({ name: true })
 
 /** @internal */
 export function toNativeInput(input: GenerateInput): N.NativeInput {
@@ -15,7 +56,8 @@ export function toNativeInput(input: GenerateInput): N.NativeInput {
   if (input && typeof input === 'object') {
     if ('text' in input && typeof input.text === 'string') return { text: input.text }
     if ('tokens' in input && Array.isArray(input.tokens)) {
-      if (!input.tokens.every(isU32)) throw invalidArgument('tokens must be non-negative integers below 2^32')
+      // An index loop, not `every`: a sparse array's holes are not token ids either.
+      for (let i = 0; i < input.tokens.length; i++) checkInt(`tokens[${i}]`, input.tokens[i], 0)
       return { tokens: input.tokens }
     }
   }
@@ -66,6 +108,8 @@ function toNativeFormat(f: unknown): N.NativeResponseFormat {
   if (!f || typeof f !== 'object') throw invalidArgument('responseFormat must be an object with a type')
   const r = f as Record<string, unknown>
   if (typeof r.type !== 'string') throw invalidArgument('responseFormat.type must be a string')
+  // An unknown type is the engine's to refuse, naming the types there are.
+  if (Object.hasOwn(FORMAT_KEYS, r.type)) onlyKeys(r, FORMAT_KEYS[r.type as ResponseFormat['type']], 'responseFormat', 'field')
   const out: N.NativeResponseFormat = { type: r.type }
   if (r.type === 'json_schema') out.schema = schemaText('responseFormat.schema', r.schema)
   if (r.type === 'regex') {
@@ -81,11 +125,13 @@ function toNativeFormat(f: unknown): N.NativeResponseFormat {
 
 function toNativeTools(tools: unknown): N.NativeTool[] {
   if (!Array.isArray(tools)) throw invalidArgument('tools must be an array')
-  return tools.map((t) => {
+  return tools.map((t, i) => {
     const f = t?.function
-    if (!t || t.type !== 'function' || !f || typeof f.name !== 'string') {
+    if (!t || t.type !== 'function' || !f || typeof f !== 'object' || typeof f.name !== 'string') {
       throw invalidArgument("each tool must be { type: 'function', function: { name, description?, parameters? } }")
     }
+    onlyKeys(t, TOOL_KEYS, `tools[${i}]`, 'field')
+    onlyKeys(f, TOOL_FUNCTION_KEYS, `tools[${i}].function`, 'field')
     if (f.description !== undefined && typeof f.description !== 'string') throw invalidArgument('a tool description must be a string')
     const out: N.NativeTool = { name: f.name }
     if (f.description !== undefined) out.description = f.description
@@ -97,44 +143,60 @@ function toNativeTools(tools: unknown): N.NativeTool[] {
 function toolChoiceFields(c: unknown): Pick<N.NativeGenerateOptions, 'toolChoice' | 'toolChoiceName'> {
   if (c === undefined) return {}
   if (typeof c === 'string') return { toolChoice: c }
-  const name = (c as { function?: { name?: unknown } })?.function?.name
-  if (c && typeof c === 'object' && (c as { type?: unknown }).type === 'function' && typeof name === 'string') return { toolChoiceName: name }
+  const f = (c as { function?: unknown })?.function
+  const name = (f as { name?: unknown } | undefined)?.name
+  if (c && typeof c === 'object' && (c as { type?: unknown }).type === 'function' && f && typeof f === 'object' && typeof name === 'string') {
+    onlyKeys(c, TOOL_CHOICE_KEYS, 'toolChoice', 'field')
+    onlyKeys(f, TOOL_CHOICE_FUNCTION_KEYS, 'toolChoice.function', 'field')
+    return { toolChoiceName: name }
+  }
   throw invalidArgument("toolChoice must be 'auto', 'none', 'required' or { type: 'function', function: { name } }")
 }
 
-type Check = [test: (v: unknown) => boolean, what: string]
-const nonNegativeInteger: Check = [(v) => Number.isSafeInteger(v) && (v as number) >= 0, 'a non-negative integer']
-const u32: Check = [isU32, 'a non-negative integer below 2^32']
-const finiteNumber: Check = [(v) => typeof v === 'number' && Number.isFinite(v), 'a finite number']
+/** Checks one option's value; throws INVALID_ARGUMENT naming the option. */
+type Check = (name: string, v: unknown) => void
+const shaped =
+  (test: (v: unknown) => boolean, what: string): Check =>
+  (name, v) => {
+    if (!test(v)) throw invalidArgument(`${name} must be ${what}`)
+  }
+/** An integer from `min`, at most `max` (a `u32` by default), in checkInt's one wording. */
+const integer =
+  (min: 0 | 1, max?: number): Check =>
+  (name, v) =>
+    void checkInt(name, v, min, max)
+const finiteNumber = shaped((v) => typeof v === 'number' && Number.isFinite(v), 'a finite number')
+const boolean = shaped((v) => typeof v === 'boolean', 'a boolean')
+const text = shaped((v) => typeof v === 'string', 'a string')
 
 /**
  * The type of every option the engine reads, declared once: the mapped type makes a field the
- * native binding gains without an entry here a compile error. Ranges are checked in the
- * engine (`SamplingParams::validate`), not here.
+ * native binding gains without an entry here a compile error. Integers are bounded here (a
+ * native `u32` would wrap); ranges are checked in the engine (`SamplingParams::validate`).
  */
 const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
-  maxTokens: u32,
+  maxTokens: integer(1),
   temperature: finiteNumber,
-  topK: u32,
+  topK: integer(0),
   topP: finiteNumber,
   minP: finiteNumber,
   repetitionPenalty: finiteNumber,
   frequencyPenalty: finiteNumber,
   presencePenalty: finiteNumber,
-  seed: nonNegativeInteger,
-  stop: [(v) => Array.isArray(v) && v.every((s) => typeof s === 'string'), 'an array of strings'],
-  topLogprobs: u32,
-  enableThinking: [(v) => typeof v === 'boolean', 'a boolean'],
-  experts: [(v) => Array.isArray(v) && v.every((n) => typeof n === 'string'), "an array of expert names or 'auto'"],
-  expertsAuto: [(v) => typeof v === 'boolean', 'a boolean'],
-  parseSpecialTokens: [(v) => typeof v === 'boolean', 'a boolean'],
-  // Converted by toNativeFormat / toNativeTools / toolChoiceFields before the checks.
-  responseFormat: [(v) => typeof v === 'object' && v !== null, 'an object'],
-  tools: [Array.isArray, 'an array'],
-  toolChoice: [(v) => typeof v === 'string', 'a string'],
-  toolChoiceName: [(v) => typeof v === 'string', 'a string'],
-  parallelToolCalls: [(v) => typeof v === 'boolean', 'a boolean'],
-  speculative: [isSpeculative, "{ type: 'ngram', maxDraft?, ngram?, minNgram? } or { type: 'draft', model, maxDraft? } with non-negative integers below 2^32"],
+  seed: integer(0, Number.MAX_SAFE_INTEGER),
+  stop: shaped((v) => Array.isArray(v) && v.every((s) => typeof s === 'string'), 'an array of strings'),
+  topLogprobs: integer(0),
+  enableThinking: boolean,
+  experts: shaped((v) => Array.isArray(v) && v.every((n) => typeof n === 'string'), "an array of expert names or 'auto'"),
+  expertsAuto: boolean,
+  parseSpecialTokens: boolean,
+  // Converted by toNativeFormat / toNativeTools / toolChoiceFields / toNativeSpeculative before the checks.
+  responseFormat: shaped((v) => typeof v === 'object' && v !== null, 'an object'),
+  tools: shaped(Array.isArray, 'an array'),
+  toolChoice: text,
+  toolChoiceName: text,
+  parallelToolCalls: boolean,
+  speculative: shaped((v) => typeof v === 'object' && v !== null, 'an object'),
 }
 
 /** The native handle of `speculative.model` (a draft model's Runtime), when one is given. */
@@ -146,30 +208,31 @@ function draftHandle(spec: unknown): N.NativeRuntime | undefined {
   return h
 }
 
-function isSpeculative(v: unknown): boolean {
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) return false
-  const o = v as Record<string, unknown>
-  const counts = ['maxDraft', 'ngram', 'minNgram']
-  if (typeof o.type !== 'string' || Object.keys(o).some((k) => k !== 'type' && !counts.includes(k))) return false
-  return counts.every((k) => o[k] === undefined || isU32(o[k]))
+/** `speculative` as the engine takes it: without `model`, which travels beside it (see draftHandle). */
+function toNativeSpeculative(v: unknown): Record<string, unknown> {
+  if (typeof v !== 'object' || v === null || Array.isArray(v) || typeof (v as { type?: unknown }).type !== 'string') {
+    throw invalidArgument("speculative must be { type: 'ngram', maxDraft?, ngram?, minNgram? } or { type: 'draft', model, maxDraft? }")
+  }
+  onlyKeys(v, SPECULATIVE_KEYS, 'speculative')
+  const { model: _model, ...rest } = v as Record<string, unknown>
+  for (const k of ['maxDraft', 'ngram', 'minNgram']) if (rest[k] !== undefined) checkInt(`speculative.${k}`, rest[k], 1)
+  return rest
 }
 
-function toNativeOptions(o: GenerateOptions): N.NativeGenerateOptions {
+/** The options for the engine, checked; `what` names the method in messages. */
+function toNativeOptions(o: GenerateOptions, what: string): N.NativeGenerateOptions {
+  onlyKeys(o, GENERATE_KEYS, what)
   const out: Record<string, unknown> = {}
   const given: Record<string, unknown> = o.experts === 'auto' ? { ...o, experts: undefined, expertsAuto: true } : { ...o, expertsAuto: undefined }
   given.toolChoiceName = undefined
   if (o.responseFormat !== undefined) given.responseFormat = toNativeFormat(o.responseFormat)
   if (o.tools !== undefined) given.tools = toNativeTools(o.tools)
-  // The draft model travels beside the options (see draftHandle).
-  if (typeof o.speculative === 'object' && o.speculative !== null && !Array.isArray(o.speculative)) {
-    const { model: _model, ...rest } = o.speculative as unknown as Record<string, unknown>
-    given.speculative = rest
-  }
+  if (o.speculative !== undefined) given.speculative = toNativeSpeculative(o.speculative)
   Object.assign(given, { toolChoice: undefined }, toolChoiceFields(o.toolChoice))
-  for (const [k, [test, what]] of Object.entries(OPTION_TYPES) as [keyof N.NativeGenerateOptions, Check][]) {
+  for (const [k, check] of Object.entries(OPTION_TYPES) as [keyof N.NativeGenerateOptions, Check][]) {
     const v = given[k]
     if (v === undefined) continue
-    if (!test(v)) throw invalidArgument(`${k} must be ${what}`)
+    check(k, v)
     out[k] = v
   }
   return out as N.NativeGenerateOptions
@@ -348,6 +411,11 @@ export class Session {
    * session fails with `SESSION_BUSY` (on the first iteration).
    */
   generate(input: GenerateInput, options?: GenerateOptions): GenerationStream {
+    return this.#generate(input, options, 'generate')
+  }
+
+  /** `generate`, with `what` (the public method) naming the options in messages. */
+  #generate(input: GenerateInput, options: GenerateOptions | undefined, what: string): GenerationStream {
     let native: N.TokenStream | undefined
     let error: ExpertRuntimeError | undefined
     let signal: AbortSignal | undefined
@@ -356,7 +424,7 @@ export class Session {
       const o = optionsObject(options)
       if (o.signal !== undefined && !isAbortSignal(o.signal)) throw invalidArgument('signal must be an AbortSignal')
       signal = o.signal
-      native = this.#native.generate(toNativeInput(input), toNativeOptions(o), draftHandle(o.speculative))
+      native = this.#native.generate(toNativeInput(input), toNativeOptions(o, what), draftHandle(o.speculative))
     } catch (e) {
       error = toError(e)
     }
@@ -365,7 +433,7 @@ export class Session {
 
   /** Runs `generate` to the end and returns the whole answer. An aborted signal resolves with `finishReason: 'cancelled'`. */
   async complete(input: GenerateInput, options?: GenerateOptions): Promise<CompletionResult> {
-    const stream = this.generate(input, options)
+    const stream = this.#generate(input, options, 'complete')
     for await (const _ of stream) {
       /* the summary carries the text */
     }

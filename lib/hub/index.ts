@@ -13,6 +13,7 @@
 //   written only after all of its files are verified and in place.
 import { readFile, stat } from 'node:fs/promises'
 import { setTimeout as delay } from 'node:timers/promises'
+import { onlyKeys, optionKeys } from '../checks'
 import { ExpertRuntimeError, invalidArgument } from '../errors'
 import type { DownloadProgress, HubOptions } from '../types'
 import { RepoCache } from './cache'
@@ -24,6 +25,8 @@ import { hubSettings, offlineByEnv, type HubSettings } from './settings'
 
 export { parseHfRef, parsePullSpec, describeRef, type HubRef } from './ref'
 export { defaultCacheDir, DEFAULT_ENDPOINT } from './settings'
+
+const HUB_REF_KEYS = optionKeys<HubRef>({ repo: true, revision: true, file: true })
 
 /** Attempts at the file list before falling back to the cache. */
 const LISTING_ATTEMPTS = 3
@@ -59,6 +62,7 @@ export async function fetchModel(
 
 function checkRef(ref: HubRef): HubRef {
   if (!ref || typeof ref !== 'object') throw invalidArgument('a Hub ref must be a string or { repo, revision, file }')
+  onlyKeys(ref, HUB_REF_KEYS, 'a Hub ref', 'field')
   const parsed = parseHfRef(String(ref.repo))
   if (parsed.file !== undefined || parsed.revision !== 'main') throw invalidArgument(`'${String(ref.repo).slice(0, 120)}' is not org/repo`)
   const file = ref.file === undefined ? undefined : safeRelativePath(ref.file, (why) => invalidArgument(`bad file in Hub ref: ${why}`))

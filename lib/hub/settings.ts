@@ -2,7 +2,7 @@
 // settings every request uses. The token never appears in a message.
 import { homedir } from 'node:os'
 import { join, resolve } from 'node:path'
-import { isPositiveU32, onlyKeys, optionsObject } from '../checks'
+import { checkInt, onlyKeys, optionKeys, optionsObject } from '../checks'
 import { invalidArgument } from '../errors'
 import type { HubOptions } from '../types'
 
@@ -36,15 +36,26 @@ function envFlag(name: string): boolean {
 /** Offline by the environment (`EXPERT_RUNTIME_OFFLINE` or `HF_HUB_OFFLINE`). */
 export const offlineByEnv = () => envFlag('EXPERT_RUNTIME_OFFLINE') || envFlag('HF_HUB_OFFLINE')
 
-export function hubSettings(options: HubOptions | undefined): HubSettings {
+const HUB_KEYS = optionKeys<HubOptions>({ cacheDir: true, endpoint: true, token: true, offline: true, timeoutMs: true })
+
+/**
+ * The `hub` options checked (keys and types) without reading the environment: `Runtime.load`
+ * and `loadExpert` check them for a local path too, where they are not used.
+ */
+export function checkHubOptions(options: HubOptions | undefined): HubOptions {
   const o = optionsObject(options, 'hub')
-  onlyKeys(o, ['cacheDir', 'endpoint', 'token', 'offline', 'timeoutMs'], 'hub')
+  onlyKeys(o, HUB_KEYS, 'hub')
   if (o.cacheDir !== undefined && (typeof o.cacheDir !== 'string' || o.cacheDir.length === 0)) throw invalidArgument('hub.cacheDir must be a non-empty string')
   if (o.endpoint !== undefined && typeof o.endpoint !== 'string') throw invalidArgument('hub.endpoint must be a string')
   if (o.token !== undefined && typeof o.token !== 'string') throw invalidArgument('hub.token must be a string')
   if (o.offline !== undefined && typeof o.offline !== 'boolean') throw invalidArgument('hub.offline must be a boolean')
   // Node's timers hold at most 2^31 - 1 ms; a larger value would fire after 1 ms.
-  if (o.timeoutMs !== undefined && !(isPositiveU32(o.timeoutMs) && o.timeoutMs <= 0x7fff_ffff)) throw invalidArgument('hub.timeoutMs must be a positive integer below 2^31')
+  if (o.timeoutMs !== undefined) checkInt('hub.timeoutMs', o.timeoutMs, 1, 0x7fff_ffff)
+  return o
+}
+
+export function hubSettings(options: HubOptions | undefined): HubSettings {
+  const o = checkHubOptions(options)
 
   const endpointText = o.endpoint ?? (process.env.HF_ENDPOINT || DEFAULT_ENDPOINT)
   let url: URL

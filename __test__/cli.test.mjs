@@ -14,6 +14,7 @@ import { CLI, fixture, fixtureJson, runCli as cli } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
+const { loadProgressView } = require('../dist/cli/progress.js')
 const THREADS = '2'
 const SMOLLM2 = process.env.EXPERT_RUNTIME_SMOLLM2
 
@@ -307,6 +308,20 @@ describe('expert-runtime chat, piped', () => {
     assert.equal(r.stdout, expected.map((a) => a + '\n').join(''))
   })
 
+  it('without --max-tokens an answer stops at 1024 tokens, not at the end of the context', async () => {
+    // Greedy, qwen3-tiny writes this story for thousands of tokens without an end-of-sequence token.
+    const question = 'Tell me a long story.'
+    const [expected] = await apiAnswers([question], { maxTokens: 1024, contextLength: 4096 })
+    const r = await cli(['chat', MODEL, '--temperature', '0', '--context-length', '4096', '--threads', THREADS, '--verbose'], { input: question + '\n' })
+    assert.equal(r.code, 0, r.stderr)
+    assert.match(r.stderr, /^\[length\]$/m)
+    assert.match(r.stderr, /^\[1024 tokens, /m)
+    assert.equal(r.stdout, expected + '\n')
+    // Not a terminal: the load's progress is a line per step, never redrawn in place.
+    assert.doesNotMatch(r.stderr, /\r/)
+    assert.match(r.stderr, /^loading .*: 100%$/m)
+  })
+
   it('/exit leaves before the remaining lines', async () => {
     const r = await cli(['chat', MODEL, '--max-tokens', '4', '--threads', THREADS], { input: '/exit\nhello\n' })
     assert.equal(r.code, 0, r.stderr)
@@ -325,6 +340,28 @@ describe('expert-runtime chat, piped', () => {
     const e = await cli(['chat', MODEL, '--expert', fixture('adapters', 'lora_llama'), '--threads', THREADS])
     assert.equal(e.code, 1)
     assert.match(e.stderr, /INVALID_ADAPTER/)
+  })
+})
+
+describe('expert-runtime chat: load progress', () => {
+  /** What the view writes for `percents` (of 1000 bytes), then `end`. */
+  const render = (tty, percents) => {
+    let out = ''
+    const view = loadProgressView('m.gguf', tty, (s) => (out += s))
+    for (const p of percents) view.update({ loadedBytes: p * 10, totalBytes: 1000 })
+    view.end()
+    return out
+  }
+
+  it('on a terminal: one line, redrawn in place when the percentage changes, ended once', () => {
+    const line = (pct) => `\rloading m.gguf: ${pct}%\x1b[K`
+    assert.equal(render(true, [0, 0, 3, 3, 37, 100]), line(0) + line(3) + line(37) + line(100) + '\n')
+    assert.equal(render(true, []), '', 'nothing drawn, nothing ended')
+  })
+
+  it('elsewhere (a log, a pipe): a line each time it has grown by 10 points, and one at 100%', () => {
+    const out = render(false, [0, 5, 12, 25, 31, 60, 99, 100, 100])
+    assert.equal(out, [12, 25, 60, 99, 100].map((p) => `loading m.gguf: ${p}%\n`).join(''))
   })
 })
 
@@ -416,6 +453,33 @@ describe('expert-runtime chat in a terminal', { skip: PTY_SKIP }, () => {
       at = (await t.waitFor(/To exit, press Ctrl\+C again or Ctrl\+D or type \/exit/, at)).end
       t.send('\x04')
       assert.equal(await t.exited(), 0, JSON.stringify(t.output.slice(at)))
+    } finally {
+      t.kill()
+    }
+  })
+
+  it('keys typed while an answer is written are not echoed into it: they wait at the next prompt', { timeout: 300_000 }, async () => {
+    const t = new Terminal(['chat', MODEL, '--context-length', '100000', '--max-tokens', '20000', '--temperature', '0', '--threads', THREADS])
+    try {
+      const ready = await t.waitFor(new RegExp(String.raw`Type /help for commands.*\r*\n` + PROMPT), 0)
+      t.send('Tell me a long story.\r')
+      let at = (await t.waitFor(/Tell me a long story\.\r*\n/, ready.end)).end
+      await t.waitFor(/[^]{40}/, at)
+      // Typed mid-answer, Enter included: nothing shows, nothing is sent, the answer streams on.
+      t.send('what next?\r')
+      await t.waitFor(/[^]{40}/, t.output.length)
+      t.send('\x03')
+      const cancelled = await t.waitFor(/\[cancelled\]\r*\n/, at)
+      const answer = t.output.slice(at, cancelled.start)
+      assert.ok(!answer.includes('what next?'), `the typed keys were echoed into the answer: ${JSON.stringify(answer)}`)
+      // The next prompt holds the text, as typed there: Ctrl-C drops it like any line.
+      at = (await t.waitFor(new RegExp(PROMPT + String.raw`(?:\x1b\[\d*[A-Z])*what next\?`), cancelled.end)).end
+      t.send('\x03')
+      at = (await t.waitFor(new RegExp(String.raw`\r*\n` + PROMPT), at)).end
+      t.send('\x04')
+      assert.equal(await t.exited(), 0, JSON.stringify(t.output.slice(at)))
+      // The load's progress was one line, redrawn in place, ended before the notes after it.
+      assert.match(t.output.slice(0, ready.start), /^(?:\rloading [^\r\n]*: \d+%\x1b\[K)*\rloading [^\r\n]*: 100%\x1b\[K\r\n(?:warning: |loaded )/)
     } finally {
       t.kill()
     }

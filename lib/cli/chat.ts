@@ -4,7 +4,12 @@
 // node's REPL does; Ctrl-D (end of input) exits. With stdin not a terminal, each input line is
 // one question and each answer is written as it streams, followed by a newline; nothing else
 // goes to stdout (progress and notes go to stderr), and the command exits at end of input.
-import { createInterface, type Interface } from 'node:readline'
+//
+// Keys typed while an answer is written do not reach readline (which would echo them into the
+// answer): they are kept, unseen, and appear at the next prompt, ready to edit or send. Enter
+// sends nothing then (a question is sent only from a prompt where it can be read); Ctrl-C stops
+// the answer, Ctrl-D leaves once it is written.
+import { createInterface, type Interface, type Key } from 'node:readline'
 import { toError } from '../errors'
 import { Runtime } from '../runtime'
 import type { Session } from '../session'
@@ -12,13 +17,22 @@ import type { GenerateOptions } from '../types'
 import { intOption, onePositional, parseArgs, stringOption, UsageError } from './args'
 import { loadProgress } from './progress'
 
+/**
+ * The longest answer unless `--max-tokens` says otherwise. The API's default (the rest of the
+ * context) lets a small model that loops write for thousands of tokens. Chat CLIs bound it:
+ * `mlx_lm.chat` and `transformers chat` at 256 new tokens, llama.cpp's `llama-cli` and Ollama
+ * not at all (-1). 1024 leaves room for a long answer (some 700 words, or a page of code) and
+ * stops a loop within a minute on a CPU; `[length]` then says why the answer ended.
+ */
+export const DEFAULT_MAX_TOKENS = 1024
+
 export const USAGE = `usage: expert-runtime chat <model.gguf | model-dir> [options]
 
   --expert DIR           load the adapter at DIR or hf:org/repo, apply it to every answer (repeatable)
   --system TEXT          the system prompt
   --temperature T        sampling temperature, 0 = greedy (default: the model's generation
                          config, else 0.8)
-  --max-tokens N         the longest answer (default: the rest of the context)
+  --max-tokens N         the longest answer, in tokens (default: ${DEFAULT_MAX_TOKENS})
   --threads N            engine threads (default: all cores)
   --context-length N     the context length (default: the model's)
   --speculative          speculative decoding by prompt lookup (same answers; faster where
@@ -38,7 +52,7 @@ interface ChatArgs {
   experts: string[]
   system?: string
   temperature?: number
-  maxTokens?: number
+  maxTokens: number
   threads?: number
   contextLength?: number
   speculative: boolean
@@ -58,7 +72,7 @@ function parse(argv: string[]): ChatArgs {
     experts: p.lists.get('expert') ?? [],
     system: stringOption(p, 'system'),
     temperature,
-    maxTokens: intOption(p, 'max-tokens', 1),
+    maxTokens: intOption(p, 'max-tokens', 1) ?? DEFAULT_MAX_TOKENS,
     threads: intOption(p, 'threads', 1),
     contextLength: intOption(p, 'context-length', 1),
     speculative: p.options.has('speculative'),
@@ -90,6 +104,10 @@ class Chat {
   #answer: AbortController | undefined
   /** Ctrl-C was pressed once at an empty prompt. */
   #exitArmed = false
+  /** Text typed while an answer was written, for the next prompt (terminal only). */
+  #typedAhead = ''
+  /** Ctrl-D was pressed while an answer was written: leave once it is. */
+  #leaveAfterAnswer = false
 
   constructor(session: Session, a: ChatArgs, tty: boolean) {
     this.#session = session
@@ -164,11 +182,50 @@ class Chat {
         }
       } else {
         await this.#ask(line)
+        if (this.#leaveAfterAnswer) {
+          this.#rl.close()
+          break
+        }
       }
-      if (this.#tty) this.#rl.prompt()
+      if (this.#tty) this.#prompt()
     }
     // Left with Ctrl-D or Ctrl-C at the prompt: the shell's prompt starts on a line of its own.
     if (this.#tty) process.stdout.write('\n')
+  }
+
+  /** The prompt, with what was typed while the last answer was written. */
+  #prompt(): void {
+    this.#rl.prompt()
+    const typed = this.#typedAhead
+    this.#typedAhead = ''
+    // As if typed now: readline shows it after the prompt and edits it as usual.
+    if (typed) this.#rl.write(typed)
+  }
+
+  /**
+   * Until the returned function is called, keys go to `#onAnswerKey` instead of readline, which
+   * would echo them (and edit them into a line) in the middle of the answer. readline reads
+   * keys as `keypress` events of its input (node:readline's emitKeypressEvents): its listeners
+   * are set aside and put back.
+   */
+  #holdKeys(): () => void {
+    const input = process.stdin
+    const readline = input.listeners('keypress') as ((s: string | undefined, key: Key | undefined) => void)[]
+    input.on('keypress', this.#onAnswerKey)
+    for (const l of readline) input.off('keypress', l)
+    return () => {
+      for (const l of readline) input.on('keypress', l)
+      input.off('keypress', this.#onAnswerKey)
+    }
+  }
+
+  /** A key pressed while an answer is written. */
+  readonly #onAnswerKey = (s: string | undefined, key: Key | undefined): void => {
+    if (key?.ctrl && key.name === 'c') this.#interrupt()
+    else if (key?.ctrl && key.name === 'd') this.#leaveAfterAnswer = true
+    else if (key?.name === 'backspace') this.#typedAhead = [...this.#typedAhead].slice(0, -1).join('')
+    // Printable text only: Enter, Tab, arrows and other control sequences do nothing here.
+    else if (s && !key?.ctrl && !key?.meta && !/[\x00-\x1f\x7f]/.test(s)) this.#typedAhead += s
   }
 
   /** A slash command; false to leave. */
@@ -194,6 +251,7 @@ class Chat {
   async #ask(question: string): Promise<void> {
     const ac = new AbortController()
     this.#answer = ac
+    const releaseKeys = this.#tty ? this.#holdKeys() : undefined
     let wroteNewline = false
     try {
       const stream = this.#session.generate(question, { ...this.#options, signal: ac.signal })
@@ -220,6 +278,7 @@ class Chat {
       const err = toError(e)
       this.#note(`error: ${err.code}: ${err.message}`)
     } finally {
+      releaseKeys?.()
       this.#answer = undefined
     }
   }

@@ -1,6 +1,6 @@
 // Progress on stderr for the commands: a download's (`pull`, and `hf:` models for `chat` and
 // `serve`) and a load's.
-import type { DownloadProgress, LoadOptions } from '../types'
+import type { DownloadProgress, LoadOptions, LoadProgress } from '../types'
 
 const MB = 1024 * 1024
 const mb = (n: number) => (n / MB).toFixed(1)
@@ -40,21 +40,52 @@ export function progressPrinter(label: string) {
 }
 
 /**
+ * How a load's progress is shown: on a terminal, one line redrawn in place (`\r`, then the
+ * line cleared to its end) each time the whole percentage changes, and ended with a newline by
+ * `end`; otherwise (a log, a pipe) a line each time it has grown by 10 points, and one at
+ * 100%. `write` takes what to print.
+ */
+export function loadProgressView(model: string, tty: boolean, write: (s: string) => void): { update(p: LoadProgress): void; end(): void } {
+  let last = -1
+  let drawn = false
+  return {
+    update: ({ loadedBytes, totalBytes }) => {
+      const pct = totalBytes > 0 ? Math.min(100, Math.floor((100 * loadedBytes) / totalBytes)) : 100
+      if (tty) {
+        if (pct === last) return
+        last = pct
+        write(`\rloading ${model}: ${pct}%\x1b[K`)
+        drawn = true
+      } else if (pct >= last + 10 || (pct === 100 && last !== 100)) {
+        last = pct
+        write(`loading ${model}: ${pct}%\n`)
+      }
+    },
+    end: () => {
+      if (drawn) write('\n')
+      drawn = false
+    },
+  }
+}
+
+/**
  * The progress options of a `Runtime.load` of `model`: downloads as `progressPrinter` draws
- * them, then a line per 10% of the weights read. Call `end` once the load settles.
+ * them, then the weights read as `loadProgressView` shows them on stderr. Call `end` once the
+ * load settles.
  */
 export function loadProgress(model: string): Pick<LoadOptions, 'onProgress' | 'onDownloadProgress'> & { end(): void } {
   const download = progressPrinter(model)
-  let lastPct = -1
+  const load = loadProgressView(model, process.stderr.isTTY === true, (s) => process.stderr.write(s))
   return {
     onDownloadProgress: download.update,
-    onProgress: ({ loadedBytes, totalBytes }) => {
-      const pct = totalBytes > 0 ? Math.floor((100 * loadedBytes) / totalBytes) : 100
-      if (pct >= lastPct + 10 || (pct === 100 && lastPct !== 100)) {
-        lastPct = pct
-        process.stderr.write(`loading ${model}: ${pct}%\n`)
-      }
+    onProgress: (p) => {
+      // Reading starts once the download is over: its bar keeps its own line.
+      download.end()
+      load.update(p)
     },
-    end: download.end,
+    end: () => {
+      download.end()
+      load.end()
+    },
   }
 }

@@ -225,7 +225,7 @@ pub fn run<T: Send + 'static>(
     unmeter_panics();
     let slot: Arc<Mutex<Option<Result<T, String>>>> = Arc::new(Mutex::new(None));
     let (m, out) = (meter.clone(), slot.clone());
-    let spawned = std::thread::Builder::new().name(name.to_string()).spawn(move || {
+    let spawned = crate::stack::untrusted_thread(name).spawn(move || {
         BOUNDED.fetch_add(1, Ordering::Relaxed);
         let unmeter = Unmeter;
         METER.with(|c| c.set(Arc::as_ptr(&m)));

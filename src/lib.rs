@@ -16,6 +16,7 @@ pub mod napi;
 pub mod python;
 pub mod sampling;
 pub mod simd;
+pub mod stack;
 pub mod tokenizer;
 
 /// The system allocator, with untrusted work's threads held to their budgets ([`bounded`]).

@@ -15,6 +15,7 @@ import { readFileSync } from 'node:fs'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { GGUF, cloneGguf, parseGguf, parseSafetensors, patchUint, prng, writeGguf, writeSafetensors } from './formats.mjs'
+import { recursionCases } from './recursion.mjs'
 
 const FIXTURES = fileURLToPath(new URL('../fixtures/', import.meta.url))
 const fx = (...p) => path.join(FIXTURES, ...p)
@@ -170,6 +171,7 @@ export function buildCases() {
   ggufCases(add)
   adapterCases(add)
   apiCases(add)
+  recursionCases(add)
   const seen = new Set()
   for (const c of cases) {
     if (seen.has(c.id)) throw new Error(`duplicate case id ${c.id}`)

@@ -135,6 +135,8 @@ export function parseGguf(buf) {
 }
 
 function encodeValue(type, v) {
+  // A value already encoded (deeper than the writer's own recursion could go).
+  if (v && Buffer.isBuffer(v.raw)) return v.raw
   if (type === GGUF.STRING) {
     const b = Buffer.from(v, 'utf8')
     const n = Buffer.alloc(8)

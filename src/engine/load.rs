@@ -197,8 +197,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
         ModelFormat::HfDir(dir) => {
             let dir = dir.clone();
             std::thread::scope(|scope| {
-                let tokenizer = std::thread::Builder::new()
-                    .name("expert-runtime-tokenizer".into())
+                let tokenizer = crate::stack::untrusted_thread("expert-runtime-tokenizer")
                     .spawn_scoped(scope, || -> Result<_> {
                         let t = Tokenizer::from_dir(&dir).map_err(EngineError::InvalidModel)?;
                         check_tokenizer(&t, &config)?;

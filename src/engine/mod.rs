@@ -144,8 +144,14 @@ impl Engine {
         }
         let path = path.to_path_buf();
         load::configure_candle_threads(opts.threads);
-        let spawned = std::thread::Builder::new().name("expert-runtime-engine".into()).spawn(move || {
-            let pool = match rayon::ThreadPoolBuilder::new().num_threads(opts.threads.unwrap_or(0)).build() {
+        // The engine's threads read the model's files and run its chat template and grammars'
+        // masks: untrusted input (`crate::stack`).
+        let spawned = crate::stack::untrusted_thread("expert-runtime-engine").spawn(move || {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(opts.threads.unwrap_or(0))
+                .stack_size(crate::stack::UNTRUSTED_STACK)
+                .build();
+            let pool = match pool {
                 Ok(p) => p,
                 Err(e) => {
                     let _ = ready_tx.send(Err(EngineError::Internal(format!("thread pool: {e}"))));
@@ -387,7 +393,7 @@ impl Engine {
         };
         let path = path.to_path_buf();
         let generic = self.generic_reference.clone();
-        let spawned = std::thread::Builder::new().name("expert-runtime-adapter".into()).spawn(move || {
+        let spawned = crate::stack::untrusted_thread("expert-runtime-adapter").spawn(move || {
             let r = catch_panic(|| {
                 crate::backend::bind_thread(&model.device)?;
                 let mut e = crate::experts::load_expert(&path, &opts, &model, registry.next_id())?;

@@ -44,6 +44,8 @@ pub(super) fn pool() -> Result<&'static rayon::ThreadPool> {
         rayon::ThreadPoolBuilder::new()
             .num_threads(pool_threads())
             .thread_name(|i| format!("expert-runtime-prepare-{i}"))
+            // Grammars and chat templates recurse over untrusted input (`crate::stack`).
+            .stack_size(crate::stack::UNTRUSTED_STACK)
             // Jobs catch their own panics; a panic escaping one would otherwise abort the
             // process (rayon's default for spawned jobs).
             .panic_handler(|_| {})

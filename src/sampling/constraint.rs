@@ -16,7 +16,9 @@
 //! * Ids the model has beyond the tokenizer's vocabulary (padded embedding rows) are never
 //!   allowed. The end-of-sequence tokens are allowed exactly when the grammar is complete.
 //! * Everything llguidance does runs under its own panic guard and fuel limits
-//!   ([`ParserLimits`]); a schema larger than [`MAX_FORMAT_BYTES`] is refused before parsing.
+//!   ([`ParserLimits`]); a schema larger than [`MAX_FORMAT_BYTES`] is refused before parsing,
+//!   and one whose compilation would recurse too deeply before compiling
+//!   ([`super::format_depth`]); compiling runs on threads with [`crate::stack::UNTRUSTED_STACK`].
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -143,6 +145,8 @@ impl GrammarCompiler {
     }
 
     fn build(&self, grammar: TopLevelGrammar) -> Result<Constraint, String> {
+        // Measured before llguidance recurses over it (see `format_depth`).
+        grammar.grammars.iter().try_for_each(super::format_depth::check_grammar)?;
         let made = catch_unwind(AssertUnwindSafe(|| {
             let mut matcher = Matcher::new(self.factory.create_parser(grammar));
             let first = matcher.compute_mask().map_err(|e| e.to_string());

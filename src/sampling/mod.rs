@@ -21,6 +21,7 @@
 //!   same logits sequence reproduce the same tokens.
 
 pub mod constraint;
+pub mod format_depth;
 mod math;
 mod overrides;
 mod penalties;

@@ -46,7 +46,10 @@ pub fn tool_call_grammar(layout: &CallLayout<'_>, tools: &[(&str, &Value)]) -> T
     let lark = format!("{start}call: {call}\nbody: {}\n", bodies.join(" | "));
     let mut grammars = vec![GrammarWithLexer::from_lark(lark)];
     for (i, (name, params)) in tools.iter().enumerate() {
-        let params = if params.is_object() || params.is_boolean() { (*params).clone() } else { json!({ "type": "object" }) };
+        let mut params = if params.is_object() || params.is_boolean() { (*params).clone() } else { json!({ "type": "object" }) };
+        // The parameters schema sits under `properties/<args key>` of the call's schema: its
+        // own references (`#/$defs/…`, as Pydantic and Zod write them, or `#`) are rebased there.
+        rebase_refs(&mut params, &format!("#/properties/{}", pointer_escape(layout.args_key)));
         let schema = json!({
             "type": "object",
             "properties": { "name": { "const": name }, layout.args_key: params },
@@ -58,6 +61,32 @@ pub fn tool_call_grammar(layout: &CallLayout<'_>, tools: &[(&str, &Value)]) -> T
         grammars.push(g);
     }
     TopLevelGrammar { grammars, max_tokens: None }
+}
+
+/// `s` as a JSON-pointer token (`~` → `~0`, `/` → `~1`).
+fn pointer_escape(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+/// Prefixes every document-local `$ref` (`#…`) in `schema` with `base`, leaving data (`const`,
+/// `enum`, `default`, `examples`) alone. Walks with a stack of its own: depth is the schema's.
+fn rebase_refs(schema: &mut Value, base: &str) {
+    let mut todo = vec![schema];
+    while let Some(v) = todo.pop() {
+        match v {
+            Value::Object(m) => {
+                for (k, child) in m.iter_mut() {
+                    match (k.as_str(), child) {
+                        ("$ref", Value::String(r)) if r.starts_with('#') => *r = format!("{base}{}", &r[1..]),
+                        ("const" | "enum" | "default" | "examples", _) => {}
+                        (_, child) => todo.push(child),
+                    }
+                }
+            }
+            Value::Array(a) => todo.extend(a.iter_mut()),
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -110,5 +139,26 @@ mod tests {
         c.compute_mask().unwrap();
         assert!(c.mask().unwrap().is_allowed(eos));
         assert!(!c.mask().unwrap().is_allowed(b'\n' as u32), "one call only");
+
+        // Parameters with `$defs` and references to them (Pydantic's shape), and to their root.
+        let pydantic = json!({
+            "$defs": { "City": { "type": "object", "properties": { "name": { "type": "string", "enum": ["Paris"] } }, "required": ["name"], "additionalProperties": false } },
+            "type": "object",
+            "properties": { "city": { "$ref": "#/$defs/City" }, "next": { "anyOf": [{ "$ref": "#" }, { "type": "null" }] }, "note": { "const": { "$ref": "#/x" } } },
+            "required": ["city", "next"],
+            "additionalProperties": false,
+        });
+        let g = tool_call_grammar(&single, &[("trip", &pydantic)]);
+        let accepts = |text: &str| {
+            let mut c = comp.compile(&ResponseFormat::Compiled(g.clone())).unwrap().unwrap();
+            text.bytes().all(|b| {
+                c.compute_mask().unwrap();
+                c.mask().unwrap().is_allowed(b as u32) && c.commit(b as u32).is_ok()
+            }) && c.is_accepting()
+        };
+        let call = |args: &str| format!("<tool_call>\n{{\"name\": \"trip\", \"arguments\": {args}}}\n</tool_call>");
+        assert!(accepts(&call(r#"{"city": {"name": "Paris"}, "next": null}"#)));
+        assert!(accepts(&call(r#"{"city": {"name": "Paris"}, "next": {"city": {"name": "Paris"}, "next": null}}"#)));
+        assert!(!accepts(&call(r#"{"city": {"name": "Rome"}, "next": null}"#)));
     }
 }

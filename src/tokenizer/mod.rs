@@ -18,6 +18,8 @@
 pub mod detok;
 pub mod gguf;
 pub mod specials;
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+mod stack_tests;
 pub mod template;
 #[cfg(test)]
 mod test_support;

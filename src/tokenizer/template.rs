@@ -895,3 +895,7 @@ mod tests {
         assert_eq!(render_chatml(&msgs, true), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     }
 }
+
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+#[path = "template_stack_tests.rs"]
+mod stack_tests;

@@ -143,7 +143,8 @@ describe('special-token spellings in untrusted text', () => {
 
 describe('long prompts are tokenized off the engine thread', () => {
   it('a session keeps decoding while another 2 MB prompt is tokenized', async () => {
-    const small = await Runtime.load(fixture('qwen3-tiny'), { contextLength: 512 })
+    // A context whose input bound (32 bytes a token) lets the 2 MB prompt reach the tokenizer.
+    const small = await Runtime.load(fixture('qwen3-tiny'), { contextLength: 1 << 17 })
     try {
       const huge = 'the robot read the signs. '.repeat(80000)
       const big = small.createSession().complete(huge, { ...GREEDY, maxTokens: 1 })

@@ -342,6 +342,19 @@ export interface KvCacheOptions {
    */
   maxTokens?: number
   /**
+   * Bytes the pool may take over all sessions (rounded down to whole blocks); with `maxTokens`
+   * the smaller bound wins. What a server chooses to spend on KV cache: `Runtime.stats()`
+   * gives `kvBytesPerToken`.
+   */
+  maxBytes?: number
+  /**
+   * After this long (ms) with no request running, the pool forgets its cached prefixes and
+   * gives the memory of every block no session holds back to the OS (on Linux; elsewhere the
+   * blocks are freed for reuse but stay committed). A pool grows with its load and shrinks
+   * again when the load is gone. Default 30000; 0 never does.
+   */
+  idleReleaseMs?: number
+  /**
    * Share full blocks between sessions whose prompts start alike (same tokens, same experts).
    * Default true. With quantized weights, a prompt whose prefix comes from the cache can differ
    * in the last digits from the same prompt evaluated cold (the quantized kernels depend on
@@ -392,6 +405,8 @@ export interface RuntimeStats {
   prefixCacheHitTokens: number
   /** Blocks taken from idle sessions to make room, since load. */
   evictedBlocks: number
+  /** Blocks whose memory the pool gave back to the OS after idle periods, in all (`kvCache.idleReleaseMs`). */
+  kvBlocksReleased: number
   /** Bytes of the used blocks that live in GPU memory (0 on CPU). */
   kvDeviceBytes: number
   /** The GPU's free memory in bytes as of the engine's last step or command (read from the driver at most every 100 ms); `null` on CPU. */
@@ -572,6 +587,13 @@ export interface TokenChunk {
   toolCallDelta?: ToolCallDelta
   /** Every piece this token wrote, when it wrote more than one. */
   toolCallDeltas?: ToolCallDelta[]
+  /**
+   * First chunk only: the experts the request runs under, in application order (`[]`: the base
+   * model). With `experts: 'auto'` a stream knows from its first token which experts run.
+   */
+  experts?: string[]
+  /** First chunk only, for `experts: 'auto'`: the router's decision. */
+  routing?: RouteDecision
 }
 
 /**

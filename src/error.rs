@@ -35,6 +35,27 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// What went wrong, without the kind (`code` says that): what the bindings show after the
+    /// code.
+    pub fn message(&self) -> &str {
+        match self {
+            Self::ModelNotFound(m)
+            | Self::InvalidModel(m)
+            | Self::UnsupportedArchitecture(m)
+            | Self::ContextOverflow(m)
+            | Self::InvalidArgument(m)
+            | Self::SessionBusy(m)
+            | Self::Disposed(m)
+            | Self::NoCudaDevice(m)
+            | Self::ExpertNotFound(m)
+            | Self::UnsupportedAdapter(m)
+            | Self::InvalidAdapter(m)
+            | Self::KvCacheExhausted(m)
+            | Self::OutOfMemory(m)
+            | Self::Internal(m) => m,
+        }
+    }
+
     /// The stable code exposed to JavaScript as `err.code`.
     pub fn code(&self) -> &'static str {
         match self {

@@ -4,6 +4,7 @@ import { badRequest } from './errors'
 import { expertsHeader, newId, now, runGeneration, startSse, tokenInfo, usage } from './generation'
 import type { Context } from './context'
 import { samplingOptions } from './params'
+import { type ExpertRun, expertRun } from './models'
 import { assistantMessage, structuredOptions, toolCalls } from './structured'
 
 /** OpenAI message content: a string, or text parts. */
@@ -58,8 +59,7 @@ export async function chatCompletions(ctx: Context, body: Record<string, unknown
   const stream = body.stream === true
   const so = body.stream_options as { include_usage?: unknown } | undefined | null
   const includeUsage = stream && so != null && typeof so === 'object' && so.include_usage === true
-  const run = await ctx.experts(body.model, msgs)
-  options.experts = run.experts
+  options.experts = ctx.select(body.model)
 
   const id = newId('chatcmpl')
   const created = now()
@@ -82,23 +82,27 @@ export async function chatCompletions(ctx: Context, body: Record<string, unknown
         object: 'chat.completion',
         choices: [{ index: 0, message: assistantMessage(r.text, r.toolCalls), logprobs: logprobs === true ? { content } : null, finish_reason: r.finishReason }],
         usage: usage(r),
-        expert_runtime: { experts: r.experts, routing: run.routing },
+        expert_runtime: expertRun(r),
       },
       expertsHeader(r.experts),
     )
     return
   }
-  // The experts are known before the first token: the header and the first chunk say which run.
-  const send = startSse(res, ctx.headers(expertsHeader(run.experts)))
+  // The first chunk says which experts run (the engine routed 'auto' when it admitted the
+  // request): the header and the first SSE chunk carry it.
+  let run: ExpertRun | null = null
+  const send = startSse(res, () => ctx.headers(expertsHeader(run?.experts ?? [])))
   const chunk = (delta: Record<string, unknown>, finish: string | null, extra: Record<string, unknown> = {}, top: Record<string, unknown> = {}) =>
     send({ ...base, object: 'chat.completion.chunk', choices: [{ index: 0, delta, logprobs: null, finish_reason: finish, ...extra }], ...(includeUsage ? { usage: null } : {}), ...top })
   let started = false
-  const first = () => {
-    if (!started) chunk({ role: 'assistant', content: '' }, null, {}, { expert_runtime: { experts: run.experts, routing: run.routing } })
+  const first = (from: Parameters<typeof expertRun>[0]) => {
+    if (started) return
     started = true
+    run = expertRun(from)
+    chunk({ role: 'assistant', content: '' }, null, {}, { expert_runtime: run })
   }
   const r = await runGeneration(ctx.rt, msgs, options, res, ctx.metrics, ctx.track, (c) => {
-    first()
+    first(c)
     const extra = logprobs === true ? { logprobs: { content: [lp(c)] } } : {}
     const deltas = c.toolCallDeltas ?? (c.toolCallDelta ? [c.toolCallDelta] : [])
     if (deltas.length > 0) {
@@ -108,7 +112,7 @@ export async function chatCompletions(ctx: Context, body: Record<string, unknown
       chunk({ content: c.text }, null, extra)
     }
   })
-  first()
+  first(r)
   chunk({}, r.finishReason)
   if (includeUsage) send({ ...base, object: 'chat.completion.chunk', choices: [], usage: usage(r) })
   send('[DONE]')

@@ -4,6 +4,7 @@ import { badRequest } from './errors'
 import { expertsHeader, newId, now, runGeneration, startSse, tokenInfo, usage } from './generation'
 import type { Context } from './context'
 import { samplingOptions } from './params'
+import { type ExpertRun, expertRun } from './models'
 import { structuredOptions } from './structured'
 
 /** `prompt`: a string, an array of token ids, or a one-element array of either. */
@@ -28,8 +29,7 @@ export async function completions(ctx: Context, body: Record<string, unknown>, r
   }
   const wantLogprobs = typeof logprobs === 'number'
   if (wantLogprobs) options.topLogprobs = logprobs as number
-  const run = await ctx.experts(body.model, input)
-  options.experts = run.experts
+  options.experts = ctx.select(body.model)
   const stream = body.stream === true
   const so = body.stream_options as { include_usage?: unknown } | undefined | null
   const includeUsage = stream && so != null && typeof so === 'object' && so.include_usage === true
@@ -57,19 +57,20 @@ export async function completions(ctx: Context, body: Record<string, unknown>, r
         object: 'text_completion',
         choices: [{ index: 0, text: r.text, logprobs: wantLogprobs ? lp : null, finish_reason: r.finishReason }],
         usage: usage(r),
-        expert_runtime: { experts: r.experts, routing: run.routing },
+        expert_runtime: expertRun(r),
       },
       expertsHeader(r.experts),
     )
     return
   }
-  // The experts are known before the first token: the header and the first chunk say which run.
-  const send = startSse(res, ctx.headers(expertsHeader(run.experts)))
-  let announce: Record<string, unknown> | null = { expert_runtime: { experts: run.experts, routing: run.routing } }
-  const once = () => {
-    const a = announce ?? {}
-    announce = null
-    return a
+  // The first chunk says which experts run (the engine routed 'auto' when it admitted the
+  // request): the header and the first SSE chunk carry it.
+  let run: ExpertRun | null = null
+  const send = startSse(res, () => ctx.headers(expertsHeader(run?.experts ?? [])))
+  const once = (from: Parameters<typeof expertRun>[0]) => {
+    if (run) return {}
+    run = expertRun(from)
+    return { expert_runtime: run }
   }
   const r = await runGeneration(ctx.rt, input, options, res, ctx.metrics, ctx.track, (c) => {
     const one = { tokens: [] as string[], token_logprobs: [] as number[], top_logprobs: [] as Record<string, number>[], text_offset: [] as number[] }
@@ -77,9 +78,9 @@ export async function completions(ctx: Context, body: Record<string, unknown>, r
       record(c)
       for (const k of Object.keys(one) as (keyof typeof one)[]) (one[k] as unknown[]).push(lp[k][lp[k].length - 1])
     }
-    send({ ...base, object: 'text_completion', choices: [{ index: 0, text: c.text, logprobs: wantLogprobs ? one : null, finish_reason: null }], ...once() })
+    send({ ...base, object: 'text_completion', choices: [{ index: 0, text: c.text, logprobs: wantLogprobs ? one : null, finish_reason: null }], ...once(c) })
   })
-  send({ ...base, object: 'text_completion', choices: [{ index: 0, text: '', logprobs: null, finish_reason: r.finishReason }], ...once() })
+  send({ ...base, object: 'text_completion', choices: [{ index: 0, text: '', logprobs: null, finish_reason: r.finishReason }], ...once(r) })
   if (includeUsage) send({ ...base, object: 'text_completion', choices: [], usage: usage(r) })
   send('[DONE]')
   res.end()

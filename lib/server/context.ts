@@ -3,7 +3,7 @@ import type { Runtime } from '../runtime'
 import type { GenerationStream } from '../session'
 import type { CompletionResult, GenerateInput, GenerateOptions, TokenChunk } from '../types'
 import type { Metrics } from './metrics'
-import type { ExpertRun, Selection } from './models'
+import type { Selection } from './models'
 
 /** What an endpoint needs from the server serving it. */
 export interface Context {
@@ -12,8 +12,6 @@ export interface Context {
   metrics: Metrics
   /** `model` → experts (404 for an unknown one). */
   select(model: unknown): Selection
-  /** `model` → the experts a generation runs under, `auto` routed now (see `resolveExperts`). */
-  experts(model: unknown, input: GenerateInput): Promise<ExpertRun>
   /** Registers a running stream (the server cancels it when it closes); returns its removal. */
   track(stream: GenerationStream): () => void
   generate(input: GenerateInput, options: GenerateOptions, res: ServerResponse, onChunk: (c: TokenChunk) => void): Promise<CompletionResult>

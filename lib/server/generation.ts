@@ -66,11 +66,11 @@ export const usage = (r: CompletionResult) => ({
  * with the first event, so a request that fails before producing anything (a prompt beyond the
  * context) still gets its JSON error status.
  */
-export function startSse(res: ServerResponse, headers: Record<string, string> = {}): (data: unknown) => void {
+export function startSse(res: ServerResponse, headers: () => Record<string, string> = () => ({})): (data: unknown) => void {
   return (data) => {
     if (res.writableEnded || res.destroyed) return
     if (!res.headersSent) {
-      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no', ...headers })
+      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no', ...headers() })
     }
     res.write(`data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`)
   }

@@ -11,7 +11,7 @@ import { HttpError, badRequest, errorBody, notFound, toHttpError } from './error
 import { loadExpert, unloadExpert } from './experts'
 import { runGeneration } from './generation'
 import { Metrics } from './metrics'
-import { listModels, resolveExperts, selectModel } from './models'
+import { listModels, selectModel } from './models'
 
 export interface ServerOptions {
   /** Clients must send `Authorization: Bearer <apiKey>` for `/v1/*` (compared in constant time). */
@@ -153,7 +153,6 @@ export function createHandler(runtime: Runtime | Promise<Runtime>, options: Serv
       json,
       headers,
       generate: (input, opts, r, onChunk) => runGeneration(rt!, input, opts, r, metrics, track, onChunk),
-      experts: (model, input) => resolveExperts(rt!, selectModel(rt!, baseId, model), input),
     }
     if (path === '/v1/models') {
       if (method !== 'GET') throw methodNotAllowed(method, path)

@@ -1,5 +1,5 @@
 import type { Runtime } from '../runtime'
-import type { GenerateInput, RouteDecision } from '../types'
+import type { CompletionResult, RouteDecision, TokenChunk } from '../types'
 import { badRequest, notFound } from './errors'
 
 /** What a request's `model` selects: the experts it runs under (`[]`: the base model). */
@@ -35,7 +35,7 @@ export function listModels(rt: Runtime, baseId: string, created: number) {
   }
 }
 
-/** The experts a request runs under, known before it starts (what a streamed answer announces). */
+/** The experts a request ran under, as answers announce them (`expert_runtime`). */
 export interface ExpertRun {
   /** In application order (manifest `load_order`, then as selected), as `CompletionResult.experts`. */
   experts: string[]
@@ -44,23 +44,11 @@ export interface ExpertRun {
 }
 
 /**
- * Resolves a selection before the request starts: `auto` is routed here with `rt.route`, on
- * the text the engine would route (the conversation's last user turn, or the prompt; a
- * token-id prompt by its detokenized text), and the request then runs with the chosen experts.
- * That way the first chunk of a streamed answer can already say which experts run.
+ * What a generation's first chunk (or, when it wrote none, its result) says about the experts
+ * it runs under: the engine routes `auto` when it admits the request, among the experts
+ * loaded then, and says so in the first chunk, so a streamed answer can name them before its
+ * first token and an expert unloaded meanwhile is never picked.
  */
-export async function resolveExperts(rt: Runtime, selection: Selection, input: GenerateInput): Promise<ExpertRun> {
-  if (selection !== 'auto') return { experts: applicationOrder(rt, selection), routing: null }
-  const query = typeof input === 'string' || Array.isArray(input) ? input : 'text' in input ? input.text : rt.detokenize(input.tokens)
-  const routing = await rt.route(query)
-  return { experts: applicationOrder(rt, routing.experts), routing }
-}
-
-/** `names` in the order the engine applies them: ascending manifest `load_order` (0 without), then as listed. */
-function applicationOrder(rt: Runtime, names: string[]): string[] {
-  const order = new Map(rt.experts.map((e) => [e.name, e.manifest?.load_order ?? 0]))
-  return names
-    .map((name, i) => ({ name, i, key: order.get(name) ?? 0 }))
-    .sort((a, b) => a.key - b.key || a.i - b.i)
-    .map((x) => x.name)
+export function expertRun(from: Pick<TokenChunk, 'experts' | 'routing'> | Pick<CompletionResult, 'experts' | 'routing'>): ExpertRun {
+  return { experts: from.experts ?? [], routing: from.routing ?? null }
 }

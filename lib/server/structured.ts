@@ -41,7 +41,14 @@ function tools(v: unknown): Tool[] | undefined {
     if (!isObject(t) || t.type !== 'function' || !isObject(t.function) || typeof t.function.name !== 'string') {
       throw badRequest(`tools[${i}] must be { type: "function", function: { name, description?, parameters? } }`, `tools[${i}]`)
     }
-    return t as unknown as Tool
+    // The fields the engine reads; others (a client's own annotations) are ignored, as in the
+    // rest of the request.
+    const f = t.function
+    const out: Tool = { type: 'function', function: { name: f.name as string } }
+    if (f.description !== undefined) out.function.description = f.description as string
+    if (f.parameters !== undefined) out.function.parameters = f.parameters as Tool['function']['parameters']
+    if (f.strict !== undefined) out.function.strict = f.strict as boolean
+    return out
   })
 }
 

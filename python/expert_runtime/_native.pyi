@@ -211,6 +211,8 @@ class TokenChunk:
     top_logprobs: Optional[List[Tuple[int, float]]]
     tool_call_delta: Optional[ToolCallDelta]
     tool_call_deltas: Optional[List[ToolCallDelta]]
+    experts: Optional[List[str]]  # first chunk only: the experts that run, in application order
+    routing: Optional[RouteDecision]  # first chunk only, for experts="auto": the router's decision
 
 class Usage:
     prompt_tokens: int

@@ -99,7 +99,7 @@ pub struct Engine {
     /// examples loads.
     generic_reference: GenericReference,
     /// The resident experts' keyword index, with the registry generation it was built for.
-    route_index: Mutex<Option<(u64, Arc<crate::experts::router::KeywordIndex>)>>,
+    route_index: routing::IndexCache,
 }
 
 type GenericReference = Arc<Mutex<Option<Arc<Vec<Vec<f32>>>>>>;
@@ -223,6 +223,7 @@ impl Engine {
             step_tokens: if model.device.is_cpu() { DEFAULT_STEP_TOKENS } else { DEVICE_STEP_TOKENS },
             prefix_cache: opts.kv_cache.prefix_cache.unwrap_or(true),
             kv_dtype,
+            idle_release: crate::kv::sizing::idle_release(&opts.kv_cache),
         };
         // The default pool is "what the budget holds": where the process may not reserve that
         // much (an address-space limit, an overcommit policy), take half, down to one context
@@ -232,7 +233,9 @@ impl Engine {
         let scheduler = loop {
             match Scheduler::new(model.clone(), tokenizer.clone(), defaults.clone(), eos.clone(), cfg.clone(), stats.clone()) {
                 Err(EngineError::OutOfMemory(_))
-                    if opts.kv_cache.max_tokens.is_none() && (cfg.num_blocks / 2) * block_size >= floor =>
+                    if opts.kv_cache.max_tokens.is_none()
+                        && opts.kv_cache.max_bytes.is_none()
+                        && (cfg.num_blocks / 2) * block_size >= floor =>
                 {
                     cfg.num_blocks /= 2
                 }
@@ -250,7 +253,7 @@ impl Engine {
             stats,
             router: RwLock::new(Arc::new(crate::experts::router::Router::new(Default::default())?)),
             generic_reference: GenericReference::default(),
-            route_index: Mutex::new(None),
+            route_index: routing::IndexCache::default(),
         });
         Ok((engine, scheduler, rx))
     }
@@ -323,6 +326,7 @@ impl Engine {
     }
 
     fn queue(&self, session: &SessionHandle, input: Input, options: GenerateOptions) -> Result<Generation> {
+        prepare::check_input(&input, self.info.context_length)?;
         let tx = self.sender()?;
         let live = self.live.read().unwrap();
         let live = live.as_ref().ok_or_else(disposed)?;

@@ -23,6 +23,55 @@ use super::structured::{Formats, Structured};
 use crate::error::{panic_message, EngineError, Result};
 use crate::tokenizer::{ChatMessage, Tokenizer, ToolSpec};
 
+/// Most messages one request may carry.
+pub const MAX_MESSAGES: usize = 4096;
+/// Bytes of text a request may carry per token of the context. Real text runs 3 to 5 bytes a
+/// token; a request far beyond that cannot fit the context, and rendering and tokenizing it
+/// first would cost about 80 times its size in memory (100,000 messages of 3.6 MB took 290 MB
+/// before they were refused as too long).
+pub const MAX_INPUT_BYTES_PER_TOKEN: usize = 32;
+/// A request may always carry this much text, however short the context.
+pub const MIN_INPUT_BYTES: usize = 256 << 10;
+
+/// Refuses, before anything is built from it, an input with more than [`MAX_MESSAGES`]
+/// messages or more text than a context of `context_length` tokens can hold
+/// ([`MAX_INPUT_BYTES_PER_TOKEN`]).
+pub fn check_input(input: &Input, context_length: usize) -> Result<()> {
+    let bytes = match input {
+        Input::Chat(messages) => {
+            if messages.len() > MAX_MESSAGES {
+                return Err(EngineError::InvalidArgument(format!(
+                    "a request may carry at most {MAX_MESSAGES} messages, got {}; send the conversation's recent turns, \
+                     or keep it in a session, which sends only the new ones",
+                    messages.len()
+                )));
+            }
+            messages.iter().map(message_bytes).fold(0usize, usize::saturating_add)
+        }
+        Input::Text(t) => t.len(),
+        Input::Tokens(_) => 0,
+    };
+    check_text_bytes(bytes, context_length)
+}
+
+/// Refuses `bytes` of input text, more than a context of `context_length` tokens can hold.
+pub fn check_text_bytes(bytes: usize, context_length: usize) -> Result<()> {
+    let max_bytes = context_length.saturating_mul(MAX_INPUT_BYTES_PER_TOKEN).max(MIN_INPUT_BYTES);
+    if bytes > max_bytes {
+        return Err(EngineError::ContextOverflow(format!(
+            "the input is {bytes} bytes of text, more than a {context_length}-token context can hold \
+             (at most {max_bytes} bytes are accepted); shorten it or split it across requests"
+        )));
+    }
+    Ok(())
+}
+
+/// Text bytes of one message: what the chat template renders of it.
+pub fn message_bytes(m: &ChatMessage) -> usize {
+    let calls = m.tool_calls.iter().map(|c| c.id.len() + c.name.len() + c.arguments.len()).fold(0usize, usize::saturating_add);
+    (m.role.len() + m.content.len() + m.tool_call_id.as_ref().map_or(0, String::len)).saturating_add(calls)
+}
+
 /// Threads that prepare requests: enough that one huge prompt does not hold up the rest.
 fn pool_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8)

@@ -99,6 +99,17 @@ pub struct TokenChunk {
     pub top_logprobs: Option<Vec<(u32, f32)>>,
     /// Pieces of tool calls this token wrote (its call markup is not in `text`).
     pub tool_call_deltas: Vec<ToolCallDelta>,
+    /// The first chunk of a request only: the experts it runs under (in application order)
+    /// and, for `experts: 'auto'`, the router's decision. A stream can say which experts run
+    /// before it ends.
+    pub start: Option<Box<ChunkStart>>,
+}
+
+/// What the first chunk of a request says about how it runs.
+#[derive(Clone, Debug)]
+pub struct ChunkStart {
+    pub experts: Vec<String>,
+    pub routing: Option<crate::experts::router::Decision>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

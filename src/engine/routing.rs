@@ -7,7 +7,7 @@
 //! routing is keywords only and runs on the caller's thread in microseconds.
 
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::prepare::{self, Pending};
 use super::request::{Command, EmbedRequest, Event, Input, Pooling};
@@ -39,6 +39,28 @@ pub struct EmbedOptions {
 
 type Reply<T> = Box<dyn FnOnce(Result<T>) + Send>;
 
+/// The resident experts' keyword index, with the registry generation it was built for.
+#[derive(Clone, Default)]
+pub(super) struct IndexCache(Arc<Mutex<Option<BuiltIndex>>>);
+
+/// A keyword index and the registry generation it was built for.
+type BuiltIndex = (u64, Arc<KeywordIndex>);
+
+impl IndexCache {
+    /// The index of `experts` (generation `generation`), built only when the set changed.
+    fn get(&self, generation: u64, experts: &[Arc<Expert>]) -> Arc<KeywordIndex> {
+        let mut cache = self.0.lock().unwrap();
+        match &*cache {
+            Some((g, ix)) if *g == generation => ix.clone(),
+            _ => {
+                let ix = Arc::new(KeywordIndex::new(&candidates(experts)));
+                *cache = Some((generation, ix.clone()));
+                ix
+            }
+        }
+    }
+}
+
 impl Engine {
     /// One vector per text (`hidden_size` long): the final hidden state after the final norm,
     /// pooled. Texts are tokenized with the tokenizer's default special tokens (special
@@ -61,6 +83,10 @@ impl Engine {
                     "embed takes at most {MAX_EMBED_TEXTS} texts per call ({} given)",
                     texts.len()
                 )));
+            }
+            // Each text is one sequence of the context (refused before it is tokenized).
+            for t in &texts {
+                prepare::check_text_bytes(t.len(), self.info.context_length)?;
             }
             let experts = self.experts()?.resolve(&opts.experts)?;
             Ok((self.tokenizer()?, self.sender()?, experts))
@@ -86,7 +112,7 @@ impl Engine {
     pub fn route(&self, input: Input, history_turns: Option<usize>) -> tokio::sync::oneshot::Receiver<Result<Decision>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         match self.routing_query(&input, &[], history_turns) {
-            Ok(q) => self.route_then(q, Box::new(move |r| drop(tx.send(r)))),
+            Ok(q) => self.route_then(q, Box::new(move |r| drop(tx.send(r.map(|(d, _)| d))))),
             Err(e) => drop(tx.send(Err(e))),
         }
         rx
@@ -140,28 +166,40 @@ impl Engine {
         })
     }
 
-    /// Routes `query` and calls `then` with the decision: at once (keywords only), or once
-    /// its embedding comes back from the engine thread (on that thread: `then` must be quick).
-    fn route_then(&self, query: String, then: Reply<Decision>) {
-        let parts = (|| Ok((self.router.read().unwrap().clone(), self.routable()?, self.tokenizer()?, self.sender()?)))();
-        let (router, experts, tok, tx) = match parts {
+    /// Routes `query` and calls `then` with the decision and the chosen experts, pinned: at
+    /// once (keywords only), or once its embedding comes back from the engine thread (on that
+    /// thread: `then` must be quick). The decision is made and its experts pinned in one step
+    /// over the experts loaded then (`Registry::with_loaded`), so an expert unloaded while a
+    /// query is embedded is never chosen.
+    fn route_then(&self, query: String, then: Reply<(Decision, ExpertSet)>) {
+        let parts = (|| Ok((self.router.read().unwrap().clone(), self.experts()?, self.tokenizer()?, self.sender()?)))();
+        let (router, registry, tok, tx) = match parts {
             Ok(p) => p,
             Err(e) => return then(Err(e)),
         };
-        let Some(generic) = self.reference_if_embedding(&experts, &query) else {
-            return then(Ok(decide(&router, &query, None, &experts)));
+        let cache = self.route_index.clone();
+        let text = query.clone();
+        let loaded = registry.list();
+        let decide_pinned = move |embedding: Option<Embedded>| {
+            registry.with_loaded(|generation, experts| {
+                let d = decide(&router, &query, embedding, experts, &cache.get(generation, experts));
+                let chosen = experts.iter().filter(|e| d.experts.contains(&e.name)).cloned().collect();
+                (d, ExpertSet::new(chosen))
+            })
+        };
+        let Some(generic) = self.reference_if_embedding(&loaded, &text) else {
+            return then(Ok(decide_pinned(None)));
         };
         let job = move || {
-            let ids = match guarded(|| embed_ids(&tok, &query, ROUTE_EMBED_TOKENS)) {
+            let ids = match guarded(|| embed_ids(&tok, &text, ROUTE_EMBED_TOKENS)) {
                 Ok(ids) => ids,
                 Err(e) => return then(Err(e)),
             };
             let reply: Reply<Vec<Vec<f32>>> = Box::new(move |r| {
-                let d = r.map(|mut v| {
+                then(r.map(|mut v| {
                     let q = v.pop().unwrap_or_default();
-                    decide(&router, &query, Some(Embedded { query: &q, generic: &generic }), &experts)
-                });
-                then(d)
+                    decide_pinned(Some(Embedded { query: &q, generic: &generic }))
+                }))
             });
             send_embed(&tx, vec![ids], ROUTE_POOLING, ExpertSet::none(), false, reply);
         };
@@ -172,32 +210,18 @@ impl Engine {
     /// `None` when it does ([`Self::route`] then).
     pub fn route_now(&self, input: &Input, history_turns: Option<usize>) -> Result<Option<Decision>> {
         let query = self.routing_query(input, &[], history_turns)?;
-        let experts = self.routable()?;
+        let (generation, experts) = self.experts()?.snapshot();
         if self.reference_if_embedding(&experts, &query).is_some() {
             return Ok(None);
         }
-        Ok(Some(decide(&self.router.read().unwrap(), &query, None, &experts)))
+        let index = self.route_index.get(generation, &experts);
+        Ok(Some(decide(&self.router.read().unwrap(), &query, None, &experts, &index)))
     }
 
     /// The generic references, when routing `query` over `experts` embeds it.
-    fn reference_if_embedding(&self, experts: &Routable, query: &str) -> Option<Arc<Vec<Vec<f32>>>> {
-        let wants = experts.experts.iter().any(|e| !e.examples.is_empty()) && !query.trim().is_empty();
+    fn reference_if_embedding(&self, experts: &[Arc<Expert>], query: &str) -> Option<Arc<Vec<Vec<f32>>>> {
+        let wants = experts.iter().any(|e| !e.examples.is_empty()) && !query.trim().is_empty();
         self.generic_reference.lock().unwrap().clone().filter(|_| wants)
-    }
-
-    /// The resident experts and their keyword index (rebuilt only when the set changed).
-    fn routable(&self) -> Result<Routable> {
-        let (generation, experts) = self.experts()?.snapshot();
-        let mut cache = self.route_index.lock().unwrap();
-        let index = match &*cache {
-            Some((g, ix)) if *g == generation => ix.clone(),
-            _ => {
-                let ix = Arc::new(KeywordIndex::new(&candidates(&experts)));
-                *cache = Some((generation, ix.clone()));
-                ix
-            }
-        };
-        Ok(Routable { experts, index })
     }
 
     /// `experts: 'auto'`: routes the request's input, pins the chosen set and queues it. A
@@ -207,12 +231,11 @@ impl Engine {
             let history = pending.shared.history.lock().unwrap();
             self.routing_query(&pending.input, &history, None)?
         };
-        let (formats, registry) = (live.formats.clone(), live.experts.clone());
+        let formats = live.formats.clone();
         self.route_then(
             query,
-            Box::new(move |decision| {
+            Box::new(move |chosen| {
                 let mut pending = pending;
-                let chosen = decision.and_then(|d| registry.resolve(&d.experts).map(|set| (d, set)));
                 let err = match chosen {
                     Ok((d, set)) => {
                         pending.request.experts = set;
@@ -259,20 +282,13 @@ pub(super) fn embed_examples(
     Ok(())
 }
 
-/// The router's decision over the resident experts.
-fn decide(router: &Router, query: &str, embedding: Option<Embedded>, experts: &Routable) -> Decision {
-    let mut d = router.route_indexed(query, embedding, &candidates(&experts.experts), &experts.index);
+/// The router's decision over the resident experts (`index`: their keywords).
+fn decide(router: &Router, query: &str, embedding: Option<Embedded>, experts: &[Arc<Expert>], index: &KeywordIndex) -> Decision {
+    let mut d = router.route_indexed(query, embedding, &candidates(experts), index);
     if query.trim().is_empty() {
         d.reason = format!("{} (the routed text is empty)", d.reason);
     }
     d
-}
-
-/// The resident experts as the router sees them (in load order; the index refers to them by
-/// position).
-struct Routable {
-    experts: Vec<Arc<Expert>>,
-    index: Arc<KeywordIndex>,
 }
 
 static NO_ROUTING: std::sync::LazyLock<crate::experts::manifest::Routing> = std::sync::LazyLock::new(Default::default);

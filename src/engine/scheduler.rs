@@ -31,6 +31,9 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
+#[path = "scheduler_idle.rs"]
+mod idle;
+
 use super::embedding::{Embeddings, TextJob};
 use super::load::GenerationDefaults;
 use super::profile::{Phase, StepProfile};
@@ -127,6 +130,8 @@ pub struct SchedulerConfig {
     pub prefix_cache: bool,
     /// What the pool stores keys and values as.
     pub kv_dtype: crate::kv::KvFormat,
+    /// Idle this long, the pool gives its unused blocks' memory back (`None`: never).
+    pub idle_release: Option<std::time::Duration>,
 }
 
 pub struct Scheduler {
@@ -148,6 +153,7 @@ pub struct Scheduler {
     stats: Arc<EngineStats>,
     last_memory_probe: std::time::Instant,
     profile: StepProfile,
+    idle_release: Option<std::time::Duration>,
 }
 
 /// How often `publish` asks the driver for free GPU memory (a driver call per step would be
@@ -186,6 +192,7 @@ impl Scheduler {
             stats,
             last_memory_probe: std::time::Instant::now(),
             profile: StepProfile::from_env(),
+            idle_release: cfg.idle_release,
         })
     }
 
@@ -197,9 +204,9 @@ impl Scheduler {
                 let idle = self.running.is_empty() && self.waiting.is_empty() && self.embeds.is_idle();
                 let cmd = if idle {
                     self.publish();
-                    match rx.recv() {
-                        Ok(c) => c,
-                        Err(_) => return,
+                    match self.recv_idle(&rx) {
+                        Some(c) => c,
+                        None => return,
                     }
                 } else {
                     match rx.try_recv() {
@@ -379,7 +386,7 @@ impl Scheduler {
         let o = &req.options;
         let p = o.sampling.resolve(&self.defaults.sampling).map_err(EngineError::InvalidArgument)?;
         if o.max_tokens == Some(0) {
-            return Err(EngineError::InvalidArgument("maxTokens must be at least 1".into()));
+            return Err(EngineError::InvalidArgument("maxTokens must be a positive integer (1 or more), got 0".into()));
         }
         Ok(p)
     }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::request::{Completion, Event, FinishReason, GenerateRequest, Timings, TokenChunk, Usage};
+use super::request::{ChunkStart, Completion, Event, FinishReason, GenerateRequest, Timings, TokenChunk, Usage};
 use crate::experts::router::Decision;
 use crate::experts::ExpertSet;
 use crate::sampling::{Constraint, Sampled, Sampler};
@@ -186,7 +186,7 @@ impl Sequence {
             (Some(c), false) => c.commit(s.token).unwrap_or(true),
             _ => false,
         };
-        let reason = if is_eos || stopped || grammar_done {
+        let mut reason = if is_eos || stopped || grammar_done {
             Some(FinishReason::Stop)
         } else if self.usage.completion_tokens >= self.max_tokens || !room_left {
             Some(FinishReason::Length)
@@ -202,16 +202,25 @@ impl Sequence {
             Some(t) => t.push(&text),
             None => (text, Vec::new()),
         };
+        // A call that repeats an earlier one is a loop: the answer ends with the calls so far.
+        if reason.is_none() && self.tools.as_ref().is_some_and(ToolStream::looped) {
+            reason = Some(FinishReason::Stop);
+        }
         if reason.is_some() {
             text.push_str(&self.finish_tools());
         }
         self.text.push_str(&text);
+        let start = (self.usage.completion_tokens == 1).then(|| {
+            let experts = self.experts.experts().iter().map(|e| e.name.clone()).collect();
+            Box::new(ChunkStart { experts, routing: self.routing.clone() })
+        });
         let chunk = TokenChunk {
             token_id: s.token,
             text,
             logprob: s.logprob,
             top_logprobs: self.want_top.then_some(s.top_logprobs),
             tool_call_deltas,
+            start,
         };
         let _ = self.events.send(Event::Token(chunk));
         self.last_token = Some(s.token);

@@ -18,6 +18,8 @@ pub struct EngineStats {
     pub queued_requests: AtomicU64,
     pub prefix_cache_hit_tokens: AtomicU64,
     pub evicted_blocks: AtomicU64,
+    /// Blocks whose memory was given back to the OS after idle periods (in all).
+    pub kv_blocks_released: AtomicU64,
     /// The pool lives in GPU memory.
     pub kv_on_device: AtomicBool,
     pub device_memory_free: AtomicU64,
@@ -40,6 +42,8 @@ pub struct StatsSnapshot {
     pub queued_requests: u64,
     pub prefix_cache_hit_tokens: u64,
     pub evicted_blocks: u64,
+    /// Blocks whose memory the pool gave back to the OS after idle periods, in all.
+    pub kv_blocks_released: u64,
     /// KV bytes in use that live in GPU memory (0 on CPU).
     pub kv_device_bytes: u64,
     /// The GPU's free and total memory (`None` on CPU) as of the last step or command, read
@@ -67,6 +71,7 @@ impl EngineStats {
             queued_requests: queued,
             prefix_cache_hit_tokens: r(&self.prefix_cache_hit_tokens),
             evicted_blocks: r(&self.evicted_blocks),
+            kv_blocks_released: r(&self.kv_blocks_released),
             kv_device_bytes: if on_device { used * bs * bpt } else { 0 },
             device_memory_free: on_device.then(|| r(&self.device_memory_free)),
             device_memory_total: on_device.then(|| r(&self.device_memory_total)),

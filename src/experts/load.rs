@@ -52,6 +52,9 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     if !dir.exists() {
         return Err(EngineError::ExpertNotFound(format!("no adapter at {}", dir.display())));
     }
+    if !dir.is_dir() {
+        return Err(not_a_peft_directory(dir));
+    }
     if !opts.scale.is_finite() {
         return Err(EngineError::InvalidArgument(format!("scale must be a finite number, got {}", opts.scale)));
     }
@@ -85,8 +88,10 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     let mmap = opts.mmap && model.device.is_cpu() && model.dtype == DType::F32;
     let build = ModuleBuilder { cfg: &cfg, model, dtype: model.dtype, device: &staging, scale: opts.scale, mmap };
     let parsed = start.elapsed();
-    let mut built = build.modules(targeted, by_slot)?;
+    let built = build.modules(targeted, by_slot);
+    let built = built.map_err(|e| wrong_base(e, &cfg, model))?;
     let made = start.elapsed();
+    let mut built = built;
     if !staging.same_device(&model.device) {
         let tensors = built.modules.iter_mut().flatten().flat_map(ModuleAdapter::tensors_mut).collect();
         upload_together(tensors, &model.device)?;
@@ -171,6 +176,52 @@ fn gather<T: candle_core::WithDType>(group: &[&mut Tensor]) -> Result<Tensor> {
     })?;
     Ok(Tensor::from_vec(out, total, &Device::Cpu)?)
 }
+
+/// What a path to a file instead of an adapter directory gets: a GGUF adapter (llama.cpp's LoRA
+/// format) or a lone safetensors file are named as such, with what to pass instead.
+fn not_a_peft_directory(path: &Path) -> EngineError {
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    let shown = path.display();
+    match ext.as_deref() {
+        Some("gguf") => EngineError::UnsupportedAdapter(format!(
+            "{shown} is a GGUF file; experts are PEFT adapter directories (adapter_config.json and \
+             adapter_model.safetensors, as PEFT's save_pretrained writes them): pass the directory the \
+             adapter was trained into"
+        )),
+        Some("safetensors") => EngineError::InvalidArgument(format!(
+            "{shown} is a file; pass the adapter's directory (the one holding adapter_config.json beside it)"
+        )),
+        _ => EngineError::InvalidArgument(format!(
+            "{shown} is a file; an expert is a PEFT adapter directory (adapter_config.json and adapter_model.safetensors)"
+        )),
+    }
+}
+
+/// Says what a tensor that does not fit the model means: the adapter was made for another base
+/// model. Names the base the adapter declares and the model this runtime runs.
+fn wrong_base(e: EngineError, cfg: &AdapterConfig, model: &Decoder) -> EngineError {
+    let EngineError::InvalidAdapter(detail) = &e else { return e };
+    if !detail.contains(SHAPE_MISMATCH) {
+        return e;
+    }
+    let declared = match (&cfg.base_model, &cfg.base_model_class) {
+        (Some(name), Some(class)) => format!("{name} ({class})"),
+        (Some(name), None) => name.clone(),
+        (None, Some(class)) => format!("a {class}"),
+        (None, None) => "another base model (adapter_config.json names none)".into(),
+    };
+    let m = &model.cfg;
+    EngineError::InvalidAdapter(format!(
+        "this adapter was trained for {declared}, not for the model this runtime runs (a {} model with \
+         hidden size {}, {} layers); load it on its own base model ({detail})",
+        m.arch.name(),
+        m.hidden_size,
+        m.num_layers
+    ))
+}
+
+/// How every shape check of an adapter tensor words a mismatch (see [`wrong_base`]).
+const SHAPE_MISMATCH: &str = "has shape";
 
 /// `adapter_config.json`.
 fn read_config(dir: &Path) -> Result<AdapterConfig> {

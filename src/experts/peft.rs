@@ -99,6 +99,8 @@ pub struct AdapterConfig {
     pub num_transformer_submodules: usize,
     /// `base_model_class` from PEFT's `auto_mapping`, e.g. `Qwen3ForCausalLM`.
     pub base_model_class: Option<String>,
+    /// `base_model_name_or_path`: the model the adapter was trained on, as PEFT recorded it.
+    pub base_model: Option<String>,
 }
 
 /// PEFT's `get_pattern_key`: a pattern applies to a module whose path ends with it after a dot.
@@ -208,6 +210,7 @@ impl AdapterConfig {
             num_virtual_tokens: num("num_virtual_tokens").unwrap_or(0.0) as usize,
             num_transformer_submodules: num("num_transformer_submodules").unwrap_or(1.0) as usize,
             base_model_class: v.pointer("/auto_mapping/base_model_class").and_then(Value::as_str).map(String::from),
+            base_model: v.get("base_model_name_or_path").and_then(Value::as_str).map(|s| s.chars().take(200).collect()),
         })
     }
 

@@ -68,10 +68,17 @@ impl Registry {
 
     /// [`Self::list`] with the generation it belongs to: equal generations, equal lists.
     pub fn snapshot(&self) -> (u64, Vec<Arc<Expert>>) {
+        self.with_loaded(|generation, experts| (generation, experts.to_vec()))
+    }
+
+    /// Runs `f` over the loaded experts (in load order, with their generation) while none can
+    /// be loaded or unloaded: an expert `f` picks is still loaded when it returns. `f` must be
+    /// quick (loads and unloads wait for it) and must not call back into the registry.
+    pub fn with_loaded<T>(&self, f: impl FnOnce(u64, &[Arc<Expert>]) -> T) -> T {
         let m = self.by_name.lock().unwrap();
         let mut v: Vec<Arc<Expert>> = m.values().cloned().collect();
         v.sort_by_key(|e| e.id);
-        (self.generation.load(Ordering::Relaxed), v)
+        f(self.generation.load(Ordering::Relaxed), &v)
     }
 
     /// The set a request runs under: `EXPERT_NOT_FOUND` for a name not loaded,

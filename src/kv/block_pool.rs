@@ -9,7 +9,9 @@
 //!
 //! Free blocks are either **touched** (used before, so their memory is resident) or **fresh**
 //! (never handed out: on the CPU the store's pages behind them are not committed yet, so the
-//! process's RSS grows only as fresh blocks are first used).
+//! process's RSS grows only as fresh blocks are first used). [`BlockPool::give_back`] turns
+//! every cached and touched free block into a **released** one, whose memory the store then
+//! returns to the OS (after an idle period): released blocks are handed out like fresh ones.
 //!
 //! [`BlockPool::alloc`] takes, in order: a touched free block (the most recently freed); the
 //! oldest cached block, *when the cache is not paying for itself*; a fresh block; the oldest
@@ -33,6 +35,8 @@ pub struct BlockPool {
     free: Vec<BlockId>,
     /// Blocks `fresh..total` were never handed out.
     fresh: usize,
+    /// Free blocks whose memory was given back (handed out like fresh ones).
+    released: Vec<BlockId>,
     /// Blocks that entered the cache and blocks revived from it, halved together now and then.
     entered_cache: u64,
     revived: u64,
@@ -69,6 +73,7 @@ impl BlockPool {
             refs: super::try_filled(num_blocks, 0)?,
             free: Vec::new(),
             fresh: 0,
+            released: Vec::new(),
             entered_cache: 0,
             revived: 0,
             cached: BTreeMap::new(),
@@ -93,12 +98,26 @@ impl BlockPool {
 
     /// Blocks [`alloc`](Self::alloc) can hand out: free plus cached.
     pub fn available(&self) -> usize {
-        self.free.len() + (self.total() - self.fresh) + self.cached.len()
+        self.free.len() + self.released.len() + (self.total() - self.fresh) + self.cached.len()
     }
 
-    /// Blocks ever handed out: the part of the store whose memory is resident.
+    /// Blocks handed out and not given back since: the part of the store whose memory is
+    /// resident.
     pub fn touched(&self) -> usize {
-        self.fresh
+        self.fresh - self.released.len()
+    }
+
+    /// Makes every cached block free (forgetting its prefix) and every free block released;
+    /// returns the blocks released now, in ascending order, so their memory can be returned.
+    pub fn give_back(&mut self) -> Vec<BlockId> {
+        let mut now: Vec<BlockId> = std::mem::take(&mut self.free);
+        for (_, b) in std::mem::take(&mut self.cached) {
+            self.index.remove(b);
+            now.push(b);
+        }
+        now.sort_unstable();
+        self.released.extend_from_slice(&now);
+        now
     }
 
     /// Whether cached blocks earn their memory: a quarter of those cached were revived.
@@ -129,9 +148,11 @@ impl BlockPool {
     pub fn alloc(&mut self) -> Option<BlockId> {
         let b = if let Some(b) = self.free.pop() {
             b
-        } else if self.fresh < self.total() && (self.cached.is_empty() || self.cache_pays()) {
-            self.fresh += 1;
-            (self.fresh - 1) as BlockId
+        } else if (!self.released.is_empty() || self.fresh < self.total()) && (self.cached.is_empty() || self.cache_pays()) {
+            self.released.pop().unwrap_or_else(|| {
+                self.fresh += 1;
+                (self.fresh - 1) as BlockId
+            })
         } else {
             let (_, b) = self.cached.pop_first()?;
             self.index.remove(b);
@@ -276,6 +297,30 @@ mod tests {
         assert!(p.lookup(&key(ROOT, &[1])).is_some());
         assert_eq!(p.alloc(), Some(a));
         assert!(p.lookup(&key(ROOT, &[1])).is_none());
+    }
+
+    #[test]
+    fn give_back_releases_cached_and_free_blocks_and_hands_them_out_again() {
+        let mut p = BlockPool::new(4, 1);
+        let (a, b, c) = (p.alloc().unwrap(), p.alloc().unwrap(), p.alloc().unwrap());
+        p.register(a, key(ROOT, &[1]));
+        p.release(a); // cached
+        p.release(b); // free
+        assert_eq!((p.touched(), p.cached(), p.available()), (3, 1, 3));
+        assert_eq!(p.give_back(), vec![a, b]);
+        // The prefix is forgotten, the held block stays, nothing is lost from the pool.
+        assert_eq!(p.lookup(&key(ROOT, &[1])), None);
+        assert_eq!((p.touched(), p.cached(), p.used(), p.available()), (1, 0, 1, 3));
+        assert!(p.give_back().is_empty());
+        // Released blocks go out before the never-used one, then it; then none is left.
+        let mut out: Vec<_> = (0..3).map(|_| p.alloc().unwrap()).collect();
+        assert_eq!(out.pop(), Some(3));
+        out.sort_unstable();
+        assert_eq!(out, vec![a, b]);
+        assert!(p.alloc().is_none());
+        assert_eq!((p.touched(), p.used()), (4, 4));
+        p.release(c);
+        assert_eq!(p.give_back(), vec![c]);
     }
 
     #[test]

@@ -128,6 +128,15 @@ impl KvManager {
         self.pool.available()
     }
 
+    /// Forgets every cached prefix and returns the memory of every block no table lists to the
+    /// OS (CPU pools; called when the engine has been idle a while). Returns how many blocks
+    /// were released.
+    pub fn give_back(&mut self) -> Result<usize> {
+        let blocks = self.pool.give_back();
+        self.store.release_memory(&blocks)?;
+        Ok(blocks.len())
+    }
+
     /// Blocks a table needs for `positions` positions.
     pub fn blocks_for(&self, positions: usize) -> usize {
         blocks_for(positions, self.pool.block_size())

@@ -11,6 +11,12 @@ pub struct KvCacheOptions {
     pub block_size: Option<usize>,
     /// Positions the pool holds over all sessions (default: see [`default_tokens`]).
     pub max_tokens: Option<usize>,
+    /// Bytes the pool may take (with `max_tokens`, the smaller bound wins).
+    pub max_bytes: Option<u64>,
+    /// Idle this long (ms), the pool forgets its cached prefixes and gives the memory of the
+    /// blocks no session holds back to the OS; 0 never does (default
+    /// [`DEFAULT_IDLE_RELEASE_MS`]).
+    pub idle_release_ms: Option<u64>,
     /// Share full blocks between sequences with the same prefix (default true).
     pub prefix_cache: Option<bool>,
     /// What the pool stores keys and values as: `f32` | `f16` | `bf16` | `q8_0` | `q4_0`
@@ -35,6 +41,17 @@ pub fn kv_dtype(name: Option<&str>, model: candle_core::DType) -> Result<KvForma
 }
 
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// How long the engine waits idle before the pool gives unused memory back (ms).
+pub const DEFAULT_IDLE_RELEASE_MS: u64 = 30_000;
+
+/// The idle period after which the pool gives unused memory back; `None`: never.
+pub fn idle_release(opts: &KvCacheOptions) -> Option<std::time::Duration> {
+    match opts.idle_release_ms.unwrap_or(DEFAULT_IDLE_RELEASE_MS) {
+        0 => None,
+        ms => Some(std::time::Duration::from_millis(ms)),
+    }
+}
 
 /// The default pool size in positions: what `budget_bytes` holds at `bytes_per_token`, at
 /// most 64 full contexts.
@@ -67,14 +84,25 @@ pub fn pool_shape(
     if bs == 0 || bs > 1024 {
         return Err(EngineError::InvalidArgument(format!("kvCache.blockSize must be between 1 and 1024 (got {bs})")));
     }
-    let tokens = match opts.max_tokens {
-        Some(n) if n < bs => {
+    let by_bytes = match opts.max_bytes {
+        Some(b) if b < bs.saturating_mul(bytes_per_token) as u64 => {
+            return Err(EngineError::InvalidArgument(format!(
+                "kvCache.maxBytes must hold at least one block ({} bytes for {bs} positions; got {b})",
+                bs * bytes_per_token
+            )))
+        }
+        Some(b) => Some(usize::try_from(b / bytes_per_token.max(1) as u64).unwrap_or(usize::MAX)),
+        None => None,
+    };
+    let tokens = match (opts.max_tokens, by_bytes) {
+        (Some(n), _) if n < bs => {
             return Err(EngineError::InvalidArgument(format!(
                 "kvCache.maxTokens must be at least one block ({bs} positions; got {n})"
             )))
         }
-        Some(n) => n,
-        None => default_tokens(memory.budget, bytes_per_token, context_length).max(bs),
+        (Some(n), b) => n.min(b.unwrap_or(usize::MAX)),
+        (None, Some(b)) => b,
+        (None, None) => default_tokens(memory.budget, bytes_per_token, context_length).max(bs),
     };
     let bytes = (tokens as u64).saturating_mul(bytes_per_token as u64);
     if bytes > memory.total {
@@ -100,7 +128,7 @@ mod tests {
 
     #[test]
     fn options_are_checked_and_the_default_follows_the_budget() {
-        let opts = |block_size, max_tokens| KvCacheOptions { block_size, max_tokens, prefix_cache: None, dtype: None };
+        let opts = |block_size, max_tokens| KvCacheOptions { block_size, max_tokens, ..Default::default() };
         let mem = |budget, limit| KvMemory { budget, total: limit, limit };
         assert_eq!(pool_shape(&opts(None, Some(100)), 8, 64, mem(0, u64::MAX)).unwrap(), (6, 16));
         assert!(pool_shape(&opts(Some(0), None), 8, 64, mem(0, u64::MAX)).is_err());
@@ -119,5 +147,28 @@ mod tests {
         let busy = KvMemory { budget: 0, total: 1 << 34, limit: 1 << 30 };
         let e = pool_shape(&opts(None, Some(1 << 24)), 1024, 64, busy).unwrap_err();
         assert!(matches!(e, EngineError::OutOfMemory(_)), "{e:?}");
+    }
+
+    #[test]
+    fn a_byte_bound_sizes_the_pool_and_the_smaller_bound_wins() {
+        let bytes = |max_tokens, max_bytes| KvCacheOptions { max_tokens, max_bytes, ..Default::default() };
+        let mem = KvMemory { budget: 1 << 30, total: u64::MAX, limit: u64::MAX };
+        // 1 MiB at 1 KiB per token: 1024 positions, 64 blocks of 16.
+        assert_eq!(pool_shape(&bytes(None, Some(1 << 20)), 1024, 4096, mem).unwrap(), (64, 16));
+        assert_eq!(pool_shape(&bytes(Some(320), Some(1 << 20)), 1024, 4096, mem).unwrap(), (20, 16));
+        assert_eq!(pool_shape(&bytes(Some(4096), Some(1 << 20)), 1024, 4096, mem).unwrap(), (64, 16));
+        // Less than one block, or u64::MAX (more than the device): refused.
+        let e = pool_shape(&bytes(None, Some(1000)), 1024, 4096, mem).unwrap_err();
+        assert!(e.to_string().contains("kvCache.maxBytes"), "{e}");
+        let small = KvMemory { budget: 1 << 20, total: 1 << 30, limit: 1 << 30 };
+        assert!(matches!(pool_shape(&bytes(None, Some(u64::MAX)), 1024, 4096, small), Err(EngineError::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn idle_release_defaults_on_and_zero_turns_it_off() {
+        let o = |ms| KvCacheOptions { idle_release_ms: ms, ..Default::default() };
+        assert_eq!(idle_release(&o(None)), Some(std::time::Duration::from_millis(DEFAULT_IDLE_RELEASE_MS)));
+        assert_eq!(idle_release(&o(Some(0))), None);
+        assert_eq!(idle_release(&o(Some(250))), Some(std::time::Duration::from_millis(250)));
     }
 }

@@ -344,6 +344,28 @@ impl KvStore {
         Ok(())
     }
 
+    /// Returns the memory of `blocks` (ascending; none of them listed by a table) to the OS, on
+    /// a CPU pool: the next write commits it again. A GPU pool keeps its memory.
+    pub fn release_memory(&self, blocks: &[BlockId]) -> Result<()> {
+        if !self.head_major || blocks.is_empty() {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for &b in blocks {
+            let (start, end) = (b as usize * bs, (b as usize + 1) * bs);
+            match ranges.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => ranges.push((start, end)),
+            }
+        }
+        let (heads, slots) = (self.kv_heads, self.slots());
+        for t in self.k.iter().chain(&self.v).chain(&self.ks).chain(&self.vs) {
+            t.inplace_op1(&store_cpu::ReleaseSlots { ranges: &ranges, heads, slots })?;
+        }
+        Ok(())
+    }
+
     /// Copies the first `n` positions of block `src` into block `dst`, every layer
     /// (copy-on-write of a shared, partly used block).
     pub fn copy_block(&self, src: BlockId, dst: BlockId, n: usize) -> Result<()> {
@@ -433,6 +455,31 @@ mod tests {
         let got: Vec<f32> = stores[1].layer(1).0.narrow(0, 5, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         let want: Vec<f32> = k.narrow(0, 3, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap();
         assert_eq!(got, want);
+    }
+
+    /// Released blocks read back as zeros where they cover whole pages (their memory went back
+    /// to the OS); the blocks around them keep every value.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn released_blocks_give_their_pages_back() {
+        let (heads, hd, bs, blocks) = (2, 64, 16, 64);
+        let s = KvStore::new(1, blocks, bs, heads, hd, DType::F32, &Device::Cpu).unwrap();
+        let rows = blocks * bs;
+        let ones = Tensor::ones((rows, heads * hd), DType::F32, &Device::Cpu).unwrap();
+        s.write(0, &[SlotRun { row: 0, slot: 0, len: rows }], &ones, &ones).unwrap();
+        s.release_memory(&(8..56).collect::<Vec<_>>()).unwrap();
+        let (k, v) = s.gather(0, &Tensor::arange(0u32, rows as u32, &Device::Cpu).unwrap(), DType::F32).unwrap();
+        for t in [k, v] {
+            let sums: Vec<f32> = t.sum(1).unwrap().to_vec1().unwrap();
+            for (slot, sum) in sums.iter().enumerate() {
+                let block = slot / bs;
+                if !(8..56).contains(&block) {
+                    assert_eq!(*sum, (heads * hd) as f32, "slot {slot} of a kept block changed");
+                } else if (9..55).contains(&block) {
+                    assert_eq!(*sum, 0.0, "slot {slot} of a released block still holds its values");
+                }
+            }
+        }
     }
 
     /// Head-major and position-major pools hold the same rows: written by runs, copied

@@ -101,3 +101,73 @@ impl InplaceOp1 for CopySlots {
         }
     }
 }
+
+/// Returns the memory behind ranges of slots (`[start, end)`, ascending) of a head-major pool to
+/// the OS: every whole page they cover, for every head. The pages read back as zeros (a valid
+/// value of every pool dtype); only blocks no table lists are released, and they are written
+/// before they are read again. Elsewhere than Linux the memory stays committed.
+pub(super) struct ReleaseSlots<'a> {
+    pub ranges: &'a [(usize, usize)],
+    pub heads: usize,
+    pub slots: usize,
+}
+
+impl ReleaseSlots<'_> {
+    fn release<T>(&self, data: &mut [T], width: usize) -> candle_core::Result<()> {
+        let (heads, slots) = (self.heads, self.slots);
+        if data.len() != heads * slots * width || self.ranges.iter().any(|&(a, b)| a > b || b > slots) {
+            bail!("KV release of slot ranges outside a pool of {heads} heads × {slots} slots")
+        }
+        let row = width * std::mem::size_of::<T>();
+        let base = data.as_mut_ptr() as usize;
+        for head in 0..heads {
+            for &(a, b) in self.ranges {
+                let start = base + (head * slots + a) * row;
+                let end = base + (head * slots + b) * row;
+                // SAFETY: [start, end) lies inside `data`, which this op holds exclusively.
+                unsafe { dont_need(start, end) };
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Gives the whole pages inside `[start, end)` back to the OS (they read back as zeros).
+///
+/// # Safety
+/// The range must lie inside memory the caller holds exclusively, and zero bytes must be a valid
+/// value of what it holds.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+unsafe fn dont_need(start: usize, end: usize) {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    let page = *PAGE.get_or_init(|| usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1));
+    let (first, last) = (start.div_ceil(page) * page, end / page * page);
+    if first < last {
+        // SAFETY: whole pages inside the caller's exclusive range; MADV_DONTNEED on private
+        // anonymous memory replaces them with zero pages on the next touch. A failure leaves
+        // the memory as it was.
+        unsafe { libc::madvise(first as *mut libc::c_void, last - first, libc::MADV_DONTNEED) };
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+unsafe fn dont_need(_start: usize, _end: usize) {}
+
+impl InplaceOp1 for ReleaseSlots<'_> {
+    fn name(&self) -> &'static str {
+        "kv-release-head-major"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let Some((a, b)) = layout.contiguous_offsets() else { bail!("KV release needs a contiguous pool") };
+        let width = layout.dims().get(1).copied().unwrap_or(1);
+        match storage {
+            CpuStorage::F32(d) => self.release(&mut d[a..b], width),
+            CpuStorage::F16(d) => self.release(&mut d[a..b], width),
+            CpuStorage::BF16(d) => self.release(&mut d[a..b], width),
+            CpuStorage::U8(d) => self.release(&mut d[a..b], width),
+            s => bail!("KV release in a {:?} pool", s.dtype()),
+        }
+    }
+}

@@ -4,7 +4,7 @@
 use crate::error::EngineError;
 
 pub fn to_napi(e: EngineError) -> napi::Error {
-    napi::Error::new(napi::Status::GenericFailure, format!("{}: {e}", e.code()))
+    napi::Error::new(napi::Status::GenericFailure, format!("{}: {}", e.code(), e.message()))
 }
 
 pub fn disposed(what: &str) -> napi::Error {

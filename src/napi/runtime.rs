@@ -72,6 +72,9 @@ pub async fn load_runtime(
         kv_cache: KvCacheOptions {
             block_size: o.kv_cache.as_ref().and_then(|k| k.block_size).map(|n| n as usize),
             max_tokens: o.kv_cache.as_ref().and_then(|k| k.max_tokens).map(|n| n as usize),
+            // Whole, non-negative numbers: checked by the TypeScript layer.
+            max_bytes: o.kv_cache.as_ref().and_then(|k| k.max_bytes).map(|n| n as u64),
+            idle_release_ms: o.kv_cache.as_ref().and_then(|k| k.idle_release_ms).map(|n| n as u64),
             prefix_cache: o.kv_cache.as_ref().and_then(|k| k.prefix_cache),
             dtype: o.kv_cache.as_ref().and_then(|k| k.dtype.clone()),
         },

@@ -26,6 +26,8 @@ pub struct NativeLoadOptions {
 pub struct NativeKvCacheOptions {
     pub block_size: Option<u32>,
     pub max_tokens: Option<f64>,
+    pub max_bytes: Option<f64>,
+    pub idle_release_ms: Option<f64>,
     pub prefix_cache: Option<bool>,
     pub dtype: Option<String>,
 }
@@ -44,6 +46,7 @@ pub struct RuntimeStats {
     pub queued_requests: f64,
     pub prefix_cache_hit_tokens: f64,
     pub evicted_blocks: f64,
+    pub kv_blocks_released: f64,
     pub kv_device_bytes: f64,
     pub device_memory_free: Option<f64>,
     pub device_memory_total: Option<f64>,
@@ -64,6 +67,7 @@ impl From<engine::StatsSnapshot> for RuntimeStats {
             queued_requests: s.queued_requests as f64,
             prefix_cache_hit_tokens: s.prefix_cache_hit_tokens as f64,
             evicted_blocks: s.evicted_blocks as f64,
+            kv_blocks_released: s.kv_blocks_released as f64,
             kv_device_bytes: s.kv_device_bytes as f64,
             device_memory_free: s.device_memory_free.map(|b| b as f64),
             device_memory_total: s.device_memory_total.map(|b| b as f64),
@@ -187,6 +191,10 @@ pub struct JsTokenChunk {
     pub tool_call_delta: Option<JsToolCallDelta>,
     /// Every piece of tool calls this token wrote (rarely more than one).
     pub tool_call_deltas: Option<Vec<JsToolCallDelta>>,
+    /// First chunk only: the experts the request runs under, in application order.
+    pub experts: Option<Vec<String>>,
+    /// First chunk only, for `experts: 'auto'`: the router's decision.
+    pub routing: Option<JsRouteDecision>,
 }
 
 #[napi(object)]
@@ -352,6 +360,8 @@ impl From<TokenChunk> for JsTokenChunk {
                 .map(|v| v.into_iter().map(|(token_id, lp)| TopLogprob { token_id, logprob: lp as f64 }).collect()),
             tool_call_delta: c.tool_call_deltas.first().cloned().map(Into::into),
             tool_call_deltas: (!c.tool_call_deltas.is_empty()).then(|| c.tool_call_deltas.into_iter().map(Into::into).collect()),
+            experts: c.start.as_ref().map(|s| s.experts.clone()),
+            routing: c.start.and_then(|s| s.routing).map(Into::into),
         }
     }
 }

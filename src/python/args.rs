@@ -21,7 +21,10 @@ impl<'py> Kwargs<'py> {
                 let k: String = k.extract().map_err(|_| invalid(format!("{what}: option names must be strings")))?;
                 if !known.contains(&k.as_str()) {
                     let k: String = k.chars().take(64).collect();
-                    return Err(invalid(format!("{what}: unknown option '{k}' (known: {})", known.join(", "))));
+                    return Err(invalid(match nearest(&k, known) {
+                        Some(near) => format!("{what}: unknown option '{k}' (did you mean '{near}'?)"),
+                        None => format!("{what}: unknown option '{k}' (known: {})", known.join(", ")),
+                    }));
                 }
             }
         }
@@ -36,6 +39,16 @@ impl<'py> Kwargs<'py> {
 
     pub fn u32(&self, key: &str) -> PyResult<Option<u32>> {
         self.any(key)?.map(|v| int(&v, key)).transpose()
+    }
+
+    /// A positive integer that fits a `u32` (a count that must be at least one).
+    pub fn positive_u32(&self, key: &str) -> PyResult<Option<u32>> {
+        let Some(v) = self.any(key)? else { return Ok(None) };
+        let n: i128 = int(&v, key)?;
+        match u32::try_from(n) {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(invalid(format!("{key} must be a positive integer (1 to {}), got {n}", u32::MAX))),
+        }
     }
 
     pub fn u64(&self, key: &str) -> PyResult<Option<u64>> {
@@ -58,6 +71,28 @@ impl<'py> Kwargs<'py> {
     pub fn strings(&self, key: &str) -> PyResult<Option<Vec<String>>> {
         self.any(key)?.map(|v| strings(&v, key)).transpose()
     }
+}
+
+/// The known name closest to `key` (a typo: at most a third of its letters differ), if any.
+fn nearest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
+    let key: Vec<char> = key.to_lowercase().chars().collect();
+    let distance = |k: &str| {
+        let k: Vec<char> = k.to_lowercase().chars().collect();
+        // Levenshtein distance, one row at a time.
+        let mut row: Vec<usize> = (0..=k.len()).collect();
+        for (i, a) in key.iter().enumerate() {
+            let mut prev = row[0];
+            row[0] = i + 1;
+            for (j, b) in k.iter().enumerate() {
+                let next = (prev + usize::from(a != b)).min(row[j] + 1).min(row[j + 1] + 1);
+                prev = row[j + 1];
+                row[j + 1] = next;
+            }
+        }
+        row[k.len()]
+    };
+    let (best, d) = known.iter().map(|k| (*k, distance(k))).min_by_key(|&(_, d)| d)?;
+    (d <= key.len().max(best.len()) / 3).then_some(best)
 }
 
 /// A non-negative integer that fits `T` (a `bool` is not a number here).

@@ -27,8 +27,7 @@ pub fn error(code: &str, message: impl Into<String>) -> PyErr {
 }
 
 pub fn to_py(e: EngineError) -> PyErr {
-    let code = e.code();
-    error(code, e.to_string())
+    error(e.code(), e.message())
 }
 
 pub fn invalid(message: impl Into<String>) -> PyErr {

@@ -141,7 +141,7 @@ pub fn generate_options(kw: Option<&Bound<'_, PyDict>>) -> PyResult<engine::Gene
         }
     };
     Ok(engine::GenerateOptions {
-        max_tokens: k.u32("max_tokens")?.map(|n| n as usize),
+        max_tokens: k.positive_u32("max_tokens")?.map(|n| n as usize),
         sampling: SamplingOverrides {
             temperature: f32_of("temperature")?,
             top_k: k.u32("top_k")?.map(|n| n as usize),

@@ -46,10 +46,13 @@ fn load_options(k: &Kwargs<'_>) -> PyResult<LoadOptions> {
     let kv = match k.any("kv_cache")? {
         Some(v) => {
             let d = dict(&v, "kv_cache")?;
-            let kv = Kwargs::new(Some(&d), &["block_size", "max_tokens", "prefix_cache", "dtype"], "kv_cache")?;
+            let keys = ["block_size", "max_tokens", "max_bytes", "idle_release_ms", "prefix_cache", "dtype"];
+            let kv = Kwargs::new(Some(&d), &keys, "kv_cache")?;
             KvCacheOptions {
                 block_size: kv.u32("block_size")?.map(|n| n as usize),
                 max_tokens: kv.u64("max_tokens")?.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+                max_bytes: kv.u64("max_bytes")?,
+                idle_release_ms: kv.u64("idle_release_ms")?,
                 prefix_cache: kv.bool("prefix_cache")?,
                 dtype: kv.string("dtype")?,
             }

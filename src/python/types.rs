@@ -88,26 +88,42 @@ impl From<tools::ToolCallDelta> for ToolCallDelta {
 }
 
 /// One generated token.
-#[pyclass(module = "expert_runtime", frozen, get_all)]
+#[pyclass(module = "expert_runtime", frozen)]
 pub struct TokenChunk {
+    #[pyo3(get)]
     pub token_id: u32,
     /// Its text (may be empty while a multi-byte character is incomplete; tool-call markup is
     /// never here).
+    #[pyo3(get)]
     pub text: String,
     /// The model's own log-probability of the token (before any format mask).
+    #[pyo3(get)]
     pub logprob: f64,
     /// `[(token_id, logprob), …]`, best first, when `top_logprobs` was asked for.
+    #[pyo3(get)]
     pub top_logprobs: Option<Vec<(u32, f64)>>,
     /// The first piece of a tool call this token wrote.
+    #[pyo3(get)]
     pub tool_call_delta: Option<ToolCallDelta>,
     /// Every piece of tool calls this token wrote (rarely more than one).
+    #[pyo3(get)]
     pub tool_call_deltas: Option<Vec<ToolCallDelta>>,
+    /// First chunk only: the experts the request runs under, in application order.
+    #[pyo3(get)]
+    pub experts: Option<Vec<String>>,
+    routing: Option<Decision>,
 }
 
 #[pymethods]
 impl TokenChunk {
     fn __repr__(&self) -> String {
         format!("TokenChunk(token_id={}, text={:?}, logprob={:.4})", self.token_id, self.text, self.logprob)
+    }
+
+    /// First chunk only, for `experts="auto"`: the router's decision, as a dict.
+    #[getter]
+    fn routing<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.routing.as_ref().map(|d| to_python(py, d)).transpose()
     }
 }
 
@@ -121,6 +137,8 @@ impl From<engine::TokenChunk> for TokenChunk {
             top_logprobs: c.top_logprobs.map(|v| v.into_iter().map(|(t, lp)| (t, lp as f64)).collect()),
             tool_call_delta: deltas.first().cloned(),
             tool_call_deltas: (!deltas.is_empty()).then_some(deltas),
+            experts: c.start.as_ref().map(|s| s.experts.clone()),
+            routing: c.start.and_then(|s| s.routing),
         }
     }
 }

@@ -18,6 +18,13 @@
 //!   `{"name": <a tool>, "<args key>": {…}}`; if one does not (a small model's slip with
 //!   `toolChoice: 'auto'`), no call is reported and the withheld text is released as plain
 //!   text instead.
+//! * A call cut off before its end (`maxTokens`) is dropped, never released as text: its
+//!   markup (and perhaps its announced deltas) went out as a call. The complete calls before
+//!   it are kept.
+//! * A call identical to an earlier one of the same answer (name and arguments) is a loop, not
+//!   parallelism (a small model repeats a forced call until `maxTokens`): it is dropped and
+//!   [`ToolStream::looped`] tells the caller to end the answer. So that a dropped call was
+//!   never streamed, the deltas of every call after the first are held until it is complete.
 
 use rand::distr::{Alphanumeric, SampleString};
 use serde_json::Value;
@@ -268,6 +275,8 @@ struct Body {
     outer_scan: JsonScan,
     outer_scanned: usize,
     id: Option<String>,
+    /// Deltas held until the call is complete (calls after the first, which may repeat one).
+    held: Vec<ToolCallDelta>,
 }
 
 #[derive(Debug)]
@@ -303,6 +312,8 @@ pub struct ToolStream {
     withheld: String,
     calls: Vec<ToolCall>,
     malformed: bool,
+    /// A call repeated an earlier one: the answer should end.
+    looped: bool,
 }
 
 impl ToolStream {
@@ -316,7 +327,14 @@ impl ToolStream {
             withheld: String::new(),
             calls: Vec::new(),
             malformed: false,
+            looped: false,
         }
+    }
+
+    /// Whether the model repeated a call it made before in this answer (a loop): the caller
+    /// ends the answer, and the repeat is not among the calls.
+    pub fn looped(&self) -> bool {
+        self.looped
     }
 
     fn open_marker(&self) -> &'static str {
@@ -400,9 +418,12 @@ impl ToolStream {
         false
     }
 
-    fn step_body(&mut self, mut body: Body, text: &mut String, deltas: &mut Vec<ToolCallDelta>) -> bool {
+    fn step_body(&mut self, mut body: Body, text: &mut String, out: &mut Vec<ToolCallDelta>) -> bool {
         body.text.push_str(&std::mem::take(&mut self.pending));
         let index = self.calls.len();
+        // The first call streams at once; later ones are held until complete.
+        let mut held = std::mem::take(&mut body.held);
+        let deltas = if index == 0 { &mut *out } else { &mut held };
         // 1. Announce the call once its name is known.
         if body.args_start.is_none() {
             if let Some((name, at)) = name_and_args_start(&body.text) {
@@ -441,12 +462,23 @@ impl ToolStream {
             body.text.find(self.close_marker()).map(|i| (i, i + self.close_marker().len()))
         };
         let Some((body_end, consumed)) = end else {
+            body.held = held;
             self.state = State::Body(body);
             return false;
         };
         self.withheld.push_str(&body.text[..consumed]);
         self.pending = body.text[consumed..].to_string();
-        self.finish_call(&body, body_end, deltas);
+        self.finish_call(&body, body_end, &mut held);
+        let repeat = self.calls.last().filter(|c| !c.name.is_empty()).is_some_and(|last| {
+            let same = |c: &ToolCall| c.name == last.name && same_json(&c.arguments, &last.arguments);
+            self.calls[..self.calls.len() - 1].iter().any(same)
+        });
+        if repeat {
+            self.calls.pop();
+            self.looped = true;
+        } else {
+            out.append(&mut held);
+        }
         self.state = if self.syntax.open.is_empty() { State::Done } else { State::Text };
         if self.malformed {
             // Not a call after all: everything withheld goes out as text, and so does the rest.
@@ -494,25 +526,44 @@ impl ToolStream {
     /// Ends the stream: the text still held back (released as plain text when the calls are
     /// malformed or there were none) and the outcome.
     pub fn finish(&mut self) -> (String, ToolOutcome) {
-        let unfinished = matches!(self.state, State::Body(_));
         let mut rest = std::mem::take(&mut self.pending);
+        let mut unfinished = false;
         if let State::Body(body) = std::mem::replace(&mut self.state, State::Done) {
-            self.withheld.push_str(&body.text);
+            // A call cut off: dropped (see the module note), unless it is bare JSON that was
+            // never announced as a call (then it may be an answer that is JSON).
+            if self.syntax.open.is_empty() && body.id.is_none() && self.calls.is_empty() {
+                self.withheld.push_str(&body.text);
+                let mut text = std::mem::take(&mut self.withheld);
+                text.push_str(&rest);
+                return (text, ToolOutcome::Malformed);
+            }
+            unfinished = true;
         }
-        if self.calls.is_empty() && !unfinished {
-            return (rest, ToolOutcome::Text);
-        }
-        if self.malformed || unfinished {
+        if self.malformed {
             // (After a malformed call the withheld text was released already.)
             let mut text = std::mem::take(&mut self.withheld);
             text.push_str(&rest);
             return (text, ToolOutcome::Malformed);
+        }
+        if self.calls.is_empty() {
+            return (
+                if unfinished { String::new() } else { rest },
+                if unfinished { ToolOutcome::Malformed } else { ToolOutcome::Text },
+            );
         }
         // Trailing whitespace after the last call is not content.
         if rest.trim().is_empty() {
             rest.clear();
         }
         (rest, ToolOutcome::Calls(std::mem::take(&mut self.calls)))
+    }
+}
+
+/// Whether two arguments texts are the same JSON value (key order aside).
+fn same_json(a: &str, b: &str) -> bool {
+    match (serde_json::from_str::<Value>(a), serde_json::from_str::<Value>(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
     }
 }
 

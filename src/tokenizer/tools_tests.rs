@@ -63,12 +63,56 @@ fn malformed_or_unknown_calls_fall_back_to_text() {
     for text in [
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>",
         "<tool_call>\n{\"name\": \"launch_rockets\", \"arguments\": {}}\n</tool_call>",
-        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa",
         "<tool_call>\nnot json at all\n</tool_call> tail",
     ] {
         let (out, _, outcome) = stream(&HERMES, text, 3);
         assert_eq!(outcome, ToolOutcome::Malformed, "{text}");
         assert_eq!(out, text, "all of the text comes back");
+    }
+}
+
+#[test]
+fn a_call_cut_off_is_dropped_and_the_complete_ones_are_kept() {
+    let first = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    for step in [1, 3, 1000] {
+        // Alone: no text (its markup never becomes text), no call.
+        let (out, _, outcome) = stream(&HERMES, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa", step);
+        assert_eq!((out.as_str(), outcome), ("", ToolOutcome::Malformed), "step {step}");
+        let (out, _, _) = stream(&HERMES, "Sure. <tool_call>\n{\"na", step);
+        assert_eq!(out, "Sure. ");
+        // After a complete call: that call is the outcome.
+        let text = format!("{first}\n<tool_call>\n{{\"name\": \"search\", \"arguments\": {{\"q\": \"ru");
+        let (out, calls, outcome) = stream(&HERMES, &text, step);
+        assert_eq!(out, "", "step {step}");
+        assert_eq!(calls.len(), 1, "the cut call's deltas were held back");
+        let ToolOutcome::Calls(c) = outcome else { panic!("{outcome:?}") };
+        assert_eq!((c.len(), c[0].name.as_str(), c[0].arguments.as_str()), (1, "get_weather", "{\"city\": \"Paris\"}"));
+    }
+    // Bare JSON never announced as a call may be an answer that is JSON: released.
+    let (out, _, _) = stream(&LLAMA3_JSON, "{\"answer\": 4", 2);
+    assert_eq!(out, "{\"answer\": 4");
+}
+
+#[test]
+fn a_repeated_call_is_a_loop_and_is_never_streamed() {
+    let call = |args: &str| format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {args}}}\n</tool_call>\n");
+    for step in [1, 4, 1000] {
+        let mut s = ToolStream::new(&HERMES, &tools());
+        let mut streamed = Vec::new();
+        for (i, args) in ["{\"city\": \"Paris\"}", "{\"city\": \"Rome\"}", "{ \"city\":\"Paris\" }"].iter().enumerate() {
+            let text = call(args);
+            let chars: Vec<char> = text.chars().collect();
+            for piece in chars.chunks(step) {
+                let (t, d) = s.push(&piece.iter().collect::<String>());
+                assert_eq!(t, "");
+                streamed.extend(d);
+            }
+            assert_eq!(s.looped(), i == 2, "step {step}, call {i}");
+        }
+        assert!(streamed.iter().all(|d| d.index < 2), "the repeat was never streamed: {streamed:?}");
+        let (_, outcome) = s.finish();
+        let ToolOutcome::Calls(c) = outcome else { panic!("{outcome:?}") };
+        assert_eq!(c.iter().map(|c| c.arguments.as_str()).collect::<Vec<_>>(), ["{\"city\": \"Paris\"}", "{\"city\": \"Rome\"}"]);
     }
 }
 

@@ -3,6 +3,8 @@
 // binary) installed offline into a fresh Node project, then used from a process whose PATH has
 // no Rust toolchain and whose working directory is outside this repository.
 //   - CPU package: streams the demo answer (SmolLM2) token by token.
+//   - The demo experts' package: the README's expert examples run from it, outside this
+//     repository (no experts/ directory at hand).
 //   - CUDA package as well (when `npm run build:cuda` has built it; CI does): on a machine
 //     without the NVIDIA driver the CUDA addon cannot load, so `auto` falls back to the CPU
 //     build, `cuda` rejects with NO_CUDA_DEVICE naming the missing library, and the process
@@ -214,6 +216,31 @@ describe('npm packages installed into a fresh project', { skip }, () => {
     const run = spawnSync(process.execPath, ['out/quickstart.js'], { cwd: dir, encoding: 'utf8', env, timeout: 120_000 })
     assert.equal(run.status, 0, `the quick start exited with ${run.status}:\n${run.stderr}`)
     assert.match(run.stdout, /\(\d+ tokens, [\d.]+ tokens\/s\)/)
+  })
+
+  it("the demo experts' package: the README's expert example runs from an installed project", () => {
+    const dir = install('demo-experts', [tarballs.main, tarballs.cpu, tarballs.demoExperts])
+    writeFileSync(join(dir, 'experts.js'), `
+      const { Runtime } = require('expert-runtime')
+      const experts = require('expert-runtime-demo-experts')
+      ;(async () => {
+        const rt = await Runtime.load(process.argv[2])
+        const sql = await rt.loadExpert(experts.sql)
+        await rt.loadExpert(experts.shell)
+        const s = rt.createSession({ experts: ['sql'] })
+        const r = await s.complete('How many orders have shipped?', { temperature: 0, maxTokens: 48 })
+        const d = await rt.route('Show the disk usage of my home directory.')
+        console.log('REPORT ' + JSON.stringify({ name: sql.name, rank: sql.rank, answer: r.text, routed: d.experts, baseModel: experts.baseModel }))
+        await rt.dispose()
+      })()`)
+    const r = spawnSync(process.execPath, ['experts.js', modelPath], { cwd: dir, encoding: 'utf8', env: { PATH: cleanPath.join(delimiter), HOME: dir }, timeout: 120_000 })
+    assert.equal(r.status, 0, r.stderr)
+    const report = JSON.parse(r.stdout.split('\n').find((l) => l.startsWith('REPORT ')).slice(7))
+    assert.equal(report.name, 'sql')
+    assert.equal(report.rank, 8)
+    assert.match(report.answer, /^\s*SELECT\b[^;]*\bFROM\s+orders\b/i)
+    assert.deepEqual(report.routed, ['shell'])
+    assert.match(report.baseModel, /SmolLM2-135M-Instruct/)
   })
 
   it('without its platform package: NO_NATIVE_BINARY naming the package to install', () => {

@@ -1,8 +1,10 @@
 // `npm run pack:packages [-- DIR]`: the npm tarballs a release publishes for linux-x64-gnu,
 // from what is built here: `expert-runtime-<version>.tgz` (the JS layer and loader),
 // `expert-runtime-linux-x64-gnu-<version>.tgz` (the CPU addon) and, when `npm run build:cuda`
-// has run, `expert-runtime-linux-x64-gnu-cuda-<version>.tgz`. The packages in npm/ stay
-// untouched: each is staged in DIR with its binary, stripped of its symbol tables.
+// has run, `expert-runtime-linux-x64-gnu-cuda-<version>.tgz`, and the README's demo experts
+// (`expert-runtime-demo-experts-<version>.tgz`: npm/demo-experts with experts/sql-smollm2 and
+// experts/shell-smollm2). The packages in npm/ stay untouched: each is staged in DIR with its
+// binary (stripped of its symbol tables) or its experts.
 import { execFileSync } from 'node:child_process'
 import { copyFileSync, cpSync, existsSync, mkdirSync, rmSync } from 'node:fs'
 import { join, resolve } from 'node:path'
@@ -47,7 +49,17 @@ export function packPackages(dest) {
   }
   const cpu = platform('linux-x64-gnu', NATIVE)
   if (!cpu) throw new Error(`${NATIVE} is missing: run \`npm run build\` first`)
-  return { main: pack(root, dest), cpu, cuda: platform('linux-x64-gnu-cuda', CUDA_NATIVE) }
+  return { main: pack(root, dest), cpu, cuda: platform('linux-x64-gnu-cuda', CUDA_NATIVE), demoExperts: packDemoExperts(dest) }
+}
+
+/** The demo experts' package: the adapters, their manifests and evaluations, and the license. */
+function packDemoExperts(dest) {
+  const stage = join(dest, 'stage', 'demo-experts')
+  rmSync(stage, { recursive: true, force: true })
+  cpSync(join(root, 'npm', 'demo-experts'), stage, { recursive: true })
+  copyFileSync(join(root, 'LICENSE'), join(stage, 'LICENSE'))
+  for (const name of ['sql-smollm2', 'shell-smollm2']) cpSync(join(root, 'experts', name), join(stage, name), { recursive: true })
+  return pack(stage, dest)
 }
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {

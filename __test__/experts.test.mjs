@@ -419,6 +419,11 @@ describe('bad adapters', () => {
     ['prompt tuning for another hidden size', () => variant('ptdim', 'prompt', (d) => editTensors(d, () => ({ prompt_embeddings: { shape: [4, 32], data: new Float32Array(128) } }))), 'INVALID_ADAPTER', /prompt_embeddings has shape \[4, ?32\]/],
     ['a LoKr factor that does not fit', () => variant('lokrfit', 'lokr', (d) => editTensors(d, (t) => { t['base_model.model.model.layers.0.self_attn.k_proj.lokr_w1'] = { shape: [4, 8], data: new Float32Array(32) }; return t })), 'INVALID_ADAPTER', /lokr_w1/],
     ['an IA³ vector of the wrong length', () => variant('ia3len', 'ia3', (d) => editTensors(d, (t) => { t['base_model.model.model.layers.0.mlp.down_proj.ia3_l'] = { shape: [1, 64], data: new Float32Array(64) }; return t })), 'INVALID_ADAPTER', /down_proj\.ia3_l has shape/],
+    // Trained on another model: the message names that model and this one, not only a shape.
+    ['an adapter trained on another base', () => path.join(FIXTURES, 'adapters', 'lora_qwen2'), 'INVALID_ADAPTER', /^this adapter was trained for __test__\/fixtures\/qwen2-tiny, not for the model this runtime runs \(a qwen3 model with hidden size 64, 3 layers\); load it on its own base model \(tensor .* has shape/],
+    // A file instead of an adapter directory: what it is and what to pass.
+    ['a GGUF file', () => path.join(FIXTURES, 'qwen3-tiny', 'model-q8_0.gguf'), 'UNSUPPORTED_ADAPTER', /model-q8_0\.gguf is a GGUF file; experts are PEFT adapter directories/],
+    ["the adapter's weights file", () => path.join(FIXTURES, 'adapters', 'lora', 'adapter_model.safetensors'), 'INVALID_ARGUMENT', /is a file; pass the adapter's directory/],
   ]
   for (const [what, make, code, pattern] of cases) {
     it(`${what}: ${code}`, async () => {

@@ -61,7 +61,7 @@ async function streamed(session, input, opts) {
   const stream = session.generate(input, opts)
   for await (const c of stream) {
     text += c.text
-    assert.ok(!c.text.includes('<tool_call>'), 'call markup never reaches text')
+    assert.ok(!c.text.includes('<tool_call>') && !c.text.includes('</tool'), `call markup never reaches text: ${JSON.stringify(c.text)}`)
     for (const d of c.toolCallDeltas ?? (c.toolCallDelta ? [c.toolCallDelta] : [])) {
       if (d.id) {
         assert.equal(d.index, calls.length, 'calls are announced in order')
@@ -105,6 +105,37 @@ function suite(label, load, { skip, native }) {
           s.dispose()
         }
       }
+    })
+
+    it("'required' with parallel calls (the default): a repeated call ends the answer instead of looping to maxTokens", async () => {
+      // SmolLM2 sampled at 0.8 repeated the same call until maxTokens (finishReason 'length',
+      // no toolCalls, raw markup in the last chunk).
+      for (const seed of [1, 2, 3]) {
+        const r = await streamed(rt.createSession(), 'What is the weather like in Paris right now?', { tools: TOOLS, toolChoice: 'required', temperature: 0.8, seed, maxTokens: 300 })
+        assert.equal(r.result.finishReason, 'tool_calls', `seed ${seed}: ${JSON.stringify(r.result)}`)
+        assertValidCalls(r.result.toolCalls, `seed ${seed}`)
+        const bodies = r.result.toolCalls.map((c) => c.function.name + JSON.stringify(JSON.parse(c.function.arguments)))
+        assert.equal(new Set(bodies).size, bodies.length, `seed ${seed}: a call was repeated: ${bodies}`)
+        assert.deepEqual(r.calls, r.result.toolCalls, 'what streamed is what the summary holds')
+      }
+    })
+
+    it('a call cut off by maxTokens: the complete calls are kept, no markup reaches the text', async () => {
+      const input = 'What is the weather in Paris and in Rome?'
+      const full = await rt.createSession().complete(input, { tools: TOOLS, toolChoice: 'required', temperature: 0, maxTokens: 300 })
+      let keptOne = false
+      for (let maxTokens = 4; maxTokens < full.usage.completionTokens; maxTokens += 3) {
+        const r = await streamed(rt.createSession(), input, { tools: TOOLS, toolChoice: 'required', temperature: 0, maxTokens })
+        assert.equal(r.result.finishReason, 'length')
+        assert.equal(r.result.text, '')
+        if (r.result.toolCalls) {
+          assertValidCalls(r.result.toolCalls, `maxTokens ${maxTokens}`)
+          const fn = (calls) => calls.map((c) => c.function)
+          assert.deepEqual(fn(r.result.toolCalls), fn(full.toolCalls.slice(0, r.result.toolCalls.length)))
+          keptOne = true
+        }
+      }
+      assert.ok(full.toolCalls.length < 2 || keptOne, 'a cut after the first complete call keeps it')
     })
 
     it('streamed deltas add up to the calls of the summary, and the history carries them', async () => {

@@ -13,7 +13,25 @@ def code_of(fn):
     with pytest.raises(ExpertRuntimeError) as e:
         fn()
     assert str(e.value).startswith(e.value.code + ": ")
+    # The code once, then what happened (not 'DISPOSED: disposed: …').
+    kind = e.value.code.lower().replace("_", " ")
+    assert not str(e.value).lower().startswith(f"{kind}: {kind}"), str(e.value)
     return e.value.code
+
+
+def test_messages_say_it_once_and_what_to_do(tiny):
+    for v in (0, -1):
+        with pytest.raises(ExpertRuntimeError) as e:
+            tiny.create_session().complete("hi", max_tokens=v)
+        assert str(e.value) == f"INVALID_ARGUMENT: max_tokens must be a positive integer (1 to 4294967295), got {v}"
+    with pytest.raises(ExpertRuntimeError) as e:
+        tiny.create_session().complete("hi", max_tokns=3)
+    assert "unknown option 'max_tokns' (did you mean 'max_tokens'?)" in str(e.value), str(e.value)
+    rt = Runtime.load(FIXTURES / "qwen3-tiny")
+    rt.close()
+    with pytest.raises(ExpertRuntimeError) as e:
+        rt.create_session()
+    assert str(e.value) == "DISPOSED: the runtime was disposed"
 
 
 def test_load_errors(tmp_path):

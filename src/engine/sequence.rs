@@ -206,8 +206,8 @@ impl Sequence {
         if reason.is_none() && self.tools.as_ref().is_some_and(ToolStream::looped) {
             reason = Some(FinishReason::Stop);
         }
-        if reason.is_some() {
-            text.push_str(&self.finish_tools());
+        if let Some(r) = reason {
+            text.push_str(&self.finish_tools(r));
         }
         self.text.push_str(&text);
         let start = (self.usage.completion_tokens == 1).then(|| {
@@ -229,9 +229,9 @@ impl Sequence {
 
     /// Ends the tool-call splitter (once): records the calls and returns the text it still
     /// held (all of a malformed call's text).
-    fn finish_tools(&mut self) -> String {
+    fn finish_tools(&mut self, reason: FinishReason) -> String {
         let Some(mut t) = self.tools.take() else { return String::new() };
-        let (rest, outcome) = t.finish();
+        let (rest, outcome) = t.finish(reason == FinishReason::Length);
         if let ToolOutcome::Calls(calls) = outcome {
             self.tool_calls = calls;
         }
@@ -262,7 +262,7 @@ impl Sequence {
             self.text.push_str(&out);
         }
         if reason != FinishReason::Cancelled {
-            let rest = self.finish_tools();
+            let rest = self.finish_tools(reason);
             self.text.push_str(&rest);
         }
         let reason = if reason == FinishReason::Stop && !self.tool_calls.is_empty() { FinishReason::ToolCalls } else { reason };

@@ -20,7 +20,7 @@
 //!   text instead.
 //! * A call cut off before its end (`maxTokens`) is dropped, never released as text: its
 //!   markup (and perhaps its announced deltas) went out as a call. The complete calls before
-//!   it are kept.
+//!   it are kept. So is the end of an answer cut off in a start of the marker (`<tool_c`).
 //! * A call identical to an earlier one of the same answer (name and arguments) is a loop, not
 //!   parallelism (a small model repeats a forced call until `maxTokens`): it is dropped and
 //!   [`ToolStream::looped`] tells the caller to end the answer. So that a dropped call was
@@ -524,9 +524,17 @@ impl ToolStream {
     }
 
     /// Ends the stream: the text still held back (released as plain text when the calls are
-    /// malformed or there were none) and the outcome.
-    pub fn finish(&mut self) -> (String, ToolOutcome) {
+    /// malformed or there were none) and the outcome. `cut_off`: the answer ended at
+    /// `maxTokens` or the context, not by itself.
+    pub fn finish(&mut self, cut_off: bool) -> (String, ToolOutcome) {
+        // An answer cut off in a start of the call marker (`<tool_c`): the start of a call,
+        // dropped with it. (A lone `<` is text.)
+        let tail = self.pending.trim_start();
+        let marker_start = cut_off && matches!(self.state, State::Text) && tail.len() > 1 && self.open_marker().starts_with(tail);
         let mut rest = std::mem::take(&mut self.pending);
+        if marker_start {
+            rest.clear();
+        }
         let mut unfinished = false;
         if let State::Body(body) = std::mem::replace(&mut self.state, State::Done) {
             // A call cut off: dropped (see the module note), unless it is bare JSON that was

@@ -10,6 +10,16 @@ fn tools() -> Vec<ToolSpec> {
 /// Feeds `text` in pieces of `step` characters; returns the released text, the deltas merged
 /// per call (id, name, arguments) and the outcome.
 fn stream(syntax: &'static ToolSyntax, text: &str, step: usize) -> (String, Vec<(String, String, String)>, ToolOutcome) {
+    stream_to(syntax, text, step, false)
+}
+
+/// [`stream`], the answer ending at `maxTokens` when `cut_off`.
+fn stream_to(
+    syntax: &'static ToolSyntax,
+    text: &str,
+    step: usize,
+    cut_off: bool,
+) -> (String, Vec<(String, String, String)>, ToolOutcome) {
     let mut s = ToolStream::new(syntax, &tools());
     let mut out = String::new();
     let mut calls: Vec<(String, String, String)> = Vec::new();
@@ -26,7 +36,7 @@ fn stream(syntax: &'static ToolSyntax, text: &str, step: usize) -> (String, Vec<
             calls[d.index].2.push_str(&d.arguments);
         }
     }
-    let (t, outcome) = s.finish();
+    let (t, outcome) = s.finish(cut_off);
     out.push_str(&t);
     (out, calls, outcome)
 }
@@ -80,6 +90,15 @@ fn a_call_cut_off_is_dropped_and_the_complete_ones_are_kept() {
         assert_eq!((out.as_str(), outcome), ("", ToolOutcome::Malformed), "step {step}");
         let (out, _, _) = stream(&HERMES, "Sure. <tool_call>\n{\"na", step);
         assert_eq!(out, "Sure. ");
+        let (out, _, outcome) = stream_to(&HERMES, "Sure. <tool_c", step, true);
+        assert_eq!((out.as_str(), outcome), ("Sure. ", ToolOutcome::Text));
+        let (out, _, _) = stream_to(&HERMES, "1 <", step, true);
+        assert_eq!(out, "1 <", "a lone '<' is text");
+        let (out, _, outcome) = stream_to(&HERMES, &format!("{first}\n<tool"), step, true);
+        assert_eq!(out, "", "after a call, a cut-off marker start");
+        assert!(matches!(outcome, ToolOutcome::Calls(ref c) if c.len() == 1));
+        let (out, _, _) = stream_to(&HERMES, "Sure. <tool_c", step, false);
+        assert_eq!(out, "Sure. <tool_c", "an answer that ended by itself keeps its text");
         // After a complete call: that call is the outcome.
         let text = format!("{first}\n<tool_call>\n{{\"name\": \"search\", \"arguments\": {{\"q\": \"ru");
         let (out, calls, outcome) = stream(&HERMES, &text, step);
@@ -110,7 +129,7 @@ fn a_repeated_call_is_a_loop_and_is_never_streamed() {
             assert_eq!(s.looped(), i == 2, "step {step}, call {i}");
         }
         assert!(streamed.iter().all(|d| d.index < 2), "the repeat was never streamed: {streamed:?}");
-        let (_, outcome) = s.finish();
+        let (_, outcome) = s.finish(false);
         let ToolOutcome::Calls(c) = outcome else { panic!("{outcome:?}") };
         assert_eq!(c.iter().map(|c| c.arguments.as_str()).collect::<Vec<_>>(), ["{\"city\": \"Paris\"}", "{\"city\": \"Rome\"}"]);
     }

@@ -287,6 +287,32 @@ describe('expert-runtime serve: shutdown', () => {
     for (const pid of leftovers) if (!exited(pid)) process.kill(pid, 'SIGKILL')
   })
 
+  it('bounds the KV cache with --kv-max-bytes and gives its memory back after --kv-idle-release-ms', { timeout: 60_000 }, async () => {
+    const run = launch(process.execPath, [CLI, 'serve', MODEL, '--port', '0', '--threads', '2', '--kv-max-bytes', String(1 << 20), '--kv-idle-release-ms', '200'])
+    leftovers.push(run.child.pid)
+    const url = await run.ready
+    const metric = async (name) => {
+      const text = await (await fetch(`${url}/metrics`)).text()
+      return Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1])
+    }
+    // qwen3-tiny: 3 layers × K and V × 2 heads × 32 × 4 bytes = 1536 bytes a token; 1 MiB holds
+    // 682 positions, 42 blocks of 16.
+    assert.equal(await metric('expert_runtime_kv_bytes_per_token'), 1536)
+    assert.equal(await metric('expert_runtime_kv_blocks_total'), 42)
+    const r = await fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: 'Tell me a story.' }], max_tokens: 40, temperature: 0 }) })
+    assert.equal(r.status, 200)
+    let released = 0
+    for (let i = 0; i < 200 && !released; i++) {
+      await new Promise((res) => setTimeout(res, 50))
+      released = await metric('expert_runtime_kv_blocks_released')
+    }
+    assert.ok(released > 0, 'idle, the pool released its blocks')
+    assert.equal(await metric('expert_runtime_kv_blocks_touched'), 0)
+    const exit = new Promise((res) => run.child.on('exit', (code, signal) => res({ code, signal })))
+    run.child.kill('SIGTERM')
+    assert.deepEqual(await exit, { code: 0, signal: null })
+  })
+
   it('takes the body and headers limits as flags, and shuts down gracefully on SIGINT (exit 0)', { timeout: 60_000 }, async () => {
     const run = launch(process.execPath, [CLI, 'serve', MODEL, '--port', '0', '--threads', '2', '--body-timeout-ms', '300', '--headers-timeout-ms', '300'])
     leftovers.push(run.child.pid)

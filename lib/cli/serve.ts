@@ -17,6 +17,11 @@ export const USAGE = `usage: expert-runtime serve <model.gguf | model-dir> [opti
   --model-name NAME      the base model's id in /v1/models (default: the file or directory name)
   --threads N            engine threads (default: all cores)
   --context-length N     the context length (default: the model's)
+  --kv-max-tokens N      positions the KV cache holds over all requests (kvCache.maxTokens)
+  --kv-max-bytes N       bytes the KV cache may take (kvCache.maxBytes; with --kv-max-tokens the
+                         smaller wins; default: a quarter of RAM, at most 64 full contexts)
+  --kv-idle-release-ms N idle that long, the KV cache gives its unused memory back to the OS
+                         (kvCache.idleReleaseMs; default 30000; 0: never)
   --max-concurrent N     requests at once before 429 (default 256)
   --max-body-bytes N     largest request body (default 4194304)
   --body-timeout-ms N    a request body must arrive within N ms, else 408 (default 30000; 0: no limit)
@@ -29,7 +34,7 @@ the model is unloaded, exit code 0.`
 
 function parse(argv: string[]) {
   const p = parseArgs(argv, {
-    values: ['experts', 'port', 'host', 'api-key', 'model-name', 'threads', 'context-length', 'max-concurrent', 'max-body-bytes', 'body-timeout-ms', 'headers-timeout-ms'],
+    values: ['experts', 'port', 'host', 'api-key', 'model-name', 'threads', 'context-length', 'kv-max-tokens', 'kv-max-bytes', 'kv-idle-release-ms', 'max-concurrent', 'max-body-bytes', 'body-timeout-ms', 'headers-timeout-ms'],
     flags: ['exit-with-parent'],
     optionalValue: ['cors'],
   })
@@ -43,6 +48,11 @@ function parse(argv: string[]) {
     modelName: stringOption(p, 'model-name') ?? basename(model).replace(/\.gguf$/i, ''),
     threads: intOption(p, 'threads', 1),
     contextLength: intOption(p, 'context-length', 1),
+    kvCache: {
+      maxTokens: intOption(p, 'kv-max-tokens', 1),
+      maxBytes: intOption(p, 'kv-max-bytes', 1),
+      idleReleaseMs: intOption(p, 'kv-idle-release-ms', 0),
+    },
     maxConcurrentRequests: intOption(p, 'max-concurrent', 1),
     maxBodyBytes: intOption(p, 'max-body-bytes', 1),
     bodyTimeoutMs: intOption(p, 'body-timeout-ms', 0),
@@ -59,7 +69,8 @@ export async function serve(argv: string[]): Promise<void> {
   for (const stream of [process.stdout, process.stderr]) stream.on('error', () => {})
   // Listen first (health says 503 while the model loads), then load.
   const { end, ...progress } = loadProgress(a.model)
-  const loading = Runtime.load(a.model, { threads: a.threads, contextLength: a.contextLength, ...progress }).finally(end)
+  const kvCache = Object.fromEntries(Object.entries(a.kvCache).filter(([, v]) => v !== undefined))
+  const loading = Runtime.load(a.model, { threads: a.threads, contextLength: a.contextLength, kvCache, ...progress }).finally(end)
   const server = createServer(loading, {
     apiKey: a.apiKey,
     expertsDir: a.experts,

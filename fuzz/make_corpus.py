@@ -254,6 +254,28 @@ def json_seeds():
         "auto_mapping": {"base_model_class": "Qwen3ForCausalLM"}}))
 
 
+def ref_chain(n, wrap=lambda r: r):
+    defs = {f"a{i}": (wrap({"$ref": f"#/$defs/a{i + 1}"}) if i + 1 < n else {"type": "string"}) for i in range(n)}
+    return {"$defs": defs, "$ref": "#/$defs/a0"}
+
+
+def rule_chain(n):
+    return "start: r0\n" + "".join(f"r{i}: {f'r{i + 1}' if i + 1 < n else chr(34) + 'x' + chr(34)}\n" for i in range(n))
+
+
+def structured_seeds():
+    """Formats that make llguidance's compilers recurse (a $ref chain of 650 links and a Lark
+    rule chain of 800 rules overflowed a thread's stack): within the depth bound (1000 levels),
+    past it, and through the other ways in (tool parameters, %json inside Lark)."""
+    compact = lambda v: json.dumps(v, separators=(",", ":"))
+    put("structured_format", "deep-ref-chain-400", b"\x00" + compact(ref_chain(400)).encode())
+    put("structured_format", "deep-ref-chain-anyof-150", b"\x00" + compact(ref_chain(150, lambda r: {"anyOf": [r, {"type": "null"}]})).encode())
+    put("structured_format", "deep-tool-params-ref-chain-400", b"\x03" + compact(ref_chain(400)).encode())
+    put("structured_format", "deep-lark-rule-chain-990", b"\x02" + rule_chain(990).encode())
+    put("structured_format", "deep-lark-rule-chain-1500", b"\x02" + rule_chain(1500).encode())
+    put("structured_format", "deep-lark-json-ref-chain-300", b"\x02" + ("start: %json " + compact(ref_chain(300)) + "\n").encode())
+
+
 def template_seed(name, flags, source, messages=None):
     data = bytes([flags]) + source.encode()
     if messages is not None:
@@ -307,6 +329,7 @@ if __name__ == "__main__":
     safetensors_seeds()
     json_seeds()
     template_seeds()
+    structured_seeds()
     total = 0
     for t in sorted(CORPUS.iterdir()):
         files = list(t.iterdir())

@@ -36,7 +36,8 @@ export RUSTC_BOOTSTRAP=1
 max_len() {
   case "$1" in
     gguf) echo 65536 ;;
-    safetensors_header | chat_template | structured_format) echo 16384 ;;
+    structured_format) echo 24576 ;;
+    safetensors_header | chat_template) echo 16384 ;;
     *) echo 8192 ;;
   esac
 }

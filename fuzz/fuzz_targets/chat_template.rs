@@ -14,7 +14,9 @@ use expert_runtime::tokenizer::template::{ChatTemplate, RenderArgs};
 use expert_runtime::tokenizer::ChatMessage;
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
+fuzz_target!(init: common::report_panics_once(), |data: &[u8]| common::on_untrusted_stack(|| run(data)));
+
+fn run(data: &[u8]) {
     let Some((&flags, rest)) = data.split_first() else { return };
     let (source, messages) = match rest.iter().position(|&b| b == 0) {
         Some(i) => (&rest[..i], Some(&rest[i + 1..])),
@@ -42,4 +44,4 @@ fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
     if flags & 32 != 0 {
         common::show("check_bounded", &template.check_bounded(&args));
     }
-});
+}

@@ -30,7 +30,9 @@ fn compiler() -> &'static GrammarCompiler {
     })
 }
 
-fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
+fuzz_target!(init: common::report_panics_once(), |data: &[u8]| common::on_untrusted_stack(|| run(data)));
+
+fn run(data: &[u8]) {
     let Some((&kind, rest)) = data.split_first() else { return };
     let Some(text) = common::text(rest) else { return };
     let format = match kind % 4 {
@@ -61,4 +63,4 @@ fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
             Ok(false) => {}
         }
     }
-});
+}

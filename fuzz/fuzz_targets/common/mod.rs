@@ -44,3 +44,14 @@ pub fn show<T, E: std::fmt::Display>(stage: &str, r: &Result<T, E>) {
         }
     }
 }
+
+/// Runs `f` on a thread with the stack the runtime gives untrusted work
+/// (`expert_runtime::stack::UNTRUSTED_STACK`), as the runtime runs format compilation and chat
+/// templates: its depth bounds are sized for that stack, not for the fuzzer's main thread (and
+/// AddressSanitizer's frames are several times larger). A panic goes on on the caller's thread.
+pub fn on_untrusted_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        let h = expert_runtime::stack::untrusted_thread("fuzz").spawn_scoped(s, f).expect("a fuzz thread starts");
+        h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}

@@ -164,6 +164,14 @@ export function writeResults(outFile, results) {
   console.log(`\nJSON: ${outFile}`)
 }
 
+/** Runs `run` over `items`, `width` at a time (each worker takes the next item when it is done). */
+export async function pool(items, width, run) {
+  let next = 0
+  await Promise.all(Array.from({ length: width }, async () => {
+    while (next < items.length) await run(items[next++])
+  }))
+}
+
 /** `n` deterministic token ids in `[range[0], range[1])` from `seed` (mulberry32). */
 export function randomTokens(seed, n, range) {
   const r = mulberry32(seed)

@@ -14,7 +14,7 @@ import os from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import {
-  assertBuilt, benchMain, fmt, gitRev, loadAtStart, loadSummary, machineInfo, machineName, mulberry32, parseBenchArgs, resultsPath, root, runChild, runInfo,
+  assertBuilt, benchMain, pool, fmt, gitRev, loadAtStart, loadSummary, machineInfo, machineName, mulberry32, parseBenchArgs, resultsPath, root, runChild, runInfo,
   waitIdleThenSay, warmPageCache, writeResults,
 } from './common.mjs'
 
@@ -27,13 +27,6 @@ const SYSTEM = Array.from({ length: 60 }, (_, i) => WORDS[(i * 7) % WORDS.length
 function doc(i) {
   const r = mulberry32(1000 + i)
   return Array.from({ length: 520 }, () => WORDS[Math.floor(r() * WORDS.length)]).join(' ')
-}
-
-async function pool(items, width, run) {
-  let next = 0
-  await Promise.all(Array.from({ length: width }, async () => {
-    while (next < items.length) await run(items[next++])
-  }))
 }
 
 async function child(spec) {

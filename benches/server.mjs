@@ -17,7 +17,7 @@ import os from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import {
-  assertBuilt, benchMain, fmt, gitRev, loadAtStart, loadSummary, machineInfo, machineName, parseBenchArgs, resultsPath, root, runChild, runInfo,
+  assertBuilt, benchMain, pool, fmt, gitRev, loadAtStart, loadSummary, machineInfo, machineName, parseBenchArgs, resultsPath, root, runChild, runInfo,
   waitIdleThenSay, warmPageCache, writeResults,
 } from './common.mjs'
 
@@ -30,13 +30,6 @@ const QUESTIONS = [
 const MODELS = ['smollm2', 'sql', 'shell']
 
 const requests = (n) => Array.from({ length: n }, (_, i) => ({ model: MODELS[i % 3], question: QUESTIONS[i % QUESTIONS.length] }))
-
-async function pool(items, width, run) {
-  let next = 0
-  await Promise.all(Array.from({ length: width }, async () => {
-    while (next < items.length) await run(items[next++])
-  }))
-}
 
 async function child(spec) {
   const { Runtime } = await import(join(root, 'dist', 'index.js'))

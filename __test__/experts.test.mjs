@@ -423,7 +423,7 @@ describe('bad adapters', () => {
     ['an adapter trained on another base', () => path.join(FIXTURES, 'adapters', 'lora_qwen2'), 'INVALID_ADAPTER', /^this adapter was trained for __test__\/fixtures\/qwen2-tiny, not for the model this runtime runs \(a qwen3 model with hidden size 64, 3 layers\); load it on its own base model \(tensor .* has shape/],
     // A file instead of an adapter directory: what it is and what to pass.
     ['a GGUF file', () => path.join(FIXTURES, 'qwen3-tiny', 'model-q8_0.gguf'), 'UNSUPPORTED_ADAPTER', /model-q8_0\.gguf is a GGUF file; experts are PEFT adapter directories/],
-    ["the adapter's weights file", () => path.join(FIXTURES, 'adapters', 'lora', 'adapter_model.safetensors'), 'INVALID_ARGUMENT', /is a file; pass the adapter's directory/],
+    ["the adapter's weights file", () => path.join(FIXTURES, 'adapters', 'lora', 'adapter_model.safetensors'), 'INVALID_ADAPTER', /is a file; pass the adapter's directory/],
   ]
   for (const [what, make, code, pattern] of cases) {
     it(`${what}: ${code}`, async () => {

@@ -188,10 +188,10 @@ fn not_a_peft_directory(path: &Path) -> EngineError {
              adapter_model.safetensors, as PEFT's save_pretrained writes them): pass the directory the \
              adapter was trained into"
         )),
-        Some("safetensors") => EngineError::InvalidArgument(format!(
+        Some("safetensors") => EngineError::InvalidAdapter(format!(
             "{shown} is a file; pass the adapter's directory (the one holding adapter_config.json beside it)"
         )),
-        _ => EngineError::InvalidArgument(format!(
+        _ => EngineError::InvalidAdapter(format!(
             "{shown} is a file; an expert is a PEFT adapter directory (adapter_config.json and adapter_model.safetensors)"
         )),
     }

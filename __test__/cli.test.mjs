@@ -112,6 +112,12 @@ describe('expert-runtime inspect', () => {
     assert.equal(t.bos, null) // bos_token: null
     assert.deepEqual(t.eos.map((e) => e.text), [tcfg.eos_token])
     assert.deepEqual(m.warnings, [])
+    // The layer plan: every layer the same, as the config describes them.
+    const shape = `${cfg.num_attention_heads} heads, ${cfg.num_key_value_heads} kv, head dim ${cfg.head_dim}`
+    assert.deepEqual(m.plan, [
+      `layers 0–${cfg.num_hidden_layers - 1}: full attention (${shape}, rope 0, q/k norm) · gated MLP (SiLU, ${cfg.intermediate_size}) · pre-norm (w)`,
+      `rope 0: theta ${cfg.rope_theta}, rotary dim ${cfg.head_dim} of ${cfg.head_dim}, half-split`,
+    ])
 
     // What a load reports agrees.
     await agreesWithLoad(m, dir, m.eosTokens)
@@ -122,6 +128,7 @@ describe('expert-runtime inspect', () => {
     assert.match(text.stdout, new RegExp(`architecture\\s+${cfg.model_type}\\n`))
     assert.match(text.stdout, new RegExp(`layers\\s+${cfg.num_hidden_layers}\\n`))
     assert.match(text.stdout, new RegExp(`heads\\s+${cfg.num_attention_heads} \\(kv heads ${cfg.num_key_value_heads}, head dim ${cfg.head_dim}\\)`))
+    assert.match(text.stdout, /\nlayer plan\s+layers 0–2: full attention .* · pre-norm \(w\)\n\s+rope 0: theta/)
     assert.match(text.stdout, /chat template\s+yes/)
     assert.ok(text.stdout.includes(`  | ${tcfg.chat_template.split('\n')[0]}\n`), text.stdout)
   })
@@ -136,6 +143,8 @@ describe('expert-runtime inspect', () => {
       [cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size, cfg.tie_word_embeddings],
     )
     assert.equal(m.headDim, cfg.hidden_size / cfg.num_attention_heads)
+    // llama.cpp's GGUF stores Q/K rows permuted: RoPE rotates adjacent pairs.
+    assert.match(m.plan.at(-1), /^rope 0: theta \d+, rotary dim 16 of 16, interleaved pairs$/)
     assert.equal(m.weights.container, 'gguf')
     assert.equal(m.weights.fileBytes, statSync(gguf).size)
     // The same tensors as the safetensors file of the same model.

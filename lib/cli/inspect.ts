@@ -90,6 +90,7 @@ function describeModel(m: ModelInspection): string {
     rows.push(['tokenizer', 'unavailable (see warnings)'])
   }
   rows.push(['eos', m.eosTokens.map(token).join(', ') || 'none'])
+  m.plan.forEach((line, i) => rows.push([i === 0 ? 'layer plan' : '', line]))
   const lines = t?.chatTemplate?.split('\n')
   if (lines) {
     rows.push(['chat template', `yes (${lines.length} lines${lines.length > TEMPLATE_LINES ? `, first ${TEMPLATE_LINES} shown; --json prints it all` : ''})`])

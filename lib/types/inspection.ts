@@ -67,6 +67,13 @@ export interface ModelInspection {
   path: string
   /** The family the engine runs it as: `llama`, `qwen2` or `qwen3`. */
   architecture: string
+  /**
+   * The layer plan the engine would run: one line per run of identical layers (mixer ·
+   * feed-forward block · norms), then one per rotary embedding, then model-wide settings that
+   * differ from a plain transformer's, e.g.
+   * `layers 0–27: full attention (16 heads, 8 kv, head dim 128, rope 0, q/k norm) · gated MLP (SiLU, 3072) · pre-norm (w)`.
+   */
+  plan: string[]
   /** Rows of the embedding (and output head). */
   vocabSize: number
   /** Width of the hidden state. */

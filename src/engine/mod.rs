@@ -212,8 +212,7 @@ impl Engine {
         };
         let (tokenizer, model) = (Arc::new(tokenizer), Arc::new(model));
         let stats = Arc::new(EngineStats::default());
-        let bytes_per_token =
-            crate::kv::store::bytes_per_token(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, kv_dtype);
+        let bytes_per_token = model.kv_layout().bytes_per_token(model.cfg.num_kv_heads, model.cfg.head_dim, kv_dtype);
         let memory = load::kv_memory(&model.device);
         let (num_blocks, block_size) = crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, memory)?;
         let mut cfg = SchedulerConfig {

@@ -95,6 +95,13 @@ impl KvManager {
         &self.store
     }
 
+    /// The model's layers grouped by what they keep. This manager is the full-attention
+    /// group's (one block table per sequence over the shared pool); the store refuses a layout
+    /// with other groups until their managers exist.
+    pub fn layout(&self) -> &super::KvLayout {
+        self.store.cache_layout()
+    }
+
     pub fn block_size(&self) -> usize {
         self.pool.block_size()
     }

@@ -4,15 +4,18 @@
 //! Module map: `manager` (the API the scheduler calls: prefix matching, adoption with
 //! copy-on-write, reservation, registration of full blocks, freeing), `block_pool` (reference
 //! counts, free and cached blocks), `prefix` (content addressing of full blocks), `block_table`
-//! (a sequence's blocks), `store` (the tensors), `quant` (block-quantized rows), `attention` (attention through block tables:
-//! the backend seam; `attention_x86` holds its AVX2 micro-kernels), `cache` (a single-sequence cache over a private store), `sizing` (the
-//! pool's size from the `kvCache` options).
+//! (a sequence's blocks), `layers` (what each layer keeps: every position, a window or a
+//! recurrent state; the layers grouped by kind), `store` (the tensors), `quant`
+//! (block-quantized rows), `attention` (attention through block tables: the backend seam;
+//! `attention_x86` holds its AVX2 micro-kernels), `cache` (a single-sequence cache over a
+//! private store), `sizing` (the pool's size from the `kvCache` options).
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attention_x86;
 pub mod block_pool;
 pub mod block_table;
 pub mod cache;
+pub mod layers;
 pub mod manager;
 pub mod prefix;
 pub mod quant;
@@ -23,6 +26,7 @@ mod store_cpu;
 pub use block_pool::BlockPool;
 pub use block_table::BlockTable;
 pub use cache::KvCache;
+pub use layers::{KvLayout, LayerCache};
 pub use manager::{KvManager, PinnedHit, PrefixHit};
 pub use sizing::KvCacheOptions;
 pub use store::{KvFormat, KvStore};

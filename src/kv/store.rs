@@ -20,6 +20,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::layers::KvLayout;
 use super::quant::Quant;
 use super::{store_cpu, BlockId};
 use crate::error::{EngineError, Result};
@@ -112,6 +113,9 @@ pub struct KvStore {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub format: KvFormat,
+    /// What each layer keeps (see [`super::layers`]): every layer full attention unless the
+    /// model says otherwise ([`Self::with_cache_layout`]).
+    cache_layout: KvLayout,
 }
 
 /// A run of consecutive rows of a batch written to consecutive slots.
@@ -229,7 +233,31 @@ impl KvStore {
                 }
             }
         }
-        Ok(Self { k, v, ks, vs, head_major, num_blocks, block_size, kv_heads, head_dim, format })
+        let cache_layout = KvLayout::all_full(num_layers);
+        Ok(Self { k, v, ks, vs, head_major, num_blocks, block_size, kv_heads, head_dim, format, cache_layout })
+    }
+
+    /// The pool for a model whose layers keep what `layout` says. A layout whose layer count
+    /// differs from the pool's is a bug in the caller (`INTERNAL`); one with a kind of layer the
+    /// pool does not manage yet is `UNSUPPORTED_ARCHITECTURE`, naming it.
+    pub fn with_cache_layout(mut self, layout: KvLayout) -> Result<Self> {
+        if layout.num_layers != self.k.len() {
+            return Err(EngineError::Internal(format!(
+                "a KV layout of {} layers for a pool of {}",
+                layout.num_layers,
+                self.k.len()
+            )));
+        }
+        if let Some(what) = layout.unsupported() {
+            return Err(EngineError::UnsupportedArchitecture(format!("{what} is not implemented yet")));
+        }
+        self.cache_layout = layout;
+        Ok(self)
+    }
+
+    /// What each layer keeps, grouped by kind.
+    pub fn cache_layout(&self) -> &KvLayout {
+        &self.cache_layout
     }
 
     /// Token slots per layer (`num_blocks · block_size`, checked at construction).

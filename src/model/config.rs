@@ -1,7 +1,8 @@
 //! Model configuration, read from an HF `config.json` (transformers 4.x and 5.x forms) or from
-//! GGUF metadata, normalised into one [`ModelConfig`] that the decoder switches on.
+//! GGUF metadata, normalised into one [`ModelConfig`]. What the layers are made of is decided
+//! from it in one place, the layer plan ([`super::plan::LayerPlan::build`]).
 //!
-//! Family differences the decoder needs to know about:
+//! What the readers take from each family:
 //! - Llama: plain attention; GGUF files store Q/K rows permuted for interleaved RoPE.
 //! - Qwen2: bias on the Q/K/V projections.
 //! - Qwen3: per-head RMSNorm on Q and K before RoPE, explicit `head_dim`.

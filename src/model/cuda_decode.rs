@@ -326,7 +326,7 @@ impl CudaDecode {
             },
             None => embed,
         };
-        let (cos, sin) = model.rope.tables();
+        let (cos, sin) = model.ropes[0].tables();
         if cos.dtype() != dt {
             return Ok(None);
         }
@@ -407,7 +407,7 @@ impl CudaDecode {
 
     /// Whether this path runs `chunks` over `store`.
     pub fn accepts(&self, model: &Decoder, chunks: &[SeqChunk], store: &KvStore) -> bool {
-        let exact = model.rope.exact_until();
+        let exact = model.ropes[0].exact_until();
         !chunks.is_empty()
             && chunks.len() <= MAX_ROWS
             && store.format == KvFormat::Dense(self.dtype)

@@ -1,4 +1,9 @@
-//! The decoder-only transformer shared by the Llama, Qwen2 and Qwen3 families.
+//! The decoder-only transformer: one forward pass that runs a model's [`LayerPlan`].
+//!
+//! The plan says what each layer is (see [`super::plan`] for why this is one decoder rather
+//! than a model per family); this module builds the layers the plan names from the weights and
+//! runs them. It names no family. A plan asking for something this decoder does not run yet
+//! is refused at load, by name.
 //!
 //! Structs are named after the HF tensors they hold (`q_proj`, `k_norm`, `input_layernorm`),
 //! so a tensor name greps to its code. The KV cache is passed in by the caller: the model holds
@@ -12,6 +17,7 @@ use candle_core::{DType, Device, Tensor};
 use super::config::ModelConfig;
 use super::linear::Linear;
 use super::loader::WeightSource;
+use super::plan::{FeedForward, LayerPlan, LayerSpec, Mixer};
 use super::rope::{Rope, RopeRows, RopeScaling};
 use crate::error::{EngineError, Result};
 use std::ops::Range;
@@ -19,7 +25,7 @@ use std::ops::Range;
 use super::adapt::{linear_segments, Adapters, NoAdapters, Proj, Segment, Slot};
 use crate::kv::attention::{paged_attention, AttentionPlan, SeqSpan};
 use crate::kv::store::{slot_runs, KvWrites};
-use crate::kv::{BlockId, KvCache, KvFormat, KvStore};
+use crate::kv::{BlockId, KvCache, KvFormat, KvLayout, KvStore};
 
 #[cfg(feature = "cuda")]
 #[path = "cuda_decode.rs"]
@@ -53,12 +59,14 @@ struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
-    /// Qwen3 only: RMSNorm over each head's `head_dim` features, before RoPE.
+    /// Where the plan says so: RMSNorm over each head's `head_dim` features, before RoPE.
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
+    /// The rotary embedding it rotates by (an index into [`Decoder::ropes`]).
+    rope: usize,
 }
 
 struct Mlp {
@@ -72,6 +80,49 @@ struct DecoderLayer {
     self_attn: Attention,
     post_attention_layernorm: RmsNorm,
     mlp: Mlp,
+}
+
+impl DecoderLayer {
+    /// Reads layer `p` (`model.layers.{i}`) as `spec` describes it, checking every shape.
+    fn load(src: &mut dyn WeightSource, p: &str, spec: &LayerSpec, h: usize, eps: f64, dtype: DType) -> Result<Self> {
+        let a = match &spec.mixer {
+            Mixer::Attention(a) => a,
+            Mixer::Recurrent(r) => match *r {},
+        };
+        let (nh, nkv, hd) = (a.num_heads, a.num_kv_heads, a.head_dim);
+        let at = format!("{p}.self_attn");
+        let qk_norm = |src: &mut dyn WeightSource, n: &str| -> Result<Option<RmsNorm>> {
+            a.qk_norm.then(|| RmsNorm::load(src, &format!("{at}.{n}"), hd, eps, dtype)).transpose()
+        };
+        let self_attn = Attention {
+            q_proj: src.linear(&format!("{at}.q_proj"), nh * hd, h, a.qkv_bias, dtype)?,
+            k_proj: src.linear(&format!("{at}.k_proj"), nkv * hd, h, a.qkv_bias, dtype)?,
+            v_proj: src.linear(&format!("{at}.v_proj"), nkv * hd, h, a.qkv_bias, dtype)?,
+            o_proj: src.linear(&format!("{at}.o_proj"), h, nh * hd, false, dtype)?,
+            q_norm: qk_norm(src, "q_norm")?,
+            k_norm: qk_norm(src, "k_norm")?,
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            rope: a.rope.expect("a plan without RoPE is refused at load"),
+        };
+        let inter = match &spec.ffn {
+            FeedForward::GatedMlp { intermediate_size, .. } => *intermediate_size,
+            FeedForward::Moe(m) => match *m {},
+        };
+        let m = format!("{p}.mlp");
+        let mlp = Mlp {
+            gate_proj: src.linear(&format!("{m}.gate_proj"), inter, h, false, dtype)?,
+            up_proj: src.linear(&format!("{m}.up_proj"), inter, h, false, dtype)?,
+            down_proj: src.linear(&format!("{m}.down_proj"), h, inter, false, dtype)?,
+        };
+        Ok(DecoderLayer {
+            input_layernorm: RmsNorm::load(src, &format!("{p}.input_layernorm"), h, eps, dtype)?,
+            self_attn,
+            post_attention_layernorm: RmsNorm::load(src, &format!("{p}.post_attention_layernorm"), h, eps, dtype)?,
+            mlp,
+        })
+    }
 }
 
 /// What a forward pass returns for a chunk's rows.
@@ -100,13 +151,15 @@ pub struct PassOutput {
 
 pub struct Decoder {
     pub cfg: ModelConfig,
+    /// What each layer runs.
+    pub plan: LayerPlan,
     embed_tokens: Linear,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     /// `None` when the output projection is tied to `embed_tokens`.
     lm_head: Option<Linear>,
-    /// The rotary embedding over the runtime's context.
-    rope: Rope,
+    /// The rotary embeddings over the runtime's context, as [`LayerPlan::ropes`] lists them.
+    ropes: Vec<Rope>,
     pub dtype: DType,
     pub device: Device,
     #[cfg(feature = "cuda")]
@@ -131,44 +184,33 @@ impl Decoder {
         device: &Device,
         max_positions: usize,
     ) -> Result<Self> {
-        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
+        let mut cfg = cfg;
+        if cfg.rope_scaling.is_none() && src.contains("rope_freqs") {
+            // GGUF's form of Llama 3 scaling: per-frequency divisors.
+            let factors: Vec<f32> = src.tensor("rope_freqs.weight", &[cfg.head_dim / 2], DType::F32)?.to_vec1()?;
+            if let Some(f) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return Err(EngineError::InvalidModel(format!("rope_freqs holds {f}; factors must be finite and positive")));
+            }
+            cfg.rope_scaling = Some(RopeScaling::FrequencyFactors { factors });
+        }
+        let plan = LayerPlan::build(&cfg);
+        if let Some(what) = plan.unsupported() {
+            return Err(EngineError::UnsupportedArchitecture(format!(
+                "{} model: {what} is not implemented yet",
+                cfg.arch.name()
+            )));
+        }
+        let h = cfg.hidden_size;
         let eps = cfg.rms_norm_eps;
         let embed_tokens = src.linear("model.embed_tokens", cfg.vocab_size, h, false, dtype)?;
         // Grown as layers are read (not sized by the declared count: the file must hold them).
         let mut layers = Vec::new();
-        for i in 0..cfg.num_layers {
+        for (i, spec) in plan.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let qk_norm = |src: &mut dyn WeightSource, n: &str| -> Result<Option<RmsNorm>> {
-                cfg.qk_norm.then(|| RmsNorm::load(src, &format!("{a}.{n}"), hd, eps, dtype)).transpose()
-            };
-            let self_attn = Attention {
-                q_proj: src.linear(&format!("{a}.q_proj"), nh * hd, h, cfg.qkv_bias, dtype)?,
-                k_proj: src.linear(&format!("{a}.k_proj"), nkv * hd, h, cfg.qkv_bias, dtype)?,
-                v_proj: src.linear(&format!("{a}.v_proj"), nkv * hd, h, cfg.qkv_bias, dtype)?,
-                o_proj: src.linear(&format!("{a}.o_proj"), h, nh * hd, false, dtype)?,
-                q_norm: qk_norm(src, "q_norm")?,
-                k_norm: qk_norm(src, "k_norm")?,
-                num_heads: nh,
-                num_kv_heads: nkv,
-                head_dim: hd,
-            };
-            let m = format!("{p}.mlp");
-            let mlp = Mlp {
-                gate_proj: src.linear(&format!("{m}.gate_proj"), cfg.intermediate_size, h, false, dtype)?,
-                up_proj: src.linear(&format!("{m}.up_proj"), cfg.intermediate_size, h, false, dtype)?,
-                down_proj: src.linear(&format!("{m}.down_proj"), h, cfg.intermediate_size, false, dtype)?,
-            };
-            layers.push(DecoderLayer {
-                input_layernorm: RmsNorm::load(src, &format!("{p}.input_layernorm"), h, eps, dtype)?,
-                self_attn,
-                post_attention_layernorm: RmsNorm::load(src, &format!("{p}.post_attention_layernorm"), h, eps, dtype)?,
-                mlp,
-            });
+            layers.push(DecoderLayer::load(src, &p, spec, h, eps, dtype)?);
         }
         #[cfg(feature = "cuda")]
-        if device.is_cuda() {
+        if device.is_cuda() && plan.fused_decode_gap().is_none() {
             for l in &mut layers {
                 cuda_decode::fuse_projections(l, dtype)?;
             }
@@ -176,24 +218,19 @@ impl Decoder {
         let norm = RmsNorm::load(src, "model.norm", h, eps, dtype)?;
         let lm_head =
             if cfg.tie_word_embeddings { None } else { Some(src.linear("lm_head", cfg.vocab_size, h, false, dtype)?) };
-        let mut cfg = cfg;
-        if cfg.rope_scaling.is_none() && src.contains("rope_freqs") {
-            // GGUF's form of Llama 3 scaling: per-frequency divisors.
-            let factors: Vec<f32> = src.tensor("rope_freqs.weight", &[hd / 2], DType::F32)?.to_vec1()?;
-            if let Some(f) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
-                return Err(EngineError::InvalidModel(format!("rope_freqs holds {f}; factors must be finite and positive")));
-            }
-            cfg.rope_scaling = Some(RopeScaling::FrequencyFactors { factors });
-        }
-        let rope =
-            Rope::new(cfg.rope_theta, hd, cfg.max_position_embeddings, cfg.rope_scaling.clone(), max_positions, dtype, device)?;
+        let ropes = plan
+            .ropes
+            .iter()
+            .map(|r| Rope::new(r.theta, r.head_dim, cfg.max_position_embeddings, r.scaling.clone(), max_positions, dtype, device))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             cfg,
+            plan,
             embed_tokens,
             layers,
             norm,
             lm_head,
-            rope,
+            ropes,
             dtype,
             device: device.clone(),
             #[cfg(feature = "cuda")]
@@ -223,17 +260,23 @@ impl Decoder {
             self.cfg.head_dim,
             kv_dtype,
             &self.device,
-        )
+        )?
+        .with_cache_layout(self.kv_layout())
+    }
+
+    /// What each layer keeps in the KV cache, grouped by kind (the pool is sized by it).
+    pub fn kv_layout(&self) -> KvLayout {
+        KvLayout::from_kinds(&self.plan.kv_kinds())
     }
 
     pub fn max_positions(&self) -> usize {
-        self.rope.max_positions()
+        self.ropes.iter().map(Rope::max_positions).min().unwrap_or(0)
     }
 
     /// See [`Rope::exact_until`]: with `dynamic` RoPE scaling, cached positions of a sequence
     /// longer than this are valid for that sequence only.
     pub fn rope_exact_until(&self) -> Option<usize> {
-        self.rope.exact_until()
+        self.ropes.iter().filter_map(Rope::exact_until).min()
     }
 
     /// Every linear module: the layers' projections, then the embedding and an untied head.
@@ -376,14 +419,16 @@ impl Decoder {
             Tensor::cat(&parts, 0)?
         };
 
-        // 2. RoPE rows for every row's position (and, for `dynamic`, its sequence's length).
-        let (cos, sin) = self.rope.rows(&rope_rows)?;
+        // 2. RoPE rows of each rotary embedding for every row's position (and, for `dynamic`,
+        //    its sequence's length).
+        let rotations = self.ropes.iter().map(|r| r.rows(&rope_rows)).collect::<Result<Vec<_>>>()?;
 
-        // 3. Transformer blocks: pre-norm attention and MLP, each with a residual.
-        let pass = Pass { attention: &attention, writes: &writes, segments: &segments, cos: &cos, sin: &sin, store };
+        // 3. The layers as the plan has them: pre-norm mixer and feed-forward block, each with
+        //    a residual.
+        let pass = Pass { attention: &attention, writes: &writes, segments: &segments, rotations: &rotations, store };
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_layernorm.forward(&x)?;
-            let h = layer.self_attn.forward(&h, i, &pass, self.cfg.rope_interleaved)?;
+            let h = layer.self_attn.forward(&h, i, &pass, &self.plan)?;
             x = (x + h)?;
             let h = layer.post_attention_layernorm.forward(&x)?;
             x = (x + layer.mlp.forward(&h, i, &segments)?)?;
@@ -424,6 +469,10 @@ impl Decoder {
             return Ok(None);
         }
         let mut path = self.cuda.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*path, CudaPath::Unbuilt) && self.plan.fused_decode_gap().is_some() {
+            // The fused kernels implement one layer shape; any other plan runs generic.
+            *path = CudaPath::Off;
+        }
         if matches!(*path, CudaPath::Unbuilt) {
             *path = match cuda_decode::CudaDecode::new(self, store) {
                 Ok(Some(d)) => CudaPath::On(Box::new(d)),
@@ -480,13 +529,13 @@ struct Pass<'a> {
     attention: &'a AttentionPlan<'a>,
     writes: &'a KvWrites,
     segments: &'a [Segment<'a>],
-    cos: &'a Tensor,
-    sin: &'a Tensor,
+    /// `(cos, sin)` rows of each rotary embedding.
+    rotations: &'a [(Tensor, Tensor)],
     store: &'a KvStore,
 }
 
 impl Attention {
-    fn forward(&self, x: &Tensor, layer: usize, pass: &Pass, interleaved: bool) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, layer: usize, pass: &Pass, plan: &LayerPlan) -> Result<Tensor> {
         let rows = x.dim(0)?;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let proj = |lin: &Linear, x: &Tensor, p: Proj| linear_segments(lin, x, Slot::new(layer, p), pass.segments);
@@ -496,7 +545,7 @@ impl Attention {
         let k = proj(&self.k_proj, x, Proj::K)?.reshape((rows, nkv, hd))?;
         let v = proj(&self.v_proj, x, Proj::V)?;
 
-        // 2. Qwen3: per-head RMSNorm of q and k.
+        // 2. Where the plan has them: per-head RMSNorm of q and k.
         let q = match &self.q_norm {
             Some(n) => n.forward(&q)?,
             None => q,
@@ -508,12 +557,14 @@ impl Attention {
 
         // 3. Rotate by each row's position: the half-split kernel reads rows × heads as they
         //    are; the interleaved one wants heads first (and rows first again after).
+        let (cos, sin) = &pass.rotations[self.rope];
+        let interleaved = plan.ropes[self.rope].interleaved;
         let rot = |t: &Tensor| -> Result<Tensor> {
             if interleaved {
-                let t = candle_nn::rotary_emb::rope_i(&t.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, pass.cos, pass.sin)?;
+                let t = candle_nn::rotary_emb::rope_i(&t.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, cos, sin)?;
                 Ok(t.squeeze(0)?.transpose(0, 1)?.contiguous()?)
             } else {
-                Ok(candle_nn::rotary_emb::rope_thd(&t.contiguous()?.unsqueeze(0)?, pass.cos, pass.sin)?.squeeze(0)?)
+                Ok(candle_nn::rotary_emb::rope_thd(&t.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?)
             }
         };
         let q = rot(&q)?.reshape((rows, nh * hd))?;

@@ -1,5 +1,6 @@
 //! Decoder-only transformer models: configuration, weight loading and the forward pass.
-//! One decoder covers the Llama, Qwen2 and Qwen3 families, switched by [`config::ModelConfig`].
+//! A configuration ([`config::ModelConfig`]) resolves into a layer plan ([`plan::LayerPlan`]:
+//! what each layer runs), and one decoder runs any plan it supports.
 pub mod adapt;
 pub mod block_quant;
 pub mod config;
@@ -10,6 +11,7 @@ pub mod linear;
 pub mod loader;
 pub mod mapped;
 mod nibbles;
+pub mod plan;
 pub mod q8;
 pub mod quantize;
 pub mod repack;

@@ -51,6 +51,9 @@ pub struct JsTokenizerInspection {
 #[napi(object)]
 pub struct JsModelInspection {
     pub architecture: String,
+    /// The layer plan, one line per run of identical layers, then the rotary embeddings and
+    /// the model-wide settings (see `LayerPlan::summary`).
+    pub plan: Vec<String>,
     pub vocab_size: u32,
     pub hidden_size: u32,
     pub intermediate_size: u32,
@@ -120,6 +123,7 @@ fn model(m: ModelInspection) -> JsModelInspection {
     let c = m.config;
     JsModelInspection {
         architecture: c.arch.name().into(),
+        plan: crate::model::plan::LayerPlan::build(&c).summary(),
         vocab_size: c.vocab_size as u32,
         hidden_size: c.hidden_size as u32,
         intermediate_size: c.intermediate_size as u32,

@@ -1,0 +1,391 @@
+//! The layer plan: what each layer of a model runs, resolved once from its configuration.
+//!
+//! A family is a description. [`LayerPlan::build`] holds the one `match` on the architecture
+//! that turns a [`ModelConfig`] into a plan; the decoder, the KV cache and the CUDA decode path
+//! read the plan and never name a family. Each layer names its mixer (attention, full or
+//! sliding, with or without RoPE, or a recurrent mixer), its feed-forward block (a gated MLP
+//! with its activation, or a mixture of experts) and its norms (pre-norm, or pre and post
+//! "sandwich" norms; weights used as `w` or as `1 + w`). Model-wide settings (embedding scale,
+//! residual and logit multipliers, final logit soft-capping) and the rotary embeddings the
+//! layers share (one per distinct base, rotary dimension and scaling) live beside them.
+//!
+//! Why one decoder over a plan, rather than a model file per family as candle's `gemma3.rs`
+//! (its own structs, forward pass and rotating KV cache per family) or a graph builder per
+//! architecture as llama.cpp (`llm_build_*`, each assembling shared ops in its own code over
+//! per-layer hyper-parameter arrays): everything else this engine does sits on the decoder's
+//! one forward pass — the paged pool with prefix sharing, continuous batching of mixed prompt
+//! and decode rows, adapters on every projection, the CUDA decode path, the HF parity tests.
+//! A file per family would redo each of those per family or leave some families without them.
+//! The families differ in a handful of per-layer choices, so they are data here, checked once at
+//! load; a layer kind that does not fit the vocabulary gets one new mixer module, not a new
+//! model. What a consumer does not implement yet it refuses by name ([`LayerPlan::unsupported`]
+//! and its callers), never runs wrongly.
+
+use std::fmt;
+
+use super::config::{Arch, ModelConfig};
+use super::rope::RopeScaling;
+use crate::kv::layers::LayerCache;
+
+/// What every layer of a model runs, and the settings the whole model shares.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerPlan {
+    pub layers: Vec<LayerSpec>,
+    /// The rotary embeddings the layers use ([`AttentionSpec::rope`] indexes this).
+    pub ropes: Vec<RopeSpec>,
+    /// Multiplies the token embeddings (Gemma: √hidden; 1 elsewhere).
+    pub embedding_scale: f64,
+    /// Multiplies each block's output before it is added to the residual stream.
+    pub residual_multiplier: f64,
+    /// Multiplies the final logits.
+    pub logit_multiplier: f64,
+    /// `cap · tanh(logits / cap)` on the final logits.
+    pub final_logit_softcap: Option<f64>,
+}
+
+/// One layer: its mixer, its feed-forward block, its norms.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerSpec {
+    pub mixer: Mixer,
+    pub ffn: FeedForward,
+    pub norms: Norms,
+}
+
+/// What mixes information across positions.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Mixer {
+    Attention(AttentionSpec),
+    Recurrent(Recurrent),
+}
+
+/// Recurrent mixers (a fixed-size state per sequence instead of positions). None yet.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Recurrent {}
+
+/// A self-attention layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionSpec {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Attends to the last `window` positions only (sliding-window attention); `None`: all.
+    pub window: Option<usize>,
+    /// The rotary embedding (an index into [`LayerPlan::ropes`]); `None`: no RoPE.
+    pub rope: Option<usize>,
+    /// Bias on the query, key and value projections.
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm of queries and keys before RoPE.
+    pub qk_norm: bool,
+    /// Multiplies `q·k` before the softmax.
+    pub scale: f64,
+    /// `cap · tanh(s / cap)` on the attention scores.
+    pub logit_softcap: Option<f64>,
+}
+
+/// The block after the mixer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FeedForward {
+    /// `down(act(gate(x)) · up(x))`.
+    GatedMlp {
+        intermediate_size: usize,
+        activation: Activation,
+    },
+    Moe(Moe),
+}
+
+/// Mixture-of-experts blocks. None yet.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Moe {}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// Where a layer normalises, and how a norm's weight is applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Norms {
+    /// Also a norm after the mixer and after the feed-forward block, before each residual add.
+    pub sandwich: bool,
+    pub weight: NormWeight,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormWeight {
+    /// `x̂ · w`.
+    Plain,
+    /// `x̂ · (1 + w)` (Gemma).
+    OnePlus,
+}
+
+/// One rotary embedding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeSpec {
+    pub theta: f64,
+    /// The leading dimensions of each head it rotates (the head dimension unless partial).
+    pub rotary_dim: usize,
+    pub head_dim: usize,
+    pub scaling: Option<RopeScaling>,
+    /// Rotates adjacent pairs (GGUF Llama's permuted Q/K rows) rather than the two halves.
+    pub interleaved: bool,
+}
+
+impl LayerPlan {
+    /// The plan of a configuration: the one place that knows what a family's layers are.
+    pub fn build(cfg: &ModelConfig) -> Self {
+        let rope = RopeSpec {
+            theta: cfg.rope_theta,
+            rotary_dim: cfg.head_dim,
+            head_dim: cfg.head_dim,
+            scaling: cfg.rope_scaling.clone(),
+            interleaved: cfg.rope_interleaved,
+        };
+        let attention = AttentionSpec {
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            window: None,
+            rope: Some(0),
+            qkv_bias: cfg.qkv_bias,
+            qk_norm: cfg.qk_norm,
+            scale: 1.0 / (cfg.head_dim as f64).sqrt(),
+            logit_softcap: None,
+        };
+        let layer = match cfg.arch {
+            // Pre-norm attention and a SiLU-gated MLP; Qwen2 adds Q/K/V biases and Qwen3
+            // per-head Q/K norms (read into the config), Llama from GGUF rotates interleaved.
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => LayerSpec {
+                mixer: Mixer::Attention(attention),
+                ffn: FeedForward::GatedMlp { intermediate_size: cfg.intermediate_size, activation: Activation::Silu },
+                norms: Norms { sandwich: false, weight: NormWeight::Plain },
+            },
+        };
+        LayerPlan {
+            layers: vec![layer; cfg.num_layers],
+            ropes: vec![rope],
+            embedding_scale: 1.0,
+            residual_multiplier: 1.0,
+            logit_multiplier: 1.0,
+            final_logit_softcap: None,
+        }
+    }
+
+    /// What each layer keeps in the KV cache.
+    pub fn kv_kinds(&self) -> Vec<LayerCache> {
+        self.layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::Attention(a) => match a.window {
+                    None => LayerCache::Full,
+                    Some(window) => LayerCache::Window { window },
+                },
+                Mixer::Recurrent(r) => match *r {},
+            })
+            .collect()
+    }
+
+    /// The first thing in the plan that the generic decoder does not run yet, named; `None`
+    /// when it runs all of it. A model whose plan names something is refused at load
+    /// (`UNSUPPORTED_ARCHITECTURE`), never run without it.
+    pub fn unsupported(&self) -> Option<String> {
+        let unit = |x: f64| x == 1.0;
+        if !unit(self.embedding_scale) {
+            return Some(format!("an embedding scale ({})", self.embedding_scale));
+        }
+        if !unit(self.residual_multiplier) {
+            return Some(format!("a residual multiplier ({})", self.residual_multiplier));
+        }
+        if !unit(self.logit_multiplier) {
+            return Some(format!("a logit multiplier ({})", self.logit_multiplier));
+        }
+        if let Some(cap) = self.final_logit_softcap {
+            return Some(format!("final logit soft-capping ({cap})"));
+        }
+        for r in &self.ropes {
+            if r.rotary_dim != r.head_dim {
+                return Some(format!("partial rotary embeddings ({} of {} dimensions)", r.rotary_dim, r.head_dim));
+            }
+        }
+        let first = self.layers.first()?;
+        for (i, l) in self.layers.iter().enumerate() {
+            if l.norms != (Norms { sandwich: false, weight: NormWeight::Plain }) {
+                return Some(format!("layer {i}: {}", l.norms));
+            }
+            match &l.ffn {
+                FeedForward::GatedMlp { activation: Activation::Silu, .. } => {}
+                other => return Some(format!("layer {i}: {other}")),
+            }
+            match &l.mixer {
+                Mixer::Attention(a) => {
+                    let describe = || format!("layer {i}: {}", l.mixer);
+                    if a.window.is_some() || a.rope.is_none() || a.logit_softcap.is_some() {
+                        return Some(describe());
+                    }
+                    if a.scale != 1.0 / (a.head_dim as f64).sqrt() {
+                        return Some(format!("layer {i}: an attention scale of {} (not 1/√head_dim)", a.scale));
+                    }
+                    // One pool shape for all layers.
+                    if let Mixer::Attention(f) = &first.mixer {
+                        if (a.num_heads, a.num_kv_heads, a.head_dim) != (f.num_heads, f.num_kv_heads, f.head_dim) {
+                            return Some(format!("layer {i}: per-layer head shapes"));
+                        }
+                    }
+                }
+                Mixer::Recurrent(r) => match *r {},
+            }
+        }
+        None
+    }
+
+    /// The first thing in the plan outside what the fused CUDA decode path's kernels implement
+    /// (pre-norm full attention with one whole-head RoPE at the standard scale, a SiLU-gated MLP,
+    /// plain norm weights, no model-wide multipliers, one head shape); `None` when it covers the
+    /// plan. A plan it does not cover decodes on the generic CUDA path. Written apart from
+    /// [`Self::unsupported`] on purpose: as the generic decoder learns more, this stays what the
+    /// kernels do.
+    pub fn fused_decode_gap(&self) -> Option<String> {
+        if self.embedding_scale != 1.0 || self.residual_multiplier != 1.0 || self.logit_multiplier != 1.0 {
+            return Some("model-wide multipliers".into());
+        }
+        if self.final_logit_softcap.is_some() {
+            return Some("final logit soft-capping".into());
+        }
+        if self.ropes.len() != 1 || self.ropes[0].rotary_dim != self.ropes[0].head_dim {
+            return Some("more than one rotary embedding, or a partial one".into());
+        }
+        let mut shape = None;
+        for (i, l) in self.layers.iter().enumerate() {
+            let a = match &l.mixer {
+                Mixer::Attention(a) => a,
+                Mixer::Recurrent(r) => match *r {},
+            };
+            let plain = Norms { sandwich: false, weight: NormWeight::Plain };
+            let silu = matches!(l.ffn, FeedForward::GatedMlp { activation: Activation::Silu, .. });
+            let standard = a.window.is_none()
+                && a.rope == Some(0)
+                && a.logit_softcap.is_none()
+                && a.scale == 1.0 / (a.head_dim as f64).sqrt();
+            if l.norms != plain || !silu || !standard {
+                return Some(format!("layer {i}: {l}"));
+            }
+            let s = (a.num_heads, a.num_kv_heads, a.head_dim);
+            if *shape.get_or_insert(s) != s {
+                return Some(format!("layer {i}: per-layer head shapes"));
+            }
+        }
+        None
+    }
+
+    /// One line per run of identical consecutive layers, then one per rotary embedding and the
+    /// model-wide settings that differ from the plain transformer's (`inspect` prints these).
+    pub fn summary(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        for i in 1..=self.layers.len() {
+            if i == self.layers.len() || self.layers[i] != self.layers[start] {
+                let span = if i - start == 1 { format!("layer {start}") } else { format!("layers {start}–{}", i - 1) };
+                out.push(format!("{span}: {}", self.layers[start]));
+                start = i;
+            }
+        }
+        for (i, r) in self.ropes.iter().enumerate() {
+            out.push(format!("rope {i}: {r}"));
+        }
+        let mut model = Vec::new();
+        if self.embedding_scale != 1.0 {
+            model.push(format!("embedding scale {}", self.embedding_scale));
+        }
+        if self.residual_multiplier != 1.0 {
+            model.push(format!("residual multiplier {}", self.residual_multiplier));
+        }
+        if self.logit_multiplier != 1.0 {
+            model.push(format!("logit multiplier {}", self.logit_multiplier));
+        }
+        if let Some(cap) = self.final_logit_softcap {
+            model.push(format!("final logit soft-cap {cap}"));
+        }
+        if !model.is_empty() {
+            out.push(format!("model: {}", model.join(", ")));
+        }
+        out
+    }
+}
+
+impl fmt::Display for LayerSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} · {} · {}", self.mixer, self.ffn, self.norms)
+    }
+}
+
+impl fmt::Display for Mixer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let a = match self {
+            Mixer::Attention(a) => a,
+            Mixer::Recurrent(r) => match *r {},
+        };
+        match a.window {
+            None => write!(f, "full attention")?,
+            Some(w) => write!(f, "sliding-window attention ({w})")?,
+        }
+        write!(f, " ({} heads, {} kv, head dim {}", a.num_heads, a.num_kv_heads, a.head_dim)?;
+        match a.rope {
+            Some(r) => write!(f, ", rope {r}")?,
+            None => write!(f, ", no RoPE")?,
+        }
+        if a.qkv_bias {
+            write!(f, ", qkv bias")?;
+        }
+        if a.qk_norm {
+            write!(f, ", q/k norm")?;
+        }
+        if a.scale != 1.0 / (a.head_dim as f64).sqrt() {
+            write!(f, ", scale {}", a.scale)?;
+        }
+        if let Some(cap) = a.logit_softcap {
+            write!(f, ", soft-cap {cap}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+impl fmt::Display for FeedForward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FeedForward::GatedMlp { intermediate_size, activation } => {
+                let act = match activation {
+                    Activation::Silu => "SiLU",
+                    Activation::GeluTanh => "GELU-tanh",
+                };
+                write!(f, "gated MLP ({act}, {intermediate_size})")
+            }
+            FeedForward::Moe(m) => match *m {},
+        }
+    }
+}
+
+impl fmt::Display for Norms {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = match self.weight {
+            NormWeight::Plain => "w",
+            NormWeight::OnePlus => "1 + w",
+        };
+        write!(f, "{} ({w})", if self.sandwich { "sandwich norms" } else { "pre-norm" })
+    }
+}
+
+impl fmt::Display for RopeSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "theta {}, rotary dim {} of {}", self.theta, self.rotary_dim, self.head_dim)?;
+        write!(f, ", {}", if self.interleaved { "interleaved pairs" } else { "half-split" })?;
+        match &self.scaling {
+            Some(s) => write!(f, ", {} scaling", s.type_name()),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,92 @@
+//! The plans of the families we run, and what the decoder and the fused CUDA path refuse.
+
+use super::*;
+
+fn fixture_plan(name: &str) -> LayerPlan {
+    let path = format!("{}/__test__/fixtures/{name}/config.json", env!("CARGO_MANIFEST_DIR"));
+    let cfg = ModelConfig::from_hf_json(&std::fs::read_to_string(path).unwrap()).unwrap();
+    LayerPlan::build(&cfg)
+}
+
+#[test]
+fn each_family_is_pre_norm_attention_and_a_silu_mlp_with_its_own_attention_details() {
+    let cases = [
+        (
+            "llama-tiny",
+            "layers 0–1: full attention (4 heads, 1 kv, head dim 16, rope 0) · gated MLP (SiLU, 96) · pre-norm (w)",
+            "rope 0: theta 10000, rotary dim 16 of 16, half-split",
+        ),
+        (
+            "qwen2-tiny",
+            "layers 0–1: full attention (4 heads, 2 kv, head dim 16, rope 0, qkv bias) · gated MLP (SiLU, 128) · pre-norm (w)",
+            "rope 0: theta 1000000, rotary dim 16 of 16, half-split",
+        ),
+        (
+            "qwen3-tiny",
+            "layers 0–2: full attention (4 heads, 2 kv, head dim 32, rope 0, q/k norm) · gated MLP (SiLU, 128) · pre-norm (w)",
+            "rope 0: theta 1000000, rotary dim 32 of 32, half-split",
+        ),
+    ];
+    for (name, layers, rope) in cases {
+        let plan = fixture_plan(name);
+        assert_eq!(plan.summary(), vec![layers.to_string(), rope.to_string()], "{name}");
+        assert_eq!((plan.unsupported(), plan.fused_decode_gap()), (None, None), "{name}");
+        assert!(plan.kv_kinds().iter().all(|k| *k == LayerCache::Full), "{name}");
+    }
+}
+
+fn attention(plan: &mut LayerPlan, layer: usize) -> &mut AttentionSpec {
+    match &mut plan.layers[layer].mixer {
+        Mixer::Attention(a) => a,
+        Mixer::Recurrent(r) => match *r {},
+    }
+}
+
+#[test]
+fn what_the_decoder_does_not_run_yet_is_named_not_ignored() {
+    type Edit = fn(&mut LayerPlan);
+    let cases: [(Edit, &str); 11] = [
+        (|p| attention(p, 1).window = Some(4096), "layer 1: sliding-window attention (4096)"),
+        (|p| attention(p, 2).rope = None, "layer 2: full attention (4 heads, 2 kv, head dim 32, no RoPE, q/k norm)"),
+        (|p| attention(p, 0).logit_softcap = Some(50.0), "soft-cap 50"),
+        (|p| attention(p, 0).scale = 0.125, "an attention scale of 0.125"),
+        (
+            |p| {
+                let a = attention(p, 2);
+                (a.head_dim, a.scale) = (64, 0.125);
+            },
+            "layer 2: per-layer head shapes",
+        ),
+        (
+            |p| p.layers[1].ffn = FeedForward::GatedMlp { intermediate_size: 128, activation: Activation::GeluTanh },
+            "layer 1: gated MLP (GELU-tanh, 128)",
+        ),
+        (|p| p.layers[0].norms = Norms { sandwich: true, weight: NormWeight::OnePlus }, "layer 0: sandwich norms (1 + w)"),
+        (|p| p.embedding_scale = 8.0, "an embedding scale (8)"),
+        (|p| p.residual_multiplier = 0.22, "a residual multiplier (0.22)"),
+        (|p| p.final_logit_softcap = Some(30.0), "final logit soft-capping (30)"),
+        (|p| p.ropes[0].rotary_dim = 8, "partial rotary embeddings (8 of 32 dimensions)"),
+    ];
+    for (edit, named) in cases {
+        let mut plan = fixture_plan("qwen3-tiny");
+        edit(&mut plan);
+        let what = plan.unsupported().expect(named);
+        assert!(what.contains(named), "{what:?} should name {named:?}");
+        // The fused CUDA decode path covers none of these either: they decode generic there.
+        assert!(plan.fused_decode_gap().is_some(), "{named}");
+    }
+}
+
+#[test]
+fn a_window_is_what_its_layer_keeps_and_runs_of_layers_print_as_one_line() {
+    let mut plan = fixture_plan("qwen3-tiny");
+    attention(&mut plan, 1).window = Some(512);
+    assert_eq!(plan.kv_kinds(), vec![LayerCache::Full, LayerCache::Window { window: 512 }, LayerCache::Full]);
+    let lines = plan.summary();
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    assert!(lines[0].starts_with("layer 0: full attention"));
+    assert!(lines[1].starts_with("layer 1: sliding-window attention (512)"));
+    assert!(lines[2].starts_with("layer 2: full attention"));
+    plan.logit_multiplier = 0.5;
+    assert_eq!(plan.summary().last().unwrap(), "model: logit multiplier 0.5");
+}

@@ -336,12 +336,415 @@ fn fit_sub_blocks<const N: usize>(xt: &[[f32; N]; SUB]) -> ([f32; N], [[f32; N];
     (scale, ls)
 }
 
+/// [`fit_sub_blocks`] for 32 lanes (two blocks), `G` vectors of `S::WIDTH` lanes per
+/// variable: the same operations per lane in the same order, selects as blends, the scalar
+/// code's early exits as masks. In the last loop an improvement only moves `sumlx` / `suml2`;
+/// the scale is divided once after each pass (the scalar code divides at each improvement:
+/// the last one counts).
 #[cfg(target_arch = "x86_64")]
-mod simd;
+#[inline(always)]
+unsafe fn fit_simd<S: simd::Simd, const G: usize, const N: usize>(xs: &[f32]) -> ([f32; N], [[f32; N]; SUB]) {
+    assert!(G * S::WIDTH == N && xs.len() == N * SUB);
+    let (zero, one) = (S::splat(0.0), S::splat(1.0));
+    let (add, sub, mul, div) = (|a, b| S::add(a, b), |a, b| S::sub(a, b), |a, b| S::mul(a, b), |a, b| S::div(a, b));
+    let q = |v| code::<S>(v);
+    let any = |m: &[S::M; G]| m.iter().any(|&m| !S::none(m));
+    // x[i][g]: value i of the sub-blocks of vector g, gathered (a stride of 16 values).
+    let x: [[S::V; G]; SUB] =
+        std::array::from_fn(|i| std::array::from_fn(|g| S::gather16(xs.as_ptr().add(S::WIDTH * g * SUB + i))));
+    // The weights `w = x²` and `w · x`, as the scalar code computes them each time.
+    let w: [[S::V; G]; SUB] = std::array::from_fn(|i| std::array::from_fn(|g| mul(x[i][g], x[i][g])));
+    let wx: [[S::V; G]; SUB] = std::array::from_fn(|i| std::array::from_fn(|g| mul(w[i][g], x[i][g])));
+    let mut amax = [zero; G];
+    let mut max = [zero; G];
+    for xi in &x {
+        for g in 0..G {
+            let ax = S::abs(xi[g]);
+            let take = S::gt(ax, amax[g]);
+            amax[g] = S::select(take, amax[g], ax);
+            max[g] = S::select(take, max[g], xi[g]);
+        }
+    }
+    // The first estimate.
+    let mut ls = [[zero; G]; SUB];
+    let mut sumlx = [zero; G];
+    let mut suml2 = [zero; G];
+    let mut scale = [zero; G];
+    let mut best = [zero; G];
+    for g in 0..G {
+        let iscale = div(S::splat(-32.0), max[g]);
+        for i in 0..SUB {
+            let l = q(mul(iscale, x[i][g]));
+            ls[i][g] = l;
+            sumlx[g] = add(sumlx[g], mul(wx[i][g], l));
+            suml2[g] = add(suml2[g], mul(mul(w[i][g], l), l));
+        }
+        scale[g] = div(sumlx[g], suml2[g]);
+        best[g] = mul(scale[g], sumlx[g]);
+    }
+    // Up to three refits.
+    for _ in 0..3 {
+        let mut keep = [S::no_mask(); G];
+        let mut nl = [[zero; G]; SUB];
+        let (mut slx, mut sl2) = ([zero; G], [zero; G]);
+        for g in 0..G {
+            let iscale = div(one, scale[g]);
+            let mut changed = S::no_mask();
+            for i in 0..SUB {
+                let l = q(mul(iscale, x[i][g]));
+                nl[i][g] = l;
+                changed = S::or_m(changed, S::ne(l, ls[i][g]));
+                slx[g] = add(slx[g], mul(wx[i][g], l));
+                sl2[g] = add(sl2[g], mul(mul(w[i][g], l), l));
+            }
+            let fits = S::nle_u(mul(slx[g], slx[g]), mul(best[g], sl2[g]));
+            keep[g] = S::and_m(S::and_m(changed, S::ne_u(sl2[g], zero)), fits);
+        }
+        if !any(&keep) {
+            break;
+        }
+        for g in 0..G {
+            for i in 0..SUB {
+                ls[i][g] = S::select(keep[g], ls[i][g], nl[i][g]);
+            }
+            sumlx[g] = S::select(keep[g], sumlx[g], slx[g]);
+            suml2[g] = S::select(keep[g], suml2[g], sl2[g]);
+            scale[g] = S::select(keep[g], scale[g], div(sumlx[g], suml2[g]));
+            best[g] = S::select(keep[g], best[g], mul(scale[g], sumlx[g]));
+        }
+    }
+    // Up to five passes of one-value-at-a-time improvement. A vector none of whose lanes
+    // moved in a pass is left out of the next (a pass that moves nothing changes nothing).
+    let mut active = [true; G];
+    for _ in 0..5 {
+        let mut moved = [S::no_mask(); G];
+        for i in 0..SUB {
+            for g in 0..G {
+                if !active[g] {
+                    continue;
+                }
+                let (x, w, wx, l) = (x[i][g], w[i][g], wx[i][g], ls[i][g]);
+                let slx = sub(sumlx[g], mul(wx, l));
+                let sl2 = sub(suml2[g], mul(mul(w, l), l));
+                let new_l = code_not_nan::<S>(div(mul(x, sl2), slx));
+                let slx_new = add(slx, mul(wx, new_l));
+                let sl2_new = add(sl2, mul(mul(w, new_l), new_l));
+                let better = S::gt(mul(mul(slx_new, slx_new), suml2[g]), mul(mul(sumlx[g], sumlx[g]), sl2_new));
+                let take = S::and_m(S::and_m(S::gt(slx, zero), S::ne(new_l, l)), S::and_m(S::gt(sl2_new, zero), better));
+                ls[i][g] = S::select(take, l, new_l);
+                sumlx[g] = S::select(take, sumlx[g], slx_new);
+                suml2[g] = S::select(take, suml2[g], sl2_new);
+                moved[g] = S::or_m(moved[g], take);
+            }
+        }
+        for g in 0..G {
+            scale[g] = S::select(moved[g], scale[g], div(sumlx[g], suml2[g]));
+            active[g] = !S::none(moved[g]);
+        }
+        if !any(&moved) {
+            break;
+        }
+    }
+    // An all-zero sub-block: scale 0, codes 0; the others' codes offset to 0..64.
+    let nmax = S::splat(32.0);
+    let mut out_scale = [0f32; N];
+    let mut out_ls = [[0f32; N]; SUB];
+    for g in 0..G {
+        let nonzero = S::ne_u(amax[g], zero);
+        S::store(out_scale.as_mut_ptr().add(S::WIDTH * g), S::keep(scale[g], nonzero));
+        for i in 0..SUB {
+            S::store(out_ls[i].as_mut_ptr().add(S::WIDTH * g), S::keep(add(ls[i][g], nmax), nonzero));
+        }
+    }
+    (out_scale, out_ls)
+}
+
+/// `round_clamped(v, -32, 31)` per lane: NaN → 0, clamp, then half away from zero as
+/// `floor(|v| + 0.5)` for `|v| ≥ 0.5` (exact there: the sum cannot round across an integer
+/// below 32) and 0 below, with `v`'s sign put back. A zero code may come out as -0.0 where the
+/// scalar code has +0.0; nothing downstream depends on the sign of a zero (a zero code adds
+/// a zero to the sums, the comparisons treat ±0 alike, and a code is used as an integer).
 #[cfg(target_arch = "x86_64")]
-mod vector_fit;
+#[inline(always)]
+unsafe fn code<S: simd::Simd>(v: S::V) -> S::V {
+    code_not_nan::<S>(S::keep(v, S::ord(v)))
+}
+
+/// [`code`] of a `v` with no NaN lane that matters (a NaN lane's result is unspecified).
+/// The one-at-a-time loop uses it: a NaN there comes from an infinite or NaN sum, with which
+/// its "better fit" test is false, so the code is never kept.
 #[cfg(target_arch = "x86_64")]
-use vector_fit::{code, fit_simd};
+#[inline(always)]
+unsafe fn code_not_nan<S: simd::Simd>(v: S::V) -> S::V {
+    let v = S::min(S::max(v, S::splat(-32.0)), S::splat(31.0));
+    let (a, half) = (S::abs(v), S::splat(0.5));
+    let r = S::keep(S::floor(S::add(a, half)), S::ge(a, half));
+    S::or(r, S::sign(v))
+}
+
+/// The vector operations [`fit_simd`] and [`code`] use, for AVX2 and AVX-512. All are
+/// `#[inline(always)]`: they are compiled inside the `#[target_feature]` entry points.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    /// Comparisons are quiet; `ne` is false and `ne_u` / `nle_u` true when a NaN is involved.
+    pub(super) trait Simd {
+        const WIDTH: usize;
+        type V: Copy;
+        type M: Copy;
+        unsafe fn splat(v: f32) -> Self::V;
+        /// `p[0], p[16], p[32], …`, one per lane.
+        unsafe fn gather16(p: *const f32) -> Self::V;
+        unsafe fn store(p: *mut f32, v: Self::V);
+        unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
+        /// The smaller / larger of each pair of lanes, for lanes that are not NaN.
+        unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn abs(v: Self::V) -> Self::V;
+        /// The sign bit of each lane (a signed zero).
+        unsafe fn sign(v: Self::V) -> Self::V;
+        unsafe fn or(a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn floor(v: Self::V) -> Self::V;
+        unsafe fn gt(a: Self::V, b: Self::V) -> Self::M;
+        unsafe fn ge(a: Self::V, b: Self::V) -> Self::M;
+        unsafe fn ne(a: Self::V, b: Self::V) -> Self::M;
+        unsafe fn ne_u(a: Self::V, b: Self::V) -> Self::M;
+        unsafe fn nle_u(a: Self::V, b: Self::V) -> Self::M;
+        /// Lanes that are not NaN.
+        unsafe fn ord(v: Self::V) -> Self::M;
+        unsafe fn and_m(a: Self::M, b: Self::M) -> Self::M;
+        unsafe fn or_m(a: Self::M, b: Self::M) -> Self::M;
+        unsafe fn no_mask() -> Self::M;
+        unsafe fn none(m: Self::M) -> bool;
+        /// `if_true` where `m`, else `if_false`.
+        unsafe fn select(m: Self::M, if_false: Self::V, if_true: Self::V) -> Self::V;
+        /// `v` where `m`, else +0.
+        unsafe fn keep(v: Self::V, m: Self::M) -> Self::V;
+    }
+
+    pub(super) struct Avx2;
+    pub(super) struct Avx512;
+
+    impl Simd for Avx2 {
+        const WIDTH: usize = 8;
+        type V = __m256;
+        type M = __m256;
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> __m256 {
+            _mm256_set1_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn gather16(p: *const f32) -> __m256 {
+            _mm256_i32gather_ps::<4>(p, _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112))
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            _mm256_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            _mm256_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+            _mm256_sub_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+            _mm256_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn div(a: __m256, b: __m256) -> __m256 {
+            _mm256_div_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn min(a: __m256, b: __m256) -> __m256 {
+            _mm256_min_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn max(a: __m256, b: __m256) -> __m256 {
+            _mm256_max_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn abs(v: __m256) -> __m256 {
+            _mm256_andnot_ps(_mm256_set1_ps(-0.0), v)
+        }
+        #[inline(always)]
+        unsafe fn sign(v: __m256) -> __m256 {
+            _mm256_and_ps(_mm256_set1_ps(-0.0), v)
+        }
+        #[inline(always)]
+        unsafe fn or(a: __m256, b: __m256) -> __m256 {
+            _mm256_or_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn floor(v: __m256) -> __m256 {
+            _mm256_round_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(v)
+        }
+        #[inline(always)]
+        unsafe fn gt(a: __m256, b: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_GT_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ge(a: __m256, b: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_GE_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ne(a: __m256, b: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_NEQ_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ne_u(a: __m256, b: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_NEQ_UQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn nle_u(a: __m256, b: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_NLE_UQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ord(v: __m256) -> __m256 {
+            _mm256_cmp_ps::<_CMP_ORD_Q>(v, v)
+        }
+        #[inline(always)]
+        unsafe fn and_m(a: __m256, b: __m256) -> __m256 {
+            _mm256_and_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn or_m(a: __m256, b: __m256) -> __m256 {
+            _mm256_or_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn no_mask() -> __m256 {
+            _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn none(m: __m256) -> bool {
+            _mm256_movemask_ps(m) == 0
+        }
+        #[inline(always)]
+        unsafe fn select(m: __m256, if_false: __m256, if_true: __m256) -> __m256 {
+            _mm256_blendv_ps(if_false, if_true, m)
+        }
+        #[inline(always)]
+        unsafe fn keep(v: __m256, m: __m256) -> __m256 {
+            _mm256_and_ps(v, m)
+        }
+    }
+
+    impl Simd for Avx512 {
+        const WIDTH: usize = 16;
+        type V = __m512;
+        type M = __mmask16;
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> __m512 {
+            _mm512_set1_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn gather16(p: *const f32) -> __m512 {
+            let idx = _mm512_mullo_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                _mm512_set1_epi32(16),
+            );
+            _mm512_i32gather_ps::<4>(idx, p)
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m512) {
+            _mm512_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m512, b: __m512) -> __m512 {
+            _mm512_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+            _mm512_sub_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+            _mm512_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn div(a: __m512, b: __m512) -> __m512 {
+            _mm512_div_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn min(a: __m512, b: __m512) -> __m512 {
+            _mm512_min_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn max(a: __m512, b: __m512) -> __m512 {
+            _mm512_max_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn abs(v: __m512) -> __m512 {
+            _mm512_abs_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn sign(v: __m512) -> __m512 {
+            _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(i32::MIN)))
+        }
+        #[inline(always)]
+        unsafe fn or(a: __m512, b: __m512) -> __m512 {
+            _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(a), _mm512_castps_si512(b)))
+        }
+        #[inline(always)]
+        unsafe fn floor(v: __m512) -> __m512 {
+            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(v)
+        }
+        #[inline(always)]
+        unsafe fn gt(a: __m512, b: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ge(a: __m512, b: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ne(a: __m512, b: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ne_u(a: __m512, b: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn nle_u(a: __m512, b: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(a, b)
+        }
+        #[inline(always)]
+        unsafe fn ord(v: __m512) -> __mmask16 {
+            _mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v)
+        }
+        #[inline(always)]
+        unsafe fn and_m(a: __mmask16, b: __mmask16) -> __mmask16 {
+            a & b
+        }
+        #[inline(always)]
+        unsafe fn or_m(a: __mmask16, b: __mmask16) -> __mmask16 {
+            a | b
+        }
+        #[inline(always)]
+        unsafe fn no_mask() -> __mmask16 {
+            0
+        }
+        #[inline(always)]
+        unsafe fn none(m: __mmask16) -> bool {
+            m == 0
+        }
+        #[inline(always)]
+        unsafe fn select(m: __mmask16, if_false: __m512, if_true: __m512) -> __m512 {
+            _mm512_mask_blend_ps(m, if_false, if_true)
+        }
+        #[inline(always)]
+        unsafe fn keep(v: __m512, m: __mmask16) -> __m512 {
+            _mm512_maskz_mov_ps(m, v)
+        }
+    }
+}
 
 /// [`requantize`] in AVX2.
 #[cfg(target_arch = "x86_64")]
@@ -440,4 +843,121 @@ fn round_i32(v: f32) -> i32 {
 }
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+
+    /// Our bytes and candle's for the same values, per path this CPU runs.
+    fn check(values: &[f32], what: &str) {
+        let dev = Device::Cpu;
+        let t = Tensor::from_vec(values.to_vec(), values.len(), &dev).unwrap();
+        if values.len().is_multiple_of(QK_K) {
+            let want = QTensor::quantize(&t, GgmlDType::Q6K).unwrap().data().unwrap().to_vec();
+            let mut got = vec![BlockQ6K::zeros(); values.len() / QK_K];
+            q6_k(values, &mut got);
+            assert_eq!(blocks_bytes(&got), &want[..], "q6_k: {what}");
+            // Every path this CPU has.
+            type Path = (&'static str, fn(&[f32], &mut [u8]));
+            #[allow(unused_mut)] // nothing is added off x86-64
+            let mut paths: Vec<Path> = vec![("portable", q6_k_bytes)];
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                paths.push(("avx2", |x, o| unsafe { q6_k_avx2(x, o) }));
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx2") {
+                paths.push(("avx512", |x, o| unsafe { q6_k_avx512(x, o) }));
+            }
+            for (path, f) in paths {
+                let mut bytes = vec![0u8; want.len()];
+                f(values, &mut bytes);
+                assert_eq!(bytes, want, "q6_k {path}: {what}");
+            }
+        }
+        let want = QTensor::quantize(&t, GgmlDType::Q4_0).unwrap().data().unwrap().to_vec();
+        let mut got = vec![BlockQ4_0::zeros(); values.len() / Q4_0_VALUES];
+        q4_0(values, &mut got);
+        let mut portable = vec![0u8; want.len()];
+        q4_0_bytes(values, &mut portable);
+        assert_eq!(blocks_bytes(&got), &want[..], "q4_0: {what}");
+        assert_eq!(portable, want, "q4_0 portable: {what}");
+    }
+
+    fn blocks_bytes<T>(b: &[T]) -> &[u8] {
+        // SAFETY: test-only view of the plain-old-data blocks as their bytes.
+        unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, std::mem::size_of_val(b)) }
+    }
+
+    use candle_core::quantized::k_quants::GgmlType;
+
+    #[test]
+    fn equals_candles_quantizers_on_random_values() {
+        // A fixed generator: roughly normal values (a sum of uniforms), reproducible.
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for std in [1.0f32, 0.02, 300.0] {
+            let v: Vec<f32> = (0..256 * QK_K).map(|_| ((0..4).map(|_| uniform()).sum::<f32>() - 2.0) * std).collect();
+            check(&v, &format!("random × {std}"));
+        }
+    }
+
+    #[test]
+    fn equals_candles_quantizers_on_hard_values() {
+        let mut v = vec![0f32; 11 * QK_K]; // blocks fitted four at a time, and three left
+                                           // Block 0 all zeros; block 1: -0.0 and one tiny value per sub-block; block 2: values
+                                           // whose squares underflow; block 3: ties of the largest magnitude with both signs;
+                                           // block 4: halves (rounding ties); block 5: one huge value; 6–10: integer ramps.
+        for (i, x) in v[QK_K..2 * QK_K].iter_mut().enumerate() {
+            *x = if i % 16 == 3 { 1e-30 } else { -0.0 };
+        }
+        for (i, x) in v[2 * QK_K..3 * QK_K].iter_mut().enumerate() {
+            *x = (i as f32 - 128.0) * 1e-25;
+        }
+        for (i, x) in v[3 * QK_K..4 * QK_K].iter_mut().enumerate() {
+            *x = [1.0, -1.0, 0.5, -0.25][i % 4];
+        }
+        for (i, x) in v[4 * QK_K..5 * QK_K].iter_mut().enumerate() {
+            *x = (i % 33) as f32 * 0.5 - 8.0;
+        }
+        for (i, x) in v[5 * QK_K..6 * QK_K].iter_mut().enumerate() {
+            *x = if i == 77 { 3.0e38 } else { (i as f32).sin() };
+        }
+        for (i, x) in v[6 * QK_K..].iter_mut().enumerate() {
+            *x = (i % 64) as f32 - 31.0;
+        }
+        check(&v, "hard values");
+    }
+
+    #[test]
+    fn rounding_matches_the_library_round() {
+        for v in [
+            0.5f32,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            0.49999997,
+            -0.49999997,
+            31.5,
+            -32.5,
+            1e10,
+            -1e10,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            8388607.5,
+            3e9,
+            -3e9,
+        ] {
+            assert_eq!(round_i32(v), v.round() as i32, "{v}");
+            assert_eq!(round_clamped(v, -32.0, 31.0), (v.round() as i32).clamp(-32, 31) as f32, "{v}");
+        }
+    }
+}

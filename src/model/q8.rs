@@ -558,7 +558,875 @@ fn tile_row_portable(format: Format, qs: &[u8], ss: &[u8], nb: usize, xq: &[i8],
 mod neon;
 
 #[cfg(target_arch = "x86_64")]
-mod x86;
+mod x86 {
+    use super::{nibbles, Ahead, Format, QuantRows, QK, TILE_Q, TILE_S, TN};
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    /// What [`super::Path::Avx2`] needs.
+    pub(super) fn has_avx2() -> bool {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c")
+    }
+
+    /// What [`super::Path::Avx512Vnni`] needs (its quantizer is the AVX2 one).
+    pub(super) fn has_vnni() -> bool {
+        has_avx2()
+            && std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// What [`super::Path::Amx`] needs: the VNNI path (tails of fewer than 16 rows and single
+    /// rows run there), AMX-TILE and AMX-INT8 in CPUID, and the OS's leave to use tile data.
+    /// Linux grants it per process through `arch_prctl(ARCH_REQ_XCOMP_PERM)` and refuses when
+    /// the kernel or a thread's signal stack cannot hold the tile state; without that grant a
+    /// tile instruction would kill the process, so the path stays off. Other systems: off.
+    pub(super) fn has_amx() -> bool {
+        static OK: OnceLock<bool> = OnceLock::new();
+        *OK.get_or_init(|| {
+            // CPUID leaf 7, sub-leaf 0: EDX bit 24 is AMX-TILE, bit 25 AMX-INT8.
+            let leaf7 = __cpuid_count(7, 0);
+            has_vnni() && leaf7.edx & (1 << 24) != 0 && leaf7.edx & (1 << 25) != 0 && os_allows_tiles()
+        })
+    }
+
+    #[cfg(target_os = "linux")]
+    fn os_allows_tiles() -> bool {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: integer arguments only; it changes nothing but this process's permission.
+        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn os_allows_tiles() -> bool {
+        false
+    }
+
+    /// The `ldtilecfg` operand (palette 1): per tile register, bytes per row and rows.
+    #[repr(C, align(64))]
+    struct TileConfig {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+    }
+
+    /// `tmm0`–`tmm3`: 16 × 16 i32 sums (C, two sets of two); `tmm4`, `tmm5`: 16 activation rows
+    /// × one block of 32 i8 (A); `tmm6`, `tmm7`: one block of a weight tile, 8 lines × 64 u8 (B,
+    /// the packed layout as it is).
+    ///
+    /// # Safety
+    /// [`has_amx`] must have returned true.
+    unsafe fn configure_tiles() {
+        let mut cfg = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+        for (t, (colsb, rows)) in
+            [(64, 16), (64, 16), (64, 16), (64, 16), (32, 16), (32, 16), (64, 8), (64, 8)].into_iter().enumerate()
+        {
+            cfg.colsb[t] = colsb;
+            cfg.rows[t] = rows;
+        }
+        asm!("ldtilecfg [{cfg}]", cfg = in(reg) &cfg, options(nostack, readonly));
+    }
+
+    thread_local! {
+        static CONFIGURED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// This thread's tile registers configured for [`amx16`] while the value lives; inner scopes
+    /// reuse the outer one's configuration (loading it costs hundreds of cycles), and every
+    /// outermost scope loads it again, whatever else ran on the thread in between. The tiles
+    /// are left configured on drop rather than released (`tilerelease`): other code may cache
+    /// its own configuration per thread (candle's AMX path does), and a released tile state
+    /// would make its next tile instruction fault.
+    pub(super) struct Tiles {
+        outermost: bool,
+    }
+
+    impl Tiles {
+        /// # Safety
+        /// [`has_amx`] must have returned true.
+        pub(super) unsafe fn configure() -> Tiles {
+            let outermost = !CONFIGURED.get();
+            if outermost {
+                configure_tiles();
+                CONFIGURED.set(true);
+            }
+            Tiles { outermost }
+        }
+    }
+
+    impl Drop for Tiles {
+        fn drop(&mut self) {
+            if self.outermost {
+                CONFIGURED.set(false);
+            }
+        }
+    }
+
+    /// Rows from `r0` against one tile: groups of 16 on AMX, the rest on VNNI (same bits).
+    ///
+    /// # Safety
+    /// [`has_amx`] must have returned true; slices as for `rows_vnni`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn rows_amx(
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+        ahead: Ahead,
+    ) {
+        let full = out.len() / 16 * 16;
+        if full > 0 {
+            let _tiles = Tiles::configure();
+            for (i, o) in out[..full].chunks_exact_mut(16).enumerate() {
+                amx16(qs, ss, nb, xs, k, r0 + i * 16, o);
+            }
+        }
+        // The VNNI rows come after `full / 16` AMX passes: with none (decode) they stream the
+        // tile and prefetch.
+        rows_vnni(Format::Q8_0, qs, ss, nb, xs, k, r0 + full, &mut out[full..], ahead.for_pass(full / 16));
+    }
+
+    /// One block's sums for 16 rows, as `tilestored` writes them: row `r`, then its 16 lanes.
+    #[repr(C, align(64))]
+    struct Sums([[i32; TN]; 16]);
+
+    /// 16 rows from `r0` against one tile. Per block, `tdpbsud` gives `Σ q_x · (q_w + 128)`
+    /// for the 16 rows × 16 lanes (activations signed in A, the biased weights unsigned in B);
+    /// adding the row's `-128 · Σ q_x` leaves `Σ q_x q_w`, the same exact integer as the
+    /// other paths, and the float steps are `rows_vnni`'s.
+    ///
+    /// Blocks go in pairs, software-pipelined over two sets of sum tiles: while the vector
+    /// units fold pair `p - 1` into the accumulators, the tile unit multiplies pair `p` (tile
+    /// registers are not renamed, so one set would serialise the two). An odd last block is
+    /// paired with itself and its copy is not folded.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn amx16(qs: &[u8], ss: &[u8], nb: usize, xs: &QuantRows, k: usize, r0: usize, out: &mut [[f32; TN]]) {
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let mut sums = [[Sums([[0; TN]; 16]), Sums([[0; TN]; 16])], [Sums([[0; TN]; 16]), Sums([[0; TN]; 16])]];
+        let xq = xs.q.as_ptr().add(r0 * k);
+        let pairs = nb.div_ceil(2);
+        let issue = |p: usize| {
+            let (b0, b1) = (2 * p, (2 * p + 1).min(nb - 1));
+            multiply_pair(p % 2, xq.add(b0 * QK), xq.add(b1 * QK), k, qs.as_ptr().add(b0 * TILE_Q), qs.as_ptr().add(b1 * TILE_Q));
+        };
+        issue(0);
+        for p in 0..pairs {
+            let [s0, s1] = &mut sums[p % 2];
+            store_pair(p % 2, s0, s1);
+            if p + 1 < pairs {
+                issue(p + 1);
+            }
+            fold16(&mut acc, s0, ss, nb, xs, r0, 2 * p);
+            if 2 * p + 1 < nb {
+                fold16(&mut acc, s1, ss, nb, xs, r0, 2 * p + 1);
+            }
+        }
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            _mm512_storeu_ps(o.as_mut_ptr(), *a);
+        }
+    }
+
+    /// Sum tiles of `set` (`tmm0, tmm1` or `tmm2, tmm3`) = A · B for two blocks: 16 activation
+    /// rows of 32 bytes at `a0` / `a1` (row stride `k`), a weight block of 8 lines × 64 at `w0` /
+    /// `w1`.
+    #[inline(always)]
+    unsafe fn multiply_pair(set: usize, a0: *const i8, a1: *const i8, k: usize, w0: *const u8, w1: *const u8) {
+        macro_rules! pair {
+            ($c0:literal, $c1:literal) => {
+                asm!(
+                    concat!("tilezero ", $c0),
+                    concat!("tilezero ", $c1),
+                    "tileloadd tmm4, [{a0} + {k} * 1]",
+                    "tileloadd tmm6, [{w0} + {line} * 1]",
+                    concat!("tdpbsud ", $c0, ", tmm4, tmm6"),
+                    "tileloadd tmm5, [{a1} + {k} * 1]",
+                    "tileloadd tmm7, [{w1} + {line} * 1]",
+                    concat!("tdpbsud ", $c1, ", tmm5, tmm7"),
+                    a0 = in(reg) a0, a1 = in(reg) a1, k = in(reg) k, w0 = in(reg) w0, w1 = in(reg) w1,
+                    line = in(reg) 64usize, options(nostack, readonly),
+                )
+            };
+        }
+        if set == 0 {
+            pair!("tmm0", "tmm1")
+        } else {
+            pair!("tmm2", "tmm3")
+        }
+    }
+
+    /// Stores the sum tiles of `set` (see [`multiply_pair`]).
+    #[inline(always)]
+    unsafe fn store_pair(set: usize, s0: &mut Sums, s1: &mut Sums) {
+        let (p0, p1) = (s0.0.as_mut_ptr(), s1.0.as_mut_ptr());
+        if set == 0 {
+            asm!("tilestored [{p0} + {line} * 1], tmm0", "tilestored [{p1} + {line} * 1], tmm1",
+                 p0 = in(reg) p0, p1 = in(reg) p1, line = in(reg) 64usize, options(nostack));
+        } else {
+            asm!("tilestored [{p0} + {line} * 1], tmm2", "tilestored [{p1} + {line} * 1], tmm3",
+                 p0 = in(reg) p0, p1 = in(reg) p1, line = in(reg) 64usize, options(nostack));
+        }
+    }
+
+    /// The sum of a row's `C` accumulator chains (independent `vpdpbusd` chains, so one does
+    /// not wait on the latency of the last; integer sums, exact in any order).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn chains<const C: usize>(c: [__m512i; C]) -> __m512i {
+        c[1..].iter().fold(c[0], |a, &v| _mm512_add_epi32(a, v))
+    }
+
+    /// One block folded into a row's 16 outputs: `acc + (d_w · d_x) · isum`, two products and a
+    /// sum, each rounded (the float steps of the module note, shared by the VNNI and AMX paths).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn scale_add(acc: __m512, dw: __m512, dx: f32, isum: __m512i) -> __m512 {
+        _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(isum)))
+    }
+
+    /// Folds block `b`'s sums of 16 rows from `r0` into their accumulators with
+    /// [`scale_add`] after adding `-128 · Σ q_x`. Unrolled so the accumulators stay in registers.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn fold16(acc: &mut [__m512; 16], sums: &Sums, ss: &[u8], nb: usize, xs: &QuantRows, r0: usize, b: usize) {
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(ss.as_ptr().add(b * TILE_S) as *const __m256i));
+        let (s, d) = (xs.s.as_ptr().add(r0 * nb + b), xs.d.as_ptr().add(r0 * nb + b));
+        macro_rules! row {
+            ($($r:literal)*) => {$(
+                let isum = _mm512_add_epi32(_mm512_load_si512(sums.0[$r].as_ptr() as *const _), _mm512_set1_epi32(-128 * *s.add($r * nb)));
+                acc[$r] = scale_add(acc[$r], dw, *d.add($r * nb), isum);
+            )*};
+        }
+        row!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    }
+
+    /// [`super::quantize_row_portable`] in AVX2, bit for bit: `f32::max` ignores NaN (so does
+    /// `max_ps` with the new value first), rounding is half away from zero, and the `as i8`
+    /// conversion saturates and sends NaN to 0.
+    ///
+    /// # Safety
+    /// AVX2 must be present; `x.len()` a multiple of 32, `q.len() >= x.len()`, `d.len() >=
+    /// x.len() / 32` (asserted by the caller).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize_row_avx2(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+        let sign = _mm256_set1_ps(-0.0);
+        let half = _mm256_set1_ps(0.5);
+        let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+        for b in 0..x.len() / QK {
+            let p = x.as_ptr().add(b * QK);
+            let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+            let mut m = _mm256_setzero_ps();
+            for vi in v {
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, vi), m);
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m1 = _mm_max_ss(m2, _mm_movehdup_ps(m2));
+            let (db, id) = super::block_scale(_mm_cvtss_f32(m1));
+            *d.get_unchecked_mut(b) = db;
+            let idv = _mm256_set1_ps(id);
+            let mut ints = [_mm256_setzero_si256(); 4];
+            for (i, vi) in v.into_iter().enumerate() {
+                let y = _mm256_mul_ps(vi, idv);
+                // Half away from zero: nearest-even, except exact halves go to trunc ± 1.
+                let t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(y, t));
+                let away = _mm256_add_ps(t, _mm256_or_ps(_mm256_and_ps(y, sign), _mm256_set1_ps(1.0)));
+                let near = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                let r = _mm256_blendv_ps(near, away, _mm256_cmp_ps(frac, half, _CMP_EQ_OQ));
+                // NaN → 0, then saturate to the i8 range.
+                let r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+                ints[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+            }
+            let w01 = _mm256_packs_epi32(ints[0], ints[1]);
+            let w23 = _mm256_packs_epi32(ints[2], ints[3]);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.as_mut_ptr().add(b * QK) as *mut __m256i, bytes);
+        }
+    }
+
+    /// Rows from `r0` (`out.len()` of them) against one tile, 4 sharing each weight load.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL and VNNI must be present; `qs`, `ss`, `out` and `xs` as asserted by
+    /// `super::tile_rows` (every read below is inside them).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn rows_vnni(
+        format: Format,
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+        ahead: Ahead,
+    ) {
+        for (i, o) in out.chunks_mut(4).enumerate() {
+            let r = r0 + i * 4;
+            let a = ahead.for_pass(i);
+            macro_rules! rows {
+                ($f:ident $(, $hi:literal)?) => {
+                    match o.len() {
+                        4 => $f::<4, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o, a),
+                        3 => $f::<3, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o, a),
+                        2 => $f::<2, 2 $(, $hi)?>(qs, ss, nb, xs, k, r, o, a),
+                        _ => $f::<1, 4 $(, $hi)?>(qs, ss, nb, xs, k, r, o, a),
+                    }
+                };
+            }
+            match format {
+                Format::Q8_0 => rows!(vnni),
+                Format::Q5_0 => rows!(vnni_nibbles, true),
+                Format::Q4_0 => rows!(vnni_nibbles, false),
+            }
+        }
+    }
+
+    /// `R` rows from `r0` against one Q4_0 (`HI = false`) or Q5_0 tile: per line of nibbles
+    /// two `vpdpbusd` (the fifth bits moved to bit 4 by 16-bit shifts of at most 4 left or 3
+    /// right, which never carry another byte's bit there), from `−bias · Σ q_x`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn vnni_nibbles<const R: usize, const C: usize, const HI: bool>(
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+        ahead: Ahead,
+    ) {
+        let format = if HI { Format::Q5_0 } else { Format::Q4_0 };
+        let (tq, bias) = (format.tile_q(), format.bias());
+        let mut acc = [_mm512_setzero_ps(); R];
+        let xq = xs.q.as_ptr().add(r0 * k);
+        for b in 0..nb {
+            let mut isum = [[_mm512_setzero_si512(); C]; R];
+            for (r, s) in isum.iter_mut().enumerate() {
+                s[0] = _mm512_set1_epi32(-bias * *xs.s.get_unchecked((r0 + r) * nb + b));
+            }
+            let blk = qs.as_ptr().add(b * tq);
+            ahead.fetch(qs.as_ptr().add(b * (tq + TILE_S)), tq + TILE_S);
+            let qh = if HI { _mm512_loadu_si512(blk.add(nibbles::GROUP) as *const _) } else { _mm512_setzero_si512() };
+            macro_rules! line {
+                ($p:literal) => {{
+                    let w = _mm512_loadu_si512(blk.add($p * 64) as *const _);
+                    let (lo, hi) = nibbles::x86::vnni_operands::<HI>(w, qh, $p);
+                    let (cl, ch) = ((2 * $p) % C, (2 * $p + 1) % C);
+                    for (r, s) in isum.iter_mut().enumerate() {
+                        let x = xq.add(r * k + b * QK + $p * 8);
+                        s[cl] = _mm512_dpbusd_epi32(s[cl], lo, _mm512_set1_epi32(std::ptr::read_unaligned(x as *const i32)));
+                        s[ch] =
+                            _mm512_dpbusd_epi32(s[ch], hi, _mm512_set1_epi32(std::ptr::read_unaligned(x.add(4) as *const i32)));
+                    }
+                }};
+            }
+            line!(0);
+            line!(1);
+            line!(2);
+            line!(3);
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(ss.as_ptr().add(b * TILE_S) as *const __m256i));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = scale_add(*a, dw, *xs.d.get_unchecked((r0 + r) * nb + b), chains(isum[r]));
+            }
+        }
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            _mm512_storeu_ps(o.as_mut_ptr(), *a);
+        }
+    }
+
+    /// `R` rows from `r0` against one tile.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn vnni<const R: usize, const C: usize>(
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+        ahead: Ahead,
+    ) {
+        let mut acc = [_mm512_setzero_ps(); R];
+        let xq = xs.q.as_ptr().add(r0 * k);
+        for b in 0..nb {
+            ahead.fetch(qs.as_ptr().add(b * (TILE_Q + TILE_S)), TILE_Q + TILE_S);
+            let mut isum = [[_mm512_setzero_si512(); C]; R];
+            for (r, s) in isum.iter_mut().enumerate() {
+                s[0] = _mm512_set1_epi32(-128 * *xs.s.get_unchecked((r0 + r) * nb + b));
+            }
+            let blk = qs.as_ptr().add(b * TILE_Q);
+            for j in 0..8 {
+                let w = _mm512_loadu_si512(blk.add(j * 64) as *const _);
+                for (r, s) in isum.iter_mut().enumerate() {
+                    let quad = std::ptr::read_unaligned(xq.add(r * k + b * QK + j * 4) as *const i32);
+                    s[j % C] = _mm512_dpbusd_epi32(s[j % C], w, _mm512_set1_epi32(quad));
+                }
+            }
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(ss.as_ptr().add(b * TILE_S) as *const __m256i));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = scale_add(*a, dw, *xs.d.get_unchecked((r0 + r) * nb + b), chains(isum[r]));
+            }
+        }
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            _mm512_storeu_ps(o.as_mut_ptr(), *a);
+        }
+    }
+
+    /// Rows from `r0` (`out.len()` of them) against one tile, 2 sharing each weight load.
+    ///
+    /// # Safety
+    /// AVX2 and F16C must be present; slices as for `rows_vnni`.
+    #[target_feature(enable = "avx2,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn rows_avx2(
+        format: Format,
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+        ahead: Ahead,
+    ) {
+        for (i, o) in out.chunks_mut(2).enumerate() {
+            let r = r0 + i * 2;
+            let a = ahead.for_pass(i);
+            match (format, o.len()) {
+                (Format::Q8_0, 2) => avx2::<2>(qs, ss, nb, xs, k, r, o, a),
+                (Format::Q8_0, _) => avx2::<1>(qs, ss, nb, xs, k, r, o, a),
+                (_, 2) => avx2_nibbles::<2>(format, qs, ss, nb, xs, k, r, o, a),
+                (_, _) => avx2_nibbles::<1>(format, qs, ss, nb, xs, k, r, o, a),
+            }
+        }
+    }
+
+    /// `R` rows from `r0` against one Q4_0 or Q5_0 tile, as two halves of 8 lanes: `maddubs`
+    /// on the unsigned stored integers (a line's two results, each at most `2 · 31 · 128`, are
+    /// added as `i16`), from `−bias · Σ q_x`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn avx2_nibbles<const R: usize>(
+        format: Format,
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+        ahead: Ahead,
+    ) {
+        let (tq, bias) = (format.tile_q(), format.bias());
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let xq = xs.q.as_ptr().add(r0 * k);
+        for b in 0..nb {
+            ahead.fetch(qs.as_ptr().add(b * (tq + TILE_S)), tq + TILE_S);
+            let blk = qs.as_ptr().add(b * tq);
+            for h in 0..2 {
+                let mut isum = [_mm256_setzero_si256(); R];
+                for (r, s) in isum.iter_mut().enumerate() {
+                    *s = _mm256_set1_epi32(-bias * *xs.s.get_unchecked((r0 + r) * nb + b));
+                }
+                let fifth = format == Format::Q5_0;
+                let qh = if fifth {
+                    _mm256_loadu_si256(blk.add(nibbles::GROUP + h * 32) as *const __m256i)
+                } else {
+                    _mm256_setzero_si256()
+                };
+                for p in 0..4 {
+                    let w = _mm256_loadu_si256(blk.add(p * 64 + h * 32) as *const __m256i);
+                    let (lo, hi) = nibbles::x86::avx2_operands(w, qh, p, fifth);
+                    for (r, s) in isum.iter_mut().enumerate() {
+                        let x = xq.add(r * k + b * QK + p * 8);
+                        let pairs = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, _mm256_set1_epi32(std::ptr::read_unaligned(x as *const i32))),
+                            _mm256_maddubs_epi16(hi, _mm256_set1_epi32(std::ptr::read_unaligned(x.add(4) as *const i32))),
+                        );
+                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(ss.as_ptr().add(b * TILE_S + h * 16) as *const __m128i));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.d.get_unchecked((r0 + r) * nb + b)));
+                    a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[r])));
+                }
+            }
+        }
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+    }
+
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn avx2<const R: usize>(
+        qs: &[u8],
+        ss: &[u8],
+        nb: usize,
+        xs: &QuantRows,
+        k: usize,
+        r0: usize,
+        out: &mut [[f32; TN]],
+        ahead: Ahead,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let xq = xs.q.as_ptr().add(r0 * k);
+        let bias = _mm256_set1_epi8(-128);
+        let ones = _mm256_set1_epi16(1);
+        for b in 0..nb {
+            ahead.fetch(qs.as_ptr().add(b * (TILE_Q + TILE_S)), TILE_Q + TILE_S);
+            let mut isum = [[_mm256_setzero_si256(); 2]; R];
+            let blk = qs.as_ptr().add(b * TILE_Q);
+            for j in 0..8 {
+                for h in 0..2 {
+                    let w = _mm256_xor_si256(_mm256_loadu_si256(blk.add(j * 64 + h * 32) as *const __m256i), bias);
+                    let aw = _mm256_sign_epi8(w, w);
+                    for (r, s) in isum.iter_mut().enumerate() {
+                        let quad = std::ptr::read_unaligned(xq.add(r * k + b * QK + j * 4) as *const i32);
+                        let sx = _mm256_sign_epi8(_mm256_set1_epi32(quad), w);
+                        // |q_w| ≤ 128 and |q_x| ≤ 127: a pair sum is at most 32512, no saturation.
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                        s[h] = _mm256_add_epi32(s[h], p);
+                    }
+                }
+            }
+            for h in 0..2 {
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(ss.as_ptr().add(b * TILE_S + h * 16) as *const __m128i));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.d.get_unchecked((r0 + r) * nb + b)));
+                    a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[r][h])));
+                }
+            }
+        }
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+    }
+}
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+    use candle_core::quantized::QMatMul;
+    use candle_core::{Device, Module, Tensor};
+
+    /// Per output: the exact product (f64) of the dequantized weight row and the quantized
+    /// activation `q · d` (what every path of our kernel computes before rounding), and the
+    /// bound on its f32 rounding: each block term `(d_w · d_x) · Σ q_w q_x` (the integer sum
+    /// is exact) takes two roundings and the sum of `nb` terms at most `nb - 1` more, so
+    /// `|ours - exact| ≤ γ_{nb+2} Σ |term|` with `γ_m ≈ m · u`, `u = 2⁻²⁴` (we allow `m · 2u`).
+    fn exact_with_bound(deq: &[f32], k: usize, xq: &[i8], xd: &[f32]) -> Vec<(f64, f64)> {
+        let nb = k / QK;
+        deq.chunks_exact(k)
+            .map(|w| {
+                let (mut sum, mut abs) = (0f64, 0f64);
+                for (b, &d) in xd.iter().enumerate().take(nb) {
+                    let t: f64 = (b * QK..(b + 1) * QK).map(|j| w[j] as f64 * xq[j] as f64).sum::<f64>() * d as f64;
+                    sum += t;
+                    abs += t.abs();
+                }
+                (sum, (nb + 2) as f64 * f32::EPSILON as f64 * abs)
+            })
+            .collect()
+    }
+
+    /// Per output: `Σ_j |w_j| · 0.6 · amax_256(j) / 127`, a bound on what quantizing the
+    /// activation to 8 bits moves a product by, for any per-block scheme with blocks of up to
+    /// 256 values (Q8_0's 32 as we and candle's AVX2 path use, Q8_K's 256 as candle's AVX-512
+    /// VNNI path uses): each value moves by at most half a step plus the f16 rounding of the
+    /// scale (127 · 2⁻¹¹ of a step), and a step is at most `amax / 127` of its block.
+    fn activation_quantization_bound(deq: &[f32], k: usize, x: &[f32]) -> Vec<f64> {
+        let step: Vec<f64> = x
+            .chunks(256)
+            .flat_map(|c| {
+                let amax = c.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                std::iter::repeat_n(0.6 * amax / 127.0, c.len())
+            })
+            .collect();
+        deq.chunks_exact(k).map(|w| w.iter().zip(&step).map(|(w, s)| w.abs() as f64 * s).sum::<f64>() + 1e-6).collect()
+    }
+
+    /// The product on every path (each must equal the portable one bit for bit), with each
+    /// batched row equal to the same row alone.
+    fn every_path(packed: &Packed32, x: &[f32], rows: usize) -> Vec<f32> {
+        let (n, k) = (packed.rows(), packed.cols());
+        let mut want = vec![0f32; rows * n];
+        packed.matmul_at(Path::Portable, x, rows, &mut want);
+        for p in paths() {
+            let mut y = vec![0f32; rows * n];
+            packed.matmul_at(p, x, rows, &mut y);
+            assert!(
+                y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{p:?} {:?} [{n}x{k}] × {rows} rows differs from portable",
+                packed.format()
+            );
+            for r in [0, rows / 2, rows - 1] {
+                let mut alone = vec![0f32; n];
+                packed.matmul_at(p, &x[r * k..(r + 1) * k], 1, &mut alone);
+                assert_eq!(alone[..], y[r * n..(r + 1) * n], "{p:?} [{n}x{k}] row {r} of {rows}");
+            }
+        }
+        want
+    }
+
+    fn check(n: usize, k: usize, rows: usize) {
+        for format in [Format::Q8_0, Format::Q5_0, Format::Q4_0] {
+            check_format(format, n, k, rows);
+        }
+    }
+
+    fn check_format(format: Format, n: usize, k: usize, rows: usize) {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 0.05, (n, k), &dev).unwrap();
+        let q = QTensor::quantize(&w, format.dtype()).unwrap();
+        let packed = Packed32::from_qtensor(&q).unwrap();
+        let deq: Vec<f32> = q.dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let x = Tensor::randn(0f32, 1.0, (rows, k), &dev).unwrap();
+        // candle's kernels need SDOT on aarch64 (see `repack`); where there is none, only ours run.
+        let candle: Option<Vec<f32>> = crate::model::repack::candle_dots_run_here()
+            .then(|| QMatMul::from_qtensor(q).unwrap().forward(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap());
+        let xv: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+        let y = every_path(&packed, &xv, rows);
+        let mut xq = vec![0i8; k];
+        let mut xd = vec![0f32; k / QK];
+        for r in 0..rows {
+            let xr = &xv[r * k..(r + 1) * k];
+            // Every output within the f32 rounding bound of the exact product.
+            quantize_row(xr, &mut xq, &mut xd);
+            for (i, (want, tol)) in exact_with_bound(&deq, k, &xq, &xd).into_iter().enumerate() {
+                let got = y[r * n + i] as f64;
+                assert!((got - want).abs() <= tol, "{format:?} [{n}x{k}] row {r} out {i}: {got} vs exact {want} (bound {tol:e})");
+            }
+            // candle's QMatMul computes the same product by a CPU-dependent path (see the
+            // module note): both it and we must be within the activation-quantization bound
+            // of the product with the unquantized activation.
+            let bounds = activation_quantization_bound(&deq, k, xr);
+            for (i, (wr, tol)) in deq.chunks_exact(k).zip(bounds).enumerate() {
+                let truth: f64 = wr.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let ours = y[r * n + i] as f64;
+                assert!((ours - truth).abs() <= tol, "[{n}x{k}] out {i}: ours {ours} vs {truth} (bound {tol})");
+                if let Some(candle) = &candle {
+                    let theirs = candle[r * n + i] as f64;
+                    assert!((theirs - truth).abs() <= tol, "[{n}x{k}] out {i}: candle {theirs} vs {truth} (bound {tol})");
+                }
+            }
+        }
+        assert_eq!(packed.dequantize(), deq);
+        let mut row = vec![0f32; k];
+        for r in [0, n / 2, n - 1] {
+            packed.dequantize_row(r, &mut row);
+            assert_eq!(row[..], deq[r * k..(r + 1) * k]);
+        }
+    }
+
+    #[test]
+    fn every_path_matches_the_exact_product() {
+        for &(n, k) in
+            &[(1, 576), (3, 576), (17, 1024), (49, 1536), (130, 3072), (1536, 576), (2051, 1024), (256, 3072), (512, 3072)]
+        {
+            check(n, k, 1);
+        }
+        check(67, 1024, 3);
+        check(130, 3072, 40);
+        check(256, 3072, 5);
+        // Prefill sizes: more rows than a row group, not a multiple of 4.
+        check(96, 576, 131);
+        // Around the AMX path's groups of 16 rows (an odd number of blocks: a lone last block).
+        for rows in [15, 16, 17, 32, 48] {
+            check(33, 96, rows);
+        }
+    }
+
+    /// Weights of -128 (a Q8_0 file may hold them; our quantizer never writes them) and
+    /// activations of ±127 take the AVX2 path's largest pair sums: no saturation, same bits.
+    #[test]
+    fn extreme_quants_are_exact() {
+        let (n, k) = (19, 64);
+        let nb = k / QK;
+        let mut bytes = Vec::new();
+        for r in 0..n {
+            for b in 0..nb {
+                bytes.extend(f16::from_f32(0.5 + r as f32 / 8.0 + b as f32).to_le_bytes());
+                bytes.extend((0..QK).map(|i| if (i + r) % 3 == 0 { 0x80 } else { 0x7f }));
+            }
+        }
+        let packed = Packed32::from_q8_0_bytes(&bytes, n, k).unwrap();
+        // Activations quantizing to ±127 with scale 1 (17 rows: one AMX group and a tail).
+        let x: Vec<f32> = (0..17 * k).map(|i| if i % 2 == 0 { 127.0 } else { -127.0 }).collect();
+        let y = every_path(&packed, &x, 17);
+        let deq = packed.dequantize();
+        let (mut xq, mut xd) = (vec![0i8; k], vec![0f32; nb]);
+        quantize_row(&x[..k], &mut xq, &mut xd);
+        assert!(xq.iter().all(|v| v.abs() == 127) && xd.iter().all(|&d| d == 1.0));
+        for (i, (want, tol)) in exact_with_bound(&deq, k, &xq, &xd).into_iter().enumerate() {
+            assert!((y[i] as f64 - want).abs() <= tol, "out {i}: {} vs {want}", y[i]);
+        }
+    }
+
+    /// The bound in `check` is tight enough to catch a wrong result: dropping one block of one
+    /// row or using a neighbouring row's scale breaks it.
+    #[test]
+    fn the_exact_bound_rejects_a_wrong_block() {
+        let (n, k) = (8, 1024);
+        // Deterministic data (candle's CPU randn cannot be seeded): a random draw could make
+        // the dropped block's share small enough to hide in the bound.
+        let wv: Vec<f32> = (0..n * k).map(|i| 0.05 * ((i as f32) * 0.731).sin()).collect();
+        let w = Tensor::from_vec(wv, (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let deq: Vec<f32> = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let x: Vec<f32> = (0..k).map(|j| ((j as f32) * 1.37).cos()).collect();
+        let (mut xq, mut xd) = (vec![0i8; k], vec![0f32; k / QK]);
+        quantize_row(&x, &mut xq, &mut xd);
+        let exact = exact_with_bound(&deq, k, &xq, &xd);
+        let mut broken = deq.clone();
+        broken[..QK].iter_mut().for_each(|v| *v = 0.0);
+        let (wrong, _) = exact_with_bound(&broken, k, &xq, &xd)[0];
+        let (want, tol) = exact[0];
+        assert!((wrong - want).abs() > 100.0 * tol, "{wrong} vs {want} ± {tol}");
+    }
+
+    /// aarch64 always has the NEON path, and the SDOT one where the CPU has SDOT.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn neon_paths_on_aarch64() {
+        let p = paths();
+        assert!(p.contains(&Path::Neon));
+        assert_eq!(p.contains(&Path::NeonDot), crate::simd::neon::has_dotprod());
+        assert_eq!(path(), if crate::simd::forced_portable() { Path::Portable } else { *p.last().unwrap() });
+    }
+
+    /// Every path quantizes like the portable code (candle's quantizer), including halves,
+    /// NaN, infinities, subnormal and huge blocks.
+    #[test]
+    fn every_path_quantizes_the_same() {
+        let mut x: Vec<f32> = (0..32 * 64).map(|i| ((i * 7919 % 2001) as f32 - 1000.0) / 37.0).collect();
+        // Values landing exactly on halves after scaling by 127 / amax (amax 127 → id 1).
+        x[..32].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 - 15.5);
+        x[31] = 127.0;
+        x[32..64].iter_mut().enumerate().for_each(|(i, v)| *v = -(i as f32) - 0.5);
+        x[63] = -127.0;
+        x[64] = f32::NAN;
+        x[96] = f32::INFINITY;
+        x[128] = f32::NEG_INFINITY;
+        x[160..192].iter_mut().for_each(|v| *v = 1e-42);
+        x[192..224].iter_mut().enumerate().for_each(|(i, v)| *v = if i == 0 { 0.0 } else { -0.0 });
+        x[224..256].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 16.0) * 1e37);
+        let (mut q0, mut d0) = (vec![0i8; x.len()], vec![0f32; x.len() / QK]);
+        quantize_row_portable(&x, &mut q0, &mut d0);
+        assert_eq!(
+            &q0[..32],
+            &(0..32).map(|i| if i == 31 { 127 } else { ((i as f32 - 15.5).round()) as i8 }).collect::<Vec<_>>()[..]
+        );
+        for p in paths() {
+            let (mut q, mut d) = (vec![0i8; x.len()], vec![0f32; x.len() / QK]);
+            quantize_row_at(p, &x, &mut q, &mut d);
+            assert_eq!(q, q0, "{p:?}");
+            assert!(d.iter().zip(&d0).all(|(a, b)| a.to_bits() == b.to_bits()), "{p:?}");
+        }
+    }
+
+    /// ggml's Q5_0 block bytes for `u` (32 values in 0..32) and scale bits `d`.
+    fn q5_0_block(u: &[u8; QK], d: u16) -> Vec<u8> {
+        let mut b = d.to_le_bytes().to_vec();
+        let qh: u32 = (0..QK).map(|j| (((u[j] >> 4) & 1) as u32) << j).sum();
+        b.extend(qh.to_le_bytes());
+        b.extend((0..16).map(|j| (u[j] & 0x0F) | (u[j + 16] & 0x0F) << 4));
+        b
+    }
+
+    /// Q5_0 and Q4_0 run natively with the very integers and scales of the same blocks as
+    /// Q8_0 (`q − 16` / `q − 8` with the same `d`), so they give the bits the earlier lossless
+    /// repack to Q8_0 gave, on every path; extreme quants (0 and 31 against ±127) included.
+    #[test]
+    fn nibble_formats_equal_the_same_blocks_as_q8_0() {
+        let (n, k) = (21, 256);
+        let mut seed = 1u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+            seed >> 8
+        };
+        for format in [Format::Q5_0, Format::Q4_0] {
+            let top = if format == Format::Q5_0 { 32 } else { 16 };
+            let (mut native, mut as_q8) = (Vec::new(), Vec::new());
+            for r in 0..n {
+                for _ in 0..k / QK {
+                    let u: [u8; QK] = std::array::from_fn(|i| match r {
+                        0 => top as u8 - 1,
+                        1 => 0,
+                        _ => (next() % top) as u8,
+                    } ^ if r < 2 && i % 3 == 0 { top as u8 - 1 } else { 0 });
+                    let d = f16::from_f32(0.01 + (next() % 100) as f32 / 1000.0).to_bits();
+                    match format {
+                        Format::Q5_0 => native.extend(q5_0_block(&u, d)),
+                        _ => {
+                            native.extend(d.to_le_bytes());
+                            native.extend((0..16).map(|j| (u[j] & 0x0F) | (u[j + 16] & 0x0F) << 4));
+                        }
+                    }
+                    as_q8.extend(d.to_le_bytes());
+                    as_q8.extend(u.iter().map(|&v| (v as i32 - format.bias()) as i8 as u8));
+                }
+            }
+            let p = Packed32::from_ggml_bytes(format, &native, n, k).unwrap();
+            let p8 = Packed32::from_q8_0_bytes(&as_q8, n, k).unwrap();
+            assert_eq!(p.dequantize(), p8.dequantize(), "{format:?}");
+            // Against candle's reading of the same bytes.
+            let storage = candle_core::quantized::QStorage::from_data(
+                std::borrow::Cow::Borrowed(&native[..]),
+                &Device::Cpu,
+                format.dtype(),
+            )
+            .unwrap();
+            let q = QTensor::new(storage, (n, k)).unwrap();
+            let candle: Vec<f32> = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(p.dequantize(), candle, "{format:?}");
+            let x: Vec<f32> = (0..5 * k).map(|i| if i % 7 < 3 { 127.0 } else { -127.0 }).collect();
+            let y = every_path(&p, &x, 5);
+            assert_eq!(y, every_path(&p8, &x, 5), "{format:?}");
+            assert!(p.size_in_bytes() * 8 < p8.size_in_bytes() * (if format == Format::Q5_0 { 6 } else { 5 }));
+        }
+    }
+
+    #[test]
+    fn zero_rows_and_activation() {
+        let (n, k) = (6, 64);
+        let packed = Packed32::from_q8_0_bytes(&vec![0u8; n * (k / QK) * Q8_0_BYTES], n, k).unwrap();
+        let mut y = vec![1f32; n];
+        packed.matmul(&vec![0f32; k], 1, &mut y);
+        assert!(y.iter().all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        assert!(Packed32::from_ggml_bytes(Format::Q5_0, &[0u8; 23], 1, 32).is_err());
+        assert!(Packed32::from_ggml_bytes(Format::Q4_0, &[0u8; 18], 1, 64).is_err());
+        let huge = Packed32::from_ggml_bytes(Format::Q4_0, &[], usize::MAX / 2, 1 << 20).err().map(|e| e.code());
+        assert_eq!(huge, Some("OUT_OF_MEMORY"));
+        assert!(Packed32::from_q8_0_bytes(&[0u8; 33], 1, 32).is_err());
+        assert!(Packed32::from_q8_0_bytes(&[], 0, 32).is_err());
+        assert!(Packed32::from_q8_0_bytes(&[0u8; 34], 1, 31).is_err());
+        assert_eq!(Packed32::from_rows(usize::MAX / 2, 1 << 20, |_, _| Ok(())).err().map(|e| e.code()), Some("OUT_OF_MEMORY"));
+    }
+}

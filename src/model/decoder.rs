@@ -221,7 +221,9 @@ impl Decoder {
         let ropes = plan
             .ropes
             .iter()
-            .map(|r| Rope::new(r.theta, r.head_dim, cfg.max_position_embeddings, r.scaling.clone(), max_positions, dtype, device))
+            .map(|r| {
+                Rope::new(r.theta, r.rotary_dim, cfg.max_position_embeddings, r.scaling.clone(), max_positions, dtype, device)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             cfg,

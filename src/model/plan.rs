@@ -208,7 +208,7 @@ impl LayerPlan {
                 return Some(format!("partial rotary embeddings ({} of {} dimensions)", r.rotary_dim, r.head_dim));
             }
         }
-        let first = self.layers.first()?;
+        let other_shape = self.first_other_head_shape();
         for (i, l) in self.layers.iter().enumerate() {
             if l.norms != (Norms { sandwich: false, weight: NormWeight::Plain }) {
                 return Some(format!("layer {i}: {}", l.norms));
@@ -227,10 +227,8 @@ impl LayerPlan {
                         return Some(format!("layer {i}: an attention scale of {} (not 1/√head_dim)", a.scale));
                     }
                     // One pool shape for all layers.
-                    if let Mixer::Attention(f) = &first.mixer {
-                        if (a.num_heads, a.num_kv_heads, a.head_dim) != (f.num_heads, f.num_kv_heads, f.head_dim) {
-                            return Some(format!("layer {i}: per-layer head shapes"));
-                        }
+                    if other_shape == Some(i) {
+                        return Some(format!("layer {i}: per-layer head shapes"));
                     }
                 }
                 Mixer::Recurrent(r) => match *r {},
@@ -255,7 +253,7 @@ impl LayerPlan {
         if self.ropes.len() != 1 || self.ropes[0].rotary_dim != self.ropes[0].head_dim {
             return Some("more than one rotary embedding, or a partial one".into());
         }
-        let mut shape = None;
+        let other_shape = self.first_other_head_shape();
         for (i, l) in self.layers.iter().enumerate() {
             let a = match &l.mixer {
                 Mixer::Attention(a) => a,
@@ -270,12 +268,26 @@ impl LayerPlan {
             if l.norms != plain || !silu || !standard {
                 return Some(format!("layer {i}: {l}"));
             }
-            let s = (a.num_heads, a.num_kv_heads, a.head_dim);
-            if *shape.get_or_insert(s) != s {
+            if other_shape == Some(i) {
                 return Some(format!("layer {i}: per-layer head shapes"));
             }
         }
         None
+    }
+
+    /// The first attention layer whose heads (count, KV count, dimension) differ from the first
+    /// attention layer's; `None` when all share one shape (what one KV pool and the fused
+    /// kernels assume).
+    fn first_other_head_shape(&self) -> Option<usize> {
+        let mut first = None;
+        self.layers.iter().position(|l| {
+            let a = match &l.mixer {
+                Mixer::Attention(a) => a,
+                Mixer::Recurrent(r) => match *r {},
+            };
+            let shape = (a.num_heads, a.num_kv_heads, a.head_dim);
+            *first.get_or_insert(shape) != shape
+        })
     }
 
     /// One line per run of identical consecutive layers, then one per rotary embedding and the

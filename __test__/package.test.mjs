@@ -5,7 +5,7 @@
 //   - CPU package: streams the demo answer (SmolLM2) token by token.
 //   - The demo experts' package: the README's expert examples run from it, outside this
 //     repository (no experts/ directory at hand).
-//   - CUDA package as well (when `npm run build:cuda` has built it; CI does): on a machine
+//   - CUDA package as well (when `npm run build:cuda` has built it; scripts/before-resolve.sh does): on a machine
 //     without the NVIDIA driver the CUDA addon cannot load, so `auto` falls back to the CPU
 //     build, `cuda` rejects with NO_CUDA_DEVICE naming the missing library, and the process
 //     lives on and exits normally. With a driver and a GPU, `auto` takes the GPU.

@@ -241,6 +241,15 @@ describe('OpenAI server hardening', () => {
 const CLEAN_ENV = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.toLowerCase().startsWith('npm_')))
 
 /** Whether `pid` has exited (gone, or a zombie nobody reaped yet). */
+/**
+ * Whether `pid` is gone within `ms`: a process closes its files before the kernel marks it a
+ * zombie, so the end of its pipes can be seen a moment before `exited` says so.
+ */
+async function exitsWithin(pid, ms = 5000) {
+  for (const until = Date.now() + ms; Date.now() < until; await new Promise((r) => setTimeout(r, 20))) if (exited(pid)) return true
+  return exited(pid)
+}
+
 function exited(pid) {
   try {
     process.kill(pid, 0)
@@ -357,8 +366,8 @@ describe('expert-runtime serve: shutdown', () => {
         assert.notEqual(shell, run.child.pid, 'premise: npm runs the command through a shell')
         run.child.kill(signal)
         await run.closed // every holder of npx's stdout and stderr is gone: the server too
-        assert.ok(exited(server), 'the server exited')
-        assert.ok(exited(shell), "npm's shell exited")
+        assert.ok(await exitsWithin(server), 'the server exited')
+        assert.ok(await exitsWithin(shell), "npm's shell exited")
         assert.match(run.out.stderr, /exited, shutting down/)
         await assert.rejects(fetch(`${url}/health`))
       } finally {
@@ -378,7 +387,7 @@ describe('expert-runtime serve: shutdown', () => {
     leftovers.push(server)
     run.child.kill('SIGKILL')
     await run.closed
-    assert.ok(exited(server))
+    assert.ok(await exitsWithin(server))
     assert.match(run.out.stderr, /the parent process \(\d+\) exited, shutting down/)
   })
 })

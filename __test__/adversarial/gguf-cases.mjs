@@ -89,7 +89,16 @@ export function ggufCases(add) {
     const archKeys = g.kvs.filter((kv) => kv.key.startsWith(`${arch}.`)).map((kv) => kv.key)
     for (const key of archKeys) {
       const vals = full ? VALS : VALS.filter(() => rnd.next() < 0.35)
-      for (const [name, type, value] of vals) addG(`${key}=${name}`, M, true, setKv(key, type, value))
+      // A rotary dimension other than the head's is partial RoPE, refused as not implemented.
+      for (const [name, type, value] of vals) addG(`${key}=${name}`, key.endsWith('.rope.dimension_count') ? MA : M, true, setKv(key, type, value))
+    }
+    // Attention-changing keys the decoder does not implement yet: refused, never ignored.
+    for (const [key, name, type, value] of [
+      ['attention.sliding_window', '4096', GGUF.UINT32, 4096], ['attention.sliding_window', 'u64 max', GGUF.UINT64, 2n ** 64n - 1n],
+      ['attn_logit_softcapping', '50', GGUF.FLOAT32, 50], ['final_logit_softcapping', 'NaN', GGUF.FLOAT32, NaN],
+      ['final_logit_softcapping', '-Infinity f64', GGUF.FLOAT64, -Infinity], ['rope.dimension_count', '2', GGUF.UINT32, 2],
+    ]) {
+      addG(`${arch}.${key}=${name} (not implemented)`, MA, false, setKv(`${arch}.${key}`, type, value))
     }
     for (const [name, v] of [['llama', 'llama'], ['qwen2', 'qwen2'], ['mamba', 'mamba'], ['empty', ''], ['1 MB', 'a'.repeat(1 << 20)]]) {
       addG(`general.architecture=${name}`, MA, v === 'llama' || v === 'qwen2' || v === arch, setKv('general.architecture', GGUF.STRING, v))

@@ -10,8 +10,12 @@ export function hfConfigCases(add) {
   const cat = 'model-config'
   const M = ['INVALID_MODEL']
   const MA = ['INVALID_MODEL', 'UNSUPPORTED_ARCHITECTURE']
-  // Rope scaling types the engine does not implement are UNSUPPORTED_ARCHITECTURE.
-  const archField = (k) => ['architectures', 'model_type', 'rope_scaling', 'rope_parameters'].includes(k)
+  // Rope scaling types the engine does not implement are UNSUPPORTED_ARCHITECTURE, and so are
+  // attention-changing fields turned on (src/model/unimplemented.rs).
+  const UNIMPLEMENTED = ['layer_types', 'sliding_window', 'use_sliding_window', 'no_rope_layers', 'attn_logit_softcapping', 'final_logit_softcapping',
+    'query_pre_attn_scalar', 'attention_chunk_size', 'hidden_size_per_layer_input', 'partial_rotary_factor', 'embedding_multiplier',
+    'residual_multiplier', 'attention_multiplier', 'logits_scaling']
+  const archField = (k) => ['architectures', 'model_type', 'rope_scaling', 'rope_parameters', ...UNIMPLEMENTED].includes(k)
   // Texts are built when the case runs (thunks): building every case must stay cheap.
   const loadWith = (base, text) => async (ctx) => ctx.loadAndProbe(await ctx.modelDir(base, { 'config.json': text }))
   const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4]]
@@ -51,11 +55,26 @@ export function hfConfigCases(add) {
     ['layers 2^32 + 3', q3, { num_hidden_layers: 2 ** 32 + 3 }, M, false],
     ['fewer layers', q3, { num_hidden_layers: 1, layer_types: ['full_attention'] }, M, true],
     ['layer_types too short', q3, { layer_types: ['full_attention'] }, M, true],
-    ['layer_types unknown', q3, { layer_types: ['x', 'y', 'z'] }, M, true],
-    ['sliding layers, window 0', q3, { layer_types: ['sliding_attention', 'sliding_attention', 'sliding_attention'], sliding_window: 0, use_sliding_window: true }, M, true],
-    ['sliding window 1', q3, { use_sliding_window: true, sliding_window: 1, max_window_layers: 0 }, M, true],
-    ['sliding window -1', q3, { use_sliding_window: true, sliding_window: -1 }, M, true],
-    ['sliding window 2^63', q3, { use_sliding_window: true, sliding_window: raw('9223372036854775808') }, M, true],
+    // Attention-changing settings not implemented yet are refused by name (never ignored).
+    ['layer_types unknown', q3, { layer_types: ['x', 'y', 'z'] }, MA, false],
+    ['sliding layers, window 0', q3, { layer_types: ['sliding_attention', 'sliding_attention', 'sliding_attention'], sliding_window: 0, use_sliding_window: true }, MA, false],
+    ['sliding window 1', q3, { use_sliding_window: true, sliding_window: 1, max_window_layers: 0 }, MA, false],
+    ['sliding window -1', q3, { use_sliding_window: true, sliding_window: -1 }, MA, false],
+    ['sliding window 2^63', q3, { use_sliding_window: true, sliding_window: raw('9223372036854775808') }, MA, false],
+    ['mistral with a window', ll, { model_type: 'mistral', architectures: ['MistralForCausalLM'], sliding_window: 4096 }, MA, false],
+    ['llama with a window of 1e400', ll, { sliding_window: raw('1e400') }, MA, false],
+    ['no_rope_layers of 100k zeros', ll, { no_rope_layers: new Array(100_000).fill(0) }, MA, false],
+    ['no_rope_layers a string', ll, { no_rope_layers: 'none' }, MA, false],
+    ['attention softcap NaN string', q3, { attn_logit_softcapping: 'NaN' }, MA, false],
+    ['final softcap 1e400', q3, { final_logit_softcapping: raw('1e400') }, MA, false],
+    ['query_pre_attn_scalar -1', q3, { query_pre_attn_scalar: -1 }, MA, false],
+    ['attention_chunk_size 2^63', ll, { attention_chunk_size: raw('9223372036854775808') }, MA, false],
+    ['partial_rotary_factor 0', ll, { partial_rotary_factor: 0 }, MA, false],
+    ['partial_rotary_factor 1e9', ll, { partial_rotary_factor: 1e9 }, MA, false],
+    ['embedding_multiplier -0', ll, { embedding_multiplier: raw('-0.0') }, MA, false],
+    ['residual_multiplier object', ll, { residual_multiplier: { x: 1 } }, MA, false],
+    ['logits_scaling 1e-320', q3, { logits_scaling: 1e-320 }, MA, false],
+    ['hidden_size_per_layer_input 2^40', q3, { hidden_size_per_layer_input: 2 ** 40 }, MA, false],
     ['max_position 1', q3, { max_position_embeddings: 1 }, M, true],
     ['max_position 3e7', q3, { max_position_embeddings: 3e7 }, M, true],
     // The default KV pool for 2^24 positions is a quarter of the machine: under the child's

@@ -160,7 +160,7 @@ impl ModelConfig {
     pub fn from_hf_json(text: &str) -> Result<Self> {
         let raw: Value =
             serde_json::from_str(text).map_err(|e| EngineError::invalid_model("config.json is not valid JSON", e))?;
-        let hf: HfConfig = serde_json::from_value(raw).map_err(|e| EngineError::invalid_model("config.json", e))?;
+        let hf = HfConfig::deserialize(&raw).map_err(|e| EngineError::invalid_model("config.json", e))?;
         let model_type = hf
             .model_type
             .clone()
@@ -210,6 +210,7 @@ impl ModelConfig {
             declared_dtype: hf.dtype.or(hf.torch_dtype),
         };
         cfg.validate()?;
+        super::unimplemented::check_hf(&raw, arch)?;
         Ok(cfg)
     }
 
@@ -267,6 +268,7 @@ impl ModelConfig {
         let mut cfg = cfg;
         cfg.rope_scaling = gguf_rope_scaling(md, &arch_name, cfg.max_position_embeddings)?;
         cfg.validate()?;
+        super::unimplemented::check_gguf(md, &arch_name, arch, cfg.head_dim)?;
         Ok(cfg)
     }
 

@@ -17,6 +17,7 @@ pub mod quantize;
 pub mod repack;
 pub mod rope;
 mod tiled;
+mod unimplemented;
 
 pub use config::{Arch, ModelConfig};
 pub use decoder::Decoder;

@@ -13,7 +13,11 @@
 //!   positions). A CUDA paged-attention kernel replaces the generic path here, behind the
 //!   same signature.
 //! - Causality comes from positions: the query at position `p` sees positions `0..=p` of its
-//!   sequence. Decode rows and chunks of prompts mix freely in one call.
+//!   sequence, or with a layer's sliding window of `w` ([`LayerAttention`]) `p + 1 - w ..= p`.
+//!   A tile never reads a position before its first row's window, so blocks behind every
+//!   window may be given back to the pool. Decode rows and chunks of prompts mix freely in one
+//!   call. Windows and other score scales run on the fused kernel; the generic path refuses
+//!   them by name.
 //! - The fused kernel works per (tile of up to 16 query rows of a sequence, KV head): the rows
 //!   of a tile and the `num_heads / num_kv_heads` query heads of a group share every K/V row
 //!   load (and its widening or dequantization). Scores `q·k / sqrt(head_dim)`, softmax with
@@ -37,7 +41,7 @@ use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use super::store::{KvFormat, KvStore};
 use super::BlockId;
 use crate::backend::cpu_kernels;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 
 mod fused;
 mod generic;
@@ -95,19 +99,62 @@ impl<'a> AttentionPlan<'a> {
     }
 }
 
+/// What differs between the attention layers of a model: the scale of the scores and the
+/// sliding window.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LayerAttention {
+    /// Multiplies `q·k`; `None`: `1/√head_dim`.
+    pub scale: Option<f32>,
+    /// A row at position `p` sees positions `p + 1 - window ..= p` (HF: `kv > q - window`);
+    /// `None`: `0 ..= p`. At least 1.
+    pub window: Option<usize>,
+}
+
+impl LayerAttention {
+    /// Causal attention over every position at `1/√head_dim`.
+    pub const FULL: Self = Self { scale: None, window: None };
+
+    fn scale(self, head_dim: usize) -> f32 {
+        self.scale.unwrap_or(1.0 / (head_dim as f32).sqrt())
+    }
+}
+
 /// `q`: `[rows, num_heads · head_dim]`, the keys/values of every row already written to
 /// `store`. Returns `[rows, num_heads · head_dim]`.
-pub fn paged_attention(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, num_heads: usize) -> Result<Tensor> {
-    if let Some(out) = cpu_f32(q, plan, store, layer, num_heads)? {
+pub fn paged_attention(
+    q: &Tensor,
+    plan: &AttentionPlan,
+    store: &KvStore,
+    layer: usize,
+    num_heads: usize,
+    how: LayerAttention,
+) -> Result<Tensor> {
+    if how.window == Some(0) {
+        return Err(EngineError::InvalidArgument("a sliding window of 0 positions".into()));
+    }
+    if let Some(out) = cpu_f32(q, plan, store, layer, num_heads, how)? {
         return Ok(out);
+    }
+    if how != LayerAttention::FULL {
+        // Refused by name rather than attended past the window or at the wrong scale.
+        return Err(EngineError::UnsupportedArchitecture(format!(
+            "{how:?} attention on the generic path (f32 queries on the CPU only, for now)"
+        )));
     }
     generic(q, plan, store, layer, num_heads)
 }
 
 /// The fused CPU kernel, or `None` when it does not apply (device or dtype): f32 queries over
 /// an f32, f16, bf16 or block-quantized pool (rows are widened or dequantized as they are read).
-fn cpu_f32(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize) -> Result<Option<Tensor>> {
-    cpu_f32_blocks(q, plan, store, layer, nh, KEY_BLOCK)
+fn cpu_f32(
+    q: &Tensor,
+    plan: &AttentionPlan,
+    store: &KvStore,
+    layer: usize,
+    nh: usize,
+    how: LayerAttention,
+) -> Result<Option<Tensor>> {
+    cpu_f32_blocks(q, plan, store, layer, nh, how, KEY_BLOCK)
 }
 
 /// [`cpu_f32`] with key blocks of `block` positions.
@@ -117,6 +164,7 @@ fn cpu_f32_blocks(
     store: &KvStore,
     layer: usize,
     nh: usize,
+    how: LayerAttention,
     block: usize,
 ) -> Result<Option<Tensor>> {
     if !cpu_kernels(q.device()) || q.dtype() != DType::F32 {
@@ -139,15 +187,15 @@ fn cpu_f32_blocks(
     let out = match (&*ks, &*vs, store.format) {
         (Storage::Cpu(CpuStorage::F32(kd)), Storage::Cpu(CpuStorage::F32(vd)), KvFormat::Dense(_)) => {
             let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
-            fused(qd, plan, store, nh, block, |g| Dense { k, v, at: dense(g) })
+            fused(qd, plan, store, nh, how, block, |g| Dense { k, v, at: dense(g) })
         }
         (Storage::Cpu(CpuStorage::F16(kd)), Storage::Cpu(CpuStorage::F16(vd)), KvFormat::Dense(_)) => {
             let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
-            fused(qd, plan, store, nh, block, |g| Dense { k, v, at: dense(g) })
+            fused(qd, plan, store, nh, how, block, |g| Dense { k, v, at: dense(g) })
         }
         (Storage::Cpu(CpuStorage::BF16(kd)), Storage::Cpu(CpuStorage::BF16(vd)), KvFormat::Dense(_)) => {
             let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
-            fused(qd, plan, store, nh, block, |g| Dense { k, v, at: dense(g) })
+            fused(qd, plan, store, nh, how, block, |g| Dense { k, v, at: dense(g) })
         }
         (Storage::Cpu(CpuStorage::U8(kd)), Storage::Cpu(CpuStorage::U8(vd)), KvFormat::Quant(quant)) => {
             let Some((kscale, vscale)) = store.scales(layer) else { return Ok(None) };
@@ -160,7 +208,7 @@ fn cpu_f32_blocks(
             };
             let (k, v, kd, vd) = (&kd[k0..k1], &vd[v0..v1], &ksd[a0..a1], &vsd[b0..b1]);
             let (qhd, nb) = (quant.packed_cols(hd), hd / super::quant::BLOCK);
-            fused(qd, plan, store, nh, block, |g| Quantized {
+            fused(qd, plan, store, nh, how, block, |g| Quantized {
                 quant,
                 k,
                 v,
@@ -179,3 +227,5 @@ fn cpu_f32_blocks(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod window_tests;

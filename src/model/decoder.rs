@@ -23,7 +23,7 @@ use crate::error::{EngineError, Result};
 use std::ops::Range;
 
 use super::adapt::{linear_segments, Adapters, NoAdapters, Proj, Segment, Slot};
-use crate::kv::attention::{paged_attention, AttentionPlan, SeqSpan};
+use crate::kv::attention::{paged_attention, AttentionPlan, LayerAttention, SeqSpan};
 use crate::kv::store::{slot_runs, KvWrites};
 use crate::kv::{BlockId, KvCache, KvFormat, KvLayout, KvStore};
 
@@ -67,6 +67,8 @@ struct Attention {
     head_dim: usize,
     /// The rotary embedding it rotates by (an index into [`Decoder::ropes`]).
     rope: usize,
+    /// Its scale and sliding window, as the plan has them.
+    how: LayerAttention,
 }
 
 struct Mlp {
@@ -105,6 +107,11 @@ impl DecoderLayer {
             num_kv_heads: nkv,
             head_dim: hd,
             rope: a.rope.expect("a plan without RoPE is refused at load"),
+            how: LayerAttention {
+                // The kernels' own `1/√head_dim` (in f32) where the plan has the standard scale.
+                scale: (a.scale != 1.0 / (hd as f64).sqrt()).then_some(a.scale as f32),
+                window: a.window,
+            },
         };
         let inter = match &spec.ffn {
             FeedForward::GatedMlp { intermediate_size, .. } => *intermediate_size,
@@ -576,7 +583,7 @@ impl Attention {
         pass.store.write_planned(layer, pass.writes, &k, &v)?;
 
         // 5. Attend through the block tables (the backend seam), then the output projection.
-        let out = paged_attention(&q, pass.attention, pass.store, layer, nh)?;
+        let out = paged_attention(&q, pass.attention, pass.store, layer, nh, self.how)?;
         proj(&self.o_proj, &out, Proj::O)
     }
 }

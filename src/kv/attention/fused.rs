@@ -10,7 +10,7 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use super::rows::RowPtr;
 use super::rows::{KvRows, KvView};
-use super::AttentionPlan;
+use super::{AttentionPlan, LayerAttention};
 use crate::kv::store::KvStore;
 use crate::simd::{self, Level};
 
@@ -46,6 +46,7 @@ pub(super) fn fused<S: KvRows>(
     plan: &AttentionPlan,
     store: &KvStore,
     nh: usize,
+    how: LayerAttention,
     block: usize,
     head: impl Fn(usize) -> S + Sync,
 ) -> Vec<f32> {
@@ -55,7 +56,7 @@ pub(super) fn fused<S: KvRows>(
     let rows = qd.len() / width;
     let macs = plan.attended * nh * hd;
     let simd = simd::level();
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = how.scale(hd);
     // (span, first row of the tile within the span, rows).
     let tiles: Vec<(usize, usize, usize)> = plan
         .spans
@@ -74,11 +75,12 @@ pub(super) fn fused<S: KvRows>(
         let view = KvView { rows: head(g), blocks: s.blocks, bs, hd };
         SCORES.with(|sc| {
             let mut sc = sc.borrow_mut();
-            let need = n * rep * (s.pos + r0 + n).min(block);
+            let p0 = s.pos + r0;
+            let need = n * rep * (p0 + n - first_seen(p0, how.window)).min(block);
             if sc.len() < need {
                 sc.resize(need, 0.0);
             }
-            attend(&q, &view, s.pos + r0, n, rep, scale, block, &mut sc[..need], &mut o, simd);
+            attend(&q, &view, p0, n, rep, scale, how.window, block, &mut sc[..need], &mut o, simd);
         });
         o
     };
@@ -112,6 +114,7 @@ pub(super) fn attend<S: KvRows>(
     n: usize,
     rep: usize,
     scale: f32,
+    window: Option<usize>,
     block: usize,
     sc: &mut [f32],
     out: &mut [f32],
@@ -120,8 +123,8 @@ pub(super) fn attend<S: KvRows>(
     match simd {
         // SAFETY: `Avx2Fma` is only constructed after detecting both features.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2Fma => unsafe { attend_avx2(q, kv, p0, n, rep, scale, block, sc, out) },
-        Level::Portable => attend_body(q, kv, p0, n, rep, scale, block, sc, out, Level::Portable),
+        Level::Avx2Fma => unsafe { attend_avx2(q, kv, p0, n, rep, scale, window, block, sc, out) },
+        Level::Portable => attend_body(q, kv, p0, n, rep, scale, window, block, sc, out, Level::Portable),
     }
 }
 
@@ -135,11 +138,12 @@ unsafe fn attend_avx2<S: KvRows>(
     n: usize,
     rep: usize,
     scale: f32,
+    window: Option<usize>,
     block: usize,
     sc: &mut [f32],
     out: &mut [f32],
 ) {
-    attend_body(q, kv, p0, n, rep, scale, block, sc, out, Level::Avx2Fma)
+    attend_body(q, kv, p0, n, rep, scale, window, block, sc, out, Level::Avx2Fma)
 }
 
 #[inline(always)]
@@ -151,20 +155,27 @@ fn attend_body<S: KvRows>(
     n: usize,
     rep: usize,
     scale: f32,
+    window: Option<usize>,
     block: usize,
     sc: &mut [f32],
     out: &mut [f32],
     simd: Level,
 ) {
     let len = p0 + n;
-    if len > block {
-        return attend_blocked(q, kv, p0, n, rep, scale, block, sc, out, simd);
+    // The tile reads positions `from..len`: what its first row sees (all of them without a
+    // window; a later row's window starts later, and it weighs the positions before it by 0).
+    let from = first_seen(p0, window);
+    if len - from > block {
+        return attend_blocked(q, kv, p0, n, rep, scale, window, block, sc, out, simd);
     }
+    let stride = len - from;
     // 1. Scores: position j is seen by the rows at positions ≥ j.
-    scores(q, kv, p0, n, rep, scale, (0, len), len, sc, simd);
+    scores(q, kv, p0, n, rep, scale, (from, len), stride, sc, simd);
     // 2. Softmax per (row, query head) over what that row sees.
-    for (qi, s) in sc.chunks_mut(len).take(n * rep).enumerate() {
-        let s = &mut s[..p0 + qi / rep + 1];
+    for (qi, s) in sc.chunks_mut(stride).take(n * rep).enumerate() {
+        let s = &mut s[..p0 + qi / rep + 1 - from];
+        let (hidden, s) = s.split_at_mut(first_seen(p0 + qi / rep, window) - from);
+        hidden.fill(0.0);
         let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let sum = simd::exp_sub_sum_at(simd, s, m);
         let inv = 1.0 / sum;
@@ -172,7 +183,14 @@ fn attend_body<S: KvRows>(
     }
     // 3. Weighted sum of values.
     out.fill(0.0);
-    weigh_values(kv, p0, n, rep, (0, len), len, sc, out, simd);
+    weigh_values(kv, p0, n, rep, (from, len), stride, sc, out, simd);
+}
+
+/// The first position a row at position `p` sees: 0, or with a sliding window of `w`
+/// positions (itself included, as HF's `kv > q - w`), `p + 1 - w`.
+#[inline(always)]
+pub(super) fn first_seen(p: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| (p + 1).saturating_sub(w))
 }
 
 /// Scores `q·k · scale` of positions `from..to` for the rows that see them, into `sc` rows of
@@ -382,7 +400,8 @@ fn weigh_values<S: KvRows>(
     });
 }
 
-/// [`attend_body`] past one key block: per block of `block` positions, the scores of the
+/// [`attend_body`] past one key block (of the positions from the tile's first row's first):
+/// per block of `block` positions, the scores of the
 /// rows that see it (`sc` rows of stride `block`), then a running max `m`, sum `l` and
 /// unnormalised output per (row, query head), rescaled when the max grows; `out` is divided
 /// by `l` at the end. Same order per (row, head) whatever the tile.
@@ -395,6 +414,7 @@ fn attend_blocked<S: KvRows>(
     n: usize,
     rep: usize,
     scale: f32,
+    window: Option<usize>,
     block: usize,
     sc: &mut [f32],
     out: &mut [f32],
@@ -406,7 +426,7 @@ fn attend_blocked<S: KvRows>(
     let mut m = vec![f32::NEG_INFINITY; n * rep];
     let mut l = vec![0f32; n * rep];
     out.fill(0.0);
-    for b0 in (0..len).step_by(block) {
+    for b0 in (first_seen(p0, window)..len).step_by(block) {
         let b1 = (b0 + block).min(len);
         // Rows at positions < b0 see nothing of this block.
         let first = b0.saturating_sub(p0) * rep;
@@ -415,7 +435,13 @@ fn attend_blocked<S: KvRows>(
         // 2. Fold the block into each row's running max and sum; rescale what it has summed.
         for qi in first..n * rep {
             let seen = (p0 + qi / rep + 1).min(b1) - b0;
-            let s = &mut sc[qi * block..qi * block + seen];
+            // Positions before the row's window weigh 0; a block wholly before it changes nothing.
+            let hidden = first_seen(p0 + qi / rep, window).saturating_sub(b0).min(seen);
+            let (before, s) = sc[qi * block..qi * block + seen].split_at_mut(hidden);
+            before.fill(0.0);
+            if s.is_empty() {
+                continue;
+            }
             let m_new = s.iter().copied().fold(m[qi], f32::max);
             let sum = simd::exp_sub_sum_at(simd, s, m_new);
             let alpha = simd::exp(m[qi] - m_new);

@@ -71,7 +71,7 @@ fn paged_kernel_and_generic_path_match_plain_attention() {
         )
         .unwrap();
         let plan = AttentionPlan::new(&spans, &store);
-        let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("kernel applies");
+        let fused = cpu_f32(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap().expect("kernel applies");
         let gen = generic(&q, &plan, &store, 0, nh).unwrap();
         assert!(max_diff(&fused, &want) < 1e-5, "fused nh={nh} nkv={nkv} hd={hd}: {}", max_diff(&fused, &want));
         assert!(max_diff(&gen, &want) < 1e-5, "generic nh={nh} nkv={nkv} hd={hd}: {}", max_diff(&gen, &want));
@@ -90,10 +90,10 @@ fn paged_kernel_and_generic_path_match_plain_attention() {
         let rep = nh / nkv;
         let mut a = vec![0f32; rep * hd];
         let mut sc = vec![0f32; rep * 21];
-        attend(&qv[..rep * hd], &view, 20, 1, rep, 0.25, KEY_BLOCK, &mut sc, &mut a, Level::Portable);
+        attend(&qv[..rep * hd], &view, 20, 1, rep, 0.25, None, KEY_BLOCK, &mut sc, &mut a, Level::Portable);
         for level in crate::simd::levels() {
             let mut b = vec![0f32; rep * hd];
-            attend(&qv[..rep * hd], &view, 20, 1, rep, 0.25, KEY_BLOCK, &mut sc, &mut b, level);
+            attend(&qv[..rep * hd], &view, 20, 1, rep, 0.25, None, KEY_BLOCK, &mut sc, &mut b, level);
             assert_eq!(a, b, "{level:?}");
         }
         let _: &Vec<SlotRun> = &runs[0];
@@ -115,9 +115,9 @@ fn fused_kernel_key_blocks_match_one_pass() {
             [SeqSpan { row: 0, len: 37, pos: 16, blocks: &tables[0] }, SeqSpan { row: 37, len: 1, pos: 19, blocks: &tables[1] }];
         let q = Tensor::randn(0f32, 1.0, (38, nh * hd), &dev).unwrap();
         let plan = AttentionPlan::new(&spans, &store);
-        let want = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("kernel applies");
+        let want = cpu_f32(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap().expect("kernel applies");
         for block in [1, 5, 16, 20, 41, 52] {
-            let got = cpu_f32_blocks(&q, &plan, &store, 0, nh, block).unwrap().expect("kernel applies");
+            let got = cpu_f32_blocks(&q, &plan, &store, 0, nh, LayerAttention::FULL, block).unwrap().expect("kernel applies");
             assert!(max_diff(&got, &want) < 1e-5, "{format:?} block {block}: {}", max_diff(&got, &want));
         }
     }
@@ -132,10 +132,10 @@ fn fused_kernel_key_blocks_match_one_pass() {
     for block in [5, 16] {
         let mut sc = vec![0f32; n * rep * block];
         let mut a = vec![0f32; n * rep * hd];
-        attend(&q, &view, p0, n, rep, 0.2, block, &mut sc, &mut a, Level::Portable);
+        attend(&q, &view, p0, n, rep, 0.2, None, block, &mut sc, &mut a, Level::Portable);
         for level in crate::simd::levels() {
             let mut b = vec![0f32; n * rep * hd];
-            attend(&q, &view, p0, n, rep, 0.2, block, &mut sc, &mut b, level);
+            attend(&q, &view, p0, n, rep, 0.2, None, block, &mut sc, &mut b, level);
             assert_eq!(a, b, "block {block} {level:?}");
         }
     }
@@ -161,8 +161,12 @@ fn a_row_attends_the_same_alone_or_in_a_tile() {
         let q = Tensor::randn(0f32, 1.0, (n, nh * hd), &dev).unwrap();
         let tile = [SeqSpan { row: 0, len: n, pos: p0, blocks: &tables[0] }];
         let alone: Vec<SeqSpan> = (0..n).map(|r| SeqSpan { row: r, len: 1, pos: p0 + r, blocks: &tables[0] }).collect();
-        let a = cpu_f32(&q, &AttentionPlan::new(&tile, &store), &store, 0, nh).unwrap().expect("kernel applies");
-        let b = cpu_f32(&q, &AttentionPlan::new(&alone, &store), &store, 0, nh).unwrap().expect("kernel applies");
+        let a = cpu_f32(&q, &AttentionPlan::new(&tile, &store), &store, 0, nh, LayerAttention::FULL)
+            .unwrap()
+            .expect("kernel applies");
+        let b = cpu_f32(&q, &AttentionPlan::new(&alone, &store), &store, 0, nh, LayerAttention::FULL)
+            .unwrap()
+            .expect("kernel applies");
         let (a, b): (Vec<f32>, Vec<f32>) =
             (a.flatten_all().unwrap().to_vec1().unwrap(), b.flatten_all().unwrap().to_vec1().unwrap());
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "hd {hd} {format:?}");
@@ -178,10 +182,10 @@ fn a_row_attends_the_same_alone_or_in_a_tile() {
     let p0 = total - n;
     let mut sc = vec![0f32; n * rep * total];
     let mut a = vec![0f32; n * rep * hd];
-    attend(&q, &view, p0, n, rep, 0.1, KEY_BLOCK, &mut sc, &mut a, Level::Portable);
+    attend(&q, &view, p0, n, rep, 0.1, None, KEY_BLOCK, &mut sc, &mut a, Level::Portable);
     for level in crate::simd::levels() {
         let mut b = vec![0f32; n * rep * hd];
-        attend(&q, &view, p0, n, rep, 0.1, KEY_BLOCK, &mut sc, &mut b, level);
+        attend(&q, &view, p0, n, rep, 0.1, None, KEY_BLOCK, &mut sc, &mut b, level);
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{level:?}");
     }
 }
@@ -223,7 +227,7 @@ fn generic_path_batches_decode_rows_of_different_lengths() {
     let q = Tensor::randn(0f32, 1.0, (8, nh * hd), &Device::Cpu).unwrap();
     let plan = AttentionPlan::new(&spans, &store);
     let got = generic(&q, &plan, &store, 0, nh).unwrap();
-    let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("f32 on CPU");
+    let fused = cpu_f32(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap().expect("f32 on CPU");
     for s in &spans {
         let i = spans.iter().position(|x| x.row == s.row).unwrap();
         let want = reference(&q.narrow(0, s.row, s.len).unwrap(), &kv[i].0, &kv[i].1, s.pos, nh, nkv, hd);
@@ -250,7 +254,7 @@ fn generic_path_splits_long_decode_batches_into_groups() {
     let got = generic(&q, &plan, &store, 0, nh).unwrap();
     // The fused kernel too: 20,000 positions take its online softmax over key blocks.
     assert!(totals[0] > KEY_BLOCK);
-    let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("f32 on CPU");
+    let fused = cpu_f32(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap().expect("f32 on CPU");
     for (i, s) in spans.iter().enumerate() {
         let want = reference(&q.narrow(0, i, 1).unwrap(), &kv[i].0, &kv[i].1, s.pos, nh, nkv, hd);
         let d = max_diff(&got.narrow(0, i, 1).unwrap(), &want);
@@ -299,7 +303,7 @@ fn narrow_pools_in_the_fused_kernel() {
     let spans = [SeqSpan { row: 0, len: 3, pos: 6, blocks: &tables[0] }, SeqSpan { row: 3, len: 1, pos: 29, blocks: &tables[1] }];
     let q = Tensor::randn(0f32, 1.0, (4, nh * hd), &Device::Cpu).unwrap();
     let plan = AttentionPlan::new(&spans, &f32_store);
-    let exact = cpu_f32(&q, &plan, &f32_store, 0, nh).unwrap().expect("f32 pool");
+    let exact = cpu_f32(&q, &plan, &f32_store, 0, nh, LayerAttention::FULL).unwrap().expect("f32 pool");
     let formats = [
         (KvFormat::Dense(DType::F16), 0.01),
         (KvFormat::Dense(DType::BF16), 0.05),
@@ -316,7 +320,7 @@ fn narrow_pools_in_the_fused_kernel() {
             store.write(0, &r, k, v).unwrap();
         }
         let plan = AttentionPlan::new(&spans, &store);
-        let fused = cpu_f32(&q, &plan, &store, 0, nh).unwrap().expect("the kernel reads every pool format");
+        let fused = cpu_f32(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap().expect("the kernel reads every pool format");
         let gen = generic(&q, &plan, &store, 0, nh).unwrap();
         assert!(max_diff(&fused, &gen) < 1e-5, "{format:?}: {}", max_diff(&fused, &gen));
         let d = max_diff(&fused, &exact);
@@ -354,7 +358,7 @@ fn other_dtypes_take_the_generic_path() {
     let blocks = [1u32];
     let spans = [SeqSpan { row: 0, len: 1, pos: 0, blocks: &blocks }];
     let plan = AttentionPlan::new(&spans, &store);
-    assert!(cpu_f32(&q, &plan, &store, 0, 2).unwrap().is_none());
-    let out = paged_attention(&q, &plan, &store, 0, 2).unwrap();
+    assert!(cpu_f32(&q, &plan, &store, 0, 2, LayerAttention::FULL).unwrap().is_none());
+    let out = paged_attention(&q, &plan, &store, 0, 2, LayerAttention::FULL).unwrap();
     assert_eq!(out.dims(), &[1, 16]);
 }

@@ -3,11 +3,9 @@
 //! engine's batched passes: several texts of different lengths in one call equal each alone,
 //! and an embedding under a LoRA equals PEFT's.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{fixture, ids, read_json};
+use crate::common::{fixture, ids, read_json};
 use expert_runtime::engine::{EmbedOptions, Engine, LoadOptions, Pooling};
 use expert_runtime::experts::ExpertLoadOptions;
 use serde_json::Value;

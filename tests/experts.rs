@@ -3,12 +3,10 @@
 //! greedy tokens and logprobs within 1e-4 in f32, alone and composed; on GGUF bases (q/k rows
 //! permuted for interleaved RoPE, and quantized) the same adapter must agree too.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::{argmax, fixture, ids, load, log_softmax, read_json};
+use crate::common::{argmax, fixture, ids, load, log_softmax, read_json};
 use expert_runtime::engine::LoadOptions;
 use expert_runtime::experts::{load_expert, ExpertLoadOptions, ExpertSet};
 use expert_runtime::model::decoder::Logits;

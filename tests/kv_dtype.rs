@@ -4,12 +4,10 @@
 //! names it (weights dequantized), plus greedy agreement over 256 steps there. Prints mean and
 //! max |Δlogprob|.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
+use crate::common::{fixture, ids, load, log_softmax, read_json};
 use candle_core::DType;
-use common::{fixture, ids, load, log_softmax, read_json};
 use expert_runtime::engine::LoadOptions;
 use expert_runtime::kv::quant::Quant;
 use expert_runtime::kv::KvFormat;

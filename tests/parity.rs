@@ -2,11 +2,9 @@
 //! (`scripts/gen_fixtures.py` wrote the references). Greedy tokens must be identical and
 //! logprobs (of the chosen token and the top-5) within a stated bound per dtype.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::{argmax, fixture, ids, load, log_softmax, read_json};
+use crate::common::{argmax, fixture, ids, load, log_softmax, read_json};
 use expert_runtime::engine::LoadOptions;
 use expert_runtime::model::decoder::Logits;
 use serde_json::Value;

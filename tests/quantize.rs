@@ -3,11 +3,9 @@
 //! makes the same weights as the Q8_0 GGUF converted from the same model, that mapped and
 //! copied weights give the same logits, and that bad weights fail the load cleanly.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::{fixture, ids, load, log_softmax, read_json};
+use crate::common::{fixture, ids, load, log_softmax, read_json};
 use expert_runtime::engine::{load_model, LoadOptions};
 use expert_runtime::model::adapt::{Proj, Slot};
 use expert_runtime::model::decoder::Logits;
@@ -44,7 +42,7 @@ fn worst_against(model: &Decoder, name: &str, prompt: &[u32], steps: &[Value], t
         let margin = (top5[0][1].as_f64().unwrap() - top5[1][1].as_f64().unwrap()) as f32;
         if margin > 2.0 * tol {
             let want = top5[0][0].as_u64().unwrap() as u32;
-            assert_eq!(common::argmax(lp), want, "{name}: greedy token differs at step {i} (margin {margin})");
+            assert_eq!(crate::common::argmax(lp), want, "{name}: greedy token differs at step {i} (margin {margin})");
         }
         for pair in top5 {
             worst = worst.max((lp[pair[0].as_u64().unwrap() as usize] - pair[1].as_f64().unwrap() as f32).abs());
@@ -219,7 +217,7 @@ fn qwen3_shape_cost_of_each_mode() {
     let (mut input, mut tokens, mut want) = (prompt.clone(), Vec::new(), Vec::new());
     for _ in 0..32 {
         let lp = log_softmax(&dense.forward(&input, &mut cache, Logits::Last).unwrap().to_vec1::<f32>().unwrap());
-        let t = common::argmax(&lp);
+        let t = crate::common::argmax(&lp);
         tokens.push(t);
         want.push(lp);
         input = vec![t];
@@ -238,7 +236,7 @@ fn qwen3_shape_cost_of_each_mode() {
                 max = max.max(d);
                 n += 1;
             }
-            agree += usize::from(common::argmax(g) == common::argmax(w));
+            agree += usize::from(crate::common::argmax(g) == crate::common::argmax(w));
         }
         eprintln!(
             "qwen3-0.6b shape {mode} ({}): mean |Δlogprob| {:.4}, max {max:.4}, greedy {agree}/32, dense top-1 logprob {:.3}",

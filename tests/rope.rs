@@ -3,15 +3,13 @@
 //! read from its config.json (4.x or 5.x form) or from GGUF metadata, then teacher-forced over
 //! 192 tokens in one pass. Every next-token logprob must be within 1e-4 of HF's (f32).
 
-mod common;
-
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use crate::common::{fixture, ids, load, log_softmax, read_json};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{fixture, ids, load, log_softmax, read_json};
 use expert_runtime::engine::LoadOptions;
 use expert_runtime::model::decoder::Logits;
 use expert_runtime::model::Decoder;
@@ -62,7 +60,7 @@ fn teacher_forced(model: &Decoder, c: &Value) -> (f32, usize) {
         worst = worst.max((lp[seq[i + 1] as usize] - want[i].as_f64().unwrap() as f32).abs());
         let mut sorted = lp.clone();
         sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
-        if sorted[0] - sorted[1] > 2.0 * TOL && common::argmax(&lp) != argmax[i] {
+        if sorted[0] - sorted[1] > 2.0 * TOL && crate::common::argmax(&lp) != argmax[i] {
             picks += 1;
         }
     }

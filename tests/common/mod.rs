@@ -1,7 +1,4 @@
-//! Helpers shared by the integration tests (`mod common;` in each test file).
-
-// Each test crate compiles its own copy and uses only some of these.
-#![allow(dead_code)]
+//! Helpers shared by the integration tests (`crate::common` in each test module).
 
 use std::path::{Path, PathBuf};
 

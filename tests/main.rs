@@ -1,0 +1,13 @@
+//! The integration tests, built as one test binary: each binary links the whole engine with the
+//! release profile's thin LTO (about three minutes on two cores), so one binary instead of six
+//! saves CI a quarter of an hour. Each file keeps its own subject; run one with
+//! `cargo test --release --no-default-features --test integration parity::`.
+
+mod common;
+
+mod embeddings;
+mod experts;
+mod kv_dtype;
+mod parity;
+mod quantize;
+mod rope;

@@ -79,7 +79,7 @@ pub fn read(raw: &Value, cfg: &mut ModelConfig, original: Option<usize>) -> Resu
                     invalid(format!("sliding_window_pattern must be a whole number in 1..={MAX_PATTERN}, got {v}"))
                 })?,
             };
-            (0..n).map(|i| (i as u64 + 1) % pattern != 0).collect()
+            (0..n).map(|i| !(i as u64 + 1).is_multiple_of(pattern)).collect()
         }
     };
     let window = match raw.get("sliding_window") {

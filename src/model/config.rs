@@ -19,6 +19,7 @@ pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    Gemma3,
 }
 
 impl Arch {
@@ -27,6 +28,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
         }
     }
 
@@ -35,7 +37,10 @@ impl Arch {
             "llama" | "mistral" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
-            other => Err(EngineError::UnsupportedArchitecture(format!("'{other}' (supported: llama, qwen2, qwen3)"))),
+            "gemma3_text" | "gemma3" => Ok(Arch::Gemma3),
+            other => {
+                Err(EngineError::UnsupportedArchitecture(format!("'{other}' (supported: llama, qwen2, qwen3, gemma3_text)")))
+            }
         }
     }
 }
@@ -64,6 +69,15 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// The dtype the checkpoint declares (`torch_dtype` / `dtype`), if any.
     pub declared_dtype: Option<String>,
+    /// Per layer, whether it attends within [`Self::sliding_window`] only (empty: no layer does).
+    pub sliding_layers: Vec<bool>,
+    pub sliding_window: Option<usize>,
+    /// The rotary base and scaling of the sliding layers, where they differ from the others'.
+    pub local_rope: Option<(f64, Option<RopeScaling>)>,
+    /// Scores are scaled by `query_pre_attn_scalar^-½` instead of `head_dim^-½`.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// `cap · tanh(logits / cap)` on the final logits.
+    pub final_logit_softcap: Option<f64>,
 }
 
 /// Most layers a config may declare (the largest open models have ~130).
@@ -176,8 +190,9 @@ impl ModelConfig {
         }
 
         // transformers 5.x moves the theta and the scaling into `rope_parameters`.
+        // (Gemma 3 keys them by layer type: read with its other fields below.)
         let mut rope_scaling = None;
-        for v in [&hf.rope_scaling, &hf.rope_parameters].into_iter().flatten() {
+        for v in [&hf.rope_scaling, &hf.rope_parameters].into_iter().flatten().filter(|_| arch != Arch::Gemma3) {
             let s = RopeScaling::parse(v, Source::Config, hf.max_position_embeddings, hf.original_max_position_embeddings)?;
             rope_scaling = rope_scaling.or(s);
         }
@@ -208,7 +223,16 @@ impl ModelConfig {
             bos_token_id: hf.bos_token_id,
             eos_token_ids: token_id_list(hf.eos_token_id.as_ref()),
             declared_dtype: hf.dtype.or(hf.torch_dtype),
+            sliding_layers: Vec::new(),
+            sliding_window: None,
+            local_rope: None,
+            query_pre_attn_scalar: None,
+            final_logit_softcap: None,
         };
+        let mut cfg = cfg;
+        if arch == Arch::Gemma3 {
+            super::gemma3_config::read(&raw, &mut cfg, hf.original_max_position_embeddings)?;
+        }
         cfg.validate()?;
         super::unimplemented::check_hf(&raw, arch)?;
         Ok(cfg)
@@ -221,6 +245,11 @@ impl ModelConfig {
         let arch_name =
             s("general.architecture").ok_or_else(|| EngineError::InvalidModel("GGUF has no general.architecture".into()))?;
         let arch = Arch::from_name(&arch_name)?;
+        if arch == Arch::Gemma3 {
+            // llama.cpp keeps the layer pattern, the local rope base and the score scale in its
+            // loader, not in the file: read once they are (the HF directory works).
+            return Err(EngineError::UnsupportedArchitecture("GGUF gemma3: not yet (its HF directory loads)".into()));
+        }
         let key = |k: &str| format!("{arch_name}.{k}");
         let num = |k: &str| gguf_meta::get_u64(md, &key(k)).ok().flatten();
         let req = |k: &str| -> Result<usize> {
@@ -264,6 +293,11 @@ impl ModelConfig {
                 .filter_map(|k| tok_id(k))
                 .collect(),
             declared_dtype: None,
+            sliding_layers: Vec::new(),
+            sliding_window: None,
+            local_rope: None,
+            query_pre_attn_scalar: None,
+            final_logit_softcap: None,
         };
         let mut cfg = cfg;
         cfg.rope_scaling = gguf_rope_scaling(md, &arch_name, cfg.max_position_embeddings)?;

@@ -5,6 +5,7 @@ pub mod adapt;
 pub mod block_quant;
 pub mod config;
 pub mod decoder;
+mod gemma3_config;
 pub mod inspect;
 pub mod kquant;
 pub mod linear;

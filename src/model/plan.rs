@@ -153,23 +153,49 @@ impl LayerPlan {
             scale: 1.0 / (cfg.head_dim as f64).sqrt(),
             logit_softcap: None,
         };
-        let layer = match cfg.arch {
-            // Pre-norm attention and a SiLU-gated MLP; Qwen2 adds Q/K/V biases and Qwen3
-            // per-head Q/K norms (read into the config), Llama from GGUF rotates interleaved.
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => LayerSpec {
-                mixer: Mixer::Attention(attention),
-                ffn: FeedForward::GatedMlp { intermediate_size: cfg.intermediate_size, activation: Activation::Silu },
-                norms: Norms { sandwich: false, weight: NormWeight::Plain },
-            },
+        let plain = LayerSpec {
+            mixer: Mixer::Attention(attention.clone()),
+            ffn: FeedForward::GatedMlp { intermediate_size: cfg.intermediate_size, activation: Activation::Silu },
+            norms: Norms { sandwich: false, weight: NormWeight::Plain },
         };
-        LayerPlan {
-            layers: vec![layer; cfg.num_layers],
-            ropes: vec![rope],
+        let mut plan = LayerPlan {
+            layers: vec![plain; cfg.num_layers],
+            ropes: vec![rope.clone()],
             embedding_scale: 1.0,
             residual_multiplier: 1.0,
             logit_multiplier: 1.0,
             final_logit_softcap: None,
+        };
+        match cfg.arch {
+            // Pre-norm attention and a SiLU-gated MLP; Qwen2 adds Q/K/V biases and Qwen3
+            // per-head Q/K norms (read into the config), Llama from GGUF rotates interleaved.
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => {}
+            // Sliding and full layers with their own rotary bases, q/k norms, scores scaled by
+            // `query_pre_attn_scalar`, sandwich norms applied as `1 + w`, a GELU-tanh MLP, the
+            // embeddings scaled by √hidden and optionally soft-capped logits.
+            Arch::Gemma3 => {
+                if let Some((theta, scaling)) = cfg.local_rope.clone() {
+                    plan.ropes.push(RopeSpec { theta, scaling, ..rope });
+                }
+                let scale = cfg.query_pre_attn_scalar.map_or(attention.scale, |s| 1.0 / s.sqrt());
+                for (i, layer) in plan.layers.iter_mut().enumerate() {
+                    let sliding = cfg.sliding_layers.get(i).copied().unwrap_or(false);
+                    layer.mixer = Mixer::Attention(AttentionSpec {
+                        window: if sliding { cfg.sliding_window } else { None },
+                        rope: Some(if sliding && cfg.local_rope.is_some() { 1 } else { 0 }),
+                        qk_norm: true,
+                        scale,
+                        ..attention.clone()
+                    });
+                    layer.ffn =
+                        FeedForward::GatedMlp { intermediate_size: cfg.intermediate_size, activation: Activation::GeluTanh };
+                    layer.norms = Norms { sandwich: true, weight: NormWeight::OnePlus };
+                }
+                plan.embedding_scale = (cfg.hidden_size as f64).sqrt();
+                plan.final_logit_softcap = cfg.final_logit_softcap;
+            }
         }
+        plan
     }
 
     /// What each layer keeps in the KV cache.

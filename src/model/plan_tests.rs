@@ -90,3 +90,49 @@ fn a_window_is_what_its_layer_keeps_and_runs_of_layers_print_as_one_line() {
     plan.logit_multiplier = 0.5;
     assert_eq!(plan.summary().last().unwrap(), "model: logit multiplier 0.5");
 }
+
+/// Gemma 3 as data: sliding and full layers with their own rotary bases, the score scale of
+/// `query_pre_attn_scalar`, sandwich `1 + w` norms, a GELU-tanh MLP, √hidden embeddings and
+/// soft-capped logits. What the decoder does not run yet is refused by name.
+#[test]
+fn gemma3_is_a_plan_of_sliding_and_full_layers() {
+    let plan = fixture_plan("gemma3-tiny");
+    let lines = plan.summary();
+    let attn = |kind: &str, rope: usize| {
+        format!("{kind} (4 heads, 2 kv, head dim 32, rope {rope}, q/k norm, scale 0.20412414523193154) · gated MLP (GELU-tanh, 128) · sandwich norms (1 + w)")
+    };
+    let sliding = attn("sliding-window attention (8)", 1);
+    assert_eq!(
+        lines,
+        vec![
+            format!("layers 0–1: {sliding}"),
+            format!("layer 2: {}", attn("full attention", 0)),
+            format!("layer 3: {sliding}"),
+            "rope 0: theta 1000000, rotary dim 32 of 32, half-split".into(),
+            "rope 1: theta 10000, rotary dim 32 of 32, half-split".into(),
+            "model: embedding scale 8, final logit soft-cap 30".to_string(),
+        ]
+    );
+    assert_eq!(plan.layers.len(), 4);
+    assert_eq!(
+        plan.kv_kinds(),
+        vec![
+            LayerCache::Window { window: 8 },
+            LayerCache::Window { window: 8 },
+            LayerCache::Full,
+            LayerCache::Window { window: 8 }
+        ]
+    );
+    assert_eq!((plan.ropes.len(), plan.ropes[0].theta, plan.ropes[1].theta), (2, 1e6, 1e4));
+    assert_eq!(plan.embedding_scale, 8.0);
+    assert_eq!(plan.final_logit_softcap, Some(30.0));
+    for (i, l) in plan.layers.iter().enumerate() {
+        let Mixer::Attention(a) = &l.mixer else { panic!("layer {i}") };
+        assert_eq!(a.rope, Some(if i == 2 { 0 } else { 1 }), "layer {i}");
+        assert!(a.qk_norm && (a.scale - 1.0 / 24f64.sqrt()).abs() < 1e-15, "layer {i}");
+        assert_eq!(l.norms, Norms { sandwich: true, weight: NormWeight::OnePlus });
+        assert_eq!(l.ffn, FeedForward::GatedMlp { intermediate_size: 128, activation: Activation::GeluTanh });
+    }
+    let why = plan.unsupported().expect("not run yet");
+    assert!(why.contains("embedding scale"), "{why}");
+}

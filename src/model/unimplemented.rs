@@ -14,7 +14,8 @@ use crate::error::{EngineError, Result};
 use crate::gguf_meta::{self, Metadata};
 
 /// Fields that turn on something whenever they hold a value other than null (or false).
-const ON_WHEN_SET: [(&str, &str); 5] = [
+const ON_WHEN_SET: [(&str, &str); 6] = [
+    ("use_bidirectional_attention", "bidirectional attention"),
     ("attn_logit_softcapping", "attention logit soft-capping"),
     ("final_logit_softcapping", "final logit soft-capping"),
     ("query_pre_attn_scalar", "a query scale other than 1/sqrt(head_dim)"),
@@ -52,7 +53,14 @@ pub fn check_hf(raw: &Value, arch: Arch) -> Result<()> {
     let window_applies = match arch {
         Arch::Qwen2 | Arch::Qwen3 => get("use_sliding_window").is_some_and(|v| v != &Value::Bool(false)),
         Arch::Llama => true,
+        // Gemma 3's window and layer types are read (gemma3_config.rs).
+        Arch::Gemma3 => false,
     };
+    let implemented: &[&str] = match arch {
+        Arch::Gemma3 => &["layer_types", "query_pre_attn_scalar", "final_logit_softcapping"],
+        _ => &[],
+    };
+    let get = |k: &str| get(k).filter(|_| !implemented.contains(&k));
     if let Some(v) = get("use_sliding_window").filter(|v| *v != &Value::Bool(false)) {
         return Err(refuse("use_sliding_window", v, "sliding-window attention", arch));
     }

@@ -1,0 +1,207 @@
+//! What a Gemma 3 text `config.json` (`gemma3_text`) adds to the common fields, with
+//! transformers' defaults where a field is absent (`Gemma3TextConfig`):
+//! - which layers slide: `layer_types` (`sliding_attention` / `full_attention`), or else every
+//!   layer but each `sliding_window_pattern`-th (default 6). transformers 5.x also writes a
+//!   private `_sliding_window_pattern` that does not follow `layer_types`: it is not read;
+//! - the window (`sliding_window`, default 4096);
+//! - the rotary embeddings: transformers 5.x keys them by layer type
+//!   (`rope_parameters: {full_attention: {...}, sliding_attention: {...}}`), 4.x has
+//!   `rope_theta` (default 1e6) and `rope_scaling` for the full layers and
+//!   `rope_local_base_freq` (default 1e4) for the sliding ones;
+//! - `query_pre_attn_scalar` (default 256) and `final_logit_softcapping`;
+//! - `head_dim` (default 256) and tied embeddings (default true).
+
+use serde_json::Value;
+
+use super::config::ModelConfig;
+use super::rope::{RopeScaling, Source};
+use crate::error::{EngineError, Result};
+
+/// Most layers in a repeating pattern (`sliding_window_pattern`).
+const MAX_PATTERN: u64 = 1 << 12;
+
+fn invalid(m: String) -> EngineError {
+    EngineError::InvalidModel(format!("config.json (gemma3_text): {m}"))
+}
+
+/// A positive finite number, or the default when the field is absent or null.
+fn positive(raw: &Value, key: &str, default: f64) -> Result<f64> {
+    match raw.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => match v.as_f64() {
+            Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+            _ => Err(invalid(format!("{key} must be a finite positive number, got {v}"))),
+        },
+    }
+}
+
+/// The theta and scaling of one layer type's rotary embedding.
+fn rope(v: &Value, default_theta: f64, max_positions: usize, original: Option<usize>) -> Result<(f64, Option<RopeScaling>)> {
+    let theta = positive(v, "rope_theta", default_theta)?;
+    Ok((theta, RopeScaling::parse(v, Source::Config, max_positions, original)?))
+}
+
+/// Reads the Gemma 3 fields of `raw` into `cfg` (whose common fields are read).
+pub fn read(raw: &Value, cfg: &mut ModelConfig, original: Option<usize>) -> Result<()> {
+    let n = cfg.num_layers;
+    if raw.get("text_config").is_some() {
+        return Err(EngineError::UnsupportedArchitecture(
+            "gemma3 with a text_config (the multimodal checkpoint): only the text model (gemma3_text) is supported".into(),
+        ));
+    }
+    match raw.get("hidden_activation").or_else(|| raw.get("hidden_act")).and_then(Value::as_str) {
+        None | Some("gelu_pytorch_tanh") => {}
+        Some(other) => return Err(EngineError::UnsupportedArchitecture(format!("config.json: hidden_activation '{other}'"))),
+    }
+    if raw.get("head_dim").is_none_or(Value::is_null) {
+        cfg.head_dim = 256;
+    }
+    if raw.get("tie_word_embeddings").is_none_or(Value::is_null) {
+        cfg.tie_word_embeddings = true;
+    }
+    cfg.sliding_layers = match raw.get("layer_types").filter(|v| !v.is_null()) {
+        Some(Value::Array(types)) => {
+            if types.len() != n {
+                return Err(invalid(format!("layer_types has {} entries for {n} layers", types.len())));
+            }
+            let kind = |t: &Value| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(EngineError::UnsupportedArchitecture(format!("config.json: layer type {t}"))),
+            };
+            types.iter().map(kind).collect::<Result<_>>()?
+        }
+        Some(v) => return Err(invalid(format!("layer_types must be a list, got {v}"))),
+        None => {
+            let pattern = match raw.get("sliding_window_pattern") {
+                None | Some(Value::Null) => 6,
+                Some(v) => v.as_u64().filter(|p| (1..=MAX_PATTERN).contains(p)).ok_or_else(|| {
+                    invalid(format!("sliding_window_pattern must be a whole number in 1..={MAX_PATTERN}, got {v}"))
+                })?,
+            };
+            (0..n).map(|i| !(i as u64 + 1).is_multiple_of(pattern)).collect()
+        }
+    };
+    let window = match raw.get("sliding_window") {
+        None | Some(Value::Null) => 4096,
+        Some(v) => v.as_u64().filter(|&w| w >= 1 && w <= super::config::MAX_POSITIONS as u64).ok_or_else(|| {
+            invalid(format!("sliding_window must be a whole number in 1..={}, got {v}", super::config::MAX_POSITIONS))
+        })? as usize,
+    };
+    cfg.sliding_window = cfg.sliding_layers.iter().any(|&s| s).then_some(window);
+
+    let max = cfg.max_position_embeddings;
+    let by_type =
+        raw.get("rope_parameters").filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
+    let (global, local) = match by_type {
+        Some(p) => {
+            let of = |k: &str, theta| match p.get(k) {
+                Some(v) => rope(v, theta, max, original),
+                None => Ok((theta, None)),
+            };
+            (of("full_attention", 1e6)?, of("sliding_attention", 1e4)?)
+        }
+        None => {
+            let mut scaling = None;
+            for v in ["rope_scaling", "rope_parameters"].iter().filter_map(|k| raw.get(*k)).filter(|v| !v.is_null()) {
+                scaling = scaling.or(RopeScaling::parse(v, Source::Config, max, original)?);
+            }
+            let theta = match raw.get("rope_parameters").and_then(|p| p.get("rope_theta")) {
+                Some(t) => positive(&serde_json::json!({ "t": t }), "t", 1e6)?,
+                None => positive(raw, "rope_theta", 1e6)?,
+            };
+            ((theta, scaling), (positive(raw, "rope_local_base_freq", 1e4)?, None))
+        }
+    };
+    (cfg.rope_theta, cfg.rope_scaling) = global;
+    cfg.local_rope = Some(local);
+    cfg.query_pre_attn_scalar = Some(positive(raw, "query_pre_attn_scalar", 256.0)?);
+    cfg.final_logit_softcap = match raw.get("final_logit_softcapping") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(positive(raw, "final_logit_softcapping", 0.0)?),
+    };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> Value {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/__test__/fixtures/gemma3-tiny/config.json");
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    fn load(v: &Value) -> Result<ModelConfig> {
+        ModelConfig::from_hf_json(&v.to_string())
+    }
+
+    #[test]
+    fn reads_the_fixture_as_written_by_transformers_5() {
+        let c = load(&fixture()).unwrap();
+        assert_eq!(c.arch, super::super::config::Arch::Gemma3);
+        assert_eq!(c.sliding_layers, vec![true, true, false, true]);
+        assert_eq!(c.sliding_window, Some(8));
+        assert_eq!((c.rope_theta, c.local_rope.clone()), (1e6, Some((1e4, None))));
+        assert_eq!((c.query_pre_attn_scalar, c.final_logit_softcap), (Some(24.0), Some(30.0)));
+        assert_eq!((c.head_dim, c.tie_word_embeddings), (32, true));
+    }
+
+    #[test]
+    fn reads_the_4x_form_and_the_defaults() {
+        let mut v = fixture();
+        let o = v.as_object_mut().unwrap();
+        for k in [
+            "layer_types",
+            "rope_parameters",
+            "head_dim",
+            "tie_word_embeddings",
+            "query_pre_attn_scalar",
+            "final_logit_softcapping",
+        ] {
+            o.remove(k);
+        }
+        o.insert("sliding_window_pattern".into(), 2.into());
+        o.insert("rope_local_base_freq".into(), 5e3.into());
+        o.insert("rope_scaling".into(), serde_json::json!({"rope_type": "linear", "factor": 8.0}));
+        // head_dim defaults to 256: 4 heads of 256 do not fit a 64-wide model, but the config
+        // reader takes them (the loader checks the weights against them).
+        let c = load(&v).unwrap();
+        assert_eq!(c.sliding_layers, vec![true, false, true, false]);
+        assert_eq!(c.rope_theta, 1e6);
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 8.0 }));
+        assert_eq!(c.local_rope, Some((5e3, None)));
+        assert_eq!(
+            (c.query_pre_attn_scalar, c.final_logit_softcap, c.head_dim, c.tie_word_embeddings),
+            (Some(256.0), None, 256, true)
+        );
+    }
+
+    #[test]
+    fn bad_values_are_typed_errors() {
+        let cases: [(&str, Value, &str); 10] = [
+            ("layer_types", serde_json::json!(["sliding_attention"]), "INVALID_MODEL"),
+            ("layer_types", serde_json::json!(["x", "x", "x", "x"]), "UNSUPPORTED_ARCHITECTURE"),
+            ("layer_types", "full_attention".into(), "INVALID_MODEL"),
+            ("sliding_window", 0.into(), "INVALID_MODEL"),
+            ("sliding_window", (1u64 << 40).into(), "INVALID_MODEL"),
+            ("sliding_window", (-8).into(), "INVALID_MODEL"),
+            ("query_pre_attn_scalar", 0.into(), "INVALID_MODEL"),
+            ("final_logit_softcapping", (-30.0).into(), "INVALID_MODEL"),
+            ("hidden_activation", "relu".into(), "UNSUPPORTED_ARCHITECTURE"),
+            ("attn_logit_softcapping", 50.0.into(), "UNSUPPORTED_ARCHITECTURE"),
+        ];
+        for (k, value, code) in cases {
+            let mut v = fixture();
+            v[k] = value.clone();
+            assert_eq!(load(&v).unwrap_err().code(), code, "{k} = {value}");
+        }
+        let mut v = fixture();
+        v.as_object_mut().unwrap().remove("layer_types");
+        v["sliding_window_pattern"] = 0.into();
+        assert_eq!(load(&v).unwrap_err().code(), "INVALID_MODEL");
+        let mut v = fixture();
+        v["text_config"] = serde_json::json!({});
+        assert_eq!(load(&v).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE");
+    }
+}

@@ -7,6 +7,7 @@ mod common;
 
 mod embeddings;
 mod experts;
+mod gemma3;
 mod kv_dtype;
 mod parity;
 mod quantize;

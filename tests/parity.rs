@@ -23,7 +23,11 @@ fn check(path: &Path, model_name: &str, dtype: &str, key: &str, tol: f32) {
 }
 
 fn check_with(path: &Path, model_name: &str, dtype: &str, key: &str, tol: f32, dequantize: bool) {
-    let r = reference(model_name);
+    check_reference(path, model_name, &reference(model_name), dtype, key, tol, dequantize);
+}
+
+/// [`check_with`] against a reference object `r` (its `prompt_ids` and `r[key].steps`).
+pub(crate) fn check_reference(path: &Path, model_name: &str, r: &Value, dtype: &str, key: &str, tol: f32, dequantize: bool) {
     let opts = LoadOptions { dtype: Some(dtype.into()), dequantize, ..Default::default() };
     let model = load(path, &opts);
     let prompt = ids(&r["prompt_ids"]);
@@ -52,13 +56,13 @@ fn check_with(path: &Path, model_name: &str, dtype: &str, key: &str, tol: f32, d
     eprintln!("{model_name} {key} via {}: max |Δlogprob| = {worst:.2e} (bound {tol})", path.display());
 }
 
-const F32_TOL: f32 = 1e-4;
+pub(crate) const F32_TOL: f32 = 1e-4;
 /// bf16 keeps 8 mantissa bits; HF and candle round intermediate results at different points
 /// (fused RMSNorm, RoPE, softmax accumulation), so per-step logprobs differ by up to a few
 /// hundredths, ~0.11 at worst, on these tiny models whose activations are large (init 0.2).
-const BF16_TOL: f32 = 0.15;
+pub(crate) const BF16_TOL: f32 = 0.15;
 /// f16 keeps 11 mantissa bits.
-const F16_TOL: f32 = 0.02;
+pub(crate) const F16_TOL: f32 = 0.02;
 
 #[test]
 fn qwen3_tied_gqa_f32() {

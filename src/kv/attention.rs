@@ -16,8 +16,7 @@
 //!   sequence, or with a layer's sliding window of `w` ([`LayerAttention`]) `p + 1 - w ..= p`.
 //!   A tile never reads a position before its first row's window, so blocks behind every
 //!   window may be given back to the pool. Decode rows and chunks of prompts mix freely in one
-//!   call. Windows and other score scales run on the fused kernel; the generic path refuses
-//!   them by name.
+//!   call. Both paths take windows and other score scales.
 //! - The fused kernel works per (tile of up to 16 query rows of a sequence, KV head): the rows
 //!   of a tile and the `num_heads / num_kv_heads` query heads of a group share every K/V row
 //!   load (and its widening or dequantization). Scores `q·k / sqrt(head_dim)`, softmax with
@@ -135,13 +134,7 @@ pub fn paged_attention(
     if let Some(out) = cpu_f32(q, plan, store, layer, num_heads, how)? {
         return Ok(out);
     }
-    if how != LayerAttention::FULL {
-        // Refused by name rather than attended past the window or at the wrong scale.
-        return Err(EngineError::UnsupportedArchitecture(format!(
-            "{how:?} attention on the generic path (f32 queries on the CPU only, for now)"
-        )));
-    }
-    generic(q, plan, store, layer, num_heads)
+    generic(q, plan, store, layer, num_heads, how)
 }
 
 /// The fused CPU kernel, or `None` when it does not apply (device or dtype): f32 queries over

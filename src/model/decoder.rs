@@ -17,7 +17,7 @@ use candle_core::{DType, Device, Tensor};
 use super::config::ModelConfig;
 use super::linear::Linear;
 use super::loader::WeightSource;
-use super::plan::{FeedForward, LayerPlan, LayerSpec, Mixer};
+use super::plan::{Activation, FeedForward, LayerPlan, LayerSpec, Mixer, NormWeight};
 use super::rope::{Rope, RopeRows, RopeScaling};
 use crate::error::{EngineError, Result};
 use std::ops::Range;
@@ -45,8 +45,15 @@ struct RmsNorm {
 }
 
 impl RmsNorm {
-    fn load(src: &mut dyn WeightSource, name: &str, size: usize, eps: f64, dtype: DType) -> Result<Self> {
-        Ok(Self { weight: src.tensor(&format!("{name}.weight"), &[size], dtype)?, eps: eps as f32 })
+    /// A norm whose weight is applied as `w` or, where the plan says so, as `1 + w` (the sum
+    /// taken once here, in f32, then stored in the model's dtype).
+    fn load(src: &mut dyn WeightSource, name: &str, size: usize, eps: f64, how: NormWeight, dtype: DType) -> Result<Self> {
+        let name = format!("{name}.weight");
+        let weight = match how {
+            NormWeight::Plain => src.tensor(&name, &[size], dtype)?,
+            NormWeight::OnePlus => (src.tensor(&name, &[size], DType::F32)? + 1.0)?.to_dtype(dtype)?,
+        };
+        Ok(Self { weight, eps: eps as f32 })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -75,12 +82,21 @@ struct Mlp {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
+    activation: Activation,
 }
 
+/// A pre-norm layer normalises the input of each block (`input_layernorm` before attention,
+/// `post_attention_layernorm` before the MLP, as HF names them). A sandwich layer also
+/// normalises each block's output before its residual add: `input_layernorm` →
+/// attention → `post_attention_layernorm`, then `pre_feedforward_layernorm` → MLP →
+/// `post_feedforward_layernorm`.
 struct DecoderLayer {
     input_layernorm: RmsNorm,
     self_attn: Attention,
     post_attention_layernorm: RmsNorm,
+    /// Sandwich layers only.
+    pre_feedforward_layernorm: Option<RmsNorm>,
+    post_feedforward_layernorm: Option<RmsNorm>,
     mlp: Mlp,
 }
 
@@ -93,8 +109,9 @@ impl DecoderLayer {
         };
         let (nh, nkv, hd) = (a.num_heads, a.num_kv_heads, a.head_dim);
         let at = format!("{p}.self_attn");
+        let norm_weight = spec.norms.weight;
         let qk_norm = |src: &mut dyn WeightSource, n: &str| -> Result<Option<RmsNorm>> {
-            a.qk_norm.then(|| RmsNorm::load(src, &format!("{at}.{n}"), hd, eps, dtype)).transpose()
+            a.qk_norm.then(|| RmsNorm::load(src, &format!("{at}.{n}"), hd, eps, norm_weight, dtype)).transpose()
         };
         let self_attn = Attention {
             q_proj: src.linear(&format!("{at}.q_proj"), nh * hd, h, a.qkv_bias, dtype)?,
@@ -113,8 +130,8 @@ impl DecoderLayer {
                 window: a.window,
             },
         };
-        let inter = match &spec.ffn {
-            FeedForward::GatedMlp { intermediate_size, .. } => *intermediate_size,
+        let (inter, activation) = match &spec.ffn {
+            FeedForward::GatedMlp { intermediate_size, activation } => (*intermediate_size, *activation),
             FeedForward::Moe(m) => match *m {},
         };
         let m = format!("{p}.mlp");
@@ -122,11 +139,16 @@ impl DecoderLayer {
             gate_proj: src.linear(&format!("{m}.gate_proj"), inter, h, false, dtype)?,
             up_proj: src.linear(&format!("{m}.up_proj"), inter, h, false, dtype)?,
             down_proj: src.linear(&format!("{m}.down_proj"), h, inter, false, dtype)?,
+            activation,
         };
+        let norm = |src: &mut dyn WeightSource, n: &str| RmsNorm::load(src, &format!("{p}.{n}"), h, eps, norm_weight, dtype);
+        let sandwich = |src: &mut dyn WeightSource, n: &str| spec.norms.sandwich.then(|| norm(src, n)).transpose();
         Ok(DecoderLayer {
-            input_layernorm: RmsNorm::load(src, &format!("{p}.input_layernorm"), h, eps, dtype)?,
+            input_layernorm: norm(src, "input_layernorm")?,
             self_attn,
-            post_attention_layernorm: RmsNorm::load(src, &format!("{p}.post_attention_layernorm"), h, eps, dtype)?,
+            post_attention_layernorm: norm(src, "post_attention_layernorm")?,
+            pre_feedforward_layernorm: sandwich(src, "pre_feedforward_layernorm")?,
+            post_feedforward_layernorm: sandwich(src, "post_feedforward_layernorm")?,
             mlp,
         })
     }
@@ -222,7 +244,7 @@ impl Decoder {
                 cuda_decode::fuse_projections(l, dtype)?;
             }
         }
-        let norm = RmsNorm::load(src, "model.norm", h, eps, dtype)?;
+        let norm = RmsNorm::load(src, "model.norm", h, eps, plan.final_norm, dtype)?;
         let lm_head =
             if cfg.tie_word_embeddings { None } else { Some(src.linear("lm_head", cfg.vocab_size, h, false, dtype)?) };
         let ropes = plan
@@ -306,6 +328,8 @@ impl Decoder {
             .map(|l| {
                 norm(&l.input_layernorm)
                     + norm(&l.post_attention_layernorm)
+                    + l.pre_feedforward_layernorm.as_ref().map_or(0, norm)
+                    + l.post_feedforward_layernorm.as_ref().map_or(0, norm)
                     + l.self_attn.q_norm.as_ref().map_or(0, norm)
                     + l.self_attn.k_norm.as_ref().map_or(0, norm)
             })
@@ -432,15 +456,11 @@ impl Decoder {
         //    its sequence's length).
         let rotations = self.ropes.iter().map(|r| r.rows(&rope_rows)).collect::<Result<Vec<_>>>()?;
 
-        // 3. The layers as the plan has them: pre-norm mixer and feed-forward block, each with
-        //    a residual.
+        // 3. The layers as the plan has them: a mixer and a feed-forward block, each with a
+        //    residual, normalised before (pre-norm) or before and after (sandwich).
         let pass = Pass { attention: &attention, writes: &writes, segments: &segments, rotations: &rotations, store };
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_layernorm.forward(&x)?;
-            let h = layer.self_attn.forward(&h, i, &pass, &self.plan)?;
-            x = (x + h)?;
-            let h = layer.post_attention_layernorm.forward(&x)?;
-            x = (x + layer.mlp.forward(&h, i, &segments)?)?;
+            x = layer.forward(x, i, &pass, &self.plan)?;
         }
 
         // 4. Final norm and output projection, only for the rows whose logits are wanted;
@@ -465,7 +485,15 @@ impl Decoder {
         };
         let hidden = select(hidden)?.map(|h| h.to_dtype(DType::F32)).transpose()?;
         let logits = match select(want)? {
-            Some(x) => Some(self.lm_head.as_ref().unwrap_or(&self.embed_tokens).forward(&x)?.to_dtype(DType::F32)?),
+            Some(x) => {
+                let logits = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).forward(&x)?;
+                // As HF: `cap · tanh(logits / cap)` in the model's dtype.
+                let logits = match self.plan.final_logit_softcap {
+                    Some(cap) => ((logits / cap)?.tanh()? * cap)?,
+                    None => logits,
+                };
+                Some(logits.to_dtype(DType::F32)?)
+            }
             None => None,
         };
         Ok(PassOutput { logits, hidden, greedy: None })
@@ -503,9 +531,12 @@ impl Decoder {
         }))
     }
 
+    /// The token rows' embeddings, times the plan's embedding scale (in the model's dtype, as
+    /// HF scales them; prompt-tuning rows are not scaled, as PEFT passes them in as embeddings).
     fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
         let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
-        Ok(self.embed_tokens.embedding(&ids)?.to_dtype(self.dtype)?)
+        let x = self.embed_tokens.embedding(&ids)?.to_dtype(self.dtype)?;
+        Ok(if self.plan.embedding_scale == 1.0 { x } else { (x * self.plan.embedding_scale)? })
     }
 }
 
@@ -588,10 +619,33 @@ impl Attention {
     }
 }
 
+impl DecoderLayer {
+    fn forward(&self, x: Tensor, layer: usize, pass: &Pass, plan: &LayerPlan) -> Result<Tensor> {
+        let h = self.self_attn.forward(&self.input_layernorm.forward(&x)?, layer, pass, plan)?;
+        Ok(match (&self.pre_feedforward_layernorm, &self.post_feedforward_layernorm) {
+            (Some(pre_ffn), Some(post_ffn)) => {
+                let x = (x + self.post_attention_layernorm.forward(&h)?)?;
+                let h = self.mlp.forward(&pre_ffn.forward(&x)?, layer, pass.segments)?;
+                (x + post_ffn.forward(&h)?)?
+            }
+            _ => {
+                let x = (x + h)?;
+                let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?, layer, pass.segments)?;
+                (x + h)?
+            }
+        })
+    }
+}
+
 impl Mlp {
     fn forward(&self, x: &Tensor, layer: usize, segments: &[Segment]) -> Result<Tensor> {
         let proj = |lin: &Linear, x: &Tensor, p: Proj| linear_segments(lin, x, Slot::new(layer, p), segments);
-        let gate = candle_nn::ops::silu(&proj(&self.gate_proj, x, Proj::Gate)?)?;
+        let gate = proj(&self.gate_proj, x, Proj::Gate)?;
+        let gate = match self.activation {
+            Activation::Silu => candle_nn::ops::silu(&gate)?,
+            // The tanh approximation (HF's `gelu_pytorch_tanh`).
+            Activation::GeluTanh => gate.gelu()?,
+        };
         proj(&self.down_proj, &(gate * proj(&self.up_proj, x, Proj::Up)?)?, Proj::Down)
     }
 }

@@ -41,6 +41,8 @@ pub struct LayerPlan {
     pub logit_multiplier: f64,
     /// `cap · tanh(logits / cap)` on the final logits.
     pub final_logit_softcap: Option<f64>,
+    /// How the final norm (before the output projection) applies its weight.
+    pub final_norm: NormWeight,
 }
 
 /// One layer: its mixer, its feed-forward block, its norms.
@@ -165,6 +167,7 @@ impl LayerPlan {
             residual_multiplier: 1.0,
             logit_multiplier: 1.0,
             final_logit_softcap: None,
+            final_norm: NormWeight::Plain,
         };
         match cfg.arch {
             // Pre-norm attention and a SiLU-gated MLP; Qwen2 adds Q/K/V biases and Qwen3
@@ -193,6 +196,7 @@ impl LayerPlan {
                 }
                 plan.embedding_scale = (cfg.hidden_size as f64).sqrt();
                 plan.final_logit_softcap = cfg.final_logit_softcap;
+                plan.final_norm = NormWeight::OnePlus;
             }
         }
         plan
@@ -216,18 +220,11 @@ impl LayerPlan {
     /// when it runs all of it. A model whose plan names something is refused at load
     /// (`UNSUPPORTED_ARCHITECTURE`), never run without it.
     pub fn unsupported(&self) -> Option<String> {
-        let unit = |x: f64| x == 1.0;
-        if !unit(self.embedding_scale) {
-            return Some(format!("an embedding scale ({})", self.embedding_scale));
-        }
-        if !unit(self.residual_multiplier) {
+        if self.residual_multiplier != 1.0 {
             return Some(format!("a residual multiplier ({})", self.residual_multiplier));
         }
-        if !unit(self.logit_multiplier) {
+        if self.logit_multiplier != 1.0 {
             return Some(format!("a logit multiplier ({})", self.logit_multiplier));
-        }
-        if let Some(cap) = self.final_logit_softcap {
-            return Some(format!("final logit soft-capping ({cap})"));
         }
         for r in &self.ropes {
             if r.rotary_dim != r.head_dim {
@@ -236,21 +233,14 @@ impl LayerPlan {
         }
         let other_shape = self.first_other_head_shape();
         for (i, l) in self.layers.iter().enumerate() {
-            if l.norms != (Norms { sandwich: false, weight: NormWeight::Plain }) {
-                return Some(format!("layer {i}: {}", l.norms));
-            }
             match &l.ffn {
-                FeedForward::GatedMlp { activation: Activation::Silu, .. } => {}
-                other => return Some(format!("layer {i}: {other}")),
+                FeedForward::GatedMlp { .. } => {}
+                FeedForward::Moe(m) => match *m {},
             }
             match &l.mixer {
                 Mixer::Attention(a) => {
-                    let describe = || format!("layer {i}: {}", l.mixer);
-                    if a.window.is_some() || a.rope.is_none() || a.logit_softcap.is_some() {
-                        return Some(describe());
-                    }
-                    if a.scale != 1.0 / (a.head_dim as f64).sqrt() {
-                        return Some(format!("layer {i}: an attention scale of {} (not 1/√head_dim)", a.scale));
+                    if a.rope.is_none() || a.logit_softcap.is_some() {
+                        return Some(format!("layer {i}: {}", l.mixer));
                     }
                     // One pool shape for all layers.
                     if other_shape == Some(i) {
@@ -275,6 +265,9 @@ impl LayerPlan {
         }
         if self.final_logit_softcap.is_some() {
             return Some("final logit soft-capping".into());
+        }
+        if self.final_norm != NormWeight::Plain {
+            return Some("a final norm applied as 1 + w".into());
         }
         if self.ropes.len() != 1 || self.ropes[0].rotary_dim != self.ropes[0].head_dim {
             return Some("more than one rotary embedding, or a partial one".into());
@@ -343,6 +336,9 @@ impl LayerPlan {
         }
         if let Some(cap) = self.final_logit_softcap {
             model.push(format!("final logit soft-cap {cap}"));
+        }
+        if self.final_norm == NormWeight::OnePlus {
+            model.push("final norm (1 + w)".into());
         }
         if !model.is_empty() {
             out.push(format!("model: {}", model.join(", ")));

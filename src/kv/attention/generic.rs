@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::{AttentionPlan, SeqSpan};
+use super::{AttentionPlan, LayerAttention, SeqSpan};
 use crate::error::Result;
 use crate::kv::store::KvStore;
 use crate::kv::BlockId;
@@ -35,6 +35,8 @@ pub(super) struct DecodeGroup {
     /// `[n, 1, 1, longest]`: 0 for a sequence's positions, -inf for its padding; `None` when
     /// every sequence of the group has the same length (no padding).
     mask: Option<Tensor>,
+    /// The position of each member's query (a sliding window masks behind it).
+    positions: Vec<usize>,
     n: usize,
     longest: usize,
 }
@@ -109,6 +111,7 @@ impl AttentionPlan<'_> {
                 },
                 slots: Tensor::from_vec(slots, group.len() * longest, device)?,
                 mask: padded.then(|| Tensor::from_vec(mask, (group.len(), 1, 1, longest), device)).transpose()?,
+                positions: group.iter().map(|s| s.pos).collect(),
                 n: group.len(),
                 longest,
             });
@@ -134,8 +137,28 @@ impl AttentionPlan<'_> {
 
 /// The generic path: per sequence, gather its K/V rows from the pool and attend with candle
 /// ops (any device, any dtype).
-pub(super) fn generic(q: &Tensor, plan: &AttentionPlan, store: &KvStore, layer: usize, nh: usize) -> Result<Tensor> {
-    generic_tiled(q, plan, store, layer, nh, TILING)
+pub(super) fn generic(
+    q: &Tensor,
+    plan: &AttentionPlan,
+    store: &KvStore,
+    layer: usize,
+    nh: usize,
+    how: LayerAttention,
+) -> Result<Tensor> {
+    generic_tiled(q, plan, store, layer, nh, how, TILING)
+}
+
+/// `-inf` where a query at `row_pos` may not see `key` (after it, or behind its window).
+fn hidden(row_pos: usize, key: usize, window: Option<usize>) -> bool {
+    key > row_pos || window.is_some_and(|w| key + w <= row_pos)
+}
+
+/// `[rows, keys]` of 0 and -inf for queries at `first_pos..` and keys at `first_key..`.
+fn window_mask(first_pos: usize, rows: usize, first_key: usize, keys: usize, w: usize, device: &Device) -> Result<Tensor> {
+    let m: Vec<f32> = (0..rows)
+        .flat_map(|i| (0..keys).map(move |j| if hidden(first_pos + i, first_key + j, Some(w)) { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Ok(Tensor::from_vec(m, (rows, keys), device)?)
 }
 
 pub(super) fn generic_tiled(
@@ -144,11 +167,13 @@ pub(super) fn generic_tiled(
     store: &KvStore,
     layer: usize,
     nh: usize,
+    how: LayerAttention,
     tiling: Tiling,
 ) -> Result<Tensor> {
     let (nkv, hd) = (store.kv_heads, store.head_dim);
     let rep = nh / nkv;
-    let scale = 1.0 / (hd as f64).sqrt();
+    let scale = how.scale.map_or(1.0 / (hd as f64).sqrt(), f64::from);
+    let window = how.window;
     let g = plan.generic(store, q.device(), tiling)?;
     // The pool may hold a narrower dtype than the activations: rows are widened (or
     // dequantized) once gathered.
@@ -172,6 +197,19 @@ pub(super) fn generic_tiled(
             Some(mask) => scores.broadcast_add(mask)?,
             None => scores,
         };
+        // A window that hides some member's early positions: its own mask, built per layer
+        // (the plan's masks serve every layer of the pass).
+        let scores = match window {
+            Some(w) if d.positions.iter().any(|&p| p + 1 > w) => {
+                let m: Vec<f32> = d
+                    .positions
+                    .iter()
+                    .flat_map(|&p| (0..l).map(move |j| if hidden(p, j, Some(w)) { f32::NEG_INFINITY } else { 0.0 }))
+                    .collect();
+                scores.broadcast_add(&Tensor::from_vec(m, (n, 1, 1, l), q.device())?)?
+            }
+            _ => scores,
+        };
         let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
         outs.push(probs.matmul(&v)?.reshape((n, nh * hd))?);
     }
@@ -189,19 +227,30 @@ pub(super) fn generic_tiled(
         // prompt chunk never holds more than [rows, key_tile] scores nor gathers more than a
         // tile of keys and values, whatever the context. Tiles before the chunk's first
         // position are seen by every row (no mask); the chunk's own positions take the causal
-        // mask. Every row sees position 0 in the first tile, so `m` is finite after it.
+        // mask. With a sliding window, tiles start at the first row's window and a tile's
+        // positions behind a later row's window are masked for that row; `m` starts at the
+        // lowest finite f32, so a row that sees nothing of a tile keeps `l = 0`, `o = 0`
+        // (never `exp(-inf + inf)`). Every row sees itself, so `l > 0` at the end.
         let dev = q.device();
-        let mut m = Tensor::full(f32::NEG_INFINITY, (nkv, rows, 1), dev)?;
+        let mut m = Tensor::full(f32::MIN, (nkv, rows, 1), dev)?;
         let mut l = Tensor::zeros((nkv, rows, 1), DType::F32, dev)?;
         let mut o = Tensor::zeros((nkv, rows, hd), DType::F32, dev)?;
         let tiles = |from: usize, to: usize| (from..to).step_by(key_tile).map(move |a| (a, key_tile.min(to - a)));
-        for (start, n) in tiles(0, s.pos).chain(tiles(s.pos, total)) {
+        let first = window.map_or(0, |w| (s.pos + 1).saturating_sub(w));
+        for (start, n) in tiles(first, s.pos).chain(tiles(s.pos, total)) {
             let (k, v) = gather(&idx.narrow(0, start, n)?)?;
             let k = k.reshape((n, nkv, hd))?.transpose(0, 1)?.contiguous()?;
             let v = v.reshape((n, nkv, hd))?.transpose(0, 1)?.contiguous()?;
             let mut sc = (qs.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
-            if start >= s.pos {
-                let tile_mask = mask.narrow(1, start - s.pos, n)?;
+            // The last row's window starts latest: a tile it sees whole, before the chunk's
+            // own positions, every row sees whole.
+            let last = s.pos + s.len - 1;
+            let tile_mask = match window {
+                Some(w) if start + w <= last || start + n > s.pos => Some(window_mask(s.pos, s.len, start, n, w, dev)?),
+                _ if start >= s.pos => Some(mask.narrow(1, start - s.pos, n)?),
+                _ => None,
+            };
+            if let Some(tile_mask) = tile_mask {
                 sc = sc.reshape((nkv, rep, s.len, n))?.broadcast_add(&tile_mask)?.reshape((nkv, rows, n))?;
             }
             let m_new = m.maximum(&sc.max_keepdim(2)?)?;

@@ -72,13 +72,14 @@ fn paged_kernel_and_generic_path_match_plain_attention() {
         .unwrap();
         let plan = AttentionPlan::new(&spans, &store);
         let fused = cpu_f32(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap().expect("kernel applies");
-        let gen = generic(&q, &plan, &store, 0, nh).unwrap();
+        let gen = generic(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap();
         assert!(max_diff(&fused, &want) < 1e-5, "fused nh={nh} nkv={nkv} hd={hd}: {}", max_diff(&fused, &want));
         assert!(max_diff(&gen, &want) < 1e-5, "generic nh={nh} nkv={nkv} hd={hd}: {}", max_diff(&gen, &want));
         // Key tiles smaller than the chunk and not aligned with its first position: the
         // online softmax over several tiles equals the one-pass softmax.
         for tile in [1, 2, 3, 5] {
-            let tiled = generic_tiled(&q, &plan, &store, 0, nh, Tiling { key_tile: tile, ..TILING }).unwrap();
+            let tiled =
+                generic_tiled(&q, &plan, &store, 0, nh, LayerAttention::FULL, Tiling { key_tile: tile, ..TILING }).unwrap();
             assert!(max_diff(&tiled, &want) < 1e-5, "key tile {tile}: {}", max_diff(&tiled, &want));
         }
         // The portable path sums in the same order as the SIMD one.
@@ -226,7 +227,7 @@ fn generic_path_batches_decode_rows_of_different_lengths() {
     }
     let q = Tensor::randn(0f32, 1.0, (8, nh * hd), &Device::Cpu).unwrap();
     let plan = AttentionPlan::new(&spans, &store);
-    let got = generic(&q, &plan, &store, 0, nh).unwrap();
+    let got = generic(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap();
     let fused = cpu_f32(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap().expect("f32 on CPU");
     for s in &spans {
         let i = spans.iter().position(|x| x.row == s.row).unwrap();
@@ -251,7 +252,7 @@ fn generic_path_splits_long_decode_batches_into_groups() {
     let q = Tensor::randn(0f32, 1.0, (3, nh * hd), &Device::Cpu).unwrap();
     let plan = AttentionPlan::new(&spans, &store);
     assert_eq!(plan.generic(&store, &Device::Cpu, TILING).unwrap().decode.len(), 2);
-    let got = generic(&q, &plan, &store, 0, nh).unwrap();
+    let got = generic(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap();
     // The fused kernel too: 20,000 positions take its online softmax over key blocks.
     assert!(totals[0] > KEY_BLOCK);
     let fused = cpu_f32(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap().expect("f32 on CPU");
@@ -278,7 +279,7 @@ fn generic_path_tiles_decode_rows_longer_than_a_group() {
     for decode_positions in [16, 8, 5] {
         let tiling = Tiling { key_tile: 3, decode_positions };
         let plan = AttentionPlan::new(&spans, &store);
-        let got = generic_tiled(&q, &plan, &store, 0, nh, tiling).unwrap();
+        let got = generic_tiled(&q, &plan, &store, 0, nh, LayerAttention::FULL, tiling).unwrap();
         let g = plan.generic(&store, &Device::Cpu, tiling).unwrap();
         let tiled = totals.iter().filter(|&&t| t > decode_positions).count();
         assert_eq!(g.chunks.len(), tiled, "rows past {decode_positions} positions are tiled");
@@ -321,7 +322,7 @@ fn narrow_pools_in_the_fused_kernel() {
         }
         let plan = AttentionPlan::new(&spans, &store);
         let fused = cpu_f32(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap().expect("the kernel reads every pool format");
-        let gen = generic(&q, &plan, &store, 0, nh).unwrap();
+        let gen = generic(&q, &plan, &store, 0, nh, LayerAttention::FULL).unwrap();
         assert!(max_diff(&fused, &gen) < 1e-5, "{format:?}: {}", max_diff(&fused, &gen));
         let d = max_diff(&fused, &exact);
         assert!(d > 0.0 && d < bound, "{format:?} against f32: {d}");

@@ -1,9 +1,10 @@
 //! Tests of sliding-window attention and a score scale other than `1/√head_dim` in the fused
 //! kernel: against plain windowed attention, over key blocks, alone or in a tile, on every SIMD
 //! level; positions before a tile's window are never read (they may hold anything, as blocks
-//! given back to the pool will); and what the kernel cannot take is refused, not run unwindowed.
+//! given back to the pool will); the generic path's windows; a window of 0 is refused.
 
 use super::fused::{attend, first_seen};
+use super::generic::{generic_tiled, Tiling};
 use super::rows::{Dense, KvView};
 use super::*;
 use crate::kv::store::slot_runs;
@@ -166,20 +167,53 @@ fn a_windowed_row_attends_the_same_alone_in_a_tile_and_on_every_level() {
     }
 }
 
-/// What the fused kernel cannot take is refused by name: a window of 0, and a window or scale
-/// on the generic path (bf16 queries here), which would otherwise attend past the window.
+/// A window of 0 positions is refused, not run as full attention.
 #[test]
-fn what_the_kernel_cannot_take_is_refused() {
+fn a_window_of_nothing_is_refused() {
     let (store, tables, _) = pool(KvFormat::Dense(DType::F32), 1, 16, 4, &[8]);
     let spans = [SeqSpan { row: 0, len: 1, pos: 7, blocks: &tables[0] }];
     let plan = AttentionPlan::new(&spans, &store);
     let q = Tensor::randn(0f32, 1.0, (1, 32), &DEV).unwrap();
-    let zero = paged_attention(&q, &plan, &store, 0, 2, LayerAttention { scale: None, window: Some(0) }).unwrap_err();
-    assert_eq!(zero.code(), "INVALID_ARGUMENT");
-    let bf16 = q.to_dtype(DType::BF16).unwrap();
-    for how in [LayerAttention { scale: None, window: Some(4) }, LayerAttention { scale: Some(0.5), window: None }] {
-        let e = paged_attention(&bf16, &plan, &store, 0, 2, how).unwrap_err();
-        assert_eq!(e.code(), "UNSUPPORTED_ARCHITECTURE", "{how:?}");
+    for q in [q.clone(), q.to_dtype(DType::BF16).unwrap()] {
+        let zero = paged_attention(&q, &plan, &store, 0, 2, LayerAttention { scale: None, window: Some(0) }).unwrap_err();
+        assert_eq!(zero.code(), "INVALID_ARGUMENT");
     }
-    assert!(paged_attention(&bf16, &plan, &store, 0, 2, LayerAttention::FULL).is_ok());
+}
+
+/// The generic path (any device or dtype) takes windows and scales too: a prompt chunk over
+/// key tiles that split the window or not, decode rows batched in a padded group, and a decode
+/// row long enough to run tiled; f32 against plain windowed attention, bf16 queries within
+/// bf16's precision.
+#[test]
+fn the_generic_path_attends_the_window_too() {
+    let (nh, nkv, hd, bs) = (6, 2, 32, 4);
+    let (store, tables, kv) = pool(KvFormat::Dense(DType::F32), nkv, hd, bs, &[53, 51, 10]);
+    let spans = [
+        SeqSpan { row: 0, len: 37, pos: 16, blocks: &tables[0] },
+        SeqSpan { row: 37, len: 1, pos: 50, blocks: &tables[1] },
+        SeqSpan { row: 38, len: 1, pos: 9, blocks: &tables[2] },
+    ];
+    let plan = AttentionPlan::new(&spans, &store);
+    let q = Tensor::randn(0f32, 1.0, (39, nh * hd), &DEV).unwrap();
+    for window in [1, 2, 7, 10, 17, 40, 53, 1000] {
+        for scale in [None, Some(0.3f32)] {
+            let how = LayerAttention { scale, window: Some(window) };
+            let s = scale.map_or(1.0 / (hd as f64).sqrt(), f64::from);
+            let part = |row: usize, len: usize, seq: usize, pos: usize| {
+                windowed(&q.narrow(0, row, len).unwrap(), &kv[seq].0, &kv[seq].1, pos, nh, nkv, window, s)
+            };
+            let want = Tensor::cat(&[part(0, 37, 0, 16), part(37, 1, 1, 50), part(38, 1, 2, 9)], 0).unwrap();
+            for (key_tile, decode_positions) in [(1024, 1 << 15), (3, 1 << 15), (16, 40), (5, 20)] {
+                let tiling = Tiling { key_tile, decode_positions };
+                // Each tiling builds its own plan (the plan caches the generic layout).
+                let plan = AttentionPlan::new(&spans, &store);
+                let got = generic_tiled(&q, &plan, &store, 0, nh, how, tiling).unwrap();
+                let d = max_diff(&got, &want);
+                assert!(d < 1e-5, "window {window} scale {scale:?} tiles {key_tile}/{decode_positions}: {d}");
+            }
+            let bf16 = q.to_dtype(DType::BF16).unwrap();
+            let got = paged_attention(&bf16, &plan, &store, 0, nh, how).unwrap().to_dtype(DType::F32).unwrap();
+            assert!(max_diff(&got, &want) < 0.05, "bf16 window {window}: {}", max_diff(&got, &want));
+        }
+    }
 }

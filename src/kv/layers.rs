@@ -5,9 +5,11 @@
 //! positions at all. As in vLLM v1's hybrid KV-cache manager, layers of one kind form a group,
 //! and each group is managed by the rules of its kind (a block table per sequence for
 //! positions, a state slot per sequence for recurrent layers) while the memory they take is
-//! sized together. Today every supported model has one group of full-attention layers, which
-//! [`KvManager`](super::KvManager) manages; a layout with any other group is refused by name
-//! ([`KvLayout::unsupported`]) until its manager exists.
+//! sized together. [`KvManager`](super::KvManager) manages position layers (full and
+//! sliding-window) through one block table per sequence; a sliding-window layer keeps every
+//! position for now, like a full layer (its attention reads only the window, so giving the
+//! blocks behind it back to the pool needs a block table of its own). A recurrent state is
+//! refused by name ([`KvLayout::unsupported`]) until its manager exists.
 
 use super::store::{bytes_per_token, KvFormat};
 
@@ -80,10 +82,8 @@ impl KvLayout {
     /// The first group that the pool cannot manage yet, named; `None` when it manages them all.
     pub fn unsupported(&self) -> Option<String> {
         self.groups.iter().find_map(|g| match g.kind {
-            LayerCache::Full => None,
-            LayerCache::Window { window } => {
-                Some(format!("a KV cache for sliding-window layers (window {window}, layers {:?})", g.layers))
-            }
+            // A window layer keeps every position, as a full one (see the module's note).
+            LayerCache::Full | LayerCache::Window { .. } => None,
             LayerCache::State { bytes } => {
                 Some(format!("a recurrent state in the KV cache ({bytes} bytes a sequence, layers {:?})", g.layers))
             }
@@ -106,7 +106,9 @@ mod tests {
         assert_eq!((l.num_layers, l.position_layers(), l.state_bytes_per_sequence()), (7, 5, 2000));
         // Positions are sized by the layers that keep them; a state never counts per token.
         assert_eq!(l.bytes_per_token(2, 8, DType::F32), bytes_per_token(5, 2, 8, DType::F32));
-        assert!(l.unsupported().unwrap().contains("sliding-window layers (window 512, layers [0, 1, 4])"));
+        assert!(l.unsupported().unwrap().contains("recurrent state in the KV cache (1000 bytes a sequence, layers [3, 6])"));
+        let windows = KvLayout::from_kinds(&[w, LayerCache::Full, w]);
+        assert_eq!((windows.unsupported(), windows.position_layers()), (None, 3));
     }
 
     #[test]

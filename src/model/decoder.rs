@@ -46,12 +46,14 @@ struct RmsNorm {
 
 impl RmsNorm {
     /// A norm whose weight is applied as `w` or, where the plan says so, as `1 + w` (the sum
-    /// taken once here, in f32, then stored in the model's dtype).
+    /// taken once here, in f32, then stored in the model's dtype; a GGUF file stores the sum).
     fn load(src: &mut dyn WeightSource, name: &str, size: usize, eps: f64, how: NormWeight, dtype: DType) -> Result<Self> {
         let name = format!("{name}.weight");
         let weight = match how {
-            NormWeight::Plain => src.tensor(&name, &[size], dtype)?,
-            NormWeight::OnePlus => (src.tensor(&name, &[size], DType::F32)? + 1.0)?.to_dtype(dtype)?,
+            NormWeight::OnePlus if !src.norms_hold_one_plus() => {
+                (src.tensor(&name, &[size], DType::F32)? + 1.0)?.to_dtype(dtype)?
+            }
+            NormWeight::Plain | NormWeight::OnePlus => src.tensor(&name, &[size], dtype)?,
         };
         Ok(Self { weight, eps: eps as f32 })
     }

@@ -10,12 +10,19 @@
 //!   `rope_local_base_freq` (default 1e4) for the sliding ones;
 //! - `query_pre_attn_scalar` (default 256) and `final_logit_softcapping`;
 //! - `head_dim` (default 256) and tied embeddings (default true).
+//!
+//! A GGUF file (`general.architecture` `gemma3`) carries the window
+//! (`gemma3.attention.sliding_window`) but not the rest: llama.cpp's loader fixes them, and so
+//! does [`read_gguf`], to read a file as llama.cpp runs it — every sixth layer full (`i % 6 ==
+//! 5`), the others sliding with a rotary base of 10,000, and scores scaled by `1/√head_dim`
+//! except in the 62-layer (27B) model, `1/√(hidden / heads)` (gemma_pytorch's config).
 
 use serde_json::Value;
 
 use super::config::ModelConfig;
 use super::rope::{RopeScaling, Source};
 use crate::error::{EngineError, Result};
+use crate::gguf_meta::{self, Metadata};
 
 /// Most layers in a repeating pattern (`sliding_window_pattern`).
 const MAX_PATTERN: u64 = 1 << 12;
@@ -123,6 +130,35 @@ pub fn read(raw: &Value, cfg: &mut ModelConfig, original: Option<usize>) -> Resu
     Ok(())
 }
 
+/// llama.cpp's fixed Gemma 3 layer pattern: every sixth layer attends to everything.
+const GGUF_PATTERN: usize = 6;
+/// llama.cpp's fixed rotary base of the sliding layers.
+const GGUF_LOCAL_BASE: f64 = 10_000.0;
+/// The one Gemma 3 size whose score scale is not `1/√head_dim` (27B).
+const GGUF_27B_LAYERS: usize = 62;
+
+/// Reads what a `gemma3` GGUF file holds beyond the common keys into `cfg` (whose common
+/// fields are read), and fixes the rest as llama.cpp's loader does (see the module's note).
+pub fn read_gguf(md: &Metadata, arch_name: &str, cfg: &mut ModelConfig) -> Result<()> {
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let window =
+        gguf_meta::get_u64(md, &key("attention.sliding_window")).ok().flatten().filter(|&w| w > 0).ok_or_else(|| {
+            EngineError::InvalidModel(format!("GGUF gemma3: {} is missing or 0", key("attention.sliding_window")))
+        })?;
+    cfg.sliding_window =
+        Some(usize::try_from(window).map_err(|_| EngineError::InvalidModel(format!("GGUF gemma3: a window of {window}")))?);
+    cfg.sliding_layers = (0..cfg.num_layers).map(|i| i % GGUF_PATTERN != GGUF_PATTERN - 1).collect();
+    cfg.local_rope = Some((GGUF_LOCAL_BASE, None));
+    cfg.query_pre_attn_scalar = Some(if cfg.num_layers == GGUF_27B_LAYERS {
+        (cfg.hidden_size / cfg.num_heads.max(1)) as f64
+    } else {
+        cfg.head_dim as f64
+    });
+    cfg.final_logit_softcap =
+        gguf_meta::get_f64(md, &key("final_logit_softcapping")).ok().flatten().filter(|c| c.is_finite() && *c > 0.0);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,5 +239,37 @@ mod tests {
         let mut v = fixture();
         v["text_config"] = serde_json::json!({});
         assert_eq!(load(&v).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE");
+    }
+
+    /// A GGUF's window, with the layer pattern, local base and score scale llama.cpp fixes.
+    #[test]
+    fn a_gguf_reads_as_llama_cpp_fixes_it() {
+        use candle_core::quantized::gguf_file::Value as G;
+        let mut md = Metadata::new();
+        for (k, v) in [
+            ("general.architecture", G::String("gemma3".into())),
+            ("gemma3.embedding_length", G::U32(640)),
+            ("gemma3.feed_forward_length", G::U32(2048)),
+            ("gemma3.block_count", G::U32(18)),
+            ("gemma3.attention.head_count", G::U32(4)),
+            ("gemma3.attention.head_count_kv", G::U32(1)),
+            ("gemma3.attention.key_length", G::U32(256)),
+            ("gemma3.attention.sliding_window", G::U32(512)),
+            ("gemma3.rope.freq_base", G::F32(1e6)),
+            ("gemma3.vocab_size", G::U32(1000)),
+        ] {
+            md.insert(k.into(), v);
+        }
+        let c = ModelConfig::from_gguf(&md).unwrap();
+        let full: Vec<usize> = (0..18).filter(|&i| !c.sliding_layers[i]).collect();
+        assert_eq!(full, vec![5, 11, 17]);
+        assert_eq!((c.sliding_window, c.local_rope.clone(), c.rope_theta), (Some(512), Some((1e4, None)), 1e6));
+        assert_eq!((c.query_pre_attn_scalar, c.final_logit_softcap, c.qk_norm), (Some(256.0), None, true));
+        // The 27B's scale is 1/√(hidden / heads).
+        md.insert("gemma3.block_count".into(), G::U32(62));
+        assert_eq!(ModelConfig::from_gguf(&md).unwrap().query_pre_attn_scalar, Some(160.0));
+        // No window: not a file llama.cpp would run.
+        md.remove("gemma3.attention.sliding_window");
+        assert_eq!(ModelConfig::from_gguf(&md).unwrap_err().code(), "INVALID_MODEL");
     }
 }

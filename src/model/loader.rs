@@ -46,6 +46,11 @@ pub trait WeightSource {
     /// A linear layer `[out, inp]`, quantized when the file stores it quantized.
     fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear>;
     fn contains(&self, name: &str) -> bool;
+    /// Whether norm weights that the model applies as `1 + w` are stored with the 1 added
+    /// (llama.cpp's converter adds it for the Gemma families), so they are read as they are.
+    fn norms_hold_one_plus(&self) -> bool {
+        false
+    }
 }
 
 // ---------------------------------------------------------------- entry point
@@ -342,14 +347,22 @@ pub struct GgufSource<'a> {
     total: u64,
     progress: Option<Progress<'a>>,
     policy: WeightPolicy,
+    /// A Gemma-family file (`general.architecture` `gemma*`): sandwich norm names, and norm
+    /// weights stored as `1 + w`.
+    gemma: bool,
 }
 
-/// HF tensor name → llama.cpp GGUF tensor name.
-fn gguf_name(hf: &str) -> String {
+/// HF tensor name → llama.cpp GGUF tensor name. In a sandwich-norm (Gemma) file HF's
+/// `post_attention_layernorm` follows attention (`post_attention_norm`) and
+/// `pre_feedforward_layernorm` is what pre-norm files call `ffn_norm`.
+fn gguf_name(hf: &str, gemma: bool) -> String {
     if let Some(rest) = hf.strip_prefix("model.layers.") {
         let (idx, tail) = rest.split_once('.').unwrap_or((rest, ""));
         let t = match tail {
             "input_layernorm" => "attn_norm",
+            "post_attention_layernorm" if gemma => "post_attention_norm",
+            "pre_feedforward_layernorm" => "ffn_norm",
+            "post_feedforward_layernorm" => "post_ffw_norm",
             "post_attention_layernorm" => "ffn_norm",
             "self_attn.q_proj" => "attn_q",
             "self_attn.k_proj" => "attn_k",
@@ -384,7 +397,10 @@ impl<'a> GgufSource<'a> {
         let content = read_gguf_header(&mut reader, &path.display().to_string())?;
         // For progress only: a tensor whose size does not compute fails when it is read.
         let total = content.tensor_infos.values().filter_map(gguf_tensor_bytes).fold(0, u64::saturating_add);
+        let gemma =
+            matches!(content.metadata.get("general.architecture"), Some(gguf_file::Value::String(a)) if a.starts_with("gemma"));
         Ok(Self {
+            gemma,
             content,
             reader,
             device: device.clone(),
@@ -448,14 +464,14 @@ impl<'a> GgufSource<'a> {
 
 impl WeightSource for GgufSource<'_> {
     fn tensor(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let g = gguf_name(name.trim_end_matches(".weight").trim_end_matches(".bias"));
+        let g = gguf_name(name.trim_end_matches(".weight").trim_end_matches(".bias"), self.gemma);
         let suffix = if name.ends_with(".bias") { "bias" } else { "weight" };
         let q = self.read(&format!("{g}.{suffix}"), shape)?;
         Ok(q.dequantize(&self.device)?.to_dtype(dtype)?)
     }
 
     fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear> {
-        let g = gguf_name(name);
+        let g = gguf_name(name, self.gemma);
         let wname = format!("{g}.weight");
         let dense = self.content.tensor_infos.get(&wname).and_then(|i| DenseType::of_ggml(i.ggml_dtype));
         let weight = match (dense, self.policy.quantize.format(Role::of(name), inp)) {
@@ -483,7 +499,11 @@ impl WeightSource for GgufSource<'_> {
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(&format!("{}.weight", gguf_name(name)))
+        self.content.tensor_infos.contains_key(&format!("{}.weight", gguf_name(name, self.gemma)))
+    }
+
+    fn norms_hold_one_plus(&self) -> bool {
+        self.gemma
     }
 }
 

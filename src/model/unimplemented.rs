@@ -104,12 +104,21 @@ pub fn check_gguf(md: &Metadata, arch_name: &str, arch: Arch, head_dim: usize) -
             arch.name()
         ))
     };
-    if let Some(w) = gguf_meta::get_u64(md, &key("attention.sliding_window")).ok().flatten().filter(|&w| w > 0) {
+    // Gemma 3 runs its window and final soft-cap (read by `gemma3_config::read_gguf`).
+    let implemented: &[&str] = match arch {
+        Arch::Gemma3 => &["attention.sliding_window", "final_logit_softcapping"],
+        _ => &[],
+    };
+    let window = gguf_meta::get_u64(md, &key("attention.sliding_window")).ok().flatten().filter(|&w| w > 0);
+    if let Some(w) = window.filter(|_| !implemented.contains(&"attention.sliding_window")) {
         return Err(refused("attention.sliding_window", w.to_string(), "sliding-window attention"));
     }
     for (k, what) in
         [("attn_logit_softcapping", "attention logit soft-capping"), ("final_logit_softcapping", "final logit soft-capping")]
     {
+        if implemented.contains(&k) {
+            continue;
+        }
         if let Some(c) = gguf_meta::get_f64(md, &key(k)).ok().flatten().filter(|&c| c != 0.0) {
             return Err(refused(k, c.to_string(), what));
         }

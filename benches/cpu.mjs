@@ -44,7 +44,7 @@ function parseArgs(argv) {
   return parseBenchArgs(argv, {
     usage: 'node benches/cpu.mjs [--quick] [--cases KEY,KEY] [--threads N] [--repeat N] [--wait-idle SECONDS] [--out file.json]',
     help: [
-      '  --cases K,K      only these rows (keys: smollm2-q4_1, qwen3-q8_0, qwen3-q8_0-kv-f16, qwen3-f32, qwen3-f16, qwen3-f32-q8_0, qwen3-f32-q4_0, qwen3-f32-q4_k, qwen25-q4_k_m)',
+      '  --cases K,K      only these rows (keys: smollm2-q4_1, qwen3-q8_0, qwen3-q8_0-kv-f16, qwen3-f32, qwen3-f16, qwen3-f32-q8_0, qwen3-f32-q4_0, qwen3-f32-q4_k, qwen25-q4_k_m, gemma3-q4_k_m)',
       '  --repeat N       run every measurement N times (interleaved) and keep the best of each figure',
       '  --wait-idle S    before each measurement, wait up to S seconds (default 120, 0 = off) for a >= 90% idle second',
     ],
@@ -255,6 +255,13 @@ async function parent(args) {
       const coder = await ensureQwen25Coder()
       llamaSpecs.coder = { engine: 'llama', path: coder }
       cases.push({ key: 'qwen25-q4_k_m', label: 'Qwen2.5-Coder-0.5B Q4_K_M GGUF', ours: { engine: 'ours', path: coder }, llamaKey: 'coder', llamaLabel: 'same GGUF' })
+    }
+    // Gemma 3 270M (sliding and full layers, a 262k vocabulary), fetched the same way.
+    if (!args.cases || args.cases.includes('gemma3-q4_k_m')) {
+      const { ensureGemma3 } = await import(join(root, 'scripts', 'assets.mjs'))
+      const gemma = await ensureGemma3()
+      llamaSpecs.gemma = { engine: 'llama', path: gemma }
+      cases.push({ key: 'gemma3-q4_k_m', label: 'Gemma 3 270M Q4_K_M GGUF', ours: { engine: 'ours', path: gemma }, llamaKey: 'gemma', llamaLabel: 'same GGUF' })
     }
   }
   if (args.cases) {

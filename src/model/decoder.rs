@@ -646,8 +646,19 @@ impl Mlp {
         let gate = match self.activation {
             Activation::Silu => candle_nn::ops::silu(&gate)?,
             // The tanh approximation (HF's `gelu_pytorch_tanh`).
-            Activation::GeluTanh => gate.gelu()?,
+            Activation::GeluTanh => gelu_tanh(&gate)?,
         };
         proj(&self.down_proj, &(gate * proj(&self.up_proj, x, Proj::Up)?)?, Proj::Down)
     }
+}
+
+/// GELU-tanh: on the CPU in f32 through [`crate::simd::gelu_tanh_at`] (vectorised, the same bits
+/// on every level), elsewhere candle's.
+fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != DType::F32 {
+        return Ok(x.gelu()?);
+    }
+    let mut v = x.flatten_all()?.to_vec1::<f32>()?;
+    crate::simd::gelu_tanh_at(crate::simd::level(), &mut v);
+    Ok(Tensor::from_vec(v, x.shape(), x.device())?)
 }

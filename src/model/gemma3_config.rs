@@ -141,12 +141,17 @@ const GGUF_27B_LAYERS: usize = 62;
 /// fields are read), and fixes the rest as llama.cpp's loader does (see the module's note).
 pub fn read_gguf(md: &Metadata, arch_name: &str, cfg: &mut ModelConfig) -> Result<()> {
     let key = |k: &str| format!("{arch_name}.{k}");
-    let window =
-        gguf_meta::get_u64(md, &key("attention.sliding_window")).ok().flatten().filter(|&w| w > 0).ok_or_else(|| {
-            EngineError::InvalidModel(format!("GGUF gemma3: {} is missing or 0", key("attention.sliding_window")))
-        })?;
-    cfg.sliding_window =
-        Some(usize::try_from(window).map_err(|_| EngineError::InvalidModel(format!("GGUF gemma3: a window of {window}")))?);
+    let max = super::config::MAX_POSITIONS;
+    let window = gguf_meta::get_u64(md, &key("attention.sliding_window")).ok().flatten();
+    cfg.sliding_window = Some(match window {
+        Some(w) if (1..=max as u64).contains(&w) => w as usize,
+        _ => {
+            return Err(EngineError::InvalidModel(format!(
+                "GGUF gemma3: {} must be a whole number in 1..={max}, got {window:?}",
+                key("attention.sliding_window")
+            )))
+        }
+    });
     cfg.sliding_layers = (0..cfg.num_layers).map(|i| i % GGUF_PATTERN != GGUF_PATTERN - 1).collect();
     cfg.local_rope = Some((GGUF_LOCAL_BASE, None));
     cfg.query_pre_attn_scalar = Some(if cfg.num_layers == GGUF_27B_LAYERS {
@@ -268,8 +273,13 @@ mod tests {
         // The 27B's scale is 1/√(hidden / heads).
         md.insert("gemma3.block_count".into(), G::U32(62));
         assert_eq!(ModelConfig::from_gguf(&md).unwrap().query_pre_attn_scalar, Some(160.0));
-        // No window: not a file llama.cpp would run.
-        md.remove("gemma3.attention.sliding_window");
-        assert_eq!(ModelConfig::from_gguf(&md).unwrap_err().code(), "INVALID_MODEL");
+        // A window past any context, 0, or none: not a file llama.cpp would run.
+        for w in [Some(G::U64(u64::MAX)), Some(G::U32(0)), None] {
+            match w {
+                Some(w) => md.insert("gemma3.attention.sliding_window".into(), w),
+                None => md.remove("gemma3.attention.sliding_window"),
+            };
+            assert_eq!(ModelConfig::from_gguf(&md).unwrap_err().code(), "INVALID_MODEL");
+        }
     }
 }

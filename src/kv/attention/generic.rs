@@ -153,12 +153,14 @@ fn hidden(row_pos: usize, key: usize, window: Option<usize>) -> bool {
     key > row_pos || window.is_some_and(|w| key + w <= row_pos)
 }
 
-/// `[rows, keys]` of 0 and -inf for queries at `first_pos..` and keys at `first_key..`.
-fn window_mask(first_pos: usize, rows: usize, first_key: usize, keys: usize, w: usize, device: &Device) -> Result<Tensor> {
-    let m: Vec<f32> = (0..rows)
-        .flat_map(|i| (0..keys).map(move |j| if hidden(first_pos + i, first_key + j, Some(w)) { f32::NEG_INFINITY } else { 0.0 }))
+/// `[rows, keys]` of 0 and -inf for queries at `positions` (one row each) and keys at
+/// `first_key..first_key + keys`.
+fn window_mask(positions: &[usize], first_key: usize, keys: usize, w: usize, device: &Device) -> Result<Tensor> {
+    let m: Vec<f32> = positions
+        .iter()
+        .flat_map(|&p| (0..keys).map(move |j| if hidden(p, first_key + j, Some(w)) { f32::NEG_INFINITY } else { 0.0 }))
         .collect();
-    Ok(Tensor::from_vec(m, (rows, keys), device)?)
+    Ok(Tensor::from_vec(m, (positions.len(), keys), device)?)
 }
 
 pub(super) fn generic_tiled(
@@ -201,12 +203,7 @@ pub(super) fn generic_tiled(
         // (the plan's masks serve every layer of the pass).
         let scores = match window {
             Some(w) if d.positions.iter().any(|&p| p + 1 > w) => {
-                let m: Vec<f32> = d
-                    .positions
-                    .iter()
-                    .flat_map(|&p| (0..l).map(move |j| if hidden(p, j, Some(w)) { f32::NEG_INFINITY } else { 0.0 }))
-                    .collect();
-                scores.broadcast_add(&Tensor::from_vec(m, (n, 1, 1, l), q.device())?)?
+                scores.broadcast_add(&window_mask(&d.positions, 0, l, w, q.device())?.reshape((n, 1, 1, l))?)?
             }
             _ => scores,
         };
@@ -237,16 +234,17 @@ pub(super) fn generic_tiled(
         let mut o = Tensor::zeros((nkv, rows, hd), DType::F32, dev)?;
         let tiles = |from: usize, to: usize| (from..to).step_by(key_tile).map(move |a| (a, key_tile.min(to - a)));
         let first = window.map_or(0, |w| (s.pos + 1).saturating_sub(w));
+        let row_positions: Vec<usize> = if window.is_some() { (s.pos..total).collect() } else { Vec::new() };
+        // The last row's window starts latest: a tile it sees whole, before the chunk's own
+        // positions, every row sees whole.
+        let last = total - 1;
         for (start, n) in tiles(first, s.pos).chain(tiles(s.pos, total)) {
             let (k, v) = gather(&idx.narrow(0, start, n)?)?;
             let k = k.reshape((n, nkv, hd))?.transpose(0, 1)?.contiguous()?;
             let v = v.reshape((n, nkv, hd))?.transpose(0, 1)?.contiguous()?;
             let mut sc = (qs.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
-            // The last row's window starts latest: a tile it sees whole, before the chunk's
-            // own positions, every row sees whole.
-            let last = s.pos + s.len - 1;
             let tile_mask = match window {
-                Some(w) if start + w <= last || start + n > s.pos => Some(window_mask(s.pos, s.len, start, n, w, dev)?),
+                Some(w) if start + w <= last || start + n > s.pos => Some(window_mask(&row_positions, start, n, w, dev)?),
                 _ if start >= s.pos => Some(mask.narrow(1, start - s.pos, n)?),
                 _ => None,
             };

@@ -9,6 +9,7 @@ mod embeddings;
 mod experts;
 mod gemma3;
 mod kv_dtype;
+mod mistral;
 mod parity;
 mod quantize;
 mod rope;

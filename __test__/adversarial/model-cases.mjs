@@ -18,7 +18,7 @@ export function hfConfigCases(add) {
   const archField = (k) => ['architectures', 'model_type', 'rope_scaling', 'rope_parameters', ...UNIMPLEMENTED].includes(k)
   // Texts are built when the case runs (thunks): building every case must stay cheap.
   const loadWith = (base, text) => async (ctx) => ctx.loadAndProbe(await ctx.modelDir(base, { 'config.json': text }))
-  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4]]
+  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2]]
   for (const [base, perField] of bases) {
     const cfg = readJson(base, 'config.json')
     const rnd = prng(0xc0f19 + base.length)
@@ -61,7 +61,16 @@ export function hfConfigCases(add) {
     ['sliding window 1', q3, { use_sliding_window: true, sliding_window: 1, max_window_layers: 0 }, MA, false],
     ['sliding window -1', q3, { use_sliding_window: true, sliding_window: -1 }, MA, false],
     ['sliding window 2^63', q3, { use_sliding_window: true, sliding_window: raw('9223372036854775808') }, MA, false],
-    ['mistral with a window', ll, { model_type: 'mistral', architectures: ['MistralForCausalLM'], sliding_window: 4096 }, MA, false],
+    // Mistral and Ministral run their windows (src/model/window_config.rs).
+    ['mistral with a window', ll, { model_type: 'mistral', architectures: ['MistralForCausalLM'], sliding_window: 4096 }, MA, true],
+    ['mistral window 0', ll, { model_type: 'mistral', sliding_window: 0 }, MA, false],
+    ['mistral window 2^63', ll, { model_type: 'mistral', sliding_window: raw('9223372036854775808') }, MA, false],
+    ['mistral window 1e400', ll, { model_type: 'mistral', sliding_window: raw('1e400') }, MA, false],
+    ['mistral window a string', ll, { model_type: 'mistral', sliding_window: '4096' }, MA, false],
+    ['mistral window 1', ll, { model_type: 'mistral', sliding_window: 1 }, MA, true],
+    ['mistral with layer types', ll, { model_type: 'mistral', sliding_window: 4, layer_types: ['sliding_attention', 'full_attention'] }, MA, false],
+    ['ministral layer types of 100k', ll, { model_type: 'ministral', sliding_window: 4, layer_types: new Array(100_000).fill('sliding_attention') }, MA, false],
+    ['ministral chunked layer type', ll, { model_type: 'ministral', sliding_window: 4, layer_types: ['chunked_attention', 'full_attention'] }, MA, false],
     ['llama with a window of 1e400', ll, { sliding_window: raw('1e400') }, MA, false],
     ['no_rope_layers of 100k zeros', ll, { no_rope_layers: new Array(100_000).fill(0) }, MA, false],
     ['no_rope_layers a string', ll, { no_rope_layers: 'none' }, MA, false],

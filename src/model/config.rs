@@ -34,13 +34,14 @@ impl Arch {
 
     fn from_name(name: &str) -> Result<Self> {
         match name {
-            "llama" | "mistral" => Ok(Arch::Llama),
+            // Mistral and Ministral are Llama's network with a sliding window (window_config.rs).
+            "llama" | "mistral" | "ministral" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "gemma3_text" | "gemma3" => Ok(Arch::Gemma3),
-            other => {
-                Err(EngineError::UnsupportedArchitecture(format!("'{other}' (supported: llama, qwen2, qwen3, gemma3_text)")))
-            }
+            other => Err(EngineError::UnsupportedArchitecture(format!(
+                "'{other}' (supported: llama, mistral, ministral, qwen2, qwen3, gemma3_text)"
+            ))),
         }
     }
 }
@@ -180,7 +181,7 @@ impl ModelConfig {
             .clone()
             .or_else(|| {
                 let a = hf.architectures.as_ref()?.first()?.to_lowercase();
-                ["qwen3", "qwen2", "llama"].into_iter().find(|p| a.starts_with(p)).map(String::from)
+                ["qwen3", "qwen2", "llama", "mistral", "ministral"].into_iter().find(|p| a.starts_with(p)).map(String::from)
             })
             .ok_or_else(|| EngineError::InvalidModel("config.json has no model_type".into()))?;
         let arch = Arch::from_name(&model_type)?;
@@ -233,8 +234,11 @@ impl ModelConfig {
         if arch == Arch::Gemma3 {
             super::gemma3_config::read(&raw, &mut cfg, hf.original_max_position_embeddings)?;
         }
+        if matches!(model_type.as_str(), "mistral" | "ministral") {
+            super::window_config::read_mistral(&raw, &model_type, &mut cfg)?;
+        }
         cfg.validate()?;
-        super::unimplemented::check_hf(&raw, arch)?;
+        super::unimplemented::check_hf(&raw, arch, &model_type)?;
         Ok(cfg)
     }
 

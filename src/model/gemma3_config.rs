@@ -66,19 +66,8 @@ pub fn read(raw: &Value, cfg: &mut ModelConfig, original: Option<usize>) -> Resu
     if raw.get("tie_word_embeddings").is_none_or(Value::is_null) {
         cfg.tie_word_embeddings = true;
     }
-    cfg.sliding_layers = match raw.get("layer_types").filter(|v| !v.is_null()) {
-        Some(Value::Array(types)) => {
-            if types.len() != n {
-                return Err(invalid(format!("layer_types has {} entries for {n} layers", types.len())));
-            }
-            let kind = |t: &Value| match t.as_str() {
-                Some("sliding_attention") => Ok(true),
-                Some("full_attention") => Ok(false),
-                _ => Err(EngineError::UnsupportedArchitecture(format!("config.json: layer type {t}"))),
-            };
-            types.iter().map(kind).collect::<Result<_>>()?
-        }
-        Some(v) => return Err(invalid(format!("layer_types must be a list, got {v}"))),
+    let sliding = match super::window_config::layer_types(raw, "gemma3_text", n)? {
+        Some(types) => types,
         None => {
             let pattern = match raw.get("sliding_window_pattern") {
                 None | Some(Value::Null) => 6,
@@ -89,13 +78,9 @@ pub fn read(raw: &Value, cfg: &mut ModelConfig, original: Option<usize>) -> Resu
             (0..n).map(|i| !(i as u64 + 1).is_multiple_of(pattern)).collect()
         }
     };
-    let window = match raw.get("sliding_window") {
-        None | Some(Value::Null) => 4096,
-        Some(v) => v.as_u64().filter(|&w| w >= 1 && w <= super::config::MAX_POSITIONS as u64).ok_or_else(|| {
-            invalid(format!("sliding_window must be a whole number in 1..={}, got {v}", super::config::MAX_POSITIONS))
-        })? as usize,
-    };
-    cfg.sliding_window = cfg.sliding_layers.iter().any(|&s| s).then_some(window);
+    // A null window leaves the sliding layers unbounded, as in HF's attention.
+    let window = super::window_config::window(raw, "gemma3_text", Some(super::window_config::DEFAULT_WINDOW))?;
+    super::window_config::apply(cfg, sliding, window);
 
     let max = cfg.max_position_embeddings;
     let by_type =

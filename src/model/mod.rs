@@ -19,6 +19,7 @@ pub mod repack;
 pub mod rope;
 mod tiled;
 mod unimplemented;
+mod window_config;
 
 pub use config::{Arch, ModelConfig};
 pub use decoder::Decoder;

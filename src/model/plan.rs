@@ -172,7 +172,14 @@ impl LayerPlan {
         match cfg.arch {
             // Pre-norm attention and a SiLU-gated MLP; Qwen2 adds Q/K/V biases and Qwen3
             // per-head Q/K norms (read into the config), Llama from GGUF rotates interleaved.
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => {}
+            // Mistral and Ministral (read as Llama) slide where the config says.
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => {
+                for (layer, &sliding) in plan.layers.iter_mut().zip(&cfg.sliding_layers) {
+                    if let Mixer::Attention(a) = &mut layer.mixer {
+                        a.window = if sliding { cfg.sliding_window } else { None };
+                    }
+                }
+            }
             // Sliding and full layers with their own rotary bases, q/k norms, scores scaled by
             // `query_pre_attn_scalar`, sandwich norms applied as `1 + w`, a GELU-tanh MLP, the
             // embeddings scaled by √hidden and optionally soft-capped logits.

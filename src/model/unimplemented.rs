@@ -45,8 +45,8 @@ fn refuse(field: &str, value: &Value, what: &str, arch: Arch) -> EngineError {
 }
 
 /// Refuses an HF `config.json` (as parsed JSON) that turns on an attention-changing setting the
-/// decoder does not implement for `arch`.
-pub fn check_hf(raw: &Value, arch: Arch) -> Result<()> {
+/// decoder does not implement for `arch` (read from a config of `model_type`).
+pub fn check_hf(raw: &Value, arch: Arch, model_type: &str) -> Result<()> {
     let get = |k: &str| raw.get(k).filter(|v| !v.is_null());
     // Qwen2/Qwen3 configs carry a window that HF applies only with `use_sliding_window: true`;
     // for Llama and Mistral a window is always applied.
@@ -56,8 +56,11 @@ pub fn check_hf(raw: &Value, arch: Arch) -> Result<()> {
         // Gemma 3's window and layer types are read (gemma3_config.rs).
         Arch::Gemma3 => false,
     };
-    let implemented: &[&str] = match arch {
-        Arch::Gemma3 => &["layer_types", "query_pre_attn_scalar", "final_logit_softcapping"],
+    let implemented: &[&str] = match (arch, model_type) {
+        (Arch::Gemma3, _) => &["layer_types", "query_pre_attn_scalar", "final_logit_softcapping"],
+        // Their window and layer types are read (window_config.rs).
+        (_, "mistral") => &["sliding_window"],
+        (_, "ministral") => &["sliding_window", "layer_types"],
         _ => &[],
     };
     let get = |k: &str| get(k).filter(|_| !implemented.contains(&k));
@@ -160,11 +163,16 @@ mod tests {
     }
 
     #[test]
-    fn a_mistral_window_is_refused_by_name() {
-        let e = refused("mistral", json!({"sliding_window": 4096}));
+    fn a_llama_window_is_refused_by_name_a_mistral_one_is_read() {
+        let e = refused("llama", json!({"sliding_window": 4096}));
         assert!(e.contains("sliding_window = 4096") && e.contains("sliding-window attention"), "{e}");
-        // Mistral v0.2 and later: no window.
-        assert!(ModelConfig::from_hf_json(&config("mistral", json!({"sliding_window": null}))).is_ok());
+        // Mistral's and Ministral's windows run (window_config.rs); their other fields do not.
+        let c = ModelConfig::from_hf_json(&config("mistral", json!({"sliding_window": 4096}))).unwrap();
+        assert_eq!((c.sliding_window, c.sliding_layers), (Some(4096), vec![true, true]));
+        for model_type in ["mistral", "ministral"] {
+            let e = refused(model_type, json!({"attention_chunk_size": 8192}));
+            assert!(e.contains("attention_chunk_size"), "{e}");
+        }
     }
 
     #[test]
@@ -212,7 +220,7 @@ mod tests {
             "embedding_multiplier": 1, "residual_multiplier": 1.0, "attention_multiplier": 1.0, "logits_scaling": 1.0,
             "use_sliding_window": false, "sliding_window": null, "attention_chunk_size": null
         });
-        for arch in ["llama", "mistral", "qwen2", "qwen3"] {
+        for arch in ["llama", "mistral", "ministral", "qwen2", "qwen3"] {
             ModelConfig::from_hf_json(&config(arch, neutral.clone())).unwrap();
         }
     }

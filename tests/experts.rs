@@ -105,6 +105,15 @@ peft_parity! {
     lora_with_bias: "lora_qwen2" on "qwen2-tiny";
     lora_llama: "lora_llama" on "llama-tiny";
     dora_llama: "dora_llama" on "llama-tiny";
+    // Sliding windows (8 and 6) that the 12-token prompt and its 12 new tokens run past.
+    base_gemma3_unchanged: "gemma3-tiny" on "gemma3-tiny";
+    lora_gemma3: "lora_gemma3" on "gemma3-tiny";
+    dora_gemma3: "dora_gemma3" on "gemma3-tiny";
+    ia3_gemma3: "ia3_gemma3" on "gemma3-tiny";
+    base_mistral_unchanged: "mistral-tiny" on "mistral-tiny";
+    lora_mistral: "lora_mistral" on "mistral-tiny";
+    dora_mistral: "dora_mistral" on "mistral-tiny";
+    ia3_mistral: "ia3_mistral" on "mistral-tiny";
 }
 
 /// GGUF Llama stores q/k rows permuted for interleaved RoPE: the adapter's q/k outputs must be

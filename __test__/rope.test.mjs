@@ -69,6 +69,24 @@ describe('dynamic RoPE scaling through the engine (qwen3-tiny, original context 
   })
 })
 
+describe('dynamic RoPE scaling without a contextLength', () => {
+  it("defaults the context to the original × factor (64 × 4) and runs a prompt past the original as HF does", async () => {
+    const c = fixtureJson('rope', 'qwen3-dynamic.json')
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'expert-runtime-rope-'))
+    const rt = await Runtime.load(caseModel(dir, c))
+    try {
+      assert.equal(rt.info.contextLength, 256)
+      assert.deepEqual(rt.info.warnings, [])
+      const g96 = c.greedy.find((g) => g.prompt_ids.length === 96)
+      const r = await rt.createSession().complete({ tokens: g96.prompt_ids }, { ...GREEDY, maxTokens: g96.tokens.length })
+      assert.deepEqual(r.tokens, g96.tokens)
+    } finally {
+      await rt.dispose()
+      rmSync(dir, { recursive: true, force: true })
+    }
+  })
+})
+
 describe('ropeScaling option and contextLength', () => {
   const model = fixture('qwen3-tiny')
 

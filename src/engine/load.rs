@@ -85,7 +85,7 @@ fn select_dtype(name: Option<&str>, device: &Device) -> Result<DType> {
 /// The `contextLength` option checked against what the model supports (with its RoPE
 /// scaling): past that length the load succeeds but says so in `warnings`, since quality
 /// degrades there. Without the option: the model's declared length, or the scaled length when
-/// the caller chose the scaling.
+/// the caller chose the scaling or the config's scaling is `dynamic`.
 fn context_length(opts: &LoadOptions, cfg: &ModelConfig, warnings: &mut Vec<String>) -> Result<usize> {
     let max_pos = cfg.max_position_embeddings;
     let scaling = cfg.rope_scaling.as_ref();
@@ -99,6 +99,9 @@ fn context_length(opts: &LoadOptions, cfg: &ModelConfig, warnings: &mut Vec<Stri
         }
         Some(n) => n,
         None if opts.rope_scaling.is_some() => supported.max(max_pos),
+        // A config's `dynamic` scaling stretches as the sequence grows, to `factor` times the
+        // original context (vLLM's default length for it); the others keep the declared one.
+        None if matches!(scaling, Some(RopeScaling::Dynamic { .. })) => supported.max(max_pos),
         None => max_pos,
     };
     if n > supported {

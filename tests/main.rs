@@ -13,3 +13,4 @@ mod mistral;
 mod parity;
 mod quantize;
 mod rope;
+mod smollm3;

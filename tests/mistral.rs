@@ -4,7 +4,7 @@
 //! 24-token prompt and its 16 new tokens run far past the windows (6 and 5 positions).
 
 use crate::common::{argmax, fixture, ids, load, log_softmax, read_json};
-use crate::parity::{check_reference, BF16_TOL, F16_TOL, F32_TOL};
+use crate::parity::{check_reference, hf_half_gap, BF16_TOL, F16_TOL, F32_TOL};
 use expert_runtime::engine::LoadOptions;
 use expert_runtime::model::decoder::Logits;
 use serde_json::Value;
@@ -20,21 +20,6 @@ fn mistral_and_ministral_f32_past_the_window() {
     for name in MODELS {
         check_reference(&fixture(name), name, &reference(name), "f32", "f32", F32_TOL, false);
     }
-}
-
-/// HF's own half-precision run against its f32 one: the largest top-5 |Δlogprob| over the steps
-/// where their tokens agree.
-fn hf_half_gap(r: &Value, key: &str) -> f32 {
-    let (half, full) = (r[key]["steps"].as_array().unwrap(), r["f32"]["steps"].as_array().unwrap());
-    let mut worst = 0f64;
-    for (a, b) in half.iter().zip(full).take_while(|(a, b)| a["token"] == b["token"]) {
-        for (x, y) in a["top5"].as_array().unwrap().iter().zip(b["top5"].as_array().unwrap()) {
-            if x[0] == y[0] {
-                worst = worst.max((x[1].as_f64().unwrap() - y[1].as_f64().unwrap()).abs());
-            }
-        }
-    }
-    worst as f32
 }
 
 /// Two half-precision runs (ours and HF's) each sit about HF's own f16/bf16-vs-f32 gap from the

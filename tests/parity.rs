@@ -56,6 +56,21 @@ pub(crate) fn check_reference(path: &Path, model_name: &str, r: &Value, dtype: &
     eprintln!("{model_name} {key} via {}: max |Δlogprob| = {worst:.2e} (bound {tol})", path.display());
 }
 
+/// HF's own half-precision run against its f32 one: the largest top-5 |Δlogprob| over the steps
+/// where their tokens agree.
+pub(crate) fn hf_half_gap(r: &Value, key: &str) -> f32 {
+    let (half, full) = (r[key]["steps"].as_array().unwrap(), r["f32"]["steps"].as_array().unwrap());
+    let mut worst = 0f64;
+    for (a, b) in half.iter().zip(full).take_while(|(a, b)| a["token"] == b["token"]) {
+        for (x, y) in a["top5"].as_array().unwrap().iter().zip(b["top5"].as_array().unwrap()) {
+            if x[0] == y[0] {
+                worst = worst.max((x[1].as_f64().unwrap() - y[1].as_f64().unwrap()).abs());
+            }
+        }
+    }
+    worst as f32
+}
+
 pub(crate) const F32_TOL: f32 = 1e-4;
 /// bf16 keeps 8 mantissa bits; HF and candle round intermediate results at different points
 /// (fused RMSNorm, RoPE, softmax accumulation), so per-step logprobs differ by up to a few

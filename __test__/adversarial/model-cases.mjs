@@ -70,6 +70,13 @@ export function hfConfigCases(add) {
     ['mistral window 1', ll, { model_type: 'mistral', sliding_window: 1 }, MA, true],
     ['mistral with layer types', ll, { model_type: 'mistral', sliding_window: 4, layer_types: ['sliding_attention', 'full_attention'] }, MA, false],
     ['ministral layer types of 100k', ll, { model_type: 'ministral', sliding_window: 4, layer_types: new Array(100_000).fill('sliding_attention') }, MA, false],
+    // SmolLM3's layers without RoPE (src/model/smollm3_config.rs).
+    ['smollm3 no_rope_layers of 100k', ll, { model_type: 'smollm3', no_rope_layers: new Array(100_000).fill(0) }, MA, false],
+    ['smollm3 no_rope_layers of 2', ll, { model_type: 'smollm3', no_rope_layers: [1, 2] }, MA, false],
+    ['smollm3 no_rope_layers NaN', ll, { model_type: 'smollm3', no_rope_layers: [1, raw('NaN')] }, MA, false],
+    ['smollm3 interval 0', ll, { model_type: 'smollm3', no_rope_layer_interval: 0 }, MA, false],
+    ['smollm3 interval 2^63', ll, { model_type: 'smollm3', no_rope_layer_interval: raw('9223372036854775808') }, MA, false],
+    ['smollm3 every layer without RoPE', ll, { model_type: 'smollm3', no_rope_layers: [0, 0] }, MA, true],
     ['ministral chunked layer type', ll, { model_type: 'ministral', sliding_window: 4, layer_types: ['chunked_attention', 'full_attention'] }, MA, false],
     ['llama with a window of 1e400', ll, { sliding_window: raw('1e400') }, MA, false],
     ['no_rope_layers of 100k zeros', ll, { no_rope_layers: new Array(100_000).fill(0) }, MA, false],

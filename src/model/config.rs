@@ -36,11 +36,13 @@ impl Arch {
         match name {
             // Mistral and Ministral are Llama's network with a sliding window (window_config.rs).
             "llama" | "mistral" | "ministral" => Ok(Arch::Llama),
+            // Llama's network with some layers without RoPE (smollm3_config.rs).
+            "smollm3" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "gemma3_text" | "gemma3" => Ok(Arch::Gemma3),
             other => Err(EngineError::UnsupportedArchitecture(format!(
-                "'{other}' (supported: llama, mistral, ministral, qwen2, qwen3, gemma3_text)"
+                "'{other}' (supported: llama, mistral, ministral, smollm3, qwen2, qwen3, gemma3_text)"
             ))),
         }
     }
@@ -79,6 +81,8 @@ pub struct ModelConfig {
     pub query_pre_attn_scalar: Option<f64>,
     /// `cap · tanh(logits / cap)` on the final logits.
     pub final_logit_softcap: Option<f64>,
+    /// Per layer, whether it runs without RoPE (empty: every layer rotates).
+    pub no_rope_layers: Vec<bool>,
 }
 
 /// Most layers a config may declare (the largest open models have ~130).
@@ -181,7 +185,10 @@ impl ModelConfig {
             .clone()
             .or_else(|| {
                 let a = hf.architectures.as_ref()?.first()?.to_lowercase();
-                ["qwen3", "qwen2", "llama", "mistral", "ministral"].into_iter().find(|p| a.starts_with(p)).map(String::from)
+                ["qwen3", "qwen2", "llama", "mistral", "ministral", "smollm3"]
+                    .into_iter()
+                    .find(|p| a.starts_with(p))
+                    .map(String::from)
             })
             .ok_or_else(|| EngineError::InvalidModel("config.json has no model_type".into()))?;
         let arch = Arch::from_name(&model_type)?;
@@ -229,6 +236,7 @@ impl ModelConfig {
             local_rope: None,
             query_pre_attn_scalar: None,
             final_logit_softcap: None,
+            no_rope_layers: Vec::new(),
         };
         let mut cfg = cfg;
         if arch == Arch::Gemma3 {
@@ -236,6 +244,9 @@ impl ModelConfig {
         }
         if matches!(model_type.as_str(), "mistral" | "ministral") {
             super::window_config::read_mistral(&raw, &model_type, &mut cfg)?;
+        }
+        if model_type == "smollm3" {
+            super::smollm3_config::read(&raw, &mut cfg)?;
         }
         cfg.validate()?;
         super::unimplemented::check_hf(&raw, arch, &model_type)?;
@@ -297,11 +308,15 @@ impl ModelConfig {
             local_rope: None,
             query_pre_attn_scalar: None,
             final_logit_softcap: None,
+            no_rope_layers: Vec::new(),
         };
         let mut cfg = cfg;
         cfg.rope_scaling = gguf_rope_scaling(md, &arch_name, cfg.max_position_embeddings)?;
         if arch == Arch::Gemma3 {
             super::gemma3_config::read_gguf(md, &arch_name, &mut cfg)?;
+        }
+        if arch_name == "smollm3" {
+            cfg.no_rope_layers = super::smollm3_config::gguf_no_rope_layers(cfg.num_layers);
         }
         cfg.validate()?;
         super::unimplemented::check_gguf(md, &arch_name, arch, cfg.head_dim)?;

@@ -74,8 +74,8 @@ struct Attention {
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
-    /// The rotary embedding it rotates by (an index into [`Decoder::ropes`]).
-    rope: usize,
+    /// The rotary embedding it rotates by (an index into [`Decoder::ropes`]); `None`: no RoPE.
+    rope: Option<usize>,
     /// Its scale and sliding window, as the plan has them.
     how: LayerAttention,
 }
@@ -125,7 +125,7 @@ impl DecoderLayer {
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: hd,
-            rope: a.rope.expect("a plan without RoPE is refused at load"),
+            rope: a.rope,
             how: LayerAttention {
                 // The kernels' own `1/√head_dim` (in f32) where the plan has the standard scale.
                 scale: (a.scale != 1.0 / (hd as f64).sqrt()).then_some(a.scale as f32),
@@ -597,12 +597,13 @@ impl Attention {
             None => k,
         };
 
-        // 3. Rotate by each row's position: the half-split kernel reads rows × heads as they
-        //    are; the interleaved one wants heads first (and rows first again after).
-        let (cos, sin) = &pass.rotations[self.rope];
-        let interleaved = plan.ropes[self.rope].interleaved;
+        // 3. Rotate by each row's position (where the layer has RoPE): the half-split kernel
+        //    reads rows × heads as they are; the interleaved one wants heads first (and rows
+        //    first again after).
         let rot = |t: &Tensor| -> Result<Tensor> {
-            if interleaved {
+            let Some(r) = self.rope else { return Ok(t.clone()) };
+            let (cos, sin) = &pass.rotations[r];
+            if plan.ropes[r].interleaved {
                 let t = candle_nn::rotary_emb::rope_i(&t.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, cos, sin)?;
                 Ok(t.squeeze(0)?.transpose(0, 1)?.contiguous()?)
             } else {

@@ -17,6 +17,7 @@ pub mod q8;
 pub mod quantize;
 pub mod repack;
 pub mod rope;
+mod smollm3_config;
 mod tiled;
 mod unimplemented;
 mod window_config;

@@ -174,9 +174,14 @@ impl LayerPlan {
             // per-head Q/K norms (read into the config), Llama from GGUF rotates interleaved.
             // Mistral and Ministral (read as Llama) slide where the config says.
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => {
-                for (layer, &sliding) in plan.layers.iter_mut().zip(&cfg.sliding_layers) {
+                for (i, layer) in plan.layers.iter_mut().enumerate() {
                     if let Mixer::Attention(a) = &mut layer.mixer {
+                        let sliding = cfg.sliding_layers.get(i).copied().unwrap_or(false);
                         a.window = if sliding { cfg.sliding_window } else { None };
+                        // SmolLM3's layers without RoPE.
+                        if cfg.no_rope_layers.get(i).copied().unwrap_or(false) {
+                            a.rope = None;
+                        }
                     }
                 }
             }
@@ -246,7 +251,7 @@ impl LayerPlan {
             }
             match &l.mixer {
                 Mixer::Attention(a) => {
-                    if a.rope.is_none() || a.logit_softcap.is_some() {
+                    if a.logit_softcap.is_some() {
                         return Some(format!("layer {i}: {}", l.mixer));
                     }
                     // One pool shape for all layers.

@@ -61,6 +61,7 @@ pub fn check_hf(raw: &Value, arch: Arch, model_type: &str) -> Result<()> {
         // Their window and layer types are read (window_config.rs).
         (_, "mistral") => &["sliding_window"],
         (_, "ministral") => &["sliding_window", "layer_types"],
+        (_, "smollm3") => &["no_rope_layers", "sliding_window", "use_sliding_window", "layer_types"],
         _ => &[],
     };
     let get = |k: &str| get(k).filter(|_| !implemented.contains(&k));

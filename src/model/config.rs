@@ -372,6 +372,21 @@ impl ModelConfig {
     }
 }
 
+/// A small `config.json` of `model_type` with `layers` layers, `extra`'s fields set on top: the
+/// family readers' tests start from it.
+#[cfg(test)]
+pub(crate) fn test_config(model_type: &str, layers: usize, extra: Value) -> Value {
+    let mut c = serde_json::json!({
+        "model_type": model_type, "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": layers, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 64
+    });
+    for (k, v) in extra.as_object().expect("extra fields are an object") {
+        c[k] = v.clone();
+    }
+    c
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -142,15 +142,7 @@ mod tests {
     use serde_json::json;
 
     fn config(model_type: &str, extra: Value) -> String {
-        let mut c = json!({
-            "model_type": model_type, "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-            "rms_norm_eps": 1e-6, "max_position_embeddings": 64
-        });
-        for (k, v) in extra.as_object().unwrap() {
-            c[k] = v.clone();
-        }
-        c.to_string()
+        crate::model::config::test_config(model_type, 2, extra).to_string()
     }
 
     fn refused(model_type: &str, extra: Value) -> String {

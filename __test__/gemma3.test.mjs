@@ -7,6 +7,7 @@ import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import { collect, fixture, GREEDY, reference } from './helpers.mjs'
+import { itRunsSessionsPastTheWindow } from './window-sessions.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
@@ -61,29 +62,5 @@ describe('Gemma 3: gemma3-tiny', () => {
     })
   }
 
-  it('a session continues past the window from its cache, as a fresh session recomputing it all', async () => {
-    const s = rt.createSession()
-    const a = await s.complete({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: 6 })
-    const b = await s.complete({ tokens: [50, 60] }, { ...GREEDY, maxTokens: 6 })
-    // Everything but the last answer token, which was sampled and never evaluated.
-    assert.equal(b.usage.cachedTokens, ref.prompt_ids.length + 6 - 1)
-    const fresh = await rt.createSession().complete({ tokens: [...ref.prompt_ids, ...a.tokens, 50, 60] }, { ...GREEDY, maxTokens: 6 })
-    assert.deepEqual(b.tokens, fresh.tokens)
-  })
-
-  it('sessions sharing a long prefix reuse its blocks and answer as alone', async () => {
-    const prefix = ref.prompt_ids.concat(ref.f32.steps.map((s) => s.token))
-    const alone = await rt.createSession().complete({ tokens: [...prefix, 7] }, { ...GREEDY, maxTokens: 5 })
-    const shared = await rt.createSession().complete({ tokens: [...prefix, 7] }, { ...GREEDY, maxTokens: 5 })
-    assert.ok(shared.usage.cachedTokens >= 32, `cached ${shared.usage.cachedTokens}`)
-    assert.deepEqual(shared.tokens, alone.tokens)
-  })
-
-  it('8 concurrent sessions of different lengths decode in one batch exactly as each alone', async () => {
-    const prompts = Array.from({ length: 8 }, (_, i) => ref.prompt_ids.slice(0, 3 + 3 * i))
-    const solo = []
-    for (const p of prompts) solo.push((await rt.createSession().complete({ tokens: p }, { ...GREEDY, maxTokens: 12 })).tokens)
-    const together = await Promise.all(prompts.map((p) => rt.createSession().complete({ tokens: p }, { ...GREEDY, maxTokens: 12 })))
-    assert.deepEqual(together.map((r) => r.tokens), solo)
-  })
+  itRunsSessionsPastTheWindow(() => rt, ref)
 })

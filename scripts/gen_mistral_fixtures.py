@@ -96,6 +96,37 @@ def ablations(model, prompt_ids, window):
     return out
 
 
+def reference_runs(model, tok, name, seed, prompt_ids, f32):
+    """reference.json's f32 (checked against a full recompute), bf16 and f16 runs."""
+    worst = check_recompute(model, prompt_ids, f32["steps"])
+    assert worst < 1e-4, worst
+    f32["generated_text"] = tok.decode([s["token"] for s in f32["steps"]], skip_special_tokens=False)
+    ref = {"model": name, "seed": seed, "prompt_text": PROMPT_TEXT, "prompt_ids": prompt_ids, "n_new": N_NEW,
+           "f32": f32}
+    for key, dt in (("bf16", torch.bfloat16), ("f16", torch.float16)):
+        r, mm = greedy_reference(copy.deepcopy(model).to(dt).eval(), prompt_ids)
+        r["generated_text"] = tok.decode([s["token"] for s in r["steps"]], skip_special_tokens=False)
+        ref[key] = r
+        agree = sum(a["token"] == b["token"] for a, b in zip(r["steps"], f32["steps"]))
+        print(f"  {key}: agrees with f32 on {agree}/{N_NEW} steps, min margin={min(mm):.4f}")
+    return ref
+
+
+def save_model_dir(d: Path, model, tok, tokenizer_config: dict, ids: dict, ref: dict):
+    """The HF directory: weights, the shared tokenizer, generation config and reference.json."""
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    model.save_pretrained(d, safe_serialization=True)
+    (d / "tokenizer.json").write_text(tok.to_str(pretty=True), encoding="utf-8")
+    dump_json(d / "tokenizer_config.json", tokenizer_config)
+    dump_json(d / "generation_config.json",
+              {"bos_token_id": None, "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+               "pad_token_id": ids["<|endoftext|>"], "transformers_version": transformers.__version__},
+              sort_keys=True)
+    dump_json(d / "reference.json", ref, compact_lists=True)
+
+
 def main():
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -135,31 +166,10 @@ def main():
             d = [i for i, (a, b) in enumerate(zip(v["tokens"], toks)) if a != b]
             print(f"  ablation {k}: {len(d)}/{N_NEW} tokens differ (first at {d[0]})")
 
-        worst = check_recompute(model, prompt_ids, f32["steps"])
-        assert worst < 1e-4, worst
-        f32["generated_text"] = tok.decode(toks, skip_special_tokens=False)
-        ref = {"model": name, "seed": seed, "prompt_text": PROMPT_TEXT, "prompt_ids": prompt_ids, "n_new": N_NEW,
-               "f32": f32}
-        for key, dt in (("bf16", torch.bfloat16), ("f16", torch.float16)):
-            r, mm = greedy_reference(copy.deepcopy(model).to(dt).eval(), prompt_ids)
-            r["generated_text"] = tok.decode([s["token"] for s in r["steps"]], skip_special_tokens=False)
-            ref[key] = r
-            agree = sum(a["token"] == b["token"] for a, b in zip(r["steps"], f32["steps"]))
-            print(f"  {key}: agrees with f32 on {agree}/{N_NEW} steps, min margin={min(mm):.4f}")
+        ref = reference_runs(model, tok, name, seed, prompt_ids, f32)
         ref["ablations"] = {"prompt": "prompt_ids", "n_new": N_NEW, "f32": abl}
-
         d = OUT / name
-        if d.exists():
-            shutil.rmtree(d)
-        d.mkdir(parents=True)
-        model.save_pretrained(d, safe_serialization=True)
-        (d / "tokenizer.json").write_text(tok.to_str(pretty=True), encoding="utf-8")
-        dump_json(d / "tokenizer_config.json", tokenizer_config)
-        dump_json(d / "generation_config.json",
-                  {"bos_token_id": None, "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-                   "pad_token_id": ids["<|endoftext|>"], "transformers_version": transformers.__version__},
-                  sort_keys=True)
-        dump_json(d / "reference.json", ref, compact_lists=True)
+        save_model_dir(d, model, tok, tokenizer_config, ids, ref)
 
         cfg = json.loads((d / "config.json").read_text())
         assert cfg["model_type"] == name.split("-")[0] and cfg["sliding_window"] == spec["window"], cfg

@@ -24,25 +24,22 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
 from gguf import GGMLQuantizationType
 from transformers import AutoModelForCausalLM, SmolLM3Config, SmolLM3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_fixtures import (ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, check_recompute,  # noqa: E402
-                          dump_json, gguf_hparams, gguf_payload, gguf_tensors, greedy_reference,
-                          new_gguf_writer, sequence_ok)
+from gen_fixtures import (ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, gguf_hparams,  # noqa: E402
+                          gguf_payload, gguf_tensors, greedy_reference, new_gguf_writer, sequence_ok)
+from gen_mistral_fixtures import PROMPT_TEXT, reference_runs, save_model_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "__test__" / "fixtures"
 NAME = "smollm3-tiny"
-PROMPT_TEXT = "Once upon a time a little robot read 日本 signs."
 N_NEW = 16
 SEED = 8000
 MAX_SEED_TRIES = 300
@@ -106,32 +103,11 @@ def main():
     d = [i for i, (a, b) in enumerate(zip(abl["tokens"], toks)) if a != b]
     print(f"{NAME}: seed={seed} (attempt {attempt}) tokens={toks} min margin={min(m32):.4f}; "
           f"RoPE on every layer changes {len(d)}/{N_NEW} tokens (first at {d[0]})")
-    worst = check_recompute(model, prompt_ids, f32["steps"])
-    assert worst < 1e-4, worst
-    f32["generated_text"] = tok.decode(toks, skip_special_tokens=False)
-    ref = {"model": NAME, "seed": seed, "prompt_text": PROMPT_TEXT, "prompt_ids": prompt_ids, "n_new": N_NEW,
-           "f32": f32}
-    for key, dt in (("bf16", torch.bfloat16), ("f16", torch.float16)):
-        r, mm = greedy_reference(copy.deepcopy(model).to(dt).eval(), prompt_ids)
-        r["generated_text"] = tok.decode([s["token"] for s in r["steps"]], skip_special_tokens=False)
-        ref[key] = r
-        agree = sum(a["token"] == b["token"] for a, b in zip(r["steps"], f32["steps"]))
-        print(f"  {key}: agrees with f32 on {agree}/{N_NEW} steps, min margin={min(mm):.4f}")
+    ref = reference_runs(model, tok, NAME, seed, prompt_ids, f32)
     ref["ablations"] = {"prompt": "prompt_ids", "n_new": N_NEW, "f32": {"rope_everywhere": abl}}
-
     out = OUT / NAME
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    model.save_pretrained(out, safe_serialization=True)
+    save_model_dir(out, model, tok, tokenizer_config, ids, ref)
     tok_json_str = tok.to_str(pretty=True)
-    (out / "tokenizer.json").write_text(tok_json_str, encoding="utf-8")
-    dump_json(out / "tokenizer_config.json", tokenizer_config)
-    dump_json(out / "generation_config.json",
-              {"bos_token_id": None, "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-               "pad_token_id": ids["<|endoftext|>"], "transformers_version": transformers.__version__},
-              sort_keys=True)
-    dump_json(out / "reference.json", ref, compact_lists=True)
 
     # GGUF: llama's tensors (q/k permuted) under the smollm3 architecture.
     w = new_gguf_writer(out / "model-f32.gguf", "smollm3", GGMLQuantizationType.F32, NAME, **gguf_hparams(model.config),

@@ -18,6 +18,27 @@ export function itRunsSessionsPastTheWindow(getRt, ref) {
     assert.deepEqual(b.tokens, fresh.tokens)
   })
 
+  it('layers past their window give its blocks back to the pool, and stats() shows it', async () => {
+    const rt = getRt()
+    const before = rt.stats()
+    const s = rt.createSession()
+    const r = await s.complete({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: 24 })
+    assert.deepEqual(r.tokens.slice(0, 6), ref.f32.steps.slice(0, 6).map((x) => x.token))
+    const after = rt.stats()
+    // The positions the idle session keeps for its next turn (the last answer token was never
+    // evaluated), with every layer keeping them all, against what its blocks take.
+    const positions = ref.prompt_ids.length + r.tokens.length - 1
+    const allGlobal = Math.ceil(positions / after.kvBlockSize) * after.kvBlockSize * after.kvBytesPerToken
+    const held = after.kvBytes - before.kvBytes
+    assert.ok(after.kvBlocksBehindWindow > before.kvBlocksBehindWindow, JSON.stringify(after))
+    assert.ok(held > 0 && held < allGlobal, `held ${held} of ${allGlobal}`)
+    // The next turn continues from what the window kept, as a fresh session recomputing it all.
+    const next = await s.complete({ tokens: [9, 8, 7] }, { ...GREEDY, maxTokens: 4 })
+    assert.equal(next.usage.cachedTokens, positions)
+    const fresh = await rt.createSession().complete({ tokens: [...ref.prompt_ids, ...r.tokens, 9, 8, 7] }, { ...GREEDY, maxTokens: 4 })
+    assert.deepEqual(next.tokens, fresh.tokens)
+  })
+
   it('sessions sharing a prefix past the window reuse its blocks and answer as alone', async () => {
     const rt = getRt()
     const prefix = ref.prompt_ids.concat(ref.f32.steps.map((s) => s.token))

@@ -59,6 +59,7 @@ export class Metrics {
     stat('expert_runtime_kv_blocks_cached', 'Free KV blocks kept for prefix reuse', (s) => s.kvBlocksCached)
     stat('expert_runtime_kv_blocks_touched', 'KV blocks whose memory is resident (on CPU: committed)', (s) => s.kvBlocksTouched)
     stat('expert_runtime_kv_blocks_released', 'KV blocks whose memory went back to the OS after idle periods (since load)', (s) => s.kvBlocksReleased)
+    stat('expert_runtime_kv_blocks_behind_window', 'KV blocks sliding-window layers gave back as their sequences moved past them (since load)', (s) => s.kvBlocksBehindWindow)
     stat('expert_runtime_kv_bytes_per_token', 'KV cache bytes per token of context', (s) => s.kvBytesPerToken)
     stat('expert_runtime_prefix_cache_hit_tokens', 'Prompt tokens served from shared prefix blocks (since load)', (s) => s.prefixCacheHitTokens)
     stat('expert_runtime_evicted_blocks', 'KV blocks taken from idle sessions (since load)', (s) => s.evictedBlocks)

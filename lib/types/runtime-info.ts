@@ -61,7 +61,7 @@ export interface RuntimeStats {
   kvBlockSize: number
   /** Bytes of the used blocks. */
   kvBytes: number
-  /** Bytes of K and V for one position over all layers. */
+  /** Bytes of K and V for one position over all layers that keep positions (as if every one kept them all). */
   kvBytesPerToken: number
   /** Open sessions. */
   sessions: number
@@ -75,6 +75,12 @@ export interface RuntimeStats {
   evictedBlocks: number
   /** Blocks whose memory the pool gave back to the OS after idle periods, in all (`kvCache.idleReleaseMs`). */
   kvBlocksReleased: number
+  /**
+   * Blocks that sliding-window layers gave back to the pool as their sequences moved past them,
+   * since load (0 for a model without sliding-window layers). Those layers keep only the blocks
+   * their window still sees, so `kvBytes` grows with the global layers alone past the window.
+   */
+  kvBlocksBehindWindow: number
   /** Bytes of the used blocks that live in GPU memory (0 on CPU). */
   kvDeviceBytes: number
   /** The GPU's free memory in bytes as of the engine's last step or command (read from the driver at most every 100 ms); `null` on CPU. */

@@ -212,9 +212,15 @@ impl Engine {
         };
         let (tokenizer, model) = (Arc::new(tokenizer), Arc::new(model));
         let stats = Arc::new(EngineStats::default());
-        let bytes_per_token = model.kv_layout().bytes_per_token(model.cfg.num_kv_heads, model.cfg.head_dim, kv_dtype);
+        // The pool holds `maxTokens` positions of every layer that keeps positions: a block
+        // per table group per `blockSize` positions (a group's unused slots included).
+        let layout = model.kv_layout();
+        let (tables, slots) = (layout.tables.len().max(1), layout.slots_per_block());
+        let bytes_per_token =
+            crate::kv::store::bytes_per_token(tables * slots, model.cfg.num_kv_heads, model.cfg.head_dim, kv_dtype);
         let memory = load::kv_memory(&model.device);
         let (num_blocks, block_size) = crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, memory)?;
+        let num_blocks = num_blocks.saturating_mul(tables).min(u32::MAX as usize - 1);
         let mut cfg = SchedulerConfig {
             context_length,
             num_blocks,

@@ -170,8 +170,13 @@ impl Scheduler {
         let store = model.new_store(cfg.num_blocks, cfg.block_size, cfg.kv_dtype)?;
         stats.kv_blocks_total.store(cfg.num_blocks as u64, Ordering::Relaxed);
         stats.kv_block_size.store(cfg.block_size as u64, Ordering::Relaxed);
-        stats.kv_bytes_per_token.store(store.bytes_per_token() as u64, Ordering::Relaxed);
-        let kv = KvManager::try_new(store, cfg.prefix_cache)?;
+        let per_token = store.cache_layout().bytes_per_token(store.kv_heads, store.head_dim, store.format);
+        stats.kv_bytes_per_token.store(per_token as u64, Ordering::Relaxed);
+        stats.kv_block_bytes.store(store.bytes_per_block() as u64, Ordering::Relaxed);
+        let mut kv = KvManager::try_new(store, cfg.prefix_cache)?;
+        // A pass writes at most a step's tokens of a sequence, a block, or a decode row with
+        // every draft.
+        kv.set_pass_limit(cfg.step_tokens.max(cfg.block_size).max(crate::engine::speculative::MAX_DRAFT + 1));
         stats.kv_on_device.store(!model.device.is_cpu(), Ordering::Relaxed);
         stats.publish_device_memory(&model.device);
         Ok(Self {
@@ -238,6 +243,7 @@ impl Scheduler {
         let s = &self.stats;
         s.kv_blocks_used.store(self.kv.used_blocks() as u64, Ordering::Relaxed);
         s.kv_blocks_cached.store(self.kv.cached_blocks() as u64, Ordering::Relaxed);
+        s.kv_blocks_behind_window.store(self.kv.blocks_behind_window(), Ordering::Relaxed);
         s.kv_blocks_touched.store(self.kv.touched_blocks() as u64, Ordering::Relaxed);
         s.sessions.store(self.sessions.len() as u64, Ordering::Relaxed);
         s.running_requests.store(self.running.len() as u64, Ordering::Relaxed);

@@ -12,7 +12,10 @@ pub struct EngineStats {
     pub kv_blocks_cached: AtomicU64,
     pub kv_blocks_touched: AtomicU64,
     pub kv_block_size: AtomicU64,
+    /// What one position takes over every layer that keeps positions (as if all were global).
     pub kv_bytes_per_token: AtomicU64,
+    /// What one block takes (its table group's layers).
+    pub kv_block_bytes: AtomicU64,
     pub sessions: AtomicU64,
     pub running_requests: AtomicU64,
     pub queued_requests: AtomicU64,
@@ -20,6 +23,8 @@ pub struct EngineStats {
     pub evicted_blocks: AtomicU64,
     /// Blocks whose memory was given back to the OS after idle periods (in all).
     pub kv_blocks_released: AtomicU64,
+    /// Blocks sliding-window layers gave back as their sequences moved past them (in all).
+    pub kv_blocks_behind_window: AtomicU64,
     /// The pool lives in GPU memory.
     pub kv_on_device: AtomicBool,
     pub device_memory_free: AtomicU64,
@@ -44,6 +49,8 @@ pub struct StatsSnapshot {
     pub evicted_blocks: u64,
     /// Blocks whose memory the pool gave back to the OS after idle periods, in all.
     pub kv_blocks_released: u64,
+    /// Blocks sliding-window layers gave back as their sequences moved past them, in all.
+    pub kv_blocks_behind_window: u64,
     /// KV bytes in use that live in GPU memory (0 on CPU).
     pub kv_device_bytes: u64,
     /// The GPU's free and total memory (`None` on CPU) as of the last step or command, read
@@ -56,6 +63,7 @@ impl EngineStats {
     pub fn snapshot(&self) -> StatsSnapshot {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (used, bs, bpt) = (r(&self.kv_blocks_used), r(&self.kv_block_size), r(&self.kv_bytes_per_token));
+        let block_bytes = r(&self.kv_block_bytes);
         let (running, queued) = (r(&self.running_requests), r(&self.queued_requests));
         let on_device = self.kv_on_device.load(Ordering::Relaxed);
         StatsSnapshot {
@@ -64,7 +72,7 @@ impl EngineStats {
             kv_blocks_cached: r(&self.kv_blocks_cached),
             kv_blocks_touched: r(&self.kv_blocks_touched),
             kv_block_size: bs,
-            kv_bytes: used * bs * bpt,
+            kv_bytes: used * block_bytes,
             kv_bytes_per_token: bpt,
             sessions: r(&self.sessions),
             active_requests: running + queued,
@@ -72,7 +80,8 @@ impl EngineStats {
             prefix_cache_hit_tokens: r(&self.prefix_cache_hit_tokens),
             evicted_blocks: r(&self.evicted_blocks),
             kv_blocks_released: r(&self.kv_blocks_released),
-            kv_device_bytes: if on_device { used * bs * bpt } else { 0 },
+            kv_blocks_behind_window: r(&self.kv_blocks_behind_window),
+            kv_device_bytes: if on_device { used * block_bytes } else { 0 },
             device_memory_free: on_device.then(|| r(&self.device_memory_free)),
             device_memory_total: on_device.then(|| r(&self.device_memory_total)),
         }

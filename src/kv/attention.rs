@@ -79,6 +79,12 @@ pub struct AttentionPlan<'a> {
 impl<'a> AttentionPlan<'a> {
     /// Checks once that every block table covers the positions its rows attend.
     pub fn new(spans: &'a [SeqSpan<'a>], store: &KvStore) -> Self {
+        Self::with_window(spans, store, None)
+    }
+
+    /// [`Self::new`] for layers with a sliding window of `window` positions: a table needs
+    /// to list only the blocks the rows' windows see.
+    pub fn with_window(spans: &'a [SeqSpan<'a>], store: &KvStore, window: Option<usize>) -> Self {
         let rows = spans.iter().map(|s| s.row + s.len).max().unwrap_or(0);
         let mut row_span = vec![(0usize, 0usize); rows];
         let mut attended = 0usize;
@@ -89,8 +95,10 @@ impl<'a> AttentionPlan<'a> {
             }
             let last = s.pos + s.len;
             let bs = store.block_size;
+            let first = window.map_or(0, |w| (s.pos + 1).saturating_sub(w)) / bs;
             assert!(
-                last <= s.blocks.len() * bs && s.blocks[..last.div_ceil(bs)].iter().all(|&b| (b as usize) < store.num_blocks),
+                last <= s.blocks.len() * bs
+                    && s.blocks[first..last.div_ceil(bs)].iter().all(|&b| (b as usize) < store.num_blocks),
                 "block table shorter than the positions attended"
             );
         }

@@ -14,7 +14,8 @@ const BLOCK: usize = 16;
 
 pub struct KvCache {
     pub(crate) store: KvStore,
-    pub(crate) blocks: Vec<BlockId>,
+    /// The one table group's table (the store's layers are all alike).
+    pub(crate) blocks: Vec<Vec<BlockId>>,
     len: usize,
     max_len: usize,
 }
@@ -30,7 +31,7 @@ impl KvCache {
     ) -> Result<Self> {
         let n = blocks_for(max_len.max(1), BLOCK);
         let store = KvStore::new(num_layers, n, BLOCK, kv_heads, head_dim, dtype, device)?;
-        Ok(Self { store, blocks: (0..n as BlockId).collect(), len: 0, max_len })
+        Ok(Self { store, blocks: vec![(0..n as BlockId).collect()], len: 0, max_len })
     }
 
     pub fn len(&self) -> usize {

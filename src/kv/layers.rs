@@ -5,11 +5,17 @@
 //! positions at all. As in vLLM v1's hybrid KV-cache manager, layers of one kind form a group,
 //! and each group is managed by the rules of its kind (a block table per sequence for
 //! positions, a state slot per sequence for recurrent layers) while the memory they take is
-//! sized together. [`KvManager`](super::KvManager) manages position layers (full and
-//! sliding-window) through one block table per sequence; a sliding-window layer keeps every
-//! position for now, like a full layer (its attention reads only the window, so giving the
-//! blocks behind it back to the pool needs a block table of its own). A recurrent state is
-//! refused by name ([`KvLayout::unsupported`]) until its manager exists.
+//! sized together.
+//!
+//! Position layers are split into **table groups** of equal size `G` (the smallest kind's
+//! layer count; a kind whose count `G` does not divide gets a last group with unused
+//! slots). Every block of the shared pool holds `G` layers' keys and values, in `G` tensors,
+//! and belongs to one group's table at a time: group `t`'s `j`-th layer reads and writes
+//! tensor `j`. A sequence has one block table per group over the one pool, so a
+//! sliding-window group gives the blocks behind its window back while the full-attention
+//! group keeps them, and memory is never split between kinds in advance. A model whose layers
+//! are all alike has one group of all its layers: one table, a tensor per layer. A recurrent
+//! state is refused by name ([`KvLayout::unsupported`]) until its manager exists.
 
 use super::store::{bytes_per_token, KvFormat};
 
@@ -37,6 +43,19 @@ pub struct KvGroup {
 pub struct KvLayout {
     pub groups: Vec<KvGroup>,
     pub num_layers: usize,
+    /// Position layers in groups of at most [`Self::slots_per_block`], one block table each.
+    pub tables: Vec<TableGroup>,
+    /// Per layer: `(table group, slot)`; `None` for a layer that keeps no positions.
+    layer_slots: Vec<Option<(usize, usize)>>,
+}
+
+/// Position layers of one kind that share a block table; layer `layers[j]` uses slot `j` of
+/// every block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableGroup {
+    /// `None`: every position (full attention); `Some(w)`: the last `w` positions.
+    pub window: Option<usize>,
+    pub layers: Vec<usize>,
 }
 
 impl KvLayout {
@@ -49,7 +68,34 @@ impl KvLayout {
                 None => groups.push(KvGroup { kind, layers: vec![layer] }),
             }
         }
-        KvLayout { groups, num_layers: kinds.len() }
+        let per_table =
+            groups.iter().filter(|g| !matches!(g.kind, LayerCache::State { .. })).map(|g| g.layers.len()).min().unwrap_or(0);
+        let mut tables = Vec::new();
+        let mut layer_slots = vec![None; kinds.len()];
+        for g in &groups {
+            let window = match g.kind {
+                LayerCache::Full => None,
+                LayerCache::Window { window } => Some(window),
+                LayerCache::State { .. } => continue,
+            };
+            for chunk in g.layers.chunks(per_table) {
+                for (slot, &layer) in chunk.iter().enumerate() {
+                    layer_slots[layer] = Some((tables.len(), slot));
+                }
+                tables.push(TableGroup { window, layers: chunk.to_vec() });
+            }
+        }
+        KvLayout { groups, num_layers: kinds.len(), tables, layer_slots }
+    }
+
+    /// Layers each block holds (the tensors of the pool).
+    pub fn slots_per_block(&self) -> usize {
+        self.tables.iter().map(|t| t.layers.len()).max().unwrap_or(0)
+    }
+
+    /// `(table group, slot)` of a layer that keeps positions.
+    pub fn slot_of_layer(&self, layer: usize) -> Option<(usize, usize)> {
+        self.layer_slots.get(layer).copied().flatten()
     }
 
     /// `n` full-attention layers.
@@ -62,8 +108,8 @@ impl KvLayout {
         self.groups.iter().filter(|g| !matches!(g.kind, LayerCache::State { .. })).map(|g| g.layers.len()).sum()
     }
 
-    /// Bytes one position takes over all the layers that keep positions: what the pool is
-    /// sized by.
+    /// Bytes one position takes over all the layers that keep positions, as if every layer
+    /// were global: what the pool is sized by (a sequence holds at most that).
     pub fn bytes_per_token(&self, kv_heads: usize, head_dim: usize, format: impl Into<KvFormat>) -> usize {
         bytes_per_token(self.position_layers(), kv_heads, head_dim, format)
     }
@@ -82,7 +128,6 @@ impl KvLayout {
     /// The first group that the pool cannot manage yet, named; `None` when it manages them all.
     pub fn unsupported(&self) -> Option<String> {
         self.groups.iter().find_map(|g| match g.kind {
-            // A window layer keeps every position, as a full one (see the module's note).
             LayerCache::Full | LayerCache::Window { .. } => None,
             LayerCache::State { bytes } => {
                 Some(format!("a recurrent state in the KV cache ({bytes} bytes a sequence, layers {:?})", g.layers))
@@ -112,9 +157,47 @@ mod tests {
     }
 
     #[test]
+    fn position_layers_form_equal_table_groups_sharing_the_block_tensors() {
+        // Gemma 3's pattern: five window layers, then a global one.
+        let w = LayerCache::Window { window: 512 };
+        let mut kinds = Vec::new();
+        for _ in 0..3 {
+            kinds.extend([w; 5]);
+            kinds.push(LayerCache::Full);
+        }
+        let l = KvLayout::from_kinds(&kinds);
+        assert_eq!(l.slots_per_block(), 3);
+        let tables: Vec<_> = l.tables.iter().map(|t| (t.window, t.layers.clone())).collect();
+        assert_eq!(
+            tables,
+            vec![
+                (Some(512), vec![0, 1, 2]),
+                (Some(512), vec![3, 4, 6]),
+                (Some(512), vec![7, 8, 9]),
+                (Some(512), vec![10, 12, 13]),
+                (Some(512), vec![14, 15, 16]),
+                (None, vec![5, 11, 17]),
+            ]
+        );
+        assert_eq!((l.slot_of_layer(6), l.slot_of_layer(11), l.slot_of_layer(18)), (Some((1, 2)), Some((5, 1)), None));
+        // A count the smallest kind does not divide leaves unused slots in the last group.
+        let odd = KvLayout::from_kinds(&[w, w, w, LayerCache::Full, LayerCache::Full]);
+        let sizes: Vec<_> = odd.tables.iter().map(|t| t.layers.len()).collect();
+        assert_eq!((odd.slots_per_block(), sizes), (2, vec![2, 1, 2]));
+        // One kind: one group of every layer, a tensor per layer (the layout before groups).
+        let full = KvLayout::all_full(4);
+        assert_eq!((full.tables.len(), full.slots_per_block(), full.slot_of_layer(3)), (1, 4, Some((0, 3))));
+        // Recurrent layers take no slot.
+        let s = LayerCache::State { bytes: 8 };
+        let hybrid = KvLayout::from_kinds(&[s, s, LayerCache::Full]);
+        assert_eq!((hybrid.tables.len(), hybrid.slot_of_layer(0), hybrid.slot_of_layer(2)), (1, None, Some((0, 0))));
+    }
+
+    #[test]
     fn an_all_full_layout_is_one_group_sized_as_before() {
         let l = KvLayout::all_full(3);
         assert_eq!(l.groups, vec![KvGroup { kind: LayerCache::Full, layers: vec![0, 1, 2] }]);
+        assert_eq!(l.tables, vec![TableGroup { window: None, layers: vec![0, 1, 2] }]);
         assert_eq!(l.bytes_per_token(4, 16, DType::BF16), bytes_per_token(3, 4, 16, DType::BF16));
         assert_eq!((l.state_bytes_per_sequence(), l.unsupported()), (0, None));
         let s = KvLayout::from_kinds(&[LayerCache::State { bytes: usize::MAX }, LayerCache::State { bytes: usize::MAX }]);

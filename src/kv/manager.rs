@@ -21,28 +21,45 @@
 //! keys are token ids, with prompt-tuning virtual positions given ids from the top of the
 //! `u32` range ([`virtual_key`]), so blocks computed under different adapters or virtual
 //! prompts never mix.
+//!
+//! Table groups (see [`super::layers`]): each group of layers has its own table per sequence
+//! and its own chain of keys (starting at [`root`]`(group)`). A prefix hit is the longest
+//! prefix every group holds; a sliding-window group needs only the blocks its window sees at
+//! the hit's end, and copies them (its blocks are never shared, see [`super::block_table`]).
+//! After each pass, [`KvManager::roll`] gives back the blocks that fell behind a window.
 
 use super::block_pool::BlockPool;
-use super::block_table::{blocks_for, BlockTable};
-use super::prefix::{BlockKey, ROOT};
+use super::block_table::{blocks_for, BlockTable, GroupRule, NO_BLOCK};
+use super::prefix::{root, BlockKey};
 use super::store::KvStore;
 use super::BlockId;
 use crate::error::Result;
+
+/// Positions one pass writes for a sequence at most, unless the scheduler says otherwise
+/// ([`KvManager::set_pass_limit`]).
+const DEFAULT_PASS_POSITIONS: usize = 256;
 
 /// The position key standing for virtual (prompt-tuning) position `i`.
 pub fn virtual_key(i: usize) -> u32 {
     u32::MAX - i as u32
 }
 
-/// What the prefix index holds of a prompt: whole blocks, then a partial block.
+/// What the prefix index holds of a prompt, per table group.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct PrefixHit {
+    /// Per table group (none when nothing matched).
+    pub groups: Vec<GroupHit>,
+    /// Positions covered in every group.
+    pub tokens: usize,
+}
+
+/// What one table group's chain holds of a prompt: whole blocks, then a partial block.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct GroupHit {
     /// Full blocks matching the prompt's first `blocks.len() · block_size` positions.
     pub blocks: Vec<BlockId>,
     /// A registered block sharing its first `n` positions with the prompt after `blocks`.
     pub partial: Option<(BlockId, usize)>,
-    /// Positions covered: whole blocks plus the partial match.
-    pub tokens: usize,
 }
 
 /// A [`PrefixHit`] whose blocks are pinned (eviction cannot recycle them). Consume it with
@@ -52,9 +69,10 @@ pub struct PrefixHit {
 pub struct PinnedHit(PrefixHit);
 
 impl PrefixHit {
-    /// Every block the hit references: the full ones, then the partial match's source.
+    /// Every block the hit references: per group, the full ones, then the partial match's
+    /// source.
     fn referenced_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.blocks.iter().copied().chain(self.partial.map(|(b, _)| b))
+        self.groups.iter().flat_map(|g| g.blocks.iter().copied().chain(g.partial.map(|(b, _)| b)))
     }
 }
 
@@ -69,6 +87,21 @@ pub struct KvManager {
     store: KvStore,
     /// Look up and register shared prefix blocks.
     prefix_cache: bool,
+    /// How each table group keeps blocks.
+    rules: Vec<GroupRule>,
+    /// Blocks window groups gave back, in all.
+    behind_window: u64,
+}
+
+/// Each table group's rule, for passes of at most `pass` positions.
+fn rules(store: &KvStore, pass: usize) -> Vec<GroupRule> {
+    let pass = pass.max(1);
+    store
+        .cache_layout()
+        .tables
+        .iter()
+        .map(|t| t.window.map_or(GroupRule::FULL, |w| GroupRule::window(w, pass, store.block_size)))
+        .collect()
 }
 
 impl KvManager {
@@ -81,23 +114,36 @@ impl KvManager {
     /// [`Self::new`], or `OUT_OF_MEMORY` where the per-block bookkeeping cannot be reserved.
     pub fn try_new(store: KvStore, prefix_cache: bool) -> crate::error::Result<Self> {
         let pool = BlockPool::try_new(store.num_blocks, store.block_size)?;
-        Ok(Self { pool, store, prefix_cache })
+        let rules = rules(&store, DEFAULT_PASS_POSITIONS);
+        Ok(Self { pool, store, prefix_cache, rules, behind_window: 0 })
+    }
+
+    /// Passes write at most `positions` positions of a sequence (a window group keeps room
+    /// for that many past its window). Set before any table is filled.
+    pub fn set_pass_limit(&mut self, positions: usize) {
+        self.rules = rules(&self.store, positions);
     }
 
     /// A manager whose prefix index uses `hasher` (tests force collisions with it).
     #[cfg(test)]
     pub fn with_hasher(store: KvStore, hasher: super::prefix::KeyHasher) -> Self {
         let pool = BlockPool::with_hasher(store.num_blocks, store.block_size, hasher);
-        Self { pool, store, prefix_cache: true }
+        let rules = rules(&store, DEFAULT_PASS_POSITIONS);
+        Self { pool, store, prefix_cache: true, rules, behind_window: 0 }
+    }
+
+    /// See [`BlockPool::assume_cache_pays`].
+    #[cfg(test)]
+    pub fn assume_cache_pays(&mut self) {
+        self.pool.assume_cache_pays();
     }
 
     pub fn store(&self) -> &KvStore {
         &self.store
     }
 
-    /// The model's layers grouped by what they keep. This manager is the full-attention
-    /// group's (one block table per sequence over the shared pool); the store refuses a layout
-    /// with other groups until their managers exist.
+    /// The model's layers grouped by what they keep (the store refuses recurrent layers until
+    /// their manager exists).
     pub fn layout(&self) -> &super::KvLayout {
         self.store.cache_layout()
     }
@@ -110,9 +156,10 @@ impl KvManager {
         self.pool.total()
     }
 
-    /// Positions the whole pool holds.
+    /// Positions the whole pool holds for sequences whose every layer keeps them all (a
+    /// block per table group per `block_size` positions): what one sequence can count on.
     pub fn total_positions(&self) -> usize {
-        self.pool.total() * self.pool.block_size()
+        self.pool.total() / self.rules.len().max(1) * self.pool.block_size()
     }
 
     /// Blocks held by at least one table.
@@ -152,25 +199,33 @@ impl KvManager {
     /// The longest cached prefix of `keys` under `experts`, at most `keys.len()` positions:
     /// full blocks looked up one by one (each keyed on the one before), then the registered
     /// block sharing the longest start with the rest. Changes nothing.
+    /// In each table group; the hit is what every group holds.
     pub fn match_prefix(&self, keys: &[u32], experts: &[u64]) -> PrefixHit {
-        let bs = self.pool.block_size();
-        let mut hit = PrefixHit::default();
         if !self.prefix_cache {
-            return hit;
+            return PrefixHit::default();
         }
-        let mut parent = ROOT;
-        for tokens in keys.chunks_exact(bs) {
-            let key = BlockKey { parent, experts: experts.to_vec(), tokens: tokens.to_vec() };
-            let Some(b) = self.pool.lookup(&key) else { break };
-            parent = self.pool.cid(b).expect("a block found by lookup is registered");
-            hit.blocks.push(b);
+        let bs = self.pool.block_size();
+        let mut hit = PrefixHit { groups: Vec::new(), tokens: usize::MAX };
+        for g in 0..self.rules.len() {
+            let mut group = GroupHit::default();
+            let mut parent = root(g);
+            for tokens in keys.chunks_exact(bs) {
+                let key = BlockKey { parent, experts: experts.to_vec(), tokens: tokens.to_vec() };
+                let Some(b) = self.pool.lookup(&key) else { break };
+                parent = self.pool.cid(b).expect("a block found by lookup is registered");
+                group.blocks.push(b);
+            }
+            let m = group.blocks.len() * bs;
+            if m < keys.len() {
+                let next = &keys[m..(m + bs).min(keys.len())];
+                group.partial = self.pool.longest_partial(parent, experts, next);
+            }
+            hit.tokens = hit.tokens.min(m + group.partial.map_or(0, |(_, n)| n));
+            hit.groups.push(group);
         }
-        let m = hit.blocks.len() * bs;
-        if m < keys.len() {
-            let next = &keys[m..(m + bs).min(keys.len())];
-            hit.partial = self.pool.longest_partial(parent, experts, next);
+        if hit.tokens == 0 || hit.groups.is_empty() {
+            return PrefixHit::default();
         }
-        hit.tokens = m + hit.partial.map_or(0, |(_, n)| n);
         hit
     }
 
@@ -187,29 +242,54 @@ impl KvManager {
 
     /// Blocks [`Self::adopt`] allocates for a table of `need_blocks` blocks (its whole reserve).
     pub fn blocks_to_adopt(&self, hit: &PinnedHit, need_blocks: usize) -> usize {
-        need_blocks.saturating_sub(hit.0.blocks.len())
+        let (bs, tokens) = (self.pool.block_size(), hit.0.tokens);
+        let fresh = BlockTable::default().blocks_to_reserve(tokens, need_blocks, &self.rules, bs);
+        // Full groups share the hit's whole blocks; everything else is allocated (copied).
+        let shared = self.rules.iter().filter(|r| r.window.is_none()).count() * (tokens / bs);
+        fresh.saturating_sub(shared)
     }
 
-    /// Makes `table` (emptied first) start with the hit: its full blocks are shared, the
-    /// partial block's matching positions are copied into a block of the table's own
-    /// (copy-on-write), then the table is grown to `need_blocks`. False (the hit unpinned,
-    /// the table empty) when the pool cannot supply the blocks.
+    /// Makes `table` (emptied first) start with the hit: full groups share its whole blocks
+    /// and copy the partial block's matching positions into a block of their own
+    /// (copy-on-write); window groups copy the blocks their window sees. Then the table is
+    /// grown to `need_blocks`. False (the hit unpinned, the table empty) when the pool cannot
+    /// supply the blocks.
     pub fn adopt(&mut self, table: &mut BlockTable, hit: PinnedHit, need_blocks: usize) -> Result<bool> {
         self.free(table);
         if self.pool.available() < self.blocks_to_adopt(&hit, need_blocks) {
             self.unpin(hit);
             return Ok(false);
         }
-        let PinnedHit(PrefixHit { blocks, partial, tokens }) = hit;
-        let mut blocks = blocks;
-        if let Some((src, n)) = partial {
-            let b = self.pool.alloc().expect("availability checked");
-            self.store.copy_block(src, b, n)?;
-            self.pool.release(src);
-            blocks.push(b);
+        let bs = self.pool.block_size();
+        let tokens = hit.0.tokens;
+        let (whole, last) = (tokens / bs, blocks_for(tokens, bs));
+        let (mut lists, mut live, mut parents, mut unpinned) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (g, (group, rule)) in hit.0.groups.iter().zip(&self.rules).enumerate() {
+            let from = rule.live_from(tokens, bs);
+            let mut list = vec![NO_BLOCK; from];
+            for i in from..last {
+                let src = group.blocks.get(i).copied().or(group.partial.map(|(b, _)| b)).expect("the hit covers it");
+                if rule.window.is_none() && i < whole {
+                    list.push(src);
+                    continue;
+                }
+                let b = self.pool.alloc().expect("availability checked");
+                self.store.copy_block(src, b, if i < whole { bs } else { tokens % bs })?;
+                list.push(b);
+            }
+            // The pins not handed to the table.
+            let shared = if rule.window.is_none() { whole } else { 0 };
+            unpinned.extend(group.blocks.iter().enumerate().filter(|&(i, _)| i >= shared || i < from).map(|(_, &b)| b));
+            unpinned.extend(group.partial.map(|(b, _)| b));
+            parents.push(if from == 0 { Some(root(g)) } else { self.pool.cid(group.blocks[from - 1]) });
+            lists.push(list);
+            live.push(from);
         }
-        table.set(blocks, tokens);
-        assert!(table.reserve_blocks(need_blocks, &mut self.pool), "availability checked");
+        for b in unpinned {
+            self.pool.release(b);
+        }
+        table.set(lists, live, parents, tokens);
+        assert!(table.reserve_blocks(need_blocks, &self.rules, &mut self.pool), "availability checked");
         Ok(true)
     }
 
@@ -225,9 +305,35 @@ impl KvManager {
     /// allocates: the missing ones, plus a copy of the last kept block when it is partial and
     /// shared (it is about to be written).
     fn resume_cost(&self, table: &BlockTable, keep: usize, need_blocks: usize) -> usize {
-        let kept = self.blocks_for(keep.min(table.len()));
-        let cow = !keep.is_multiple_of(self.pool.block_size()) && kept > 0 && self.pool.refs(table.blocks()[kept - 1]) > 1;
-        need_blocks.saturating_sub(kept) + cow as usize
+        let bs = self.pool.block_size();
+        let keep = keep.min(table.len());
+        let kept = self.blocks_for(keep);
+        let cow = if keep.is_multiple_of(bs) {
+            0
+        } else {
+            let shared = |g: &Vec<BlockId>| g.get(kept - 1).is_some_and(|&b| b != NO_BLOCK && self.pool.refs(b) > 1);
+            table.groups().iter().filter(|g| shared(g)).count()
+        };
+        table.blocks_to_reserve(keep, need_blocks, &self.rules, bs) + cow
+    }
+
+    /// Whether `table` can continue from its first `keep` positions: every window group still
+    /// lists the blocks a query at `keep` sees.
+    pub fn can_continue(&self, table: &BlockTable, keep: usize) -> bool {
+        table.can_continue_at(keep, &self.rules, self.pool.block_size())
+    }
+
+    /// After `table` advanced: its window groups give back the blocks behind their windows
+    /// and take those the next pass may write.
+    pub fn roll(&mut self, table: &mut BlockTable) {
+        if !table.is_empty() {
+            self.behind_window += table.roll(&self.rules, &mut self.pool) as u64;
+        }
+    }
+
+    /// Blocks window groups gave back as their sequences moved past them, in all.
+    pub fn blocks_behind_window(&self) -> u64 {
+        self.behind_window
     }
 
     /// Continues `table` from its first `keep` positions (copy-on-write of a shared last
@@ -238,7 +344,7 @@ impl KvManager {
             return Ok(false);
         }
         let ok = table.truncate_for_write(keep, &mut self.pool, &self.store)?;
-        assert!(ok && table.reserve_blocks(need_blocks, &mut self.pool), "availability checked");
+        assert!(ok && table.reserve_blocks(need_blocks, &self.rules, &mut self.pool), "availability checked");
         Ok(true)
     }
 
@@ -259,16 +365,16 @@ impl KvManager {
             return;
         }
         let bs = self.pool.block_size();
-        let blocks = table.blocks();
-        for b in from / bs..table.len().min(until) / bs {
-            let block = blocks[b];
-            if self.pool.is_registered(block) {
-                continue;
-            }
-            let parent = if b == 0 { Some(ROOT) } else { self.pool.cid(blocks[b - 1]) };
-            if let Some(parent) = parent {
-                let tokens = (b * bs..(b + 1) * bs).map(&key).collect();
-                self.pool.register(block, BlockKey { parent, experts: experts.to_vec(), tokens });
+        for (g, blocks) in table.groups().iter().enumerate() {
+            let (first, end) = (from / bs, table.len().min(until) / bs);
+            for (b, &block) in blocks.iter().enumerate().take(end).skip(first) {
+                if block == NO_BLOCK || self.pool.is_registered(block) {
+                    continue;
+                }
+                if let Some(parent) = table.parent_of(g, b, &self.pool) {
+                    let tokens = (b * bs..(b + 1) * bs).map(&key).collect();
+                    self.pool.register(block, BlockKey { parent, experts: experts.to_vec(), tokens });
+                }
             }
         }
     }
@@ -287,3 +393,6 @@ impl KvManager {
 #[cfg(test)]
 #[path = "manager_tests.rs"]
 mod tests;
+#[cfg(test)]
+#[path = "manager_window_tests.rs"]
+mod window_tests;

@@ -209,7 +209,7 @@ fn blocks_never_mix_across_expert_sets() {
     assert_eq!(admit(&mut m, &mut b, 0, &keys, &[], 1), Some(0));
     write(&mut m, &mut b, &keys, &[], 8);
     assert!(b.blocks().iter().all(|x| !a.blocks().contains(x)));
-    assert_eq!(m.match_prefix(&keys, &[]).blocks, b.blocks()[..2].to_vec());
+    assert_eq!(m.match_prefix(&keys, &[]).groups[0].blocks, b.blocks()[..2].to_vec());
 }
 
 #[test]
@@ -232,8 +232,8 @@ fn hash_collisions_never_share_blocks() {
     write(&mut m, &mut a, &ka, &[], 4);
     assert_eq!(m.match_prefix(&ka, &[]).tokens, 4);
     let hit = m.match_prefix(&kb, &[]);
-    assert!(hit.blocks.is_empty());
-    assert_eq!(hit.partial.map(|(_, n)| n), Some(3));
+    assert!(hit.groups[0].blocks.is_empty());
+    assert_eq!(hit.groups[0].partial.map(|(_, n)| n), Some(3));
 }
 
 #[test]

@@ -17,8 +17,19 @@ use std::hash::{Hash, Hasher};
 
 use super::BlockId;
 
-/// The content id standing for "no block before": the start of a sequence.
+/// The content id standing for "no block before": the start of a sequence (in the first
+/// table group; see [`root`]).
 pub const ROOT: u64 = 0;
+
+/// Content ids below this stand for the start of a sequence in table group `id`, so that the
+/// groups' chains of keys never meet (each group's blocks hold other layers).
+const FIRST_CID: u64 = 1 << 32;
+
+/// The start of a sequence in table group `group`.
+pub fn root(group: usize) -> u64 {
+    debug_assert!((group as u64) < FIRST_CID);
+    group as u64
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BlockKey {
@@ -64,7 +75,7 @@ impl PrefixIndex {
     /// [`Self::with_hasher`], or `OUT_OF_MEMORY` where the entries cannot be reserved.
     pub fn try_with_hasher(num_blocks: usize, hasher: KeyHasher) -> crate::error::Result<Self> {
         let entries = super::try_filled(num_blocks, None)?;
-        Ok(Self { hasher, by_hash: HashMap::new(), entries, children: HashMap::new(), next_cid: ROOT + 1 })
+        Ok(Self { hasher, by_hash: HashMap::new(), entries, children: HashMap::new(), next_cid: FIRST_CID })
     }
 
     pub fn is_registered(&self, b: BlockId) -> bool {

@@ -1,7 +1,9 @@
-//! The KV pool's memory: per layer, one K and one V tensor of `num_blocks · block_size` token
-//! slots, each slot `kv_heads` rows of `head_dim` values (in a quantized pool: their packed
-//! `u8` values, plus f16 scales in a second tensor). Block `b` owns slots
-//! `b · block_size ..`. A position's slot comes from its sequence's block table.
+//! The KV pool's memory: per block slot (a layer of each table group, see
+//! [`super::layers`]; a layer per tensor where the model's layers are all alike), one K and
+//! one V tensor of `num_blocks · block_size` token slots, each slot `kv_heads` rows of
+//! `head_dim` values (in a quantized pool: their packed `u8` values, plus f16 scales in a
+//! second tensor). Block `b` owns slots `b · block_size ..`. A position's slot comes from its
+//! sequence's block table for the layer's group.
 //!
 //! Two layouts, chosen by device:
 //! - **Head-major on CPU**: `[kv_heads · slots, head_dim]`, row `head · slots + slot`. A
@@ -99,7 +101,7 @@ impl KvFormat {
 }
 
 pub struct KvStore {
-    /// Per layer: the values (`head_dim` of them per head and slot in a dense pool; packed
+    /// Per block slot: the values (`head_dim` of them per head and slot in a dense pool; packed
     /// `u8` in a quantized one) ...
     k: Vec<Tensor>,
     v: Vec<Tensor>,
@@ -116,6 +118,7 @@ pub struct KvStore {
     /// What each layer keeps (see [`super::layers`]): every layer full attention unless the
     /// model says otherwise ([`Self::with_cache_layout`]).
     cache_layout: KvLayout,
+    device: Device,
 }
 
 /// A run of consecutive rows of a batch written to consecutive slots.
@@ -126,11 +129,15 @@ pub struct SlotRun {
     pub len: usize,
 }
 
-/// How one pass writes its rows' keys and values into every layer: a copy per run of
-/// consecutive slots, or, where each copy is a kernel launch (the device-generic path) and a
-/// batch has many runs (a decode step of many sequences), one scatter per tensor through a
-/// `[rows, width]` slot index built once for the pass.
+/// How one pass writes its rows' keys and values into every layer, per table group: a copy
+/// per run of consecutive slots, or, where each copy is a kernel launch (the device-generic
+/// path) and a batch has many runs (a decode step of many sequences), one scatter per tensor
+/// through a `[rows, width]` slot index built once for the pass.
 pub struct KvWrites {
+    tables: Vec<TableWrites>,
+}
+
+struct TableWrites {
     runs: Vec<SlotRun>,
     scatter: Option<Tensor>,
 }
@@ -139,13 +146,19 @@ pub struct KvWrites {
 const SCATTER_MIN_RUNS: usize = 4;
 
 impl KvStore {
-    /// Plans the writes of a pass whose rows go to `runs`.
-    pub fn plan_writes(&self, runs: Vec<SlotRun>) -> Result<KvWrites> {
-        let scatter = runs.len() >= SCATTER_MIN_RUNS && !self.head_major && matches!(self.format, KvFormat::Dense(_));
-        self.writes(runs, scatter)
+    /// Plans the writes of a pass whose rows go to `runs[t]` in table group `t`'s layers.
+    pub fn plan_writes(&self, runs: Vec<Vec<SlotRun>>) -> Result<KvWrites> {
+        let tables = runs
+            .into_iter()
+            .map(|runs| {
+                let scatter = runs.len() >= SCATTER_MIN_RUNS && !self.head_major && matches!(self.format, KvFormat::Dense(_));
+                self.writes(runs, scatter)
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvWrites { tables })
     }
 
-    fn writes(&self, runs: Vec<SlotRun>, scatter: bool) -> Result<KvWrites> {
+    fn writes(&self, runs: Vec<SlotRun>, scatter: bool) -> Result<TableWrites> {
         let scatter = if scatter {
             let width = self.kv_heads * self.head_dim;
             let rows = runs.iter().map(|r| r.row + r.len).max().unwrap_or(0);
@@ -155,24 +168,41 @@ impl KvStore {
                     idx[(r.row + i) * width..][..width].fill((r.slot + i) as u32);
                 }
             }
-            Some(Tensor::from_vec(idx, (rows, width), self.k[0].device())?)
+            Some(Tensor::from_vec(idx, (rows, width), &self.device)?)
         } else {
             None
         };
-        Ok(KvWrites { runs, scatter })
+        Ok(TableWrites { runs, scatter })
     }
 
     /// Writes a pass's `k` and `v` (`[rows, kv_heads · head_dim]`) into `layer` as planned.
     pub fn write_planned(&self, layer: usize, w: &KvWrites, k: &Tensor, v: &Tensor) -> Result<()> {
+        let (table, slot) = self.slot(layer);
+        let w = &w.tables[table];
         match &w.scatter {
             Some(idx) => {
-                let dt = self.k[layer].dtype();
-                self.k[layer].scatter_set(idx, &k.to_dtype(dt)?.contiguous()?, 0)?;
-                self.v[layer].scatter_set(idx, &v.to_dtype(dt)?.contiguous()?, 0)?;
+                let dt = self.k[slot].dtype();
+                self.k[slot].scatter_set(idx, &k.to_dtype(dt)?.contiguous()?, 0)?;
+                self.v[slot].scatter_set(idx, &v.to_dtype(dt)?.contiguous()?, 0)?;
                 Ok(())
             }
-            None => self.write(layer, &w.runs, k, v),
+            None => self.write_slot(slot, &w.runs, k, v),
         }
+    }
+
+    /// `(table group, tensor slot)` of a layer that keeps positions.
+    fn slot(&self, layer: usize) -> (usize, usize) {
+        self.cache_layout.slot_of_layer(layer).expect("a layer that keeps positions in the pool")
+    }
+
+    /// The table group whose block tables `layer` reads and writes through.
+    pub fn table_of(&self, layer: usize) -> usize {
+        self.slot(layer).0
+    }
+
+    /// Block tables each sequence has (one per table group).
+    pub fn num_tables(&self) -> usize {
+        self.cache_layout.tables.len()
     }
 
     // Seven independent dimensions of the pool, each named at the call site.
@@ -206,8 +236,30 @@ impl KvStore {
         if head_major && !device.is_cpu() {
             return Err(EngineError::InvalidArgument("a head-major KV pool is CPU only".into()));
         }
+        let mut store = Self {
+            k: Vec::new(),
+            v: Vec::new(),
+            ks: Vec::new(),
+            vs: Vec::new(),
+            head_major,
+            num_blocks,
+            block_size,
+            kv_heads,
+            head_dim,
+            format,
+            cache_layout: KvLayout::all_full(num_layers),
+            device: device.clone(),
+        };
+        store.allocate(num_layers)?;
+        Ok(store)
+    }
+
+    /// Allocates `tensors` block slots' K and V (replacing any before).
+    fn allocate(&mut self, tensors: usize) -> Result<()> {
+        let (kv_heads, head_dim, format, head_major, device) =
+            (self.kv_heads, self.head_dim, self.format, self.head_major, &self.device);
         let size_overflow = || EngineError::OutOfMemory("KV pool size overflows".into());
-        let slots = num_blocks.checked_mul(block_size).ok_or_else(size_overflow)?;
+        let slots = self.num_blocks.checked_mul(self.block_size).ok_or_else(size_overflow)?;
         // `[kv_heads · slots, width]` or `[slots, kv_heads · width]` for `width` per head.
         let pool = |width: usize, dtype: DType| -> Result<Tensor> {
             if head_major {
@@ -217,7 +269,7 @@ impl KvStore {
             }
         };
         let (mut k, mut v, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..num_layers {
+        for _ in 0..tensors {
             match format {
                 KvFormat::Dense(dtype) => {
                     k.push(pool(head_dim, dtype)?);
@@ -233,25 +285,29 @@ impl KvStore {
                 }
             }
         }
-        let cache_layout = KvLayout::all_full(num_layers);
-        Ok(Self { k, v, ks, vs, head_major, num_blocks, block_size, kv_heads, head_dim, format, cache_layout })
+        (self.k, self.v, self.ks, self.vs) = (k, v, ks, vs);
+        Ok(())
     }
 
     /// The pool for a model whose layers keep what `layout` says. A layout whose layer count
     /// differs from the pool's is a bug in the caller (`INTERNAL`); one with a kind of layer the
     /// pool does not manage yet is `UNSUPPORTED_ARCHITECTURE`, naming it.
+    /// Each block then holds [`KvLayout::slots_per_block`] layers.
     pub fn with_cache_layout(mut self, layout: KvLayout) -> Result<Self> {
-        if layout.num_layers != self.k.len() {
+        if layout.num_layers != self.cache_layout.num_layers {
             return Err(EngineError::Internal(format!(
                 "a KV layout of {} layers for a pool of {}",
-                layout.num_layers,
-                self.k.len()
+                layout.num_layers, self.cache_layout.num_layers
             )));
         }
         if let Some(what) = layout.unsupported() {
             return Err(EngineError::UnsupportedArchitecture(format!("{what} is not implemented yet")));
         }
+        let tensors = layout.slots_per_block();
         self.cache_layout = layout;
+        if tensors != self.k.len() {
+            self.allocate(tensors)?;
+        }
         Ok(self)
     }
 
@@ -294,6 +350,7 @@ impl KvStore {
             let picked = per_head.index_select(idx, 1)?.transpose(0, 1)?.contiguous()?;
             Ok(picked.reshape((n, self.kv_heads * width))?)
         };
+        let layer = self.slot(layer).1;
         let (k, v) = (&self.k[layer], &self.v[layer]);
         Ok(match (self.format, self.ks.get(layer), self.vs.get(layer)) {
             (KvFormat::Quant(quant), Some(ks), Some(vs)) => {
@@ -303,7 +360,7 @@ impl KvStore {
         })
     }
 
-    /// Bytes of K and V for one token over all layers.
+    /// Bytes of K and V for one position of one block (every layer of a table group).
     pub fn bytes_per_token(&self) -> usize {
         bytes_per_token(self.k.len(), self.kv_heads, self.head_dim, self.format)
     }
@@ -315,17 +372,24 @@ impl KvStore {
     /// K and V of `layer`: values in a dense pool, packed quantized values in a quantized one
     /// (see [`Self::scales`]), laid out as [`Self::head_major`] says.
     pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        let layer = self.slot(layer).1;
         (&self.k[layer], &self.v[layer])
     }
 
     /// The scales of K and V of `layer` in a quantized pool.
     pub fn scales(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
+        let layer = self.slot(layer).1;
         Some((self.ks.get(layer)?, self.vs.get(layer)?))
     }
 
     /// Writes rows of `k`, `v` (`[rows, kv_heads · head_dim]`, contiguous) into `layer`,
     /// narrowed to the pool's dtype or quantized.
     pub fn write(&self, layer: usize, runs: &[SlotRun], k: &Tensor, v: &Tensor) -> Result<()> {
+        self.write_slot(self.slot(layer).1, runs, k, v)
+    }
+
+    /// [`Self::write`] into block slot `layer`'s tensors.
+    fn write_slot(&self, layer: usize, runs: &[SlotRun], k: &Tensor, v: &Tensor) -> Result<()> {
         if self.head_major {
             return self.write_head_major(layer, runs, k, v);
         }
@@ -420,10 +484,15 @@ pub fn bytes_per_token(num_layers: usize, kv_heads: usize, head_dim: usize, form
     num_layers * 2 * format.into().row_bytes(kv_heads * head_dim)
 }
 
-/// Slot of position `pos` in a sequence with block table `blocks`.
+/// Slot of position `pos` in a sequence with block table `blocks`. A position whose block a
+/// sliding window gave back ([`super::block_table::NO_BLOCK`]) maps to slot 0: it is never
+/// read unmasked.
 #[inline]
 pub fn slot_of(blocks: &[BlockId], block_size: usize, pos: usize) -> usize {
-    blocks[pos / block_size] as usize * block_size + pos % block_size
+    match blocks[pos / block_size] {
+        super::block_table::NO_BLOCK => 0,
+        b => b as usize * block_size + pos % block_size,
+    }
 }
 
 /// The runs that write positions `pos .. pos + n` of a sequence whose rows start at batch
@@ -469,8 +538,8 @@ mod tests {
         let stores: Vec<KvStore> =
             (0..2).map(|_| KvStore::with_layout(2, 4, 4, 2, 3, DType::F32, &Device::Cpu, false).unwrap()).collect();
         for (s, scatter) in stores.iter().zip([false, true]) {
-            let w = s.writes(runs.clone(), scatter).unwrap();
-            assert_eq!(w.scatter.is_some(), scatter);
+            let w = KvWrites { tables: vec![s.writes(runs.clone(), scatter).unwrap()] };
+            assert_eq!(w.tables[0].scatter.is_some(), scatter);
             s.write_planned(1, &w, &k, &v).unwrap();
         }
         for t in 0..2 {

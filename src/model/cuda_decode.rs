@@ -318,10 +318,11 @@ impl CudaDecode {
         for (r, c) in chunks.iter().enumerate() {
             let len = c.pos + 1;
             let nblocks = len.div_ceil(bs);
-            if nblocks > c.blocks.len() || nblocks > self.max_blocks {
+            let blocks = &c.blocks[0];
+            if nblocks > blocks.len() || nblocks > self.max_blocks {
                 return Err(err("block table shorter than the positions attended"));
             }
-            let slot = c.blocks[c.pos / bs] as usize * bs + c.pos % bs;
+            let slot = blocks[c.pos / bs] as usize * bs + c.pos % bs;
             let narrow = |v: usize| u32::try_from(v).map_err(|_| err("a size beyond u32"));
             st[IDS + r] = c.tokens[0];
             st[POS + r] = narrow(c.pos)?;
@@ -330,7 +331,7 @@ impl CudaDecode {
             st[TOFF + r] = narrow(st.len() - TABLES)?;
             st[SETS + 2 * r] = sets[r] as u32;
             st[SETS + 2 * r + 1] = (sets[r] >> 32) as u32;
-            st.extend_from_slice(&c.blocks[..nblocks]);
+            st.extend_from_slice(&blocks[..nblocks]);
             longest = longest.max(len);
         }
         self.stream.memcpy_htod(&st[..], &mut self.b.input.slice_mut(..st.len())).map_err(err)?;

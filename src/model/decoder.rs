@@ -409,23 +409,33 @@ impl Decoder {
         if let Some(out) = self.cuda_decode(chunks, store)? {
             return Ok(out);
         }
-        // 0. Row layout: each chunk is `virtual_rows` then `tokens`, at consecutive positions.
+        // 0. Row layout: each chunk is `virtual_rows` then `tokens`, at consecutive positions;
+        //    per table group of layers, each chunk's rows through that group's block table.
+        let tables = store.num_tables();
         let mut spans = Vec::with_capacity(chunks.len());
-        let mut runs = Vec::with_capacity(chunks.len());
         let mut rope_rows = Vec::with_capacity(chunks.len());
         let mut row = 0;
         for c in chunks {
             let n = c.rows();
             assert!(n > 0 && c.pos + n <= self.max_positions(), "positions checked by the caller");
-            spans.push(SeqSpan { row, len: n, pos: c.pos, blocks: c.blocks });
+            assert_eq!(c.blocks.len(), tables, "a block table per table group");
+            spans.push(SeqSpan { row, len: n, pos: c.pos, blocks: c.blocks.first().map_or(&[], |b| b.as_slice()) });
             rope_rows.push(RopeRows { pos: c.pos, n, seq_len: c.seq_len.max(c.pos + n) });
             row += n;
         }
         let rows = row;
+        let group_spans: Vec<Vec<SeqSpan>> = (0..tables)
+            .map(|t| spans.iter().zip(chunks).map(|(s, c)| SeqSpan { blocks: &c.blocks[t], ..*s }).collect())
+            .collect();
         // Checks every block table against its positions, once for all layers.
-        let attention = AttentionPlan::new(&spans, store);
-        for s in &spans {
-            slot_runs(s.blocks, store.block_size, s.row, s.pos, s.len, &mut runs);
+        let windows = store.cache_layout().tables.iter().map(|t| t.window);
+        let attention: Vec<AttentionPlan> =
+            group_spans.iter().zip(windows).map(|(s, w)| AttentionPlan::with_window(s, store, w)).collect();
+        let mut runs = vec![Vec::with_capacity(chunks.len()); tables];
+        for (spans, runs) in group_spans.iter().zip(&mut runs) {
+            for s in spans {
+                slot_runs(s.blocks, store.block_size, s.row, s.pos, s.len, runs);
+            }
         }
         let writes = store.plan_writes(runs)?;
         let mut segments: Vec<Segment> = Vec::new();
@@ -504,7 +514,7 @@ impl Decoder {
     /// A decode pass on the CUDA path ([`cuda_decode`]), or `None` when it does not apply.
     #[cfg(feature = "cuda")]
     fn cuda_decode(&self, chunks: &[SeqChunk], store: &KvStore) -> Result<Option<PassOutput>> {
-        if !self.device.is_cuda() {
+        if !self.device.is_cuda() || store.num_tables() != 1 {
             return Ok(None);
         }
         let mut path = self.cuda.lock().unwrap_or_else(|e| e.into_inner());
@@ -553,8 +563,8 @@ pub struct SeqChunk<'a> {
     /// The sequence's length once the rows it has to evaluate are in (a prompt chunk: the
     /// whole prompt's length). Only `dynamic` RoPE scaling reads it.
     pub seq_len: usize,
-    /// The sequence's block table.
-    pub blocks: &'a [BlockId],
+    /// The sequence's block table of each table group of layers.
+    pub blocks: &'a [Vec<BlockId>],
     pub logits: Logits,
     /// The adapters the chunk's rows run under.
     pub experts: &'a dyn Adapters,
@@ -568,7 +578,8 @@ impl SeqChunk<'_> {
 
 /// What every layer of one batched pass shares.
 struct Pass<'a> {
-    attention: &'a AttentionPlan<'a>,
+    /// Per table group of layers.
+    attention: &'a [AttentionPlan<'a>],
     writes: &'a KvWrites,
     segments: &'a [Segment<'a>],
     /// `(cos, sin)` rows of each rotary embedding.
@@ -617,7 +628,8 @@ impl Attention {
         pass.store.write_planned(layer, pass.writes, &k, &v)?;
 
         // 5. Attend through the block tables (the backend seam), then the output projection.
-        let out = paged_attention(&q, pass.attention, pass.store, layer, nh, self.how)?;
+        let plan = &pass.attention[pass.store.table_of(layer)];
+        let out = paged_attention(&q, plan, pass.store, layer, nh, self.how)?;
         proj(&self.o_proj, &out, Proj::O)
     }
 }

@@ -64,6 +64,8 @@ impl Scheduler {
             None => usize::MAX,
         };
         let own = own.min(st.shareable).min(shareable);
+        // A window group that gave back the blocks a query at `own` sees cannot continue there.
+        let own = if self.kv.can_continue(&st.table, own) { own } else { 0 };
         if hit.tokens > shareable {
             hit = crate::kv::manager::PrefixHit::default();
         }

@@ -55,11 +55,11 @@ impl Scheduler {
                         Row::Generate(i) => {
                             let seq = &self.running[i];
                             let st = &self.sessions[&seq.session];
-                            (&st.tokens, st.n_virtual, st.table.blocks(), st.target(), &seq.experts)
+                            (&st.tokens, st.n_virtual, st.table.groups(), st.target(), &seq.experts)
                         }
                         Row::Embed(j) => {
                             let job = &self.embeds.running[j];
-                            (&job.tokens, job.n_virtual, job.table.blocks(), job.target(), &job.experts)
+                            (&job.tokens, job.n_virtual, job.table.groups(), job.target(), &job.experts)
                         }
                     };
                     let logits = match row {
@@ -161,8 +161,10 @@ impl Scheduler {
             st.target() - st.table.len() > 1 + seq.drafted()
         });
         let mut embed_budget = if prefilling { budget / 2 } else { budget };
+        let bs = self.kv.block_size();
         for (j, job) in self.embeds.running.iter().enumerate() {
-            let n = (job.target() - job.table.len()).min(embed_budget);
+            let writable = job.table.writable_until(bs) - job.table.len();
+            let n = (job.target() - job.table.len()).min(embed_budget).min(writable);
             if n == 0 {
                 break;
             }
@@ -174,7 +176,10 @@ impl Scheduler {
             let st = &self.sessions[&seq.session];
             let left = st.target() - st.table.len();
             let decode_rows = 1 + seq.drafted();
-            let n = if left == decode_rows { left } else { left.min(budget) };
+            // A window group lists blocks for one pass ahead of its window (at least a decode
+            // step with every draft); a prompt chunk stops there.
+            let writable = st.table.writable_until(bs).saturating_sub(st.table.len());
+            let n = if left == decode_rows { left } else { left.min(budget).min(writable) };
             if n == 0 {
                 continue;
             }
@@ -202,6 +207,7 @@ impl Scheduler {
             job.absorb(&hidden[next_row..next_row + token_rows]);
             next_row += token_rows;
             job.table.advance(pos + n);
+            self.kv.roll(&mut job.table);
             if job.is_done() {
                 finished.push(j);
             }
@@ -229,6 +235,7 @@ impl Scheduler {
                 let ended = verify_drafts(seq, st, pos, &rows[next_row..next_row + 1 + drafted], &self.tokenizer);
                 next_row += 1 + drafted;
                 self.kv.cache_full_blocks(&st.table, pos, st.shareable, &st.set_key, |p| st.key_at(p));
+                self.kv.roll(&mut st.table);
                 if let Some(reason) = ended {
                     done.push((i, reason));
                 }
@@ -236,6 +243,7 @@ impl Scheduler {
             }
             st.table.advance(pos + n);
             self.kv.cache_full_blocks(&st.table, pos, st.shareable, &st.set_key, |p| st.key_at(p));
+            self.kv.roll(&mut st.table);
             if pos + n < st.target() {
                 continue;
             }

@@ -4,8 +4,9 @@
 //! Module map: `manager` (the API the scheduler calls: prefix matching, adoption with
 //! copy-on-write, reservation, registration of full blocks, freeing), `block_pool` (reference
 //! counts, free and cached blocks), `prefix` (content addressing of full blocks), `block_table`
-//! (a sequence's blocks), `layers` (what each layer keeps: every position, a window or a
-//! recurrent state; the layers grouped by kind), `store` (the tensors), `quant`
+//! (a sequence's blocks, a table per group of layers; window groups give back the blocks
+//! behind their window), `layers` (what each layer keeps: every position, a window or a
+//! recurrent state; the layers grouped by kind into table groups), `store` (the tensors), `quant`
 //! (block-quantized rows), `attention` (attention through block tables: the backend seam;
 //! `attention_x86` holds its AVX2 micro-kernels), `cache` (a single-sequence cache over a
 //! private store), `sizing` (the pool's size from the `kvCache` options).

@@ -39,6 +39,18 @@ fn write(m: &mut KvManager, t: &mut BlockTable, keys: &[u32], to: usize) {
     }
 }
 
+/// A new table reserved for `reserve` positions that writes `keys` (all of them) and ends
+/// its request (the reserve past its length goes back).
+fn finished(m: &mut KvManager, keys: &[u32], reserve: usize) -> BlockTable {
+    let mut t = BlockTable::default();
+    let need = m.blocks_for(reserve);
+    m.prepare_resume(&mut t, 0, need);
+    assert!(m.resume(&mut t, 0, need).unwrap());
+    write(m, &mut t, keys, keys.len());
+    m.shrink(&mut t);
+    t
+}
+
 /// What `layer` holds at `positions` through `t`.
 fn read(m: &KvManager, t: &BlockTable, layer: usize, positions: std::ops::Range<usize>) -> Vec<f32> {
     let k: Vec<Vec<f32>> = m.store().layer(layer).0.to_vec2().unwrap();
@@ -77,12 +89,7 @@ fn a_prefix_hit_copies_the_blocks_the_window_sees_and_shares_the_full_ones() {
     // prompt finds only what is left. Here it pays, so the chain behind the window lasts.
     m.assume_cache_pays();
     let keys: Vec<u32> = (1..=30).collect();
-    let mut a = BlockTable::default();
-    let need = m.blocks_for(31);
-    m.prepare_resume(&mut a, 0, need);
-    assert!(m.resume(&mut a, 0, need).unwrap());
-    write(&mut m, &mut a, &keys, 30);
-    m.shrink(&mut a);
+    let mut a = finished(&mut m, &keys, 31);
     // A second prompt with the same 30 tokens and one more: both groups hold the 7 full
     // blocks (the window group's blocks behind its window are cached, so its chain is whole).
     let mut keys_b = keys.clone();
@@ -118,12 +125,7 @@ fn a_prefix_hit_copies_the_blocks_the_window_sees_and_shares_the_full_ones() {
 fn a_session_continues_from_its_own_table_only_inside_its_window() {
     let mut m = manager(64);
     let keys: Vec<u32> = (1..=24).collect();
-    let mut a = BlockTable::default();
-    let need = m.blocks_for(24);
-    m.prepare_resume(&mut a, 0, need);
-    assert!(m.resume(&mut a, 0, need).unwrap());
-    write(&mut m, &mut a, &keys, 24);
-    m.shrink(&mut a);
+    let mut a = finished(&mut m, &keys, 24);
     // Its next turn continues at 24 (or a little before: the window still lists it)...
     assert!(m.can_continue(&a, 24) && m.can_continue(&a, 22));
     // ... but not from 8: the blocks a query at 8 sees went back to the pool.

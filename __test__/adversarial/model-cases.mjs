@@ -68,6 +68,8 @@ export function hfConfigCases(add) {
     ['mistral window 1e400', ll, { model_type: 'mistral', sliding_window: raw('1e400') }, MA, false],
     ['mistral window a string', ll, { model_type: 'mistral', sliding_window: '4096' }, MA, false],
     ['mistral window 1', ll, { model_type: 'mistral', sliding_window: 1 }, MA, true],
+    // Wider than any context: the window group's tables list every block (spans saturate).
+    ['mistral window 2^40', ll, { model_type: 'mistral', sliding_window: 2 ** 40 }, MA, true],
     ['mistral with layer types', ll, { model_type: 'mistral', sliding_window: 4, layer_types: ['sliding_attention', 'full_attention'] }, MA, false],
     ['ministral layer types of 100k', ll, { model_type: 'ministral', sliding_window: 4, layer_types: new Array(100_000).fill('sliding_attention') }, MA, false],
     // SmolLM3's layers without RoPE (src/model/smollm3_config.rs).

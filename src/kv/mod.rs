@@ -45,3 +45,13 @@ pub(crate) fn try_filled<T: Clone>(n: usize, v: T) -> crate::error::Result<Vec<T
     out.resize(n, v);
     Ok(out)
 }
+
+/// A `[rows, cols]` f32 tensor of values uniform in `[-2, 2)` drawn from `seed`: tests of
+/// numeric bounds get the same inputs on every run.
+#[cfg(test)]
+pub(crate) fn seeded(rows: usize, cols: usize, seed: u64) -> candle_core::Tensor {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let v: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+    candle_core::Tensor::from_vec(v, (rows, cols), &candle_core::Device::Cpu).unwrap()
+}

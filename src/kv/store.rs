@@ -586,8 +586,8 @@ mod tests {
         let (heads, hd, bs) = (3, 64, 4);
         let runs =
             [SlotRun { row: 0, slot: 9, len: 3 }, SlotRun { row: 3, slot: 0, len: 2 }, SlotRun { row: 5, slot: 21, len: 1 }];
-        let k = Tensor::randn(0f32, 1.0, (6, heads * hd), &Device::Cpu).unwrap();
-        let v = Tensor::randn(0f32, 1.0, (6, heads * hd), &Device::Cpu).unwrap();
+        let k = crate::kv::seeded(6, heads * hd, 1);
+        let v = crate::kv::seeded(6, heads * hd, 2);
         let idx = Tensor::new(&[9u32, 10, 11, 0, 1, 21, 17, 18, 3], &Device::Cpu).unwrap();
         for format in
             [KvFormat::Dense(DType::F32), KvFormat::Dense(DType::F16), KvFormat::Quant(Quant::Q8_0), KvFormat::Quant(Quant::Q4_0)]

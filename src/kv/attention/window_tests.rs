@@ -57,8 +57,8 @@ fn pool(
         // Every other block, from the back: no table is contiguous.
         let t: Vec<BlockId> = (0..blocks).map(|i| (63 - 2 * (next + i) % 63) as BlockId).collect();
         next += blocks;
-        let k = Tensor::randn(0f32, 1.0, (total, nkv * hd), &DEV).unwrap();
-        let v = Tensor::randn(0f32, 1.0, (total, nkv * hd), &DEV).unwrap();
+        let k = crate::kv::seeded(total, nkv * hd, 2 * next as u64);
+        let v = crate::kv::seeded(total, nkv * hd, 2 * next as u64 + 1);
         let mut runs = Vec::new();
         slot_runs(&t, bs, 0, 0, total, &mut runs);
         store.write(0, &runs, &k, &v).unwrap();
@@ -76,7 +76,7 @@ fn a_window_attends_the_last_positions_only() {
     let spans =
         [SeqSpan { row: 0, len: 37, pos: 16, blocks: &tables[0] }, SeqSpan { row: 37, len: 1, pos: 50, blocks: &tables[1] }];
     let plan = AttentionPlan::new(&spans, &store);
-    let q = Tensor::randn(0f32, 1.0, (38, nh * hd), &DEV).unwrap();
+    let q = crate::kv::seeded(38, nh * hd, 3);
     for window in [1, 2, 7, 8, 16, 17, 40, 52, 53, 1000] {
         for scale in [None, Some(0.3f32)] {
             let how = LayerAttention { scale, window: Some(window) };
@@ -119,7 +119,7 @@ fn positions_before_the_window_are_never_read() {
         let spans =
             [SeqSpan { row: 0, len: 20, pos: 41, blocks: &tables[0] }, SeqSpan { row: 20, len: 1, pos: 44, blocks: &tables[1] }];
         let plan = AttentionPlan::new(&spans, &store);
-        let q = Tensor::randn(0f32, 1.0, (21, nh * hd), &DEV).unwrap();
+        let q = crate::kv::seeded(21, nh * hd, 4);
         let how = LayerAttention { scale: None, window: Some(9) };
         let clean = paged_attention(&q, &plan, &store, 0, nh, how).unwrap();
         // Poison what neither tile's first row sees: positions ..33 of the chunk (its first row
@@ -141,7 +141,7 @@ fn positions_before_the_window_are_never_read() {
 fn a_windowed_row_attends_the_same_alone_in_a_tile_and_on_every_level() {
     let (nh, nkv, hd, bs) = (4, 1, 64, 8);
     let (store, tables, _) = pool(KvFormat::Dense(DType::F32), nkv, hd, bs, &[40]);
-    let q = Tensor::randn(0f32, 1.0, (12, nh * hd), &DEV).unwrap();
+    let q = crate::kv::seeded(12, nh * hd, 5);
     let how = LayerAttention { scale: Some(0.125), window: Some(10) };
     let tile = [SeqSpan { row: 0, len: 12, pos: 28, blocks: &tables[0] }];
     let a = paged_attention(&q, &AttentionPlan::new(&tile, &store), &store, 0, nh, how).unwrap();
@@ -173,7 +173,7 @@ fn a_window_of_nothing_is_refused() {
     let (store, tables, _) = pool(KvFormat::Dense(DType::F32), 1, 16, 4, &[8]);
     let spans = [SeqSpan { row: 0, len: 1, pos: 7, blocks: &tables[0] }];
     let plan = AttentionPlan::new(&spans, &store);
-    let q = Tensor::randn(0f32, 1.0, (1, 32), &DEV).unwrap();
+    let q = crate::kv::seeded(1, 32, 6);
     for q in [q.clone(), q.to_dtype(DType::BF16).unwrap()] {
         let zero = paged_attention(&q, &plan, &store, 0, 2, LayerAttention { scale: None, window: Some(0) }).unwrap_err();
         assert_eq!(zero.code(), "INVALID_ARGUMENT");
@@ -194,7 +194,7 @@ fn the_generic_path_attends_the_window_too() {
         SeqSpan { row: 38, len: 1, pos: 9, blocks: &tables[2] },
     ];
     let plan = AttentionPlan::new(&spans, &store);
-    let q = Tensor::randn(0f32, 1.0, (39, nh * hd), &DEV).unwrap();
+    let q = crate::kv::seeded(39, nh * hd, 7);
     for window in [1, 2, 7, 10, 17, 40, 53, 1000] {
         for scale in [None, Some(0.3f32)] {
             let how = LayerAttention { scale, window: Some(window) };

@@ -6,11 +6,11 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
-import { collect, fixture, GREEDY, reference } from './helpers.mjs'
+import { collect, fixture, fixtureJson, GREEDY, LOGPROB_TOL, reference } from './helpers.mjs'
 import { itRunsSessionsPastTheWindow } from './window-sessions.mjs'
 
 const require = createRequire(import.meta.url)
-const { Runtime } = require('../dist/index.js')
+const { Runtime, inspect } = require('../dist/index.js')
 
 const NAME = 'gemma3-tiny'
 const ref = reference(NAME)
@@ -63,4 +63,44 @@ describe('Gemma 3: gemma3-tiny', () => {
   }
 
   itRunsSessionsPastTheWindow(() => rt, ref)
+})
+
+// The text model of a multimodal checkpoint (model_type gemma3 with a text_config, the layout of
+// google/gemma-3-4b-it; scripts/gen_gemma3_multimodal_fixture.py): gemma3-tiny's text weights
+// beside a vision tower, and LoRA experts PEFT trained on the whole model.
+describe('Gemma 3: the text model of a multimodal checkpoint (gemma3-mm-tiny)', () => {
+  const MM = 'gemma3-mm-tiny'
+  const cases = fixtureJson(MM, 'reference.json').cases
+  let rt
+  before(async () => {
+    rt = await Runtime.load(fixture(MM))
+  })
+  after(() => rt?.dispose())
+
+  const assertSteps = (chunks, steps, what) => {
+    assert.deepEqual(chunks.map((c) => c.tokenId), steps.map((s) => s.token), `${what}: greedy tokens differ`)
+    chunks.forEach((c, i) => assert.ok(Math.abs(c.logprob - steps[i].logprob) <= LOGPROB_TOL, `${what} step ${i}`))
+  }
+
+  it('loads as gemma3, inspect says what it read, and answers as HF', async () => {
+    assert.equal(rt.info.architecture, 'gemma3')
+    const m = await inspect(fixture(MM))
+    assert.match(m.plan[0], /text model of a multimodal checkpoint/)
+    const c = cases.base
+    const { chunks } = await collect(rt.createSession().generate({ tokens: c.prompt_ids }, { ...GREEDY, maxTokens: c.steps.length }))
+    assertSteps(chunks, c.steps, 'base')
+  })
+
+  it("an expert trained on the whole model answers as PEFT; its vision-tower tensors are counted, not loaded", async () => {
+    for (const [name, vision] of [['lora', 6], ['lora_regex', 0]]) {
+      const e = await rt.loadExpert(fixture(MM, name), { name })
+      assert.equal(e.skippedVisionTensors, vision)
+      assert.equal(e.toJSON().skippedVisionTensors, vision)
+      const c = cases[name]
+      const { chunks } = await collect(rt.createSession().generate({ tokens: c.prompt_ids }, { ...GREEDY, maxTokens: c.steps.length, experts: [name] }))
+      assertSteps(chunks, c.steps, name)
+    }
+  })
+
+  itRunsSessionsPastTheWindow(() => rt, { prompt_ids: cases.base.prompt_ids, f32: { steps: cases.base.steps } })
 })

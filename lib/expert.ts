@@ -52,6 +52,16 @@ export class Expert {
     return this.#native.mappedBytes
   }
 
+  /**
+   * Tensors of a multimodal model's vision tower or projector in the adapter file (an adapter
+   * trained on Gemma 3's image-text checkpoint with `target_modules: ['q_proj', …]` has them).
+   * Images are not an input of the runtime, so they cannot change an output: they are counted
+   * here and not loaded. 0 for a text model's adapter.
+   */
+  get skippedVisionTensors(): number {
+    return this.#native.skippedVisionTensors
+  }
+
   /** `manifest.json` beside the adapter, or `null`. */
   get manifest(): ExpertManifest | null {
     return this.#manifest
@@ -87,6 +97,6 @@ export class Expert {
 
   /** Its description as plain data (`JSON.stringify(expert)`). */
   toJSON(): object {
-    return { name: this.name, kind: this.kind, rank: this.rank, targetModules: this.targetModules, bytes: this.bytes, mappedBytes: this.mappedBytes, manifest: this.manifest }
+    return { name: this.name, kind: this.kind, rank: this.rank, targetModules: this.targetModules, bytes: this.bytes, mappedBytes: this.mappedBytes, skippedVisionTensors: this.skippedVisionTensors, manifest: this.manifest }
   }
 }

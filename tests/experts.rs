@@ -17,18 +17,17 @@ fn reference() -> Value {
     read_json(&fixture("adapters/reference.json"))
 }
 
-fn model(path: &Path, dequantize: bool) -> Decoder {
+pub fn model(path: &Path, dequantize: bool) -> Decoder {
     let opts = LoadOptions { dtype: Some("f32".into()), dequantize, ..Default::default() };
     load(path, &opts)
 }
 
-fn experts(model: &Decoder, names: &[&str]) -> ExpertSet {
+/// The experts `names` of directory `dir`, in one set.
+pub fn experts(model: &Decoder, dir: &Path, names: &[&str]) -> ExpertSet {
     let list = names
         .iter()
         .enumerate()
-        .map(|(i, n)| {
-            Arc::new(load_expert(&fixture("adapters").join(n), &ExpertLoadOptions::default(), model, i as u64 + 1).unwrap())
-        })
+        .map(|(i, n)| Arc::new(load_expert(&dir.join(n), &ExpertLoadOptions::default(), model, i as u64 + 1).unwrap()))
         .collect();
     ExpertSet::new(list)
 }
@@ -53,11 +52,16 @@ fn greedy(model: &Decoder, set: &ExpertSet, prompt: &[u32], n: usize) -> (Vec<u3
 
 /// Greedy tokens equal to PEFT's and every top-5 logprob within `tol`; returns the worst |Δ|.
 fn check_case(case: &str, model_path: &Path, dequantize: bool, tol: f32) -> f32 {
-    let r = reference();
-    let c = &r["cases"][case];
+    check_case_in(&reference(), &fixture("adapters"), case, model_path, dequantize, tol)
+}
+
+/// [`check_case`] for case `case` of `reference` (the schema of `adapters/reference.json`),
+/// its experts in `adapters`.
+pub fn check_case_in(reference: &Value, adapters: &Path, case: &str, model_path: &Path, dequantize: bool, tol: f32) -> f32 {
+    let c = &reference["cases"][case];
     let model = model(model_path, dequantize);
     let names: Vec<&str> = c["experts"].as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect();
-    let set = experts(&model, &names);
+    let set = experts(&model, adapters, &names);
     let steps = c["steps"].as_array().unwrap();
     let (toks, lps) = greedy(&model, &set, &ids(&c["prompt_ids"]), steps.len());
     let want: Vec<u32> = steps.iter().map(|s| s["token"].as_u64().unwrap() as u32).collect();
@@ -78,7 +82,7 @@ fn hf(base: &str) -> PathBuf {
     fixture(base)
 }
 
-const F32_TOL: f32 = 1e-4;
+pub const F32_TOL: f32 = 1e-4;
 
 macro_rules! peft_parity {
     ($($test:ident: $case:literal on $base:literal;)*) => {$(
@@ -147,7 +151,7 @@ fn experts_on_a_quantized_base_match_the_dequantized_base() {
         let prompt = ids(&c["prompt_ids"]);
         let deq = model(&gguf, true);
         let q8 = model(&gguf, false);
-        let (set_d, set_q) = (experts(&deq, &names), experts(&q8, &names));
+        let (set_d, set_q) = (experts(&deq, &fixture("adapters"), &names), experts(&q8, &fixture("adapters"), &names));
         let (toks, lp_d) = greedy(&deq, &set_d, &prompt, 12);
         // Teacher-force the quantized model on the dequantized run's tokens.
         let mut cache = q8.new_cache(64).unwrap();

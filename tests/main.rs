@@ -8,6 +8,7 @@ mod common;
 mod embeddings;
 mod experts;
 mod gemma3;
+mod gemma3_multimodal;
 mod kv_dtype;
 mod mistral;
 mod parity;

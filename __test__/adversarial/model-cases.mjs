@@ -18,7 +18,7 @@ export function hfConfigCases(add) {
   const archField = (k) => ['architectures', 'model_type', 'rope_scaling', 'rope_parameters', ...UNIMPLEMENTED].includes(k)
   // Texts are built when the case runs (thunks): building every case must stay cheap.
   const loadWith = (base, text) => async (ctx) => ctx.loadAndProbe(await ctx.modelDir(base, { 'config.json': text }))
-  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2]]
+  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3]]
   for (const [base, perField] of bases) {
     const cfg = readJson(base, 'config.json')
     const rnd = prng(0xc0f19 + base.length)
@@ -26,11 +26,14 @@ export function hfConfigCases(add) {
     if (cfg.rope_parameters) fields.push(['rope_parameters', 'rope_theta'], ['rope_parameters', 'rope_type'])
     if (cfg.layer_types) fields.push(['layer_types', 0])
     if (Array.isArray(cfg.architectures)) fields.push(['architectures', 0])
+    // A multimodal checkpoint's text model: each field of its text_config too.
+    for (const k of Object.keys(cfg.text_config ?? {})) fields.push(['text_config', k])
     for (const keys of fields) {
       // The first model gets every value; the others a seeded selection.
       const values = perField >= JSON_VALUES.length ? JSON_VALUES : Array.from({ length: perField }, () => rnd.pick(JSON_VALUES))
       for (const [name, v] of dedupe(values)) {
-        add(cat, `${base}/${keys.join('.')}=${name}`, archField(keys[0]) ? MA : M, true, loadWith(base, () => toJson(withValue(cfg, keys, v))))
+        const field = keys[0] === 'text_config' && keys.length > 1 ? keys[1] : keys[0]
+        add(cat, `${base}/${keys.join('.')}=${name}`, archField(field) ? MA : M, true, loadWith(base, () => toJson(withValue(cfg, keys, v))))
       }
     }
     for (const [name, text] of JSON_FILES) add(cat, `${base}/file=${name}`, M, false, loadWith(base, text))

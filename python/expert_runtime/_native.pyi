@@ -291,6 +291,7 @@ class Expert:
     target_modules: List[str]
     bytes: int
     mapped_bytes: int  # of bytes, read in place from the memory-mapped adapter file
+    skipped_vision_tensors: int  # vision-tower tensors of a multimodal adapter, not loaded (images are no input)
     num_virtual_tokens: int
     @property
     def manifest(self) -> Optional[Dict[str, Any]]: ...

@@ -15,7 +15,7 @@ use super::ia3::Ia3;
 use super::lokr::Lokr;
 use super::lora::{Factor, LowRank};
 use super::manifest::{family, Manifest};
-use super::peft::{parse_key, read_safetensors, AdapterConfig, PeftType, RawTensor};
+use super::peft::{is_vision_tensor, parse_key, read_safetensors, AdapterConfig, PeftType, RawTensor};
 use super::{Expert, ExpertKind, ModuleAdapter, Proj, Slot};
 use crate::error::{EngineError, Result};
 use crate::files;
@@ -59,7 +59,7 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
         return Err(EngineError::InvalidArgument(format!("scale must be a finite number, got {}", opts.scale)));
     }
     let start = std::time::Instant::now();
-    let cfg = read_config(dir)?;
+    let mut cfg = read_config(dir)?;
     // 1. The manifest and the base model it names.
     let manifest = read_manifest(dir, &cfg, model)?;
     let name = expert_name(dir, opts, manifest.as_ref())?;
@@ -68,7 +68,10 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     if cfg.peft_type == PeftType::PromptTuning {
         return prompt_expert(&cfg, &mut tensors, opts, model, id, name, manifest);
     }
-    // 3. The modules the config targets.
+    // 3. The modules the config targets, by their paths in the model the adapter was trained on.
+    let vision_tensors = tensors.keys().filter(|k| is_vision_tensor(k)).count();
+    tensors.retain(|k, _| !is_vision_tensor(k));
+    cfg.set_layer_prefix(tensors.keys())?;
     let targeted = targeted_slots(&cfg, model)?;
     // 4. Group the tensors by module; anything else is not an adapter we can apply.
     let by_slot = group_by_slot(tensors, &targeted, model)?;
@@ -115,6 +118,7 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
         target_modules: built.names.into_iter().collect(),
         bytes: built.bytes,
         mapped_bytes: built.mapped_bytes,
+        skipped_vision_tensors: vision_tensors,
         manifest,
         modules: built.modules,
         prompt: None,
@@ -302,6 +306,7 @@ fn prompt_expert(
         target_modules: Vec::new(),
         bytes,
         mapped_bytes: 0,
+        skipped_vision_tensors: 0,
         manifest,
         modules: Vec::new(),
         prompt: Some(prompt),

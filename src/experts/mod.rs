@@ -113,6 +113,9 @@ pub struct Expert {
     /// Of `bytes`, the matrices read in place from the memory-mapped file (page cache, shared
     /// between the runtimes that map it; never copied).
     pub mapped_bytes: usize,
+    /// Tensors of a multimodal model's vision tower or projector in the adapter file: images
+    /// are not an input here, so they cannot change an output and are not loaded.
+    pub skipped_vision_tensors: usize,
     pub manifest: Option<Manifest>,
     /// The manifest's `routing.examples`, embedded with the base model (mean-pooled, unit
     /// length), in the manifest's order.

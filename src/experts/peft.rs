@@ -101,6 +101,24 @@ pub struct AdapterConfig {
     pub base_model_class: Option<String>,
     /// `base_model_name_or_path`: the model the adapter was trained on, as PEFT recorded it.
     pub base_model: Option<String>,
+    /// What the decoder layers' module paths start with in the model PEFT wrapped: one of
+    /// [`LAYER_PREFIXES`], read from the tensor names ([`AdapterConfig::set_layer_prefix`]).
+    /// `target_modules` regexes and the patterns are matched against those paths.
+    pub layer_prefix: &'static str,
+}
+
+/// Where the decoder layers live in the models PEFT wraps: `model.layers.*` in a text model;
+/// a multimodal checkpoint's language model nests them (`model.language_model.layers.*` under
+/// transformers 4.52 and later, `language_model.model.layers.*` before).
+pub const LAYER_PREFIXES: [&str; 3] = ["model.language_model.layers.", "language_model.model.layers.", "model.layers."];
+
+/// The tensors of a multimodal model's vision tower and projector: an adapter trained on the
+/// whole model has them (PEFT matches `q_proj` there too). Images are not an input of the
+/// runtime, so they never change an output: they are counted and not loaded.
+pub fn is_vision_tensor(key: &str) -> bool {
+    let rest = key.strip_prefix("base_model.model.").unwrap_or(key);
+    let rest = rest.strip_prefix("model.").unwrap_or(rest);
+    rest.starts_with("vision_tower.") || rest.starts_with("multi_modal_projector.")
 }
 
 /// PEFT's `get_pattern_key`: a pattern applies to a module whose path ends with it after a dot.
@@ -211,12 +229,38 @@ impl AdapterConfig {
             num_transformer_submodules: num("num_transformer_submodules").unwrap_or(1.0) as usize,
             base_model_class: v.pointer("/auto_mapping/base_model_class").and_then(Value::as_str).map(String::from),
             base_model: v.get("base_model_name_or_path").and_then(Value::as_str).map(|s| s.chars().take(200).collect()),
+            layer_prefix: "model.layers.",
         })
+    }
+
+    /// Reads the layers' path prefix from the adapter's tensor names; names that disagree
+    /// (two models' tensors in one file) are an error.
+    pub fn set_layer_prefix<'k>(&mut self, keys: impl Iterator<Item = &'k String>) -> Result<()> {
+        let mut found: Option<&'static str> = None;
+        for key in keys {
+            let rest = key.strip_prefix("base_model.model.").unwrap_or(key);
+            let Some(p) = LAYER_PREFIXES.iter().find(|p| rest.starts_with(**p)) else { continue };
+            match found {
+                Some(f) if f != *p => {
+                    return Err(EngineError::InvalidAdapter(format!(
+                        "tensor {key}: the adapter's tensors name the decoder layers both {f}* and {p}*"
+                    )))
+                }
+                _ => found = Some(p),
+            }
+        }
+        self.layer_prefix = found.unwrap_or("model.layers.");
+        Ok(())
+    }
+
+    /// The module path of `slot` in the model the adapter was trained on.
+    pub fn path(&self, slot: Slot) -> String {
+        format!("{}{}.{}.{}", self.layer_prefix, slot.layer, slot.proj.block(), slot.proj.name())
     }
 
     /// Whether PEFT would wrap the module at `slot`.
     pub fn targets(&self, slot: Slot) -> bool {
-        let path = slot.path();
+        let path = self.path(slot);
         let Some(t) = &self.target_modules else { return false };
         if !t.matches(&path) {
             return false;
@@ -232,7 +276,7 @@ impl AdapterConfig {
         if self.rank_pattern.is_empty() && self.alpha_pattern.is_empty() {
             return (self.r, self.alpha);
         }
-        let path = slot.path();
+        let path = self.path(slot);
         let r = self.rank_pattern.iter().find(|(re, _, _)| re.is_match(&path)).map_or(self.r, |p| p.2);
         let alpha = self.alpha_pattern.iter().find(|(re, _, _)| re.is_match(&path)).map_or(self.alpha, |p| p.2);
         (r, alpha)
@@ -240,7 +284,7 @@ impl AdapterConfig {
 
     /// IA³: whether the module scales its input (feed-forward) rather than its output.
     pub fn is_feedforward(&self, slot: Slot) -> bool {
-        self.feedforward_modules.as_ref().is_some_and(|f| f.matches(&slot.path()))
+        self.feedforward_modules.as_ref().is_some_and(|f| f.matches(&self.path(slot)))
     }
 }
 
@@ -393,11 +437,12 @@ fn parse_prefix(map: Arc<Mmap>, len: usize, origin: &str) -> Result<HashMap<Stri
 }
 
 /// Splits `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight` into its module
-/// and the parameter name (`lora_A.weight`). `None` for anything that is not a parameter of a
+/// and the parameter name (`lora_A.weight`); the layers may be nested as in a multimodal model
+/// ([`LAYER_PREFIXES`]). `None` for anything that is not a parameter of a
 /// decoder-layer projection.
 pub fn parse_key(key: &str) -> Option<(Slot, &str)> {
     let rest = key.strip_prefix("base_model.model.").unwrap_or(key);
-    let rest = rest.strip_prefix("model.layers.")?;
+    let rest = LAYER_PREFIXES.iter().find_map(|p| rest.strip_prefix(p))?;
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (block, rest) = rest.split_once('.')?;
@@ -474,5 +519,36 @@ mod tests {
         assert!(e.to_string().contains("LOHA"));
         assert_eq!(AdapterConfig::parse(r#"{"peft_type":"LORA","r":0}"#).unwrap_err().code(), "INVALID_ADAPTER");
         assert_eq!(AdapterConfig::parse("{not json").unwrap_err().code(), "INVALID_ADAPTER");
+    }
+
+    /// An adapter trained on a multimodal model names the nested language model's layers, and
+    /// its regexes match those paths; its vision-tower tensors are told apart.
+    #[test]
+    fn nested_language_model_paths() {
+        let key = |s: &str| format!("base_model.model.{s}.layers.3.self_attn.v_proj.lora_A.weight");
+        for nested in ["model.language_model", "language_model.model"] {
+            let k = key(nested);
+            let (slot, p) = parse_key(&k).unwrap();
+            assert_eq!((slot.layer, slot.proj, p), (3, Proj::V, "lora_A.weight"));
+        }
+        assert!(parse_key(&key("model.vision_tower.encoder")).is_none());
+        let mut cfg = AdapterConfig::parse(
+            r#"{"peft_type":"LORA","r":2,"target_modules":"model\\.language_model\\.layers\\.\\d+\\.self_attn\\.v_proj"}"#,
+        )
+        .unwrap();
+        assert!(!cfg.targets(Slot::new(3, Proj::V)), "a text model's path does not match");
+        cfg.set_layer_prefix([key("model.language_model")].iter()).unwrap();
+        assert_eq!(cfg.path(Slot::new(3, Proj::V)), "model.language_model.layers.3.self_attn.v_proj");
+        assert!(cfg.targets(Slot::new(3, Proj::V)) && !cfg.targets(Slot::new(3, Proj::Q)));
+        let mixed = [key("model.language_model"), key("model")];
+        assert_eq!(cfg.set_layer_prefix(mixed.iter()).unwrap_err().code(), "INVALID_ADAPTER");
+        for k in [
+            "base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_A.weight",
+            "base_model.model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.lora_B.weight",
+            "base_model.model.multi_modal_projector.mm_input_projection.lora_A.weight",
+        ] {
+            assert!(is_vision_tensor(k), "{k}");
+        }
+        assert!(!is_vision_tensor(&key("model.language_model")));
     }
 }

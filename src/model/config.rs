@@ -83,6 +83,9 @@ pub struct ModelConfig {
     pub final_logit_softcap: Option<f64>,
     /// Per layer, whether it runs without RoPE (empty: every layer rotates).
     pub no_rope_layers: Vec<bool>,
+    /// The text model of a multimodal checkpoint (Gemma 3's `gemma3` with a `text_config`):
+    /// its tensors are nested under the language model's name (see the loader).
+    pub text_of_multimodal: bool,
 }
 
 /// Most layers a config may declare (the largest open models have ~130).
@@ -179,7 +182,17 @@ impl ModelConfig {
     pub fn from_hf_json(text: &str) -> Result<Self> {
         let raw: Value =
             serde_json::from_str(text).map_err(|e| EngineError::invalid_model("config.json is not valid JSON", e))?;
-        let hf = HfConfig::deserialize(&raw).map_err(|e| EngineError::invalid_model("config.json", e))?;
+        if let Some(text_config) = super::gemma3_config::multimodal_text_config(&raw)? {
+            let mut cfg = Self::from_hf_value(&text_config)?;
+            cfg.text_of_multimodal = true;
+            return Ok(cfg);
+        }
+        Self::from_hf_value(&raw)
+    }
+
+    /// Reads a parsed text model `config.json`.
+    fn from_hf_value(raw: &Value) -> Result<Self> {
+        let hf = HfConfig::deserialize(raw).map_err(|e| EngineError::invalid_model("config.json", e))?;
         let model_type = hf
             .model_type
             .clone()
@@ -237,19 +250,20 @@ impl ModelConfig {
             query_pre_attn_scalar: None,
             final_logit_softcap: None,
             no_rope_layers: Vec::new(),
+            text_of_multimodal: false,
         };
         let mut cfg = cfg;
         if arch == Arch::Gemma3 {
-            super::gemma3_config::read(&raw, &mut cfg, hf.original_max_position_embeddings)?;
+            super::gemma3_config::read(raw, &mut cfg, hf.original_max_position_embeddings)?;
         }
         if matches!(model_type.as_str(), "mistral" | "ministral") {
-            super::window_config::read_mistral(&raw, &model_type, &mut cfg)?;
+            super::window_config::read_mistral(raw, &model_type, &mut cfg)?;
         }
         if model_type == "smollm3" {
-            super::smollm3_config::read(&raw, &mut cfg)?;
+            super::smollm3_config::read(raw, &mut cfg)?;
         }
         cfg.validate()?;
-        super::unimplemented::check_hf(&raw, arch, &model_type)?;
+        super::unimplemented::check_hf(raw, arch, &model_type)?;
         Ok(cfg)
     }
 
@@ -309,6 +323,7 @@ impl ModelConfig {
             query_pre_attn_scalar: None,
             final_logit_softcap: None,
             no_rope_layers: Vec::new(),
+            text_of_multimodal: false,
         };
         let mut cfg = cfg;
         cfg.rope_scaling = gguf_rope_scaling(md, &arch_name, cfg.max_position_embeddings)?;

@@ -48,13 +48,80 @@ fn rope(v: &Value, default_theta: f64, max_positions: usize, original: Option<us
     Ok((theta, RopeScaling::parse(v, Source::Config, max_positions, original)?))
 }
 
+/// `Gemma3TextConfig`'s defaults (transformers 4.50 to 5.x) for the fields the common reader
+/// requires. The multimodal checkpoints write their `text_config` as the difference from
+/// these (google/gemma-3-4b-it's names 7 fields); the Gemma 3 fields [`read`] defaults itself.
+const TEXT_DEFAULTS: &[(&str, f64)] = &[
+    ("vocab_size", 262_208.0),
+    ("hidden_size", 2304.0),
+    ("intermediate_size", 9216.0),
+    ("num_hidden_layers", 26.0),
+    ("num_attention_heads", 8.0),
+    ("num_key_value_heads", 4.0),
+    ("head_dim", 256.0),
+    ("max_position_embeddings", 131_072.0),
+    ("rms_norm_eps", 1e-6),
+    ("bos_token_id", 2.0),
+    ("eos_token_id", 1.0),
+    ("pad_token_id", 0.0),
+];
+
+/// Fields a multimodal config may hold at its top level rather than in `text_config` (the
+/// published checkpoints put `eos_token_id` and the dtype there); `text_config`'s own win.
+const TOP_LEVEL_FALLBACKS: &[&str] =
+    &["bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "tie_word_embeddings"];
+
+/// The text model's config of a multimodal Gemma 3 checkpoint (`model_type` `gemma3` with a
+/// `text_config`, as `Gemma3ForConditionalGeneration` writes it), with `Gemma3TextConfig`'s
+/// defaults for the fields it leaves out; `None` for any other config. Images are not an input
+/// of the runtime: the vision tower and its projector are not read.
+///
+/// `final_logit_softcapping` is refused: transformers' `Gemma3ForCausalLM` applies it but
+/// `Gemma3ForConditionalGeneration` does not, so the same weights give two answers (no
+/// published Gemma 3 sets it).
+pub fn multimodal_text_config(raw: &Value) -> Result<Option<Value>> {
+    if raw.get("model_type").and_then(Value::as_str) != Some("gemma3") {
+        return Ok(None);
+    }
+    let Some(text) = raw.get("text_config") else { return Ok(None) };
+    let multimodal = |m: String| EngineError::InvalidModel(format!("config.json (gemma3): {m}"));
+    let Value::Object(fields) = text else {
+        return Err(multimodal(format!("text_config must be an object, got {text}")));
+    };
+    match fields.get("model_type") {
+        None | Some(Value::Null) => {}
+        Some(t) if t == "gemma3_text" => {}
+        Some(t) => return Err(multimodal(format!("text_config.model_type must be gemma3_text, got {t}"))),
+    }
+    if fields.get("final_logit_softcapping").is_some_and(|v| !v.is_null()) {
+        return Err(EngineError::UnsupportedArchitecture(
+            "config.json (gemma3): text_config.final_logit_softcapping in a multimodal checkpoint \
+             (transformers' Gemma3ForConditionalGeneration does not apply it, Gemma3ForCausalLM does)"
+                .into(),
+        ));
+    }
+    let mut out = serde_json::Map::new();
+    for (k, v) in TEXT_DEFAULTS {
+        let n = if v.fract() == 0.0 { Value::from(*v as u64) } else { Value::from(*v) };
+        out.insert((*k).into(), n);
+    }
+    for k in TOP_LEVEL_FALLBACKS {
+        if let Some(v) = raw.get(*k).filter(|v| !v.is_null()) {
+            out.insert((*k).into(), v.clone());
+        }
+    }
+    for (k, v) in fields {
+        out.insert(k.clone(), v.clone());
+    }
+    out.insert("model_type".into(), Value::from("gemma3_text"));
+    Ok(Some(Value::Object(out)))
+}
+
 /// Reads the Gemma 3 fields of `raw` into `cfg` (whose common fields are read).
 pub fn read(raw: &Value, cfg: &mut ModelConfig, original: Option<usize>) -> Result<()> {
     let n = cfg.num_layers;
     if raw.get("text_config").is_some() {
-        return Err(EngineError::UnsupportedArchitecture(
-            "gemma3 with a text_config (the multimodal checkpoint): only the text model (gemma3_text) is supported".into(),
-        ));
+        return Err(invalid("a text_config inside the text model's config".into()));
     }
     match raw.get("hidden_activation").or_else(|| raw.get("hidden_act")).and_then(Value::as_str) {
         None | Some("gelu_pytorch_tanh") => {}
@@ -228,7 +295,66 @@ mod tests {
         assert_eq!(load(&v).unwrap_err().code(), "INVALID_MODEL");
         let mut v = fixture();
         v["text_config"] = serde_json::json!({});
-        assert_eq!(load(&v).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE");
+        assert_eq!(load(&v).unwrap_err().code(), "INVALID_MODEL");
+    }
+
+    /// google/gemma-3-4b-it's config.json (transformers 4.50): a `text_config` of the fields
+    /// that differ from `Gemma3TextConfig`'s defaults, the end-of-turn id at the top level.
+    fn multimodal() -> Value {
+        serde_json::json!({
+            "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255_999, "eoi_token_index": 256_000,
+            "eos_token_id": [1, 106], "image_token_index": 262_144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+            "model_type": "gemma3",
+            "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                            "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                            "sliding_window": 1024},
+            "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+            "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                              "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                              "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": false}
+        })
+    }
+
+    #[test]
+    fn reads_a_multimodal_checkpoint_with_transformers_defaults() {
+        let c = load(&multimodal()).unwrap();
+        assert!(c.text_of_multimodal);
+        assert_eq!((c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers), (262_208, 2560, 10240, 34));
+        assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim, c.max_position_embeddings), (8, 4, 256, 131_072));
+        assert_eq!((c.rms_norm_eps, c.tie_word_embeddings, c.bos_token_id), (1e-6, true, Some(2)));
+        assert_eq!(c.eos_token_ids, vec![1, 106]);
+        assert_eq!(c.declared_dtype.as_deref(), Some("bfloat16"));
+        let full: Vec<usize> = (0..34).filter(|&i| !c.sliding_layers[i]).collect();
+        assert_eq!((full, c.sliding_window), (vec![5, 11, 17, 23, 29], Some(1024)));
+        assert_eq!((c.rope_theta, c.rope_scaling.clone()), (1e6, Some(RopeScaling::Linear { factor: 8.0 })));
+        assert_eq!(
+            (c.local_rope.clone(), c.query_pre_attn_scalar, c.final_logit_softcap),
+            (Some((1e4, None)), Some(256.0), None)
+        );
+        // The text model's own field wins over the top level's.
+        let mut v = multimodal();
+        v["text_config"]["eos_token_id"] = 7.into();
+        assert_eq!(load(&v).unwrap().eos_token_ids, vec![7]);
+        // A plain text model is not one.
+        assert!(!load(&fixture()).unwrap().text_of_multimodal);
+    }
+
+    #[test]
+    fn a_bad_multimodal_config_is_a_typed_error() {
+        let cases: [(&str, Value, &str); 6] = [
+            ("/text_config", 5.into(), "INVALID_MODEL"),
+            ("/text_config", Value::Null, "INVALID_MODEL"),
+            ("/text_config/model_type", "llama".into(), "INVALID_MODEL"),
+            ("/text_config/final_logit_softcapping", 30.0.into(), "UNSUPPORTED_ARCHITECTURE"),
+            ("/text_config/vocab_size", (1u64 << 40).into(), "INVALID_MODEL"),
+            ("/text_config/num_hidden_layers", (-1).into(), "INVALID_MODEL"),
+        ];
+        for (at, value, code) in cases {
+            let mut v = multimodal();
+            let (parent, key) = at.rsplit_once('/').unwrap();
+            v.pointer_mut(parent).unwrap()[key] = value.clone();
+            assert_eq!(load(&v).unwrap_err().code(), code, "{at} = {value}");
+        }
     }
 
     /// A GGUF's window, with the layer pattern, local base and score scale llama.cpp fixes.

@@ -96,7 +96,11 @@ impl<'a> ModelFiles<'a> {
     pub fn into_weights(self, device: &Device, progress: Progress<'a>) -> Result<(ModelConfig, Box<dyn WeightSource + 'a>)> {
         let weights: Box<dyn WeightSource + 'a> = match self.format {
             ModelFormat::HfDir(dir) => {
-                Box::new(SafetensorsSource::open(&safetensors_files(&dir)?, device, Some(progress), self.policy)?)
+                let mut src = SafetensorsSource::open(&safetensors_files(&dir)?, device, Some(progress), self.policy)?;
+                if self.config.text_of_multimodal {
+                    src.keep_text_model()?;
+                }
+                Box::new(src)
             }
             ModelFormat::Gguf(src) => src,
         };
@@ -193,6 +197,35 @@ impl<'a> SafetensorsSource<'a> {
         }
         let total = entries.values().map(|e| e.len as u64).sum();
         Ok(Self { maps, entries, device: device.clone(), policy, loaded: 0, total, progress })
+    }
+
+    /// Keeps the text model of a multimodal checkpoint under a text model's names: its tensors
+    /// are `language_model.model.*` as transformers 4.50 and 5.x save them, or
+    /// `model.language_model.*` as 4.52 to 4.57 do, and `lm_head.*` / `language_model.lm_head.*`
+    /// when untied. The vision tower and its projector are dropped (images are not an input).
+    pub fn keep_text_model(&mut self) -> Result<()> {
+        const NESTED: [(&str, &str); 4] = [
+            ("language_model.model.", "model."),
+            ("model.language_model.", "model."),
+            ("language_model.lm_head.", "lm_head."),
+            ("lm_head.", "lm_head."),
+        ];
+        let mut text = HashMap::new();
+        for (name, entry) in std::mem::take(&mut self.entries) {
+            let Some(renamed) = NESTED.iter().find_map(|(from, to)| name.strip_prefix(from).map(|rest| format!("{to}{rest}")))
+            else {
+                continue;
+            };
+            if text.contains_key(&renamed) {
+                return Err(EngineError::InvalidModel(format!(
+                    "tensor {renamed} is stored twice (as {name} and under another name)"
+                )));
+            }
+            text.insert(renamed, entry);
+        }
+        self.total = text.values().map(|e| e.len as u64).sum();
+        self.entries = text;
+        Ok(())
     }
 
     /// The entry of tensor `name`, its shape checked.

@@ -20,6 +20,7 @@ pub struct NativeExpert {
     target_modules: Vec<String>,
     bytes: f64,
     mapped_bytes: f64,
+    skipped_vision_tensors: u32,
     manifest: Option<String>,
     num_virtual_tokens: u32,
 }
@@ -35,6 +36,7 @@ impl NativeExpert {
             target_modules: e.target_modules.clone(),
             bytes: e.bytes as f64,
             mapped_bytes: e.mapped_bytes as f64,
+            skipped_vision_tensors: u32::try_from(e.skipped_vision_tensors).unwrap_or(u32::MAX),
             manifest: e.manifest.as_ref().map(|m| m.raw.to_string()),
             num_virtual_tokens: e.num_virtual_tokens() as u32,
         }
@@ -77,6 +79,13 @@ impl NativeExpert {
     #[napi(getter)]
     pub fn mapped_bytes(&self) -> f64 {
         self.mapped_bytes
+    }
+
+    /// Tensors of a multimodal model's vision tower or projector in the adapter file, not
+    /// loaded: images are not an input of the runtime, so they cannot change an output.
+    #[napi(getter)]
+    pub fn skipped_vision_tensors(&self) -> u32 {
+        self.skipped_vision_tensors
     }
 
     /// `manifest.json` as JSON text (parsed in the TS layer), or null.

@@ -123,7 +123,13 @@ fn model(m: ModelInspection) -> JsModelInspection {
     let c = m.config;
     JsModelInspection {
         architecture: c.arch.name().into(),
-        plan: crate::model::plan::LayerPlan::build(&c).summary(),
+        plan: {
+            let mut plan = crate::model::plan::LayerPlan::build(&c).summary();
+            if c.text_of_multimodal {
+                plan.insert(0, "the text model of a multimodal checkpoint (its vision tower is not read)".into());
+            }
+            plan
+        },
         vocab_size: c.vocab_size as u32,
         hidden_size: c.hidden_size as u32,
         intermediate_size: c.intermediate_size as u32,

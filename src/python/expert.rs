@@ -30,6 +30,9 @@ pub struct Expert {
     /// Of `bytes`, the matrices read in place from the memory-mapped file (not copied).
     #[pyo3(get)]
     mapped_bytes: usize,
+    /// Vision-tower tensors of an adapter trained on a multimodal model, not loaded.
+    #[pyo3(get)]
+    skipped_vision_tensors: usize,
     #[pyo3(get)]
     num_virtual_tokens: usize,
     manifest: Option<serde_json::Value>,
@@ -46,6 +49,7 @@ impl Expert {
             target_modules: e.target_modules.clone(),
             bytes: e.bytes,
             mapped_bytes: e.mapped_bytes,
+            skipped_vision_tensors: e.skipped_vision_tensors,
             num_virtual_tokens: e.num_virtual_tokens(),
             manifest: e.manifest.as_ref().map(|m| m.raw.clone()),
         }

@@ -128,8 +128,9 @@ CHAT_SAMPLES = [
 ]
 
 
-def build_model(seed: int, vocab_size: int, ids: dict) -> Gemma3ForCausalLM:
-    config = Gemma3TextConfig(**copy.deepcopy(CFG), vocab_size=vocab_size, pad_token_id=ids["<|endoftext|>"],
+def build_model(seed: int, vocab_size: int, ids: dict, cfg: dict | None = None) -> Gemma3ForCausalLM:
+    """The seeded random model of `cfg` (default CFG, whose layout is checked)."""
+    config = Gemma3TextConfig(**copy.deepcopy(cfg or CFG), vocab_size=vocab_size, pad_token_id=ids["<|endoftext|>"],
                               bos_token_id=ids["<bos>"],
                               eos_token_id=[ids["<end_of_turn>"], ids["<|endoftext|>"]])
     config._attn_implementation = "eager"
@@ -144,10 +145,11 @@ def build_model(seed: int, vocab_size: int, ids: dict) -> Gemma3ForCausalLM:
                 off = POST_NORM_OFFSET if name.endswith(("post_attention_layernorm", "post_feedforward_layernorm")) else 0.0
                 mod.weight.copy_(off + 0.3 * torch.randn(mod.weight.shape, generator=gen))
                 n += 1
-        assert n == 4 * 6 + 1, n  # 4 layer norms + q_norm + k_norm per layer, final norm
+        assert n == config.num_hidden_layers * 6 + 1, n  # 4 layer norms + q_norm + k_norm per layer, final norm
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    assert [l.self_attn.sliding_window for l in model.model.layers] == [8, 8, None, 8]
-    assert all(abs(l.self_attn.scaling - 24 ** -0.5) < 1e-12 for l in model.model.layers)
+    if cfg is None:
+        assert [l.self_attn.sliding_window for l in model.model.layers] == [8, 8, None, 8]
+        assert all(abs(l.self_attn.scaling - 24 ** -0.5) < 1e-12 for l in model.model.layers)
     return model
 
 
@@ -358,7 +360,8 @@ def main():
 
 
 # --------------------------------------------------------------------------------------
-# GGUF: TODO (not written). How llama.cpp would store this model -- convert_hf_to_gguf.py
+# GGUF: not written for this model (its layout cannot be; see below): scripts/gen_gemma3_gguf_fixture.py
+# writes gemma3-gguf-tiny, a model in the layout llama.cpp fixes. How llama.cpp stores one -- convert_hf_to_gguf.py
 # (ggml-org/llama.cpp, conversion/gemma.py `Gemma3Model`, registered for Gemma3ForCausalLM and
 # Gemma3ForConditionalGeneration) and the gguf package (gguf 0.19.0 constants.py /
 # tensor_mapping.py / gguf_writer.py):

@@ -79,3 +79,33 @@ fn gemma3_each_feature_is_visible_in_the_fixture() {
     }
     assert_eq!(got, want);
 }
+
+/// A GGUF as llama.cpp's converter writes one (`gemma3-gguf-tiny`,
+/// `scripts/gen_gemma3_gguf_fixture.py`): llama.cpp's fixed layout (every sixth layer full, a
+/// local base of 10,000, scores scaled by 1/√head_dim) and norms stored as `1 + w`. Our decode
+/// of the file follows HF past the window, over the whole vocabulary at the prefill, and gives
+/// the greedy tokens llama.cpp gave on the same file.
+#[test]
+fn gemma3_gguf_as_llama_cpp_writes_it() {
+    const GGUF_NAME: &str = "gemma3-gguf-tiny";
+    let r = read_json(&fixture(GGUF_NAME).join("reference.json"));
+    let path = fixture(GGUF_NAME).join("model-f32.gguf");
+    check_reference(&path, GGUF_NAME, &r, "f32", "f32", F32_TOL, false);
+
+    let model = load(&path, &LoadOptions::default());
+    let mut cache = model.new_cache(64).unwrap();
+    let mut input = ids(&r["prompt_ids"]);
+    let mut tokens = Vec::new();
+    for step in 0..r["llamacpp"]["tokens"].as_array().unwrap().len() {
+        let lp = log_softmax(&model.forward(&input, &mut cache, Logits::Last).unwrap().to_vec1::<f32>().unwrap());
+        if step == 0 {
+            let want = r["f32"]["prefill_logprobs"].as_array().unwrap();
+            assert_eq!(lp.len(), want.len());
+            let worst = lp.iter().zip(want).map(|(a, b)| (a - b.as_f64().unwrap() as f32).abs()).fold(0f32, f32::max);
+            assert!(worst <= F32_TOL, "prefill: max |Δlogprob| over the vocabulary {worst}");
+        }
+        tokens.push(argmax(&lp));
+        input = vec![*tokens.last().unwrap()];
+    }
+    assert_eq!(tokens, ids(&r["llamacpp"]["tokens"]), "greedy tokens differ from llama.cpp's on the same file");
+}

@@ -10,7 +10,7 @@ import { collect, fixture, fixtureJson, GREEDY, LOGPROB_TOL, reference } from '.
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
 
-const MODELS = ['qwen3-tiny', 'qwen3-untied-mqa', 'qwen2-tiny', 'llama-tiny', 'gemma3-tiny', 'mistral-tiny', 'ministral-tiny', 'smollm3-tiny']
+const MODELS = ['qwen3-tiny', 'qwen3-untied-mqa', 'qwen2-tiny', 'llama-tiny', 'gemma3-tiny', 'mistral-tiny', 'ministral-tiny', 'smollm3-tiny', 'granite-tiny']
 
 function assertSteps(chunks, steps, { logprobs = true } = {}) {
   assert.deepEqual(

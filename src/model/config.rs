@@ -38,11 +38,13 @@ impl Arch {
             "llama" | "mistral" | "ministral" => Ok(Arch::Llama),
             // Llama's network with some layers without RoPE (smollm3_config.rs).
             "smollm3" => Ok(Arch::Llama),
+            // Llama's network with four multipliers (granite_config.rs).
+            "granite" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "gemma3_text" | "gemma3" => Ok(Arch::Gemma3),
             other => Err(EngineError::UnsupportedArchitecture(format!(
-                "'{other}' (supported: llama, mistral, ministral, smollm3, qwen2, qwen3, gemma3_text)"
+                "'{other}' (supported: llama, mistral, ministral, smollm3, granite, qwen2, qwen3, gemma3_text, gemma3)"
             ))),
         }
     }
@@ -86,6 +88,8 @@ pub struct ModelConfig {
     /// The text model of a multimodal checkpoint (Gemma 3's `gemma3` with a `text_config`):
     /// its tensors are nested under the language model's name (see the loader).
     pub text_of_multimodal: bool,
+    /// Granite's embedding, residual, attention and logit multipliers.
+    pub multipliers: Option<super::granite_config::Multipliers>,
 }
 
 /// Most layers a config may declare (the largest open models have ~130).
@@ -198,7 +202,7 @@ impl ModelConfig {
             .clone()
             .or_else(|| {
                 let a = hf.architectures.as_ref()?.first()?.to_lowercase();
-                ["qwen3", "qwen2", "llama", "mistral", "ministral", "smollm3"]
+                ["qwen3", "qwen2", "llama", "mistral", "ministral", "smollm3", "granite"]
                     .into_iter()
                     .find(|p| a.starts_with(p))
                     .map(String::from)
@@ -251,8 +255,10 @@ impl ModelConfig {
             final_logit_softcap: None,
             no_rope_layers: Vec::new(),
             text_of_multimodal: false,
+            multipliers: None,
         };
         let mut cfg = cfg;
+        cfg.check_layer_count()?;
         if arch == Arch::Gemma3 {
             super::gemma3_config::read(raw, &mut cfg, hf.original_max_position_embeddings)?;
         }
@@ -261,6 +267,9 @@ impl ModelConfig {
         }
         if model_type == "smollm3" {
             super::smollm3_config::read(raw, &mut cfg)?;
+        }
+        if model_type == "granite" {
+            super::granite_config::read(raw, &mut cfg)?;
         }
         cfg.validate()?;
         super::unimplemented::check_hf(raw, arch, &model_type)?;
@@ -324,8 +333,10 @@ impl ModelConfig {
             final_logit_softcap: None,
             no_rope_layers: Vec::new(),
             text_of_multimodal: false,
+            multipliers: None,
         };
         let mut cfg = cfg;
+        cfg.check_layer_count()?;
         cfg.rope_scaling = gguf_rope_scaling(md, &arch_name, cfg.max_position_embeddings)?;
         if arch == Arch::Gemma3 {
             super::gemma3_config::read_gguf(md, &arch_name, &mut cfg)?;
@@ -333,9 +344,20 @@ impl ModelConfig {
         if arch_name == "smollm3" {
             cfg.no_rope_layers = super::smollm3_config::gguf_no_rope_layers(cfg.num_layers);
         }
+        if arch_name == "granite" {
+            super::granite_config::read_gguf(md, &mut cfg)?;
+        }
         cfg.validate()?;
         super::unimplemented::check_gguf(md, &arch_name, arch, cfg.head_dim)?;
         Ok(cfg)
+    }
+
+    /// The layer count, checked before the family readers size their per-layer lists by it.
+    fn check_layer_count(&self) -> Result<()> {
+        if self.num_layers == 0 || self.num_layers > MAX_LAYERS {
+            return Err(EngineError::InvalidModel(format!("{} layers (must be 1..={MAX_LAYERS})", self.num_layers)));
+        }
+        Ok(())
     }
 
     /// Invariants the decoder relies on, checked once here.

@@ -455,7 +455,9 @@ impl Decoder {
             for c in chunks {
                 if !c.virtual_rows.is_empty() {
                     let v = c.experts.virtual_embeddings()?.expect("virtual rows come from prompt tuning");
-                    parts.push(v.narrow(0, c.virtual_rows.start, c.virtual_rows.len())?);
+                    let v = v.narrow(0, c.virtual_rows.start, c.virtual_rows.len())?;
+                    let scale = self.plan.virtual_embedding_scale;
+                    parts.push(if scale == 1.0 { v } else { (v * scale)? });
                 }
                 if !c.tokens.is_empty() {
                     parts.push(self.embed(c.tokens)?);
@@ -504,6 +506,8 @@ impl Decoder {
                     Some(cap) => ((logits / cap)?.tanh()? * cap)?,
                     None => logits,
                 };
+                // Granite: the logits divided by `logits_scaling`.
+                let logits = if self.plan.logit_multiplier == 1.0 { logits } else { (logits * self.plan.logit_multiplier)? };
                 Some(logits.to_dtype(DType::F32)?)
             }
             None => None,
@@ -636,19 +640,24 @@ impl Attention {
 
 impl DecoderLayer {
     fn forward(&self, x: Tensor, layer: usize, pass: &Pass, plan: &LayerPlan) -> Result<Tensor> {
+        // The residual add, with Granite's multiplier on the block's output.
+        let add = |x: Tensor, h: Tensor| -> Result<Tensor> {
+            let m = plan.residual_multiplier;
+            Ok(if m == 1.0 { (x + h)? } else { (x + (h * m)?)? })
+        };
         let h = self.self_attn.forward(&self.input_layernorm.forward(&x)?, layer, pass, plan)?;
-        Ok(match (&self.pre_feedforward_layernorm, &self.post_feedforward_layernorm) {
+        match (&self.pre_feedforward_layernorm, &self.post_feedforward_layernorm) {
             (Some(pre_ffn), Some(post_ffn)) => {
-                let x = (x + self.post_attention_layernorm.forward(&h)?)?;
+                let x = add(x, self.post_attention_layernorm.forward(&h)?)?;
                 let h = self.mlp.forward(&pre_ffn.forward(&x)?, layer, pass.segments)?;
-                (x + post_ffn.forward(&h)?)?
+                add(x, post_ffn.forward(&h)?)
             }
             _ => {
-                let x = (x + h)?;
+                let x = add(x, h)?;
                 let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?, layer, pass.segments)?;
-                (x + h)?
+                add(x, h)
             }
-        })
+        }
     }
 }
 

@@ -211,8 +211,18 @@ pub fn read_gguf(md: &Metadata, arch_name: &str, cfg: &mut ModelConfig) -> Resul
     } else {
         cfg.head_dim as f64
     });
-    cfg.final_logit_softcap =
-        gguf_meta::get_f64(md, &key("final_logit_softcapping")).ok().flatten().filter(|c| c.is_finite() && *c > 0.0);
+    // llama.cpp reads 0 as no soft-cap; anything else must be a cap it could apply.
+    let cap_key = key("final_logit_softcapping");
+    cfg.final_logit_softcap = match gguf_meta::get_f64(md, &cap_key)
+        .map_err(|e| EngineError::InvalidModel(format!("GGUF: {e}")))?
+    {
+        None => None,
+        Some(0.0) => None,
+        Some(c) if c.is_finite() && c > 0.0 => Some(c),
+        Some(c) => {
+            return Err(EngineError::InvalidModel(format!("GGUF gemma3: {cap_key} must be a finite positive number, got {c}")))
+        }
+    };
     Ok(())
 }
 
@@ -381,6 +391,16 @@ mod tests {
         assert_eq!(full, vec![5, 11, 17]);
         assert_eq!((c.sliding_window, c.local_rope.clone(), c.rope_theta), (Some(512), Some((1e4, None)), 1e6));
         assert_eq!((c.query_pre_attn_scalar, c.final_logit_softcap, c.qk_norm), (Some(256.0), None, true));
+        // A soft-cap llama.cpp could not apply, and a layer count no list can hold: typed errors.
+        for (k, v) in [
+            ("gemma3.final_logit_softcapping", G::F32(f32::NAN)),
+            ("gemma3.final_logit_softcapping", G::F64(-30.0)),
+            ("gemma3.block_count", G::U64(u64::MAX)),
+        ] {
+            let mut bad = md.clone();
+            bad.insert(k.into(), v);
+            assert_eq!(ModelConfig::from_gguf(&bad).unwrap_err().code(), "INVALID_MODEL", "{k}");
+        }
         // The 27B's scale is 1/√(hidden / heads).
         md.insert("gemma3.block_count".into(), G::U32(62));
         assert_eq!(ModelConfig::from_gguf(&md).unwrap().query_pre_attn_scalar, Some(160.0));

@@ -33,8 +33,12 @@ pub struct LayerPlan {
     pub layers: Vec<LayerSpec>,
     /// The rotary embeddings the layers use ([`AttentionSpec::rope`] indexes this).
     pub ropes: Vec<RopeSpec>,
-    /// Multiplies the token embeddings (Gemma: √hidden; 1 elsewhere).
+    /// Multiplies the token embeddings (Gemma: √hidden; Granite: its embedding multiplier; 1
+    /// elsewhere).
     pub embedding_scale: f64,
+    /// Multiplies a prompt-tuning expert's virtual token embeddings: Granite scales every input
+    /// embedding, Gemma only the token table's.
+    pub virtual_embedding_scale: f64,
     /// Multiplies each block's output before it is added to the residual stream.
     pub residual_multiplier: f64,
     /// Multiplies the final logits.
@@ -164,6 +168,7 @@ impl LayerPlan {
             layers: vec![plain; cfg.num_layers],
             ropes: vec![rope.clone()],
             embedding_scale: 1.0,
+            virtual_embedding_scale: 1.0,
             residual_multiplier: 1.0,
             logit_multiplier: 1.0,
             final_logit_softcap: None,
@@ -182,7 +187,17 @@ impl LayerPlan {
                         if cfg.no_rope_layers.get(i).copied().unwrap_or(false) {
                             a.rope = None;
                         }
+                        // Granite's score scale.
+                        if let Some(m) = &cfg.multipliers {
+                            a.scale = m.attention;
+                        }
                     }
+                }
+                if let Some(m) = &cfg.multipliers {
+                    plan.embedding_scale = m.embedding;
+                    plan.virtual_embedding_scale = m.embedding;
+                    plan.residual_multiplier = m.residual;
+                    plan.logit_multiplier = 1.0 / m.logits_scaling;
                 }
             }
             // Sliding and full layers with their own rotary bases, q/k norms, scores scaled by
@@ -232,12 +247,6 @@ impl LayerPlan {
     /// when it runs all of it. A model whose plan names something is refused at load
     /// (`UNSUPPORTED_ARCHITECTURE`), never run without it.
     pub fn unsupported(&self) -> Option<String> {
-        if self.residual_multiplier != 1.0 {
-            return Some(format!("a residual multiplier ({})", self.residual_multiplier));
-        }
-        if self.logit_multiplier != 1.0 {
-            return Some(format!("a logit multiplier ({})", self.logit_multiplier));
-        }
         for r in &self.ropes {
             if r.rotary_dim != r.head_dim {
                 return Some(format!("partial rotary embeddings ({} of {} dimensions)", r.rotary_dim, r.head_dim));
@@ -272,7 +281,11 @@ impl LayerPlan {
     /// [`Self::unsupported`] on purpose: as the generic decoder learns more, this stays what the
     /// kernels do.
     pub fn fused_decode_gap(&self) -> Option<String> {
-        if self.embedding_scale != 1.0 || self.residual_multiplier != 1.0 || self.logit_multiplier != 1.0 {
+        if self.embedding_scale != 1.0
+            || self.virtual_embedding_scale != 1.0
+            || self.residual_multiplier != 1.0
+            || self.logit_multiplier != 1.0
+        {
             return Some("model-wide multipliers".into());
         }
         if self.final_logit_softcap.is_some() {

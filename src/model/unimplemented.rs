@@ -62,6 +62,8 @@ pub fn check_hf(raw: &Value, arch: Arch, model_type: &str) -> Result<()> {
         (_, "mistral") => &["sliding_window"],
         (_, "ministral") => &["sliding_window", "layer_types"],
         (_, "smollm3") => &["no_rope_layers", "sliding_window", "use_sliding_window", "layer_types"],
+        // Its multipliers are read (granite_config.rs).
+        (_, "granite") => &["embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"],
         _ => &[],
     };
     let get = |k: &str| get(k).filter(|_| !implemented.contains(&k));

@@ -54,8 +54,8 @@ async function agreesWithLoad(m, path, tokens) {
   try {
     const i = rt.info
     assert.deepEqual(
-      [m.architecture, m.numLayers, m.hiddenSize, m.vocabSize, m.contextLength],
-      [i.architecture, i.numLayers, i.hiddenSize, i.vocabSize, i.contextLength],
+      [m.architecture, m.family, m.numLayers, m.hiddenSize, m.vocabSize, m.contextLength],
+      [i.architecture, i.family, i.numLayers, i.hiddenSize, i.vocabSize, i.contextLength],
     )
     assert.deepEqual(m.eosTokens.map((e) => e.id), i.eosTokenIds)
     for (const e of tokens) assert.equal(rt.detokenize([e.id]), e.text)

@@ -25,6 +25,7 @@ describe('Gemma 3: gemma3-tiny', () => {
 
   it('loads as gemma3 with its layer plan: sliding and full layers, two rotary bases', () => {
     assert.equal(rt.info.architecture, 'gemma3')
+    assert.equal(rt.info.family, 'gemma3_text')
     assert.equal(rt.info.numLayers, 4)
     assert.deepEqual(rt.info.eosTokenIds.slice().sort(), [395, 402])
   })
@@ -84,7 +85,9 @@ describe('Gemma 3: the text model of a multimodal checkpoint (gemma3-mm-tiny)', 
 
   it('loads as gemma3, inspect says what it read, and answers as HF', async () => {
     assert.equal(rt.info.architecture, 'gemma3')
+    assert.equal(rt.info.family, 'gemma3')
     const m = await inspect(fixture(MM))
+    assert.equal(m.family, 'gemma3')
     assert.match(m.plan[0], /text model of a multimodal checkpoint/)
     const c = cases.base
     const { chunks } = await collect(rt.createSession().generate({ tokens: c.prompt_ids }, { ...GREEDY, maxTokens: c.steps.length }))

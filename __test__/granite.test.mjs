@@ -28,9 +28,11 @@ describe('Granite 3: granite-tiny', () => {
   })
   after(() => rt?.dispose())
 
-  it('its GGUF answers as HF and as llama.cpp on the same file', async () => {
+  it('runs as the llama network; its family is granite; its GGUF answers as HF and as llama.cpp on the same file', async () => {
+    assert.deepEqual([rt.info.architecture, rt.info.family], ['llama', 'granite'])
     const g = await Runtime.load(fixture(NAME, 'model-f32.gguf'))
     try {
+      assert.deepEqual([g.info.architecture, g.info.family], ['llama', 'granite'])
       const { chunks } = await collect(g.createSession().generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: ref.f32.steps.length }))
       assertSteps(chunks, ref.f32.steps, 'GGUF')
       assert.deepEqual(chunks.map((c) => c.tokenId), ref.llamacpp.tokens)

@@ -33,6 +33,7 @@ function model(path: string, m: N.JsModelInspection): ModelInspection {
     type: 'model',
     path,
     architecture: m.architecture,
+    family: m.family,
     plan: [...m.plan],
     vocabSize: m.vocabSize,
     hiddenSize: m.hiddenSize,

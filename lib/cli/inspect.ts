@@ -70,6 +70,7 @@ function describeModel(m: ModelInspection): string {
     ['model', m.path],
     ['format', `${w.container}, ${plural(w.files, 'file')}, ${bytes(w.fileBytes)}`],
     ['architecture', m.architecture],
+    ['family', m.family],
     ['parameters', `${count(w.parameters)} (${w.parameters})`],
     ['layers', String(m.numLayers)],
     ['hidden size', String(m.hiddenSize)],

@@ -65,8 +65,10 @@ export interface ModelInspection {
   type: 'model'
   /** The path inspected. */
   path: string
-  /** The family the engine runs it as: `llama`, `qwen2` or `qwen3`. */
+  /** The network the engine runs it as: `llama`, `qwen2`, `qwen3` or `gemma3`. */
   architecture: string
+  /** The family as the checkpoint names it (see `RuntimeInfo.family`). */
+  family: string
   /**
    * The layer plan the engine would run: one line per run of identical layers (mixer ·
    * feed-forward block · norms), then one per rotary embedding, then model-wide settings that

@@ -91,8 +91,15 @@ export interface RuntimeStats {
 
 /** `Runtime.info`: what was loaded and how it runs. */
 export interface RuntimeInfo {
-  /** The model family as the engine runs it: `llama`, `qwen2` or `qwen3`. */
+  /** The network the engine runs: `llama`, `qwen2`, `qwen3` or `gemma3`. */
   architecture: string
+  /**
+   * The family as the checkpoint names it (`config.json`'s `model_type`, a GGUF's
+   * `general.architecture`): `mistral`, `ministral`, `smollm3`, `granite`, `gemma3_text`,
+   * `gemma3` (a multimodal checkpoint's text model), … where `architecture` is the network
+   * they share.
+   */
+  family: string
   /** What dense weights and activations run in (`LoadOptions.dtype` resolved: never `auto`). */
   dtype: Exclude<DType, 'auto'>
   /** Where the model runs. */

@@ -152,6 +152,7 @@ class RouteDecision(TypedDict):
 
 class RuntimeInfo(TypedDict):
     architecture: str
+    family: str  # as the checkpoint names it: model_type, or a GGUF's general.architecture
     dtype: str
     device: str
     device_name: str

@@ -11,7 +11,7 @@ from expert_runtime import Completion, ExpertRuntimeError, Runtime, TokenChunk
 
 def test_info_and_stats(tiny):
     info = tiny.info
-    assert info["architecture"] == "qwen3" and info["vocab_size"] == 400 and info["device"] == "cpu"
+    assert info["architecture"] == "qwen3" and info["family"] == "qwen3" and info["vocab_size"] == 400 and info["device"] == "cpu"
     st = tiny.stats()
     assert st["kv_block_size"] > 0 and st["kv_bytes_per_token"] > 0
 

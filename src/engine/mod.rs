@@ -53,6 +53,8 @@ const MIN_DEFAULT_POOL: usize = 8192;
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ModelInfo {
     pub architecture: String,
+    /// The family as the checkpoint names it (`granite`, `mistral`, `gemma3_text`, …).
+    pub family: String,
     pub dtype: String,
     /// `cpu` | `cuda`.
     pub device: String,
@@ -195,6 +197,7 @@ impl Engine {
         let kv_dtype = crate::kv::sizing::kv_dtype(opts.kv_cache.dtype.as_deref(), model.dtype)?;
         let info = ModelInfo {
             architecture: model.cfg.arch.name().into(),
+            family: model.cfg.family.clone(),
             dtype: load::dtype_name(model.dtype).into(),
             device: if model.device.is_cpu() { "cpu".into() } else { "cuda".into() },
             device_name: device_name(&model.device),

@@ -90,6 +90,10 @@ pub struct ModelConfig {
     pub text_of_multimodal: bool,
     /// Granite's embedding, residual, attention and logit multipliers.
     pub multipliers: Option<super::granite_config::Multipliers>,
+    /// The family as the checkpoint names it (`config.json`'s `model_type`, a GGUF's
+    /// `general.architecture`): `mistral`, `smollm3` or `granite` where [`Self::arch`] is the
+    /// network they share (`llama`).
+    pub family: String,
 }
 
 /// Most layers a config may declare (the largest open models have ~130).
@@ -189,6 +193,7 @@ impl ModelConfig {
         if let Some(text_config) = super::gemma3_config::multimodal_text_config(&raw)? {
             let mut cfg = Self::from_hf_value(&text_config)?;
             cfg.text_of_multimodal = true;
+            cfg.family = "gemma3".into();
             return Ok(cfg);
         }
         Self::from_hf_value(&raw)
@@ -256,8 +261,10 @@ impl ModelConfig {
             no_rope_layers: Vec::new(),
             text_of_multimodal: false,
             multipliers: None,
+            family: String::new(),
         };
         let mut cfg = cfg;
+        cfg.family = model_type.chars().take(64).collect();
         cfg.check_layer_count()?;
         if arch == Arch::Gemma3 {
             super::gemma3_config::read(raw, &mut cfg, hf.original_max_position_embeddings)?;
@@ -334,8 +341,10 @@ impl ModelConfig {
             no_rope_layers: Vec::new(),
             text_of_multimodal: false,
             multipliers: None,
+            family: String::new(),
         };
         let mut cfg = cfg;
+        cfg.family = arch_name.chars().take(64).collect();
         cfg.check_layer_count()?;
         cfg.rope_scaling = gguf_rope_scaling(md, &arch_name, cfg.max_position_embeddings)?;
         if arch == Arch::Gemma3 {

@@ -51,6 +51,8 @@ pub struct JsTokenizerInspection {
 #[napi(object)]
 pub struct JsModelInspection {
     pub architecture: String,
+    /// The family as the checkpoint names it (`model_type`, or a GGUF's architecture).
+    pub family: String,
     /// The layer plan, one line per run of identical layers, then the rotary embeddings and
     /// the model-wide settings (see `LayerPlan::summary`).
     pub plan: Vec<String>,
@@ -123,6 +125,7 @@ fn model(m: ModelInspection) -> JsModelInspection {
     let c = m.config;
     JsModelInspection {
         architecture: c.arch.name().into(),
+        family: c.family.clone(),
         plan: {
             let mut plan = crate::model::plan::LayerPlan::build(&c).summary();
             if c.text_of_multimodal {

@@ -102,6 +102,7 @@ impl NativeRuntime {
         let i = &e.info;
         Ok(RuntimeInfo {
             architecture: i.architecture.clone(),
+            family: i.family.clone(),
             dtype: i.dtype.clone(),
             device: i.device.clone(),
             device_name: i.device_name.clone(),

@@ -95,6 +95,7 @@ pub struct LoadProgress {
 #[napi(object)]
 pub struct RuntimeInfo {
     pub architecture: String,
+    pub family: String,
     pub dtype: String,
     pub device: String,
     pub device_name: String,

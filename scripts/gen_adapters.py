@@ -281,6 +281,46 @@ def describe_keys(d: Path):
         return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
 
 
+# The experts every newer family's fixture carries in its own experts/ (gen_family_experts.py,
+# gen_granite_fixtures.py): LoRA, DoRA, IA3 on all 7 projections and prompt tuning.
+FAMILY_EXPERTS = [
+    dict(name="lora", seed=100, cfg=lambda: LoraConfig(task_type=CL, r=4, lora_alpha=8, target_modules=ALL7,
+                                                       init_lora_weights=False)),
+    dict(name="dora", seed=200, cfg=lambda: LoraConfig(task_type=CL, r=4, lora_alpha=8, use_dora=True,
+                                                       target_modules=ALL7, init_lora_weights=False)),
+    dict(name="ia3", seed=300, cfg=lambda: IA3Config(task_type=CL, target_modules=ALL7, feedforward_modules=["down_proj"])),
+    dict(name="prompt", seed=400, prompt=True,
+         cfg=lambda: PromptTuningConfig(task_type=CL, num_virtual_tokens=4, prompt_tuning_init="RANDOM")),
+]
+
+
+def write_family_experts(model_dir: Path, name: str, prompt_ids):
+    """FAMILY_EXPERTS trained by PEFT on the model saved in `model_dir`, written to its experts/
+    with experts/reference.json: PEFT's greedy steps for the base and each expert (the schema of
+    adapters/reference.json)."""
+    load = lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,  # noqa: E731
+                                                        attn_implementation="eager").eval()
+    base_steps, _ = reference(load(), prompt_ids)
+    cases = {"base": {"experts": [], "prompt_ids": prompt_ids, "steps": base_steps}}
+    for spec in FAMILY_EXPERTS:
+        is_prompt = spec.get("prompt", False)
+        for seed in range(spec["seed"], spec["seed"] + MAX_SEED_TRIES):
+            torch.manual_seed(seed)
+            pm = get_peft_model(load(), spec["cfg"]())
+            randomize(pm, seed)
+            steps, margin = reference(pm.eval(), prompt_ids, is_prompt)
+            ok, n_diff = acceptable(steps, margin, base_steps)
+            if ok:
+                break
+        else:
+            raise SystemExit(f"{spec['name']}: no acceptable seed")
+        save_adapter(pm, model_dir / "experts" / spec["name"], name)
+        cases[spec["name"]] = {"experts": [spec["name"]], "seed": seed, "prompt_ids": prompt_ids, "steps": steps}
+        print(f"  expert {spec['name']}: seed {seed}, {n_diff}/{len(steps)} tokens differ from the base, "
+              f"min margin {margin:.3f}")
+    dump_json(model_dir / "experts" / "reference.json", {"model": name, "cases": cases}, compact_lists=True)
+
+
 def main():
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)

@@ -37,11 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
-from peft import IA3Config, LoraConfig, PromptTuningConfig, get_peft_model
-from transformers import AutoModelForCausalLM, GraniteConfig, GraniteForCausalLM
+from transformers import GraniteConfig, GraniteForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_adapters import ALL7, CL, acceptable, randomize, reference, save_adapter  # noqa: E402
+from gen_adapters import write_family_experts  # noqa: E402
 from gen_fixtures import (ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, dump_json, gguf_payload,  # noqa: E402
                           gguf_tensors, greedy_reference, new_gguf_writer, sequence_ok)
 from gen_gemma3_gguf_fixture import llamacpp_greedy  # noqa: E402
@@ -61,16 +60,6 @@ CFG = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attent
            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, attention_bias=False, mlp_bias=False,
            **MULTIPLIERS)
 
-EXPERTS = [
-    dict(name="lora", seed=100, cfg=lambda: LoraConfig(task_type=CL, r=4, lora_alpha=8, target_modules=ALL7,
-                                                       init_lora_weights=False)),
-    dict(name="dora", seed=200, cfg=lambda: LoraConfig(task_type=CL, r=4, lora_alpha=8, use_dora=True,
-                                                       target_modules=ALL7, init_lora_weights=False)),
-    dict(name="ia3", seed=300, cfg=lambda: IA3Config(task_type=CL, target_modules=ALL7, feedforward_modules=["down_proj"])),
-    dict(name="prompt", seed=400, prompt=True,
-         cfg=lambda: PromptTuningConfig(task_type=CL, num_virtual_tokens=4, prompt_tuning_init="RANDOM")),
-]
-N_EXPERT_NEW = 12
 
 
 def build_model(seed: int, vocab_size: int, ids: dict, **overrides) -> GraniteForCausalLM:
@@ -136,31 +125,6 @@ def write_gguf(path: Path, model, tok_json: dict, ids: dict, chat_template: str)
     w.close()
 
 
-def experts(out: Path, prompt_ids):
-    """PEFT experts on the saved model, with their references."""
-    load = lambda: AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,  # noqa: E731
-                                                        attn_implementation="eager").eval()
-    base_steps, _ = reference(load(), prompt_ids)
-    cases = {"base": {"experts": [], "prompt_ids": prompt_ids, "steps": base_steps}}
-    for spec in EXPERTS:
-        is_prompt = spec.get("prompt", False)
-        for seed in range(spec["seed"], spec["seed"] + 100):
-            torch.manual_seed(seed)
-            pm = get_peft_model(load(), spec["cfg"]())
-            randomize(pm, seed)
-            steps, margin = reference(pm.eval(), prompt_ids, is_prompt)
-            ok, n_diff = acceptable(steps, margin, base_steps)
-            if ok:
-                break
-        else:
-            raise SystemExit(f"{spec['name']}: no acceptable seed")
-        save_adapter(pm, out / "experts" / spec["name"], NAME)
-        cases[spec["name"]] = {"experts": [spec["name"]], "seed": seed, "prompt_ids": prompt_ids, "steps": steps}
-        print(f"  expert {spec['name']}: seed {seed}, {n_diff}/{len(steps)} tokens differ from the base, "
-              f"min margin {margin:.3f}")
-    dump_json(out / "experts" / "reference.json", {"model": NAME, "cases": cases}, compact_lists=True)
-
-
 def main():
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -206,7 +170,7 @@ def main():
 
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == "granite" and all(cfg[k] == v for k, v in MULTIPLIERS.items()), cfg
-    experts(out, prompt_ids)
+    write_family_experts(out, NAME, prompt_ids)
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"  {out.relative_to(ROOT)} {total / 1e3:.0f} KB")
 

@@ -40,3 +40,16 @@ fn smollm3_the_no_rope_layer_is_visible_in_the_fixture() {
     let want: Vec<u64> = r["f32"]["steps"].as_array().unwrap().iter().map(|s| s["token"].as_u64().unwrap()).collect();
     assert_ne!(tokens(&r["ablations"]["f32"]["rope_everywhere"]["tokens"]), want);
 }
+
+/// LoRA, DoRA and IA³ on all seven projections and prompt tuning against PEFT
+/// (`scripts/gen_family_experts.py`), on the safetensors and on the GGUF (Q/K rows permuted,
+/// the no-RoPE layer fixed by the architecture).
+#[test]
+fn smollm3_experts_match_peft() {
+    let dir = fixture(NAME).join("experts");
+    let r = read_json(&dir.join("reference.json"));
+    for case in ["base", "lora", "dora", "ia3", "prompt"] {
+        crate::experts::check_case_in(&r, &dir, case, &fixture(NAME), false, crate::experts::F32_TOL);
+        crate::experts::check_case_in(&r, &dir, case, &fixture(NAME).join("model-f32.gguf"), false, crate::experts::F32_TOL);
+    }
+}

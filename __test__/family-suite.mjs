@@ -1,0 +1,92 @@
+// One family's checks through the public API, on a fixture with a GGUF and experts/
+// (granite-tiny, smollm3-tiny): its info, its GGUF (as HF, and as llama.cpp when the fixture
+// recorded llama.cpp's decode), LoRA / DoRA / IA³ / prompt tuning as PEFT, a second turn from the
+// cache, batched decoding under mixed experts equal to solo, and quantize-on-load. f32 greedy
+// parity from safetensors is in generate.test.mjs with the other families.
+import { describe, it, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { createRequire } from 'node:module'
+import { collect, fixture, fixtureJson, GREEDY, LOGPROB_TOL, reference } from './helpers.mjs'
+
+const require = createRequire(import.meta.url)
+const { Runtime } = require('../dist/index.js')
+
+function assertSteps(chunks, steps, what) {
+  assert.deepEqual(chunks.map((c) => c.tokenId), steps.map((s) => s.token), `${what}: greedy tokens differ`)
+  chunks.forEach((c, i) => assert.ok(Math.abs(c.logprob - steps[i].logprob) <= LOGPROB_TOL, `${what} step ${i}: ${c.logprob} vs ${steps[i].logprob}`))
+}
+
+/** The suite for fixture `name`, whose info says `[architecture, family]`. */
+export function describeFamily(name, architecture, family) {
+  const ref = reference(name)
+  const experts = fixtureJson(name, 'experts', 'reference.json').cases
+
+  describe(`${family}: ${name}`, () => {
+    let rt
+    before(async () => {
+      rt = await Runtime.load(fixture(name))
+    })
+    after(() => rt?.dispose())
+
+    it(`runs as the ${architecture} network, family ${family}; its GGUF answers as HF${ref.llamacpp ? ' and as llama.cpp' : ''}`, async () => {
+      assert.deepEqual([rt.info.architecture, rt.info.family], [architecture, family])
+      const g = await Runtime.load(fixture(name, 'model-f32.gguf'))
+      try {
+        assert.deepEqual([g.info.architecture, g.info.family], [architecture, family])
+        const { chunks } = await collect(g.createSession().generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: ref.f32.steps.length }))
+        assertSteps(chunks, ref.f32.steps, 'GGUF')
+        if (ref.llamacpp) assert.deepEqual(chunks.map((c) => c.tokenId), ref.llamacpp.tokens)
+      } finally {
+        await g.dispose()
+      }
+    })
+
+    it('LoRA, DoRA, IA³ and prompt tuning answer as PEFT', async () => {
+      for (const e of ['lora', 'dora', 'ia3', 'prompt']) {
+        await rt.loadExpert(fixture(name, 'experts', e), { name: e })
+        const c = experts[e]
+        const { chunks } = await collect(rt.createSession().generate({ tokens: c.prompt_ids }, { ...GREEDY, maxTokens: c.steps.length, experts: [e] }))
+        assertSteps(chunks, c.steps, e)
+      }
+    })
+
+    it('a second turn reuses the cache and answers as a fresh session recomputing it all', async () => {
+      const s = rt.createSession()
+      const a = await s.complete({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: 6 })
+      const b = await s.complete({ tokens: [50, 60] }, { ...GREEDY, maxTokens: 6 })
+      assert.equal(b.usage.cachedTokens, ref.prompt_ids.length + 6 - 1)
+      const fresh = await rt.createSession().complete({ tokens: [...ref.prompt_ids, ...a.tokens, 50, 60] }, { ...GREEDY, maxTokens: 6 })
+      assert.deepEqual(b.tokens, fresh.tokens)
+    })
+
+    it('8 concurrent sessions, some under experts, decode in one batch exactly as each alone', async () => {
+      const runs = Array.from({ length: 8 }, (_, i) => ({ tokens: ref.prompt_ids.slice(0, 3 + 2 * i), experts: i % 3 === 0 ? [] : [['lora', 'ia3'][i % 2]] }))
+      const solo = []
+      for (const r of runs) solo.push((await rt.createSession().complete({ tokens: r.tokens }, { ...GREEDY, maxTokens: 10, experts: r.experts })).tokens)
+      const together = await Promise.all(runs.map((r) => rt.createSession().complete({ tokens: r.tokens }, { ...GREEDY, maxTokens: 10, experts: r.experts })))
+      assert.deepEqual(together.map((r) => r.tokens), solo)
+    })
+
+    it('quantize-on-load (q8_0) follows HF until a near-tie', async () => {
+      const q = await Runtime.load(fixture(name), { quantize: 'q8_0' })
+      try {
+        assert.equal(q.info.quantization, 'q8_0')
+        // Q8_0 weights move logprobs by up to ~0.2 on these tiny random models: the greedy run
+        // follows HF's until a step where HF's own top two are that close, and stays near HF's
+        // logprobs on the way.
+        const { chunks } = await collect(q.createSession().generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: ref.f32.steps.length }))
+        for (const [i, c] of chunks.entries()) {
+          const step = ref.f32.steps[i]
+          if (c.tokenId !== step.token) {
+            const margin = step.top5[0][1] - step.top5[1][1]
+            assert.ok(margin < 0.3 && i > 0, `step ${i}: ${c.tokenId} vs HF's ${step.token}, whose margin is ${margin}`)
+            break
+          }
+          assert.ok(Math.abs(c.logprob - step.logprob) < 0.3, `step ${i}: ${c.logprob} vs ${step.logprob}`)
+        }
+      } finally {
+        await q.dispose()
+      }
+    })
+  })
+}

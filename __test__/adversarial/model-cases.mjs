@@ -12,13 +12,13 @@ export function hfConfigCases(add) {
   const MA = ['INVALID_MODEL', 'UNSUPPORTED_ARCHITECTURE']
   // Rope scaling types the engine does not implement are UNSUPPORTED_ARCHITECTURE, and so are
   // attention-changing fields turned on (src/model/unimplemented.rs).
-  const UNIMPLEMENTED = ['layer_types', 'sliding_window', 'use_sliding_window', 'no_rope_layers', 'attn_logit_softcapping', 'final_logit_softcapping',
+  const UNIMPLEMENTED = ['use_bidirectional_attention', 'layer_types', 'sliding_window', 'use_sliding_window', 'no_rope_layers', 'attn_logit_softcapping', 'final_logit_softcapping',
     'query_pre_attn_scalar', 'attention_chunk_size', 'hidden_size_per_layer_input', 'partial_rotary_factor', 'embedding_multiplier',
     'residual_multiplier', 'attention_multiplier', 'logits_scaling']
   const archField = (k) => ['architectures', 'model_type', 'rope_scaling', 'rope_parameters', ...UNIMPLEMENTED].includes(k)
   // Texts are built when the case runs (thunks): building every case must stay cheap.
   const loadWith = (base, text) => async (ctx) => ctx.loadAndProbe(await ctx.modelDir(base, { 'config.json': text }))
-  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3]]
+  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2]]
   for (const [base, perField] of bases) {
     const cfg = readJson(base, 'config.json')
     const rnd = prng(0xc0f19 + base.length)

@@ -69,8 +69,9 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
         return prompt_expert(&cfg, &mut tensors, opts, model, id, name, manifest);
     }
     // 3. The modules the config targets, by their paths in the model the adapter was trained on.
-    let vision_tensors = tensors.keys().filter(|k| is_vision_tensor(k)).count();
+    let with_vision = tensors.len();
     tensors.retain(|k, _| !is_vision_tensor(k));
+    let vision_tensors = with_vision - tensors.len();
     cfg.set_layer_prefix(tensors.keys())?;
     let targeted = targeted_slots(&cfg, model)?;
     // 4. Group the tensors by module; anything else is not an adapter we can apply.

@@ -51,20 +51,17 @@ fn rope(v: &Value, default_theta: f64, max_positions: usize, original: Option<us
 /// `Gemma3TextConfig`'s defaults (transformers 4.50 to 5.x) for the fields the common reader
 /// requires. The multimodal checkpoints write their `text_config` as the difference from
 /// these (google/gemma-3-4b-it's names 7 fields); the Gemma 3 fields [`read`] defaults itself.
-const TEXT_DEFAULTS: &[(&str, f64)] = &[
-    ("vocab_size", 262_208.0),
-    ("hidden_size", 2304.0),
-    ("intermediate_size", 9216.0),
-    ("num_hidden_layers", 26.0),
-    ("num_attention_heads", 8.0),
-    ("num_key_value_heads", 4.0),
-    ("head_dim", 256.0),
-    ("max_position_embeddings", 131_072.0),
-    ("rms_norm_eps", 1e-6),
-    ("bos_token_id", 2.0),
-    ("eos_token_id", 1.0),
-    ("pad_token_id", 0.0),
-];
+fn text_defaults() -> serde_json::Map<String, Value> {
+    let defaults = serde_json::json!({
+        "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
+        "rms_norm_eps": 1e-6, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+    });
+    match defaults {
+        Value::Object(m) => m,
+        _ => unreachable!("an object literal"),
+    }
+}
 
 /// Fields a multimodal config may hold at its top level rather than in `text_config` (the
 /// published checkpoints put `eos_token_id` and the dtype there); `text_config`'s own win.
@@ -100,11 +97,7 @@ pub fn multimodal_text_config(raw: &Value) -> Result<Option<Value>> {
                 .into(),
         ));
     }
-    let mut out = serde_json::Map::new();
-    for (k, v) in TEXT_DEFAULTS {
-        let n = if v.fract() == 0.0 { Value::from(*v as u64) } else { Value::from(*v) };
-        out.insert((*k).into(), n);
-    }
+    let mut out = text_defaults();
     for k in TOP_LEVEL_FALLBACKS {
         if let Some(v) = raw.get(*k).filter(|v| !v.is_null()) {
             out.insert((*k).into(), v.clone());

@@ -17,7 +17,8 @@ use super::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::gguf_meta::{self, Metadata};
 
-/// Granite's multipliers (all 1 but the attention scale is a no-op only at `1/√head_dim`).
+/// Granite's multipliers. Each is neutral at 1 except the attention one, which replaces
+/// `1/√head_dim` (neutral only at that value).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Multipliers {
     pub embedding: f64,
@@ -61,13 +62,13 @@ pub fn read(raw: &Value, cfg: &mut ModelConfig) -> Result<()> {
     Ok(())
 }
 
-/// Reads them from a `granite` GGUF's metadata as llama.cpp's converter writes them (a key
-/// llama.cpp would default is 1 here too).
+/// Reads them from a `granite` GGUF's metadata as llama.cpp's converter writes them; like
+/// llama.cpp's loader, a file without one of the four is refused.
 pub fn read_gguf(md: &Metadata, cfg: &mut ModelConfig) -> Result<()> {
     let get = |k: &str| -> Result<f64> {
         let key = format!("granite.{k}");
         match gguf_meta::get_f64(md, &key).map_err(|e| EngineError::InvalidModel(format!("GGUF: {e}")))? {
-            None => Ok(1.0),
+            None => Err(EngineError::InvalidModel(format!("GGUF metadata lacks {key}"))),
             Some(m) => check(&key, m, "GGUF"),
         }
     };
@@ -119,5 +120,40 @@ mod tests {
         let mut v = fixture();
         v["model_type"] = "llama".into();
         assert_eq!(load(&v).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE");
+    }
+
+    /// A `granite` GGUF: its four keys read; one missing (llama.cpp's loader requires all four)
+    /// or out of range is a typed error.
+    #[test]
+    fn a_gguf_needs_its_four_scales() {
+        use candle_core::quantized::gguf_file::Value as G;
+        let mut md = Metadata::new();
+        for (k, v) in [
+            ("general.architecture", G::String("granite".into())),
+            ("granite.embedding_length", G::U32(64)),
+            ("granite.feed_forward_length", G::U32(96)),
+            ("granite.block_count", G::U32(3)),
+            ("granite.attention.head_count", G::U32(4)),
+            ("granite.vocab_size", G::U32(400)),
+            ("granite.embedding_scale", G::F32(4.0)),
+            ("granite.residual_scale", G::F32(0.5)),
+            ("granite.attention.scale", G::F32(0.125)),
+            ("granite.logit_scale", G::F32(2.0)),
+        ] {
+            md.insert(k.into(), v);
+        }
+        let m = ModelConfig::from_gguf(&md).unwrap().multipliers.unwrap();
+        assert_eq!(m, Multipliers { embedding: 4.0, residual: 0.5, attention: 0.125, logits_scaling: 2.0 });
+        for k in ["embedding_scale", "residual_scale", "attention.scale", "logit_scale"] {
+            let key = format!("granite.{k}");
+            for bad in [None, Some(G::F32(f32::NAN)), Some(G::F32(0.0)), Some(G::String("2".into()))] {
+                let mut md = md.clone();
+                match bad {
+                    None => md.remove(&key),
+                    Some(v) => md.insert(key.clone(), v),
+                };
+                assert_eq!(ModelConfig::from_gguf(&md).unwrap_err().code(), "INVALID_MODEL", "{key}");
+            }
+        }
     }
 }

@@ -28,14 +28,16 @@ export function describeFamily(name, architecture, family) {
     })
     after(() => rt?.dispose())
 
-    it(`runs as the ${architecture} network, family ${family}; its GGUF answers as HF${ref.llamacpp ? ' and as llama.cpp' : ''}`, async () => {
+    it(`runs as the ${architecture} network, family ${family}; its GGUF answers as HF${ref.llamacpp && !ref.llamacpp.reference ? ' and as llama.cpp' : ''}`, async () => {
       assert.deepEqual([rt.info.architecture, rt.info.family], [architecture, family])
       const g = await Runtime.load(fixture(name, 'model-f32.gguf'))
       try {
         assert.deepEqual([g.info.architecture, g.info.family], [architecture, family])
         const { chunks } = await collect(g.createSession().generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: ref.f32.steps.length }))
         assertSteps(chunks, ref.f32.steps, 'GGUF')
-        if (ref.llamacpp) assert.deepEqual(chunks.map((c) => c.tokenId), ref.llamacpp.tokens)
+        // (A `reference` names the HF run llama.cpp's decode matches instead, when llama.cpp
+        // leaves out something the family has: Phi-3's window.)
+        if (ref.llamacpp && !ref.llamacpp.reference) assert.deepEqual(chunks.map((c) => c.tokenId), ref.llamacpp.tokens)
       } finally {
         await g.dispose()
       }

@@ -282,22 +282,24 @@ def describe_keys(d: Path):
 
 
 # The experts every newer family's fixture carries in its own experts/ (gen_family_experts.py,
-# gen_granite_fixtures.py): LoRA, DoRA, IA3 on all 7 projections and prompt tuning.
+# gen_granite_fixtures.py, gen_phi3_fixtures.py): LoRA, DoRA, IA3 and prompt tuning. `cfg` takes the
+# target module names and IA3's feed-forward ones (write_family_experts: all 7 projections, down).
 FAMILY_EXPERTS = [
-    dict(name="lora", seed=100, cfg=lambda: LoraConfig(task_type=CL, r=4, lora_alpha=8, target_modules=ALL7,
-                                                       init_lora_weights=False)),
-    dict(name="dora", seed=200, cfg=lambda: LoraConfig(task_type=CL, r=4, lora_alpha=8, use_dora=True,
-                                                       target_modules=ALL7, init_lora_weights=False)),
-    dict(name="ia3", seed=300, cfg=lambda: IA3Config(task_type=CL, target_modules=ALL7, feedforward_modules=["down_proj"])),
+    dict(name="lora", seed=100, cfg=lambda t, ff: LoraConfig(task_type=CL, r=4, lora_alpha=8, target_modules=t,
+                                                             init_lora_weights=False)),
+    dict(name="dora", seed=200, cfg=lambda t, ff: LoraConfig(task_type=CL, r=4, lora_alpha=8, use_dora=True,
+                                                             target_modules=t, init_lora_weights=False)),
+    dict(name="ia3", seed=300, cfg=lambda t, ff: IA3Config(task_type=CL, target_modules=t, feedforward_modules=ff)),
     dict(name="prompt", seed=400, prompt=True,
-         cfg=lambda: PromptTuningConfig(task_type=CL, num_virtual_tokens=4, prompt_tuning_init="RANDOM")),
+         cfg=lambda t, ff: PromptTuningConfig(task_type=CL, num_virtual_tokens=4, prompt_tuning_init="RANDOM")),
 ]
 
 
-def write_family_experts(model_dir: Path, name: str, prompt_ids):
+def write_family_experts(model_dir: Path, name: str, prompt_ids, *, targets=ALL7, feedforward=("down_proj",)):
     """FAMILY_EXPERTS trained by PEFT on the model saved in `model_dir`, written to its experts/
     with experts/reference.json: PEFT's greedy steps for the base and each expert (the schema of
-    adapters/reference.json)."""
+    adapters/reference.json). `targets`: the modules LoRA, DoRA and IA3 adapt; `feedforward`: those
+    IA3 scales at their input (a family with other projection names passes its own)."""
     load = lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,  # noqa: E731
                                                         attn_implementation="eager").eval()
     base_steps, _ = reference(load(), prompt_ids)
@@ -306,7 +308,7 @@ def write_family_experts(model_dir: Path, name: str, prompt_ids):
         is_prompt = spec.get("prompt", False)
         for seed in range(spec["seed"], spec["seed"] + MAX_SEED_TRIES):
             torch.manual_seed(seed)
-            pm = get_peft_model(load(), spec["cfg"]())
+            pm = get_peft_model(load(), spec["cfg"](targets, list(feedforward)))
             randomize(pm, seed)
             steps, margin = reference(pm.eval(), prompt_ids, is_prompt)
             ok, n_diff = acceptable(steps, margin, base_steps)

@@ -13,6 +13,7 @@ mod granite;
 mod kv_dtype;
 mod mistral;
 mod parity;
+mod phi3;
 mod quantize;
 mod rope;
 mod smollm3;

@@ -43,6 +43,18 @@ export type RopeScalingInfo =
       /** One divisor per rotary frequency (head_dim / 2 of them), from the GGUF's `rope_freqs`. */
       factors: number[]
     }
+  | {
+      /** Phi-3.5 / Phi-4-mini: from the model's config (or a GGUF's `rope_factors_*` tensors), never an option. */
+      type: 'longrope'
+      /** The context length (positions) the model was trained for: a longer sequence turns by `longFactor`. */
+      originalMaxPositionEmbeddings: number
+      /** What cos/sin are scaled by (at every position). */
+      attentionFactor: number
+      /** One divisor per rotated pair while a sequence is within the original length. */
+      shortFactor: number[]
+      /** One divisor per rotated pair once it is longer. */
+      longFactor: number[]
+    }
 
 /** `Runtime.stats()`: the KV pool and the scheduler, as of the engine's last step. */
 export interface RuntimeStats {

@@ -15,7 +15,7 @@ use super::ia3::Ia3;
 use super::lokr::Lokr;
 use super::lora::{Factor, LowRank};
 use super::manifest::{family, Manifest};
-use super::peft::{is_vision_tensor, parse_key, read_safetensors, AdapterConfig, PeftType, RawTensor};
+use super::peft::{is_vision_tensor, parse_module_key, read_safetensors, AdapterConfig, PeftType, RawTensor};
 use super::{Expert, ExpertKind, ModuleAdapter, Proj, Slot};
 use crate::error::{EngineError, Result};
 use crate::files;
@@ -60,6 +60,7 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     }
     let start = std::time::Instant::now();
     let mut cfg = read_config(dir)?;
+    cfg.fused = model.fused;
     // 1. The manifest and the base model it names.
     let manifest = read_manifest(dir, &cfg, model)?;
     let name = expert_name(dir, opts, manifest.as_ref())?;
@@ -328,15 +329,19 @@ fn targeted_slots(cfg: &AdapterConfig, model: &Decoder) -> Result<Vec<Slot>> {
                 "target_modules {foreign:?}: only the q/k/v/o/gate/up/down projections of decoder layers can be adapted"
             )));
         }
-        return Err(EngineError::InvalidAdapter(
-            "target_modules selects none of this model's linear modules (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)".into(),
-        ));
+        let mut names: Vec<&str> = Proj::ALL.iter().map(|&p| model.fused.module_name(p)).collect();
+        names.dedup();
+        return Err(EngineError::InvalidAdapter(format!(
+            "target_modules selects none of this model's linear modules ({})",
+            names.join(", ")
+        )));
     }
     Ok(targeted)
 }
 
 /// The tensors grouped by the targeted module they belong to; a tensor of no module, of a layer
-/// the model lacks or of an untargeted module is an error.
+/// the model lacks or of an untargeted module is an error. A fused module's tensors are cut into
+/// its parts' ([`fused_part`]).
 fn group_by_slot(
     tensors: HashMap<String, RawTensor>,
     targeted: &[Slot],
@@ -348,7 +353,7 @@ fn group_by_slot(
     }
     let mut by_slot: HashMap<Slot, ModuleTensors> = HashMap::new();
     for (key, t) in tensors {
-        let Some((slot, param)) = parse_key(&key) else {
+        let Some((layer, parts, param)) = parse_module_key(&key, model.fused) else {
             let unsupported = ["embed_tokens", "lm_head", "modules_to_save", "lora_embedding", "norm"];
             if unsupported.iter().any(|u| key.contains(u)) {
                 return Err(EngineError::UnsupportedAdapter(format!(
@@ -357,18 +362,56 @@ fn group_by_slot(
             }
             return Err(EngineError::InvalidAdapter(format!("unexpected tensor {key}")));
         };
-        if slot.layer >= model.cfg.num_layers {
+        if layer >= model.cfg.num_layers {
             return Err(EngineError::InvalidAdapter(format!(
-                "tensor {key} is for layer {} but the model has {} layers",
-                slot.layer, model.cfg.num_layers
+                "tensor {key} is for layer {layer} but the model has {} layers",
+                model.cfg.num_layers
             )));
         }
-        if !is_targeted[slot.index()] {
+        if parts.iter().any(|&p| !is_targeted[Slot::new(layer, p).index()]) {
             return Err(EngineError::InvalidAdapter(format!("tensor {key} is for a module the adapter config does not target")));
         }
-        by_slot.entry(slot).or_default().insert(param.to_string(), t);
+        if let [proj] = parts {
+            by_slot.entry(Slot::new(layer, *proj)).or_default().insert(param.to_string(), t);
+            continue;
+        }
+        let rows: Vec<usize> = parts.iter().map(|&p| model.linear(Slot::new(layer, p)).out_features).collect();
+        let mut start = 0;
+        for (&proj, &n) in parts.iter().zip(&rows) {
+            let part = fused_part(&key, param, &t, start, n, rows.iter().sum())?;
+            by_slot.entry(Slot::new(layer, proj)).or_default().insert(param.to_string(), part);
+            start += n;
+        }
     }
     Ok(by_slot)
+}
+
+/// Parameter `param` (tensor `key`) of a fused module for the part at rows `start..start + rows`
+/// of the module's `total` output rows. A fused projection is its parts' rows stacked, so an
+/// adapter on it is exactly the parts' adapters: LoRA's `B` (and DoRA's magnitude, one per output
+/// row, taken over each row's own norm) and an output-side IA³ vector are cut by rows; LoRA's `A`
+/// and an input-side IA³ vector are the same for every part. LoKr's Kronecker factors do not cut
+/// along the parts' rows in general: refused.
+fn fused_part(key: &str, param: &str, t: &RawTensor, start: usize, rows: usize, total: usize) -> Result<RawTensor> {
+    let by_rows = match param {
+        "lora_B.weight" | "lora_magnitude_vector" | "lora_magnitude_vector.weight" => true,
+        "ia3_l" => t.shape.first() == Some(&total) && t.shape.get(1).is_none_or(|&d| d == 1),
+        p if p.starts_with("lokr_") => {
+            return Err(EngineError::UnsupportedAdapter(format!(
+                "tensor {key}: LoKr on a fused module (qkv_proj, gate_up_proj) is not supported; \
+                 target the other modules, or use LoRA, DoRA or IA3 there"
+            )))
+        }
+        _ => false,
+    };
+    if !by_rows {
+        // Shared by the parts (its shape is checked against each part's module).
+        return Ok(t.clone());
+    }
+    if t.shape.first() != Some(&total) {
+        return Err(EngineError::InvalidAdapter(format!("tensor {key} {SHAPE_MISMATCH} {:?}, expected {total} rows", t.shape)));
+    }
+    t.rows(start, rows).ok_or_else(|| EngineError::InvalidAdapter(format!("tensor {key} {SHAPE_MISMATCH} {:?}", t.shape)))
 }
 
 /// What [`ModuleBuilder::modules`] built.
@@ -435,7 +478,7 @@ impl ModuleBuilder<'_> {
                 ModuleAdapter::Lokr(k) => k.bytes(),
             };
             built.max_rank = built.max_rank.max(rank);
-            built.names.insert(slot.proj.name().to_string());
+            built.names.insert(self.cfg.fused.module_name(slot.proj).to_string());
             built.modules[slot.index()] = Some(adapter);
         }
         Ok(built)
@@ -444,7 +487,7 @@ impl ModuleBuilder<'_> {
     /// The adapter of one module and its rank (0 for IA³).
     fn module(&self, slot: Slot, ts: ModuleTensors) -> Result<(ModuleAdapter, usize)> {
         let perm = self.out_permutation(slot)?;
-        let mut m = ModuleInput { slot, lin: self.model.linear(slot), ts, perm };
+        let mut m = ModuleInput { slot, path: self.cfg.path(slot), lin: self.model.linear(slot), ts, perm };
         let (adapter, rank) = match self.cfg.peft_type {
             PeftType::Lora => self.lora(&mut m)?,
             PeftType::Ia3 => (self.ia3(&mut m)?, 0),
@@ -582,6 +625,8 @@ impl ModuleBuilder<'_> {
 /// they are used; any left at the end is an error) and, for permuted q/k rows, the row order.
 struct ModuleInput<'a> {
     slot: Slot,
+    /// Its module path in the model the adapter was trained on (a fused module's, for a part).
+    path: String,
     lin: &'a Linear,
     ts: ModuleTensors,
     perm: Option<Tensor>,
@@ -590,7 +635,7 @@ struct ModuleInput<'a> {
 impl ModuleInput<'_> {
     /// The full tensor name of parameter `p`, for messages.
     fn key(&self, p: &str) -> String {
-        format!("base_model.model.{}.{p}", self.slot.path())
+        format!("base_model.model.{}.{p}", self.path)
     }
 
     /// Removes tensor `p`, checking its shape when `shape` is given.

@@ -12,6 +12,7 @@ use memmap2::Mmap;
 use serde_json::Value;
 
 use super::{Proj, Slot};
+use crate::model::adapt::Fused;
 
 use super::st_header::read_header;
 use crate::error::{EngineError, Result};
@@ -105,6 +106,9 @@ pub struct AdapterConfig {
     /// [`LAYER_PREFIXES`], read from the tensor names ([`AdapterConfig::set_layer_prefix`]).
     /// `target_modules` regexes and the patterns are matched against those paths.
     pub layer_prefix: &'static str,
+    /// The projections the model stores fused: the adapter names them by the fused module
+    /// (`qkv_proj`, `gate_up_proj`), as PEFT saw them (set from the model at load).
+    pub fused: Fused,
 }
 
 /// Where the decoder layers live in the models PEFT wraps: `model.layers.*` in a text model;
@@ -230,6 +234,7 @@ impl AdapterConfig {
             base_model_class: v.pointer("/auto_mapping/base_model_class").and_then(Value::as_str).map(String::from),
             base_model: v.get("base_model_name_or_path").and_then(Value::as_str).map(|s| s.chars().take(200).collect()),
             layer_prefix: "model.layers.",
+            fused: Fused::default(),
         })
     }
 
@@ -255,7 +260,7 @@ impl AdapterConfig {
 
     /// The module path of `slot` in the model the adapter was trained on.
     pub fn path(&self, slot: Slot) -> String {
-        format!("{}{}.{}.{}", self.layer_prefix, slot.layer, slot.proj.block(), slot.proj.name())
+        format!("{}{}.{}.{}", self.layer_prefix, slot.layer, slot.proj.block(), self.fused.module_name(slot.proj))
     }
 
     /// Whether PEFT would wrap the module at `slot`.
@@ -291,6 +296,7 @@ impl AdapterConfig {
 /// A tensor of the adapter file: its shape and where its bytes lie in the file's map. Its
 /// values are read when asked for ([`RawTensor::values`], [`RawTensor::to_tensor`]) or used in
 /// place ([`RawTensor::mapped`]); the header was validated when the file was parsed.
+#[derive(Clone)]
 pub struct RawTensor {
     pub shape: Vec<usize>,
     name: String,
@@ -304,6 +310,19 @@ pub struct RawTensor {
 impl RawTensor {
     fn bytes(&self) -> &[u8] {
         &self.map[self.offset..self.offset + self.len]
+    }
+
+    /// Rows `start..start + rows` of a tensor of two dimensions or one (a fused module's factor
+    /// cut for one of its parts); `None` when the tensor has fewer rows.
+    pub fn rows(&self, start: usize, rows: usize) -> Option<RawTensor> {
+        let total = *self.shape.first()?;
+        if start.checked_add(rows)? > total || self.shape.len() > 2 {
+            return None;
+        }
+        let row_bytes = self.len / total.max(1);
+        let mut shape = self.shape.clone();
+        shape[0] = rows;
+        Some(RawTensor { shape, offset: self.offset + start * row_bytes, len: rows * row_bytes, ..self.clone() })
     }
 
     /// Whether [`Self::mapped`] can read it in place (f32 or f16).
@@ -441,17 +460,25 @@ fn parse_prefix(map: Arc<Mmap>, len: usize, origin: &str) -> Result<HashMap<Stri
 /// ([`LAYER_PREFIXES`]). `None` for anything that is not a parameter of a
 /// decoder-layer projection.
 pub fn parse_key(key: &str) -> Option<(Slot, &str)> {
+    let (layer, parts, param) = parse_module_key(key, Fused::default())?;
+    Some((Slot::new(layer, parts[0]), param))
+}
+
+/// [`parse_key`] on a model whose checkpoint stores some projections `fused`: the layer, the
+/// projections the module holds (in row order: several for `qkv_proj` or `gate_up_proj`) and
+/// the parameter name.
+pub fn parse_module_key(key: &str, fused: Fused) -> Option<(usize, &'static [Proj], &str)> {
     let rest = key.strip_prefix("base_model.model.").unwrap_or(key);
     let rest = LAYER_PREFIXES.iter().find_map(|p| rest.strip_prefix(p))?;
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (block, rest) = rest.split_once('.')?;
-    let (proj, param) = rest.split_once('.')?;
-    let proj = Proj::from_name(proj)?;
-    if proj.block() != block {
+    let (module, param) = rest.split_once('.')?;
+    let parts = fused.parts(module);
+    if parts.first()?.block() != block {
         return None;
     }
-    Some((Slot::new(layer, proj), param))
+    Some((layer, parts, param))
 }
 
 #[cfg(test)]

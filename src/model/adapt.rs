@@ -59,6 +59,40 @@ impl Proj {
     }
 }
 
+/// Which of a model's projections its checkpoint stores fused (Phi-3: `self_attn.qkv_proj` holds
+/// the Q, K and V rows, `mlp.gate_up_proj` the gate's then the up projection's). The decoder
+/// reads a fused tensor as its parts, so slots are the same seven everywhere; adapters trained
+/// on the fused modules name them by the fused name and are cut into the parts at load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fused {
+    pub qkv: bool,
+    pub gate_up: bool,
+}
+
+impl Fused {
+    /// The module name that holds `proj` in the checkpoint: `qkv_proj` / `gate_up_proj` where
+    /// fused, else the projection's own.
+    pub fn module_name(self, proj: Proj) -> &'static str {
+        match proj {
+            Proj::Q | Proj::K | Proj::V if self.qkv => "qkv_proj",
+            Proj::Gate | Proj::Up if self.gate_up => "gate_up_proj",
+            p => p.name(),
+        }
+    }
+
+    /// The projections module `name` holds, in row order; empty when it names none.
+    pub fn parts(self, name: &str) -> &'static [Proj] {
+        match name {
+            "qkv_proj" if self.qkv => &[Proj::Q, Proj::K, Proj::V],
+            "gate_up_proj" if self.gate_up => &[Proj::Gate, Proj::Up],
+            _ => match Proj::from_name(name) {
+                Some(p) if self.module_name(p) == p.name() => &Proj::ALL[p.index()..=p.index()],
+                _ => &[],
+            },
+        }
+    }
+}
+
 /// One linear module of the model: `(layer, projection)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Slot {

@@ -40,11 +40,13 @@ impl Arch {
             "smollm3" => Ok(Arch::Llama),
             // Llama's network with four multipliers (granite_config.rs).
             "granite" => Ok(Arch::Llama),
+            // Llama's network with fused projections, partial rotary and LongRoPE (phi3_config.rs).
+            "phi3" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "gemma3_text" | "gemma3" => Ok(Arch::Gemma3),
             other => Err(EngineError::UnsupportedArchitecture(format!(
-                "'{other}' (supported: llama, mistral, ministral, smollm3, granite, qwen2, qwen3, gemma3_text, gemma3)"
+                "'{other}' (supported: llama, mistral, ministral, smollm3, granite, phi3, qwen2, qwen3, gemma3_text, gemma3)"
             ))),
         }
     }
@@ -60,6 +62,8 @@ pub struct ModelConfig {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// The leading features of each head that RoPE turns, where not all (`partial_rotary_factor`).
+    pub rotary_dim: Option<usize>,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
     /// GGUF llama files permute Q/K rows so that RoPE rotates adjacent pairs.
@@ -207,7 +211,7 @@ impl ModelConfig {
             .clone()
             .or_else(|| {
                 let a = hf.architectures.as_ref()?.first()?.to_lowercase();
-                ["qwen3", "qwen2", "llama", "mistral", "ministral", "smollm3", "granite"]
+                ["qwen3", "qwen2", "llama", "mistral", "ministral", "smollm3", "granite", "phi3"]
                     .into_iter()
                     .find(|p| a.starts_with(p))
                     .map(String::from)
@@ -222,8 +226,13 @@ impl ModelConfig {
         // transformers 5.x moves the theta and the scaling into `rope_parameters`.
         // (Gemma 3 keys them by layer type: read with its other fields below.)
         let mut rope_scaling = None;
+        // Phi3Config always has an original length (4096 by default), which HF prefers.
+        let original = match model_type.as_str() {
+            "phi3" => Some(super::phi3_config::original_length(hf.original_max_position_embeddings)),
+            _ => hf.original_max_position_embeddings,
+        };
         for v in [&hf.rope_scaling, &hf.rope_parameters].into_iter().flatten().filter(|_| arch != Arch::Gemma3) {
-            let s = RopeScaling::parse(v, Source::Config, hf.max_position_embeddings, hf.original_max_position_embeddings)?;
+            let s = RopeScaling::parse(v, Source::Config, hf.max_position_embeddings, original)?;
             rope_scaling = rope_scaling.or(s);
         }
         let rope_theta = hf.rope_theta.or_else(|| hf.rope_parameters.as_ref()?.get("rope_theta")?.as_f64()).unwrap_or(10_000.0);
@@ -239,6 +248,7 @@ impl ModelConfig {
             num_heads: hf.num_attention_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim: None,
             rms_norm_eps: hf.rms_norm_eps,
             rope_theta,
             rope_interleaved: false,
@@ -277,6 +287,9 @@ impl ModelConfig {
         }
         if model_type == "granite" {
             super::granite_config::read(raw, &mut cfg)?;
+        }
+        if model_type == "phi3" {
+            super::phi3_config::read(raw, &mut cfg)?;
         }
         cfg.validate()?;
         super::unimplemented::check_hf(raw, arch, &model_type)?;
@@ -317,9 +330,11 @@ impl ModelConfig {
             num_heads,
             num_kv_heads: num("attention.head_count_kv").map(|n| n as usize).unwrap_or(num_heads),
             head_dim: num("attention.key_length").map(|n| n as usize).unwrap_or(hidden_size / num_heads.max(1)),
+            rotary_dim: None,
             rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             rope_theta: float("rope.freq_base").unwrap_or(10_000.0),
-            rope_interleaved: arch == Arch::Llama,
+            // llama.cpp's Llama-network files permute Q/K rows; its phi3 ones rotate halves (NEOX).
+            rope_interleaved: arch == Arch::Llama && arch_name != "phi3",
             // Read below (it needs the context length).
             rope_scaling: None,
             max_position_embeddings: num("context_length").map(|n| n as usize).unwrap_or(4096),
@@ -356,8 +371,11 @@ impl ModelConfig {
         if arch_name == "granite" {
             super::granite_config::read_gguf(md, &mut cfg)?;
         }
+        if arch_name == "phi3" {
+            super::phi3_config::read_gguf(md, &mut cfg)?;
+        }
         cfg.validate()?;
-        super::unimplemented::check_gguf(md, &arch_name, arch, cfg.head_dim)?;
+        super::unimplemented::check_gguf(md, &arch_name, arch, cfg.rotary_dim.unwrap_or(cfg.head_dim))?;
         Ok(cfg)
     }
 
@@ -385,6 +403,17 @@ impl ModelConfig {
         // RoPE rotates pairs of dimensions.
         if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} must be even", self.head_dim));
+        }
+        let rotary_dim = self.rotary_dim.unwrap_or(self.head_dim);
+        if let Some(RopeScaling::LongRope { short_factor, long_factor, .. }) = &self.rope_scaling {
+            if short_factor.len() != rotary_dim / 2 || long_factor.len() != rotary_dim / 2 {
+                return bad(format!(
+                    "longrope: short_factor and long_factor need {} entries each (one per rotated pair), have {} and {}",
+                    rotary_dim / 2,
+                    short_factor.len(),
+                    long_factor.len()
+                ));
+            }
         }
         if self.vocab_size == 0 || self.hidden_size == 0 || self.intermediate_size == 0 {
             return bad("vocab_size, hidden_size and intermediate_size must be positive".into());
@@ -514,10 +543,10 @@ mod tests {
     #[test]
     fn rejects_unknown_rope_scaling_and_arch() {
         let mut v = base();
-        v["rope_scaling"] = serde_json::json!({"rope_type": "longrope", "factor": 4.0});
+        v["rope_scaling"] = serde_json::json!({"rope_type": "mrope", "mrope_section": [16, 24, 24]});
         let e = ModelConfig::from_hf_json(&v.to_string()).unwrap_err();
         assert_eq!(e.code(), "UNSUPPORTED_ARCHITECTURE");
-        assert!(e.to_string().contains("'longrope'"), "{e}");
+        assert!(e.to_string().contains("'mrope'"), "{e}");
         let mut v = base();
         v["model_type"] = "gpt2".into();
         assert_eq!(ModelConfig::from_hf_json(&v.to_string()).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE");

@@ -22,7 +22,7 @@ use super::rope::{Rope, RopeRows, RopeScaling};
 use crate::error::{EngineError, Result};
 use std::ops::Range;
 
-use super::adapt::{linear_segments, Adapters, NoAdapters, Proj, Segment, Slot};
+use super::adapt::{linear_segments, Adapters, Fused, NoAdapters, Proj, Segment, Slot};
 use crate::kv::attention::{paged_attention, AttentionPlan, LayerAttention, SeqSpan};
 use crate::kv::store::{slot_runs, KvWrites};
 use crate::kv::{BlockId, KvCache, KvFormat, KvLayout, KvStore};
@@ -103,8 +103,17 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    /// Reads layer `p` (`model.layers.{i}`) as `spec` describes it, checking every shape.
-    fn load(src: &mut dyn WeightSource, p: &str, spec: &LayerSpec, h: usize, eps: f64, dtype: DType) -> Result<Self> {
+    /// Reads layer `p` (`model.layers.{i}`) as `spec` describes it, checking every shape; its
+    /// projections fused where the file has them so (`fused`).
+    fn load(
+        src: &mut dyn WeightSource,
+        p: &str,
+        spec: &LayerSpec,
+        fused: Fused,
+        h: usize,
+        eps: f64,
+        dtype: DType,
+    ) -> Result<Self> {
         let a = match &spec.mixer {
             Mixer::Attention(a) => a,
             Mixer::Recurrent(r) => match *r {},
@@ -115,10 +124,23 @@ impl DecoderLayer {
         let qk_norm = |src: &mut dyn WeightSource, n: &str| -> Result<Option<RmsNorm>> {
             a.qk_norm.then(|| RmsNorm::load(src, &format!("{at}.{n}"), hd, eps, norm_weight, dtype)).transpose()
         };
+        let [q_proj, k_proj, v_proj] = if fused.qkv {
+            let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{at}.{n}"));
+            let parts = [(names[0].as_str(), nh * hd), (names[1].as_str(), nkv * hd), (names[2].as_str(), nkv * hd)];
+            let qkv = src.linear_parts(&format!("{at}.qkv_proj"), &parts, h, a.qkv_bias, dtype)?;
+            <[Linear; 3]>::try_from(qkv).map_err(|_| EngineError::Internal("qkv_proj: three parts".into()))?
+        } else {
+            [("q_proj", nh), ("k_proj", nkv), ("v_proj", nkv)]
+                .map(|(n, heads)| src.linear(&format!("{at}.{n}"), heads * hd, h, a.qkv_bias, dtype))
+                .into_iter()
+                .collect::<Result<Vec<_>>>()?
+                .try_into()
+                .map_err(|_| EngineError::Internal("three projections".into()))?
+        };
         let self_attn = Attention {
-            q_proj: src.linear(&format!("{at}.q_proj"), nh * hd, h, a.qkv_bias, dtype)?,
-            k_proj: src.linear(&format!("{at}.k_proj"), nkv * hd, h, a.qkv_bias, dtype)?,
-            v_proj: src.linear(&format!("{at}.v_proj"), nkv * hd, h, a.qkv_bias, dtype)?,
+            q_proj,
+            k_proj,
+            v_proj,
             o_proj: src.linear(&format!("{at}.o_proj"), h, nh * hd, false, dtype)?,
             q_norm: qk_norm(src, "q_norm")?,
             k_norm: qk_norm(src, "k_norm")?,
@@ -137,12 +159,22 @@ impl DecoderLayer {
             FeedForward::Moe(m) => match *m {},
         };
         let m = format!("{p}.mlp");
-        let mlp = Mlp {
-            gate_proj: src.linear(&format!("{m}.gate_proj"), inter, h, false, dtype)?,
-            up_proj: src.linear(&format!("{m}.up_proj"), inter, h, false, dtype)?,
-            down_proj: src.linear(&format!("{m}.down_proj"), h, inter, false, dtype)?,
-            activation,
+        let (gate_proj, up_proj) = if fused.gate_up {
+            let (gate, up) = (format!("{m}.gate_proj"), format!("{m}.up_proj"));
+            let parts = [(gate.as_str(), inter), (up.as_str(), inter)];
+            let mut gate_up = src.linear_parts(&format!("{m}.gate_up_proj"), &parts, h, false, dtype)?.into_iter();
+            match (gate_up.next(), gate_up.next()) {
+                (Some(gate), Some(up)) => (gate, up),
+                _ => return Err(EngineError::Internal("gate_up_proj: two parts".into())),
+            }
+        } else {
+            (
+                src.linear(&format!("{m}.gate_proj"), inter, h, false, dtype)?,
+                src.linear(&format!("{m}.up_proj"), inter, h, false, dtype)?,
+            )
         };
+        let mlp =
+            Mlp { gate_proj, up_proj, down_proj: src.linear(&format!("{m}.down_proj"), h, inter, false, dtype)?, activation };
         let norm = |src: &mut dyn WeightSource, n: &str| RmsNorm::load(src, &format!("{p}.{n}"), h, eps, norm_weight, dtype);
         let sandwich = |src: &mut dyn WeightSource, n: &str| spec.norms.sandwich.then(|| norm(src, n)).transpose();
         Ok(DecoderLayer {
@@ -184,6 +216,8 @@ pub struct Decoder {
     pub cfg: ModelConfig,
     /// What each layer runs.
     pub plan: LayerPlan,
+    /// The projections the checkpoint stores fused (adapters name them so).
+    pub fused: Fused,
     embed_tokens: Linear,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
@@ -234,11 +268,19 @@ impl Decoder {
         let h = cfg.hidden_size;
         let eps = cfg.rms_norm_eps;
         let embed_tokens = src.linear("model.embed_tokens", cfg.vocab_size, h, false, dtype)?;
+        // Fused projections where the file has them instead of the separate ones (all layers
+        // alike: an adapter names the modules once for the whole model).
+        let stores = |fused: &str, separate: &str| {
+            let name = |n: &str| format!("model.layers.0.{n}");
+            !src.contains(&name(separate)) && src.contains(&name(fused))
+        };
+        let fused =
+            Fused { qkv: stores("self_attn.qkv_proj", "self_attn.q_proj"), gate_up: stores("mlp.gate_up_proj", "mlp.gate_proj") };
         // Grown as layers are read (not sized by the declared count: the file must hold them).
         let mut layers = Vec::new();
         for (i, spec) in plan.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
-            layers.push(DecoderLayer::load(src, &p, spec, h, eps, dtype)?);
+            layers.push(DecoderLayer::load(src, &p, spec, fused, h, eps, dtype)?);
         }
         #[cfg(feature = "cuda")]
         if device.is_cuda() && plan.fused_decode_gap().is_none() {
@@ -259,6 +301,7 @@ impl Decoder {
         Ok(Self {
             cfg,
             plan,
+            fused,
             embed_tokens,
             layers,
             norm,
@@ -612,18 +655,18 @@ impl Attention {
             None => k,
         };
 
-        // 3. Rotate by each row's position (where the layer has RoPE): the half-split kernel
-        //    reads rows × heads as they are; the interleaved one wants heads first (and rows
-        //    first again after).
+        // 3. Rotate by each row's position (where the layer has RoPE).
         let rot = |t: &Tensor| -> Result<Tensor> {
             let Some(r) = self.rope else { return Ok(t.clone()) };
             let (cos, sin) = &pass.rotations[r];
-            if plan.ropes[r].interleaved {
-                let t = candle_nn::rotary_emb::rope_i(&t.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, cos, sin)?;
-                Ok(t.squeeze(0)?.transpose(0, 1)?.contiguous()?)
-            } else {
-                Ok(candle_nn::rotary_emb::rope_thd(&t.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?)
+            let rotary_dim = plan.ropes[r].rotary_dim;
+            if rotary_dim < hd {
+                // Partial rotary: the leading `rotary_dim` features of each head turn, the rest
+                // pass through.
+                let turned = rotate(&t.narrow(2, 0, rotary_dim)?, cos, sin, plan.ropes[r].interleaved)?;
+                return Ok(Tensor::cat(&[turned, t.narrow(2, rotary_dim, hd - rotary_dim)?], 2)?);
             }
+            rotate(t, cos, sin, plan.ropes[r].interleaved)
         };
         let q = rot(&q)?.reshape((rows, nh * hd))?;
         let k = rot(&k)?.reshape((rows, nkv * hd))?;
@@ -671,6 +714,18 @@ impl Mlp {
             Activation::GeluTanh => gelu_tanh(&gate)?,
         };
         proj(&self.down_proj, &(gate * proj(&self.up_proj, x, Proj::Up)?)?, Proj::Down)
+    }
+}
+
+/// `t` (`[rows, heads, dim]`) rotated by each row's `cos` / `sin` (`[rows, dim / 2]`): the
+/// half-split kernel reads rows × heads as they are; the interleaved one wants heads first (and
+/// rows first again after).
+fn rotate(t: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) -> Result<Tensor> {
+    if interleaved {
+        let t = candle_nn::rotary_emb::rope_i(&t.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, cos, sin)?;
+        Ok(t.squeeze(0)?.transpose(0, 1)?.contiguous()?)
+    } else {
+        Ok(candle_nn::rotary_emb::rope_thd(&t.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?)
     }
 }
 

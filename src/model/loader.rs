@@ -45,6 +45,11 @@ pub trait WeightSource {
     fn tensor(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor>;
     /// A linear layer `[out, inp]`, quantized when the file stores it quantized.
     fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear>;
+    /// The linear layers of a fused projection (Phi-3's `qkv_proj`, `gate_up_proj`): tensor
+    /// `fused` is `[Σ rows, inp]`, and each part `(name, rows)` is its next block of rows, read as
+    /// linear `name` would be (quantized as the file stores it, or by the load policy).
+    fn linear_parts(&mut self, fused: &str, parts: &[(&str, usize)], inp: usize, bias: bool, dtype: DType)
+        -> Result<Vec<Linear>>;
     fn contains(&self, name: &str) -> bool;
     /// Whether norm weights that the model applies as `1 + w` are stored with the 1 added
     /// (llama.cpp's converter adds it for the Gemma families), so they are read as they are.
@@ -82,9 +87,14 @@ pub fn open<'a>(path: &Path, device: &Device, progress: Progress<'a>, policy: We
         let config = ModelConfig::from_hf_json(&text)?;
         Ok(ModelFiles { config, format: ModelFormat::HfDir(path.to_path_buf()), policy })
     } else if is_gguf(path) {
-        let src = GgufSource::open(path, device, Some(progress))?.policy(policy);
+        let mut src = GgufSource::open(path, device, Some(progress))?.policy(policy);
         let mut config = ModelConfig::from_gguf(src.metadata())?;
         config.tie_word_embeddings = !src.contains("lm_head");
+        if config.family == "phi3" {
+            // LongRoPE's factors are tensors in a GGUF file.
+            let keys = super::phi3_config::LongRopeKeys::read(src.metadata())?;
+            config.rope_scaling = keys.scaling(&mut src, &config)?.or(config.rope_scaling);
+        }
         Ok(ModelFiles { config, format: ModelFormat::Gguf(Box::new(src)), policy })
     } else {
         Err(EngineError::InvalidModel(format!("{} is neither a model directory nor a GGUF file", path.display())))
@@ -256,22 +266,27 @@ impl<'a> SafetensorsSource<'a> {
     fn weight(&self, name: &str, out: usize, inp: usize, dtype: DType) -> Result<(Weight, usize)> {
         let wname = format!("{name}.weight");
         let e = self.entry(&wname, &[out, inp])?;
+        let w = self.weight_of(name, &wname, e, dtype);
+        self.release(e);
+        Ok((w?, e.len))
+    }
+
+    /// The weight held by entry `e` (`[out, inp]`, all or part of tensor `wname`), read as linear
+    /// `name`'s.
+    fn weight_of(&self, name: &str, wname: &str, e: &Entry, dtype: DType) -> Result<Weight> {
+        let (out, inp) = (e.shape[0], e.shape[1]);
         let file_dtype = float_dtype(e.dtype).unwrap_or(DType::F64);
         if let Some(format) = self.policy.quantize.format(Role::of(name), inp) {
             let dense = DenseType::of_safetensors(e.dtype)
                 .ok_or_else(|| EngineError::InvalidModel(format!("tensor {wname}: f64 weights cannot be quantized on load")))?;
-            let w = quantize::quantize_bytes(self.bytes(e), dense, (out, inp), format, &wname, &self.device);
-            self.release(e);
-            return Ok((w?, e.len));
+            return quantize::quantize_bytes(self.bytes(e), dense, (out, inp), format, wname, &self.device);
         }
         if self.policy.mmap && cpu_kernels(&self.device) && file_dtype == dtype {
             if let Some(m) = Mapped::new(self.maps[e.file].clone(), e.start, out, inp, dtype) {
-                return Ok((Weight::Mapped(m), e.len));
+                return Ok(Weight::Mapped(m));
             }
         }
-        let w = self.copy(&wname, e, dtype);
-        self.release(e);
-        Ok((Weight::Dense(w?), e.len))
+        Ok(Weight::Dense(self.copy(wname, e, dtype)?))
     }
 
     /// Drops `e`'s pages of the map from the process's resident memory once its data has
@@ -311,9 +326,49 @@ impl WeightSource for SafetensorsSource<'_> {
         Ok(Linear { weight, bias, out_features: out, in_features: inp })
     }
 
-    fn contains(&self, name: &str) -> bool {
-        self.entries.contains_key(name)
+    fn linear_parts(
+        &mut self,
+        fused: &str,
+        parts: &[(&str, usize)],
+        inp: usize,
+        bias: bool,
+        dtype: DType,
+    ) -> Result<Vec<Linear>> {
+        let wname = format!("{fused}.weight");
+        let total = parts.iter().map(|p| p.1).sum::<usize>();
+        let e = self.entry(&wname, &[total, inp])?;
+        // Rows are stored one after another: a part is a byte range of the tensor.
+        let row_bytes = e.len / total.max(1);
+        let mut weights = Vec::with_capacity(parts.len());
+        let mut row = 0;
+        for &(name, rows) in parts {
+            let part = Entry { shape: vec![rows, inp], start: e.start + row * row_bytes, len: rows * row_bytes, ..*e };
+            weights.push(self.weight_of(name, &wname, &part, dtype));
+            row += rows;
+        }
+        self.release(e);
+        let len = e.len;
+        self.advance(len);
+        let bias = if bias { Some(self.tensor(&format!("{fused}.bias"), &[total], dtype)?) } else { None };
+        split_linears(weights, parts, inp, bias)
     }
+
+    /// Whether tensor `name`, or a module's weight `{name}.weight`, is there.
+    fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name) || self.entries.contains_key(&format!("{name}.weight"))
+    }
+}
+
+/// The linears of a fused projection from their weights and the fused bias (cut the same way).
+fn split_linears(weights: Vec<Result<Weight>>, parts: &[(&str, usize)], inp: usize, bias: Option<Tensor>) -> Result<Vec<Linear>> {
+    let mut row = 0;
+    let mut out = Vec::with_capacity(parts.len());
+    for (w, &(_, rows)) in weights.into_iter().zip(parts) {
+        let bias = bias.as_ref().map(|b| b.narrow(0, row, rows)?.contiguous()).transpose()?;
+        out.push(Linear { weight: w?, bias, out_features: rows, in_features: inp });
+        row += rows;
+    }
+    Ok(out)
 }
 
 // ---------------------------------------------------------------- GGUF
@@ -401,6 +456,10 @@ fn gguf_name(hf: &str, gemma: bool) -> String {
             "self_attn.k_proj" => "attn_k",
             "self_attn.v_proj" => "attn_v",
             "self_attn.o_proj" => "attn_output",
+            // Fused projections (Phi-3): Q, K and V rows in one tensor; the gate's rows then the
+            // up projection's in what other files call `ffn_up`.
+            "self_attn.qkv_proj" => "attn_qkv",
+            "mlp.gate_up_proj" => "ffn_up",
             "self_attn.q_norm" => "attn_q_norm",
             "self_attn.k_norm" => "attn_k_norm",
             "mlp.gate_proj" => "ffn_gate",
@@ -529,6 +588,52 @@ impl WeightSource for GgufSource<'_> {
             None
         };
         Ok(Linear { weight, bias, out_features: out, in_features: inp })
+    }
+
+    fn linear_parts(
+        &mut self,
+        fused: &str,
+        parts: &[(&str, usize)],
+        inp: usize,
+        bias: bool,
+        dtype: DType,
+    ) -> Result<Vec<Linear>> {
+        let g = gguf_name(fused, self.gemma);
+        let wname = format!("{g}.weight");
+        let total = parts.iter().map(|p| p.1).sum::<usize>();
+        // Read on the host: the parts are cut from its bytes, then each goes to the device.
+        let q = self.read_onto(&wname, &[total, inp], &Device::Cpu)?;
+        let ggml = q.dtype();
+        let dense = DenseType::of_ggml(ggml);
+        let data = q.data()?;
+        // A row is a whole number of blocks (the reader checked the tensor is).
+        let row_bytes = data.len() / total.max(1);
+        let mut weights = Vec::with_capacity(parts.len());
+        let mut row = 0;
+        for &(name, rows) in parts {
+            let bytes = &data[row * row_bytes..(row + rows) * row_bytes];
+            row += rows;
+            let w = match (dense, self.policy.quantize.format(Role::of(name), inp)) {
+                (Some(dense), Some(format)) => quantize::quantize_bytes(bytes, dense, (rows, inp), format, &wname, &self.device),
+                _ => candle_core::quantized::ggml_file::qtensor_from_ggml(ggml, bytes, vec![rows, inp], &Device::Cpu)
+                    .map_err(|e| EngineError::invalid_model(format!("tensor {wname}"), e))
+                    .and_then(|part| {
+                        if self.policy.dequantize || dense.is_some() {
+                            Ok(Weight::Dense(part.dequantize(&self.device)?.to_dtype(dtype)?))
+                        } else {
+                            Weight::from_qtensor(part, &self.device)
+                        }
+                    }),
+            };
+            weights.push(w);
+        }
+        let bias = if bias {
+            let b = self.read(&format!("{g}.bias"), &[total])?;
+            Some(b.dequantize(&self.device)?.to_dtype(dtype)?)
+        } else {
+            None
+        };
+        split_linears(weights, parts, inp, bias)
     }
 
     fn contains(&self, name: &str) -> bool {

@@ -13,6 +13,7 @@ pub mod linear;
 pub mod loader;
 pub mod mapped;
 mod nibbles;
+mod phi3_config;
 pub mod plan;
 pub mod q8;
 pub mod quantize;

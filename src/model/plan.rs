@@ -143,7 +143,7 @@ impl LayerPlan {
     pub fn build(cfg: &ModelConfig) -> Self {
         let rope = RopeSpec {
             theta: cfg.rope_theta,
-            rotary_dim: cfg.head_dim,
+            rotary_dim: cfg.rotary_dim.unwrap_or(cfg.head_dim),
             head_dim: cfg.head_dim,
             scaling: cfg.rope_scaling.clone(),
             interleaved: cfg.rope_interleaved,
@@ -177,7 +177,8 @@ impl LayerPlan {
         match cfg.arch {
             // Pre-norm attention and a SiLU-gated MLP; Qwen2 adds Q/K/V biases and Qwen3
             // per-head Q/K norms (read into the config), Llama from GGUF rotates interleaved.
-            // Mistral and Ministral (read as Llama) slide where the config says.
+            // Mistral, Ministral and Phi-3 (read as Llama) slide where the config says; Phi-3's
+            // rotary dimension may be partial (in the shared rotary embedding).
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => {
                 for (i, layer) in plan.layers.iter_mut().enumerate() {
                     if let Mixer::Attention(a) = &mut layer.mixer {
@@ -247,11 +248,6 @@ impl LayerPlan {
     /// when it runs all of it. A model whose plan names something is refused at load
     /// (`UNSUPPORTED_ARCHITECTURE`), never run without it.
     pub fn unsupported(&self) -> Option<String> {
-        for r in &self.ropes {
-            if r.rotary_dim != r.head_dim {
-                return Some(format!("partial rotary embeddings ({} of {} dimensions)", r.rotary_dim, r.head_dim));
-            }
-        }
         let other_shape = self.first_other_head_shape();
         for (i, l) in self.layers.iter().enumerate() {
             match &l.ffn {

@@ -15,6 +15,11 @@
 //! - `llama3`: low frequencies divided by `factor`, high ones kept, a smooth ramp between.
 //! - frequency factors: GGUF stores Llama 3 scaling as a `rope_freqs` tensor of per-frequency
 //!   divisors (llama.cpp's converter computes them from the `llama3` parameters).
+//! - `longrope` (Phi-3.5, Phi-4-mini): per-frequency divisors, `short_factor` while the sequence
+//!   is within the original length and `long_factor` once it is longer, and cos/sin scaled by an
+//!   attention factor (`√(1 + ln factor / ln original)` unless given). As with `dynamic`, the
+//!   choice follows the sequence's length when a pass runs, so a cache past the original length
+//!   is specific to its sequence ([`Rope::exact_until`]).
 
 use candle_core::{DType, Device, Tensor};
 use serde_json::{Map, Value};
@@ -52,6 +57,15 @@ pub enum RopeScaling {
     FrequencyFactors {
         factors: Vec<f32>,
     },
+    /// Per-frequency divisors for sequences within the original length and for longer ones,
+    /// `rotary_dim / 2` of each (checked against the rotary dimension when the model is read).
+    LongRope {
+        short_factor: Vec<f32>,
+        long_factor: Vec<f32>,
+        original_max_position_embeddings: usize,
+        /// Scales cos and sin.
+        attention_factor: f64,
+    },
 }
 
 /// Where a scaling description comes from: the messages name it, and a bad value is
@@ -62,7 +76,10 @@ pub enum Source {
     Option,
 }
 
-const TYPES: &str = "linear, dynamic, yarn, llama3";
+/// Most per-frequency factors a LongRoPE list may hold (half the largest head a config may declare).
+const MAX_FACTORS: usize = super::config::MAX_DIM / 2;
+
+const TYPES: &str = "linear, dynamic, yarn, llama3, longrope";
 
 impl RopeScaling {
     pub fn type_name(&self) -> &'static str {
@@ -72,6 +89,7 @@ impl RopeScaling {
             RopeScaling::Yarn { .. } => "yarn",
             RopeScaling::Llama3 { .. } => "llama3",
             RopeScaling::FrequencyFactors { .. } => "frequency_factors",
+            RopeScaling::LongRope { .. } => "longrope",
         }
     }
 
@@ -183,6 +201,43 @@ impl RopeScaling {
                     original_max_position_embeddings: original(max_position_embeddings)?,
                 }
             }
+            "longrope" if source == Source::Option => {
+                return Err(bad(
+                    "'longrope' needs the model's own per-frequency factors; it comes from config.json, not an option".into(),
+                ))
+            }
+            "longrope" => {
+                // HF prefers a top-level `original_max_position_embeddings` (Phi-3's) to the
+                // object's, and takes the factor as the ratio of the two lengths when absent.
+                let original_max_position_embeddings = match top_level_original {
+                    Some(n) if (1..=MAX_POSITIONS).contains(&n) => n,
+                    Some(n) => {
+                        return Err(bad(format!("original_max_position_embeddings must be from 1 to {MAX_POSITIONS}, got {n}")))
+                    }
+                    None => original(max_position_embeddings)?,
+                };
+                let factor = match p.num(&["factor"]).map_err(bad)? {
+                    Some(f) if !(f.is_finite() && f > 0.0 && f <= 1e6) => {
+                        return Err(bad(format!("factor must be a finite positive number up to 1e6, got {f}")))
+                    }
+                    Some(f) => f,
+                    None => max_position_embeddings as f64 / original_max_position_embeddings as f64,
+                };
+                let attention_factor = match p.num(&["attention_factor"]).map_err(bad)? {
+                    Some(a) => a,
+                    None if factor <= 1.0 => 1.0,
+                    None => (1.0 + factor.ln() / (original_max_position_embeddings as f64).ln()).sqrt(),
+                };
+                if !(attention_factor.is_finite() && attention_factor > 0.0 && attention_factor < 1e3) {
+                    return Err(bad(format!("attention_factor must be a finite positive number, got {attention_factor}")));
+                }
+                RopeScaling::LongRope {
+                    short_factor: p.factors("short_factor").map_err(bad)?,
+                    long_factor: p.factors("long_factor").map_err(bad)?,
+                    original_max_position_embeddings,
+                    attention_factor,
+                }
+            }
             other => {
                 return Err(EngineError::UnsupportedArchitecture(format!(
                     "{what}: RoPE scaling type '{other}' is not supported (supported: {TYPES})"
@@ -195,7 +250,8 @@ impl RopeScaling {
     pub fn original_length(&self, max_position_embeddings: usize) -> usize {
         match self {
             RopeScaling::Yarn { original_max_position_embeddings: o, .. }
-            | RopeScaling::Llama3 { original_max_position_embeddings: o, .. } => *o,
+            | RopeScaling::Llama3 { original_max_position_embeddings: o, .. }
+            | RopeScaling::LongRope { original_max_position_embeddings: o, .. } => *o,
             _ => max_position_embeddings,
         }
     }
@@ -209,8 +265,8 @@ impl RopeScaling {
             | RopeScaling::Llama3 { factor, original_max_position_embeddings: o, .. } => {
                 stretch(*o, *factor).max(max_position_embeddings)
             }
-            // The file declares the length it was converted for.
-            RopeScaling::FrequencyFactors { .. } => max_position_embeddings,
+            // The file declares the length it was converted for; so does a LongRoPE config.
+            RopeScaling::FrequencyFactors { .. } | RopeScaling::LongRope { .. } => max_position_embeddings,
         }
     }
 
@@ -239,12 +295,20 @@ impl RopeScaling {
                 put("highFreqFactor", (*high_freq_factor).into());
                 put("originalMaxPositionEmbeddings", (*original_max_position_embeddings).into());
             }
-            RopeScaling::FrequencyFactors { factors } => {
-                put("factors", factors.iter().map(|&f| Value::from(f as f64)).collect::<Vec<_>>().into())
+            RopeScaling::FrequencyFactors { factors } => put("factors", floats(factors)),
+            RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor } => {
+                put("originalMaxPositionEmbeddings", (*original_max_position_embeddings).into());
+                put("attentionFactor", (*attention_factor).into());
+                put("shortFactor", floats(short_factor));
+                put("longFactor", floats(long_factor));
             }
         }
         Value::Object(m)
     }
+}
+
+fn floats(v: &[f32]) -> Value {
+    v.iter().map(|&f| Value::from(f as f64)).collect::<Vec<_>>().into()
 }
 
 fn snake_case(camel: &str) -> String {
@@ -307,6 +371,22 @@ impl Params<'_> {
             None => Ok(None),
             Some(v) => v.as_f64().map(Some).ok_or_else(|| format!("{} must be a number", keys[0])),
         }
+    }
+
+    /// A list of per-frequency factors: finite, positive, at most 1e6, at most
+    /// [`MAX_FACTORS`] of them.
+    fn factors(&self, key: &str) -> std::result::Result<Vec<f32>, String> {
+        let list = self.get(&[key]).ok_or_else(|| format!("'longrope' needs {key}"))?;
+        let list = list.as_array().ok_or_else(|| format!("{key} must be a list of numbers"))?;
+        if list.len() > MAX_FACTORS {
+            return Err(format!("{key} has {} entries (at most {MAX_FACTORS})", list.len()));
+        }
+        list.iter()
+            .map(|x| match x.as_f64() {
+                Some(f) if f.is_finite() && f > 0.0 && f <= 1e6 => Ok(f as f32),
+                _ => Err(format!("{key} must hold finite positive numbers up to 1e6, got {x}")),
+            })
+            .collect()
     }
 
     fn str(&self, keys: &[&str]) -> std::result::Result<Option<&str>, String> {
@@ -392,7 +472,16 @@ fn inv_freq(scaling: Option<&RopeScaling>, theta: f64, dim: usize, max_pos: usiz
             (inv, 1.0)
         }
         RopeScaling::FrequencyFactors { factors } => (base.iter().zip(factors).map(|(f, d)| f / d).collect(), 1.0),
+        RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor } => {
+            let ext = if seq_len > *original_max_position_embeddings { long_factor } else { short_factor };
+            (longrope_inv_freq(theta as f32, dim, ext), *attention_factor as f32)
+        }
     }
+}
+
+/// `1 / (ext_i · theta^(2i/dim))`, in f32 as HF computes LongRoPE's frequencies.
+fn longrope_inv_freq(theta: f32, dim: usize, ext: &[f32]) -> Vec<f32> {
+    ext.iter().take(dim / 2).enumerate().map(|(i, e)| 1.0 / (e * theta.powf((2 * i) as f32 / dim as f32))).collect()
 }
 
 /// The rotary embedding of a loaded model: a cos/sin table over the runtime's context for the
@@ -408,6 +497,8 @@ pub struct Rope {
     /// The table's frequencies and scale (dynamic rows at or under the original length use them).
     inv_freq: Vec<f32>,
     scale: f32,
+    /// LongRoPE: the table of sequences longer than the original length (long factors).
+    long: Option<(Tensor, Tensor)>,
     dtype: DType,
     device: Device,
 }
@@ -434,10 +525,21 @@ impl Rope {
         device: &Device,
     ) -> Result<Self> {
         let half = head_dim / 2;
-        // Two f32 tables plus their copies in `dtype`: refuse what the machine cannot hold rather
-        // than abort in the allocator.
+        if let Some(RopeScaling::LongRope { short_factor, long_factor, .. }) = &scaling {
+            if short_factor.len() != half || long_factor.len() != half {
+                return Err(EngineError::InvalidModel(format!(
+                    "longrope: short_factor and long_factor need {half} entries each (rotary dimension {head_dim}), \
+                     have {} and {}",
+                    short_factor.len(),
+                    long_factor.len()
+                )));
+            }
+        }
+        let long_rope = matches!(scaling, Some(RopeScaling::LongRope { .. }));
+        // Two f32 tables plus their copies in `dtype` (twice for LongRoPE): refuse what the
+        // machine cannot hold rather than abort in the allocator.
         let n = max_positions.checked_mul(half).ok_or_else(|| EngineError::OutOfMemory("RoPE table size overflows".into()))?;
-        let bytes = (n as u64).saturating_mul(16);
+        let bytes = (n as u64).saturating_mul(if long_rope { 32 } else { 16 });
         if crate::files::total_memory().is_some_and(|m| bytes > m / 2) {
             return Err(EngineError::OutOfMemory(format!(
                 "RoPE tables for {max_positions} positions need {bytes} bytes, more than half of this machine's memory; \
@@ -445,16 +547,39 @@ impl Rope {
             )));
         }
         let (inv_freq, scale) = inv_freq(scaling.as_ref(), theta, head_dim, max_position_embeddings, 0);
-        let (mut cos, mut sin) = (Vec::new(), Vec::new());
-        let oom = |_| EngineError::OutOfMemory(format!("RoPE tables for {max_positions} positions"));
-        cos.try_reserve_exact(n).map_err(oom)?;
-        sin.try_reserve_exact(n).map_err(oom)?;
-        for p in 0..max_positions {
-            push_row(p, &inv_freq, scale, &mut cos, &mut sin);
-        }
-        let cos = Tensor::from_vec(cos, (max_positions, half), device)?.to_dtype(dtype)?;
-        let sin = Tensor::from_vec(sin, (max_positions, half), device)?.to_dtype(dtype)?;
-        Ok(Self { theta, head_dim, max_position_embeddings, scaling, cos, sin, inv_freq, scale, dtype, device: device.clone() })
+        let table = |inv_freq: &[f32], scale: f32| -> Result<(Tensor, Tensor)> {
+            let (mut cos, mut sin) = (Vec::new(), Vec::new());
+            let oom = |_| EngineError::OutOfMemory(format!("RoPE tables for {max_positions} positions"));
+            cos.try_reserve_exact(n).map_err(oom)?;
+            sin.try_reserve_exact(n).map_err(oom)?;
+            for p in 0..max_positions {
+                push_row(p, inv_freq, scale, &mut cos, &mut sin);
+            }
+            let cos = Tensor::from_vec(cos, (max_positions, half), device)?.to_dtype(dtype)?;
+            let sin = Tensor::from_vec(sin, (max_positions, half), device)?.to_dtype(dtype)?;
+            Ok((cos, sin))
+        };
+        let (cos, sin) = table(&inv_freq, scale)?;
+        let long = match &scaling {
+            Some(s @ RopeScaling::LongRope { original_max_position_embeddings: o, .. }) => {
+                let (inv, scale) = self::inv_freq(Some(s), theta, head_dim, max_position_embeddings, o.saturating_add(1));
+                Some(table(&inv, scale)?)
+            }
+            _ => None,
+        };
+        Ok(Self {
+            theta,
+            head_dim,
+            max_position_embeddings,
+            scaling,
+            cos,
+            sin,
+            inv_freq,
+            scale,
+            long,
+            dtype,
+            device: device.clone(),
+        })
     }
 
     pub fn max_positions(&self) -> usize {
@@ -472,16 +597,32 @@ impl Rope {
     }
 
     /// `Some(n)` when the rotation of a position depends on the length of its sequence past
-    /// `n` positions (`dynamic`): a cached position is then only valid for a sequence that
-    /// never grew past `n`.
+    /// `n` positions (`dynamic`, `longrope`): a cached position is then only valid for a
+    /// sequence that never grew past `n`.
     pub fn exact_until(&self) -> Option<usize> {
-        matches!(self.scaling, Some(RopeScaling::Dynamic { .. })).then_some(self.max_position_embeddings)
+        match &self.scaling {
+            Some(RopeScaling::Dynamic { .. }) => Some(self.max_position_embeddings),
+            Some(RopeScaling::LongRope { original_max_position_embeddings, .. }) => Some(*original_max_position_embeddings),
+            _ => None,
+        }
     }
 
     /// cos and sin `[rows, head_dim / 2]` for each sequence's rows, in order.
     pub fn rows(&self, seqs: &[RopeRows]) -> Result<(Tensor, Tensor)> {
-        let dynamic = self.exact_until().filter(|&n| seqs.iter().any(|s| s.seq_len > n));
-        if dynamic.is_none() {
+        let grown = self.exact_until().filter(|&n| seqs.iter().any(|s| s.seq_len > n));
+        if let (Some(n), Some((long_cos, long_sin))) = (grown, &self.long) {
+            // LongRoPE: each sequence's rows from the table of its length.
+            let (mut cos, mut sin) = (Vec::with_capacity(seqs.len()), Vec::with_capacity(seqs.len()));
+            for s in seqs {
+                let positions: Vec<u32> = (s.pos..s.pos + s.n).map(|p| p as u32).collect();
+                let ids = Tensor::from_vec(positions, s.n, &self.device)?;
+                let (c, si) = if s.seq_len > n { (long_cos, long_sin) } else { (&self.cos, &self.sin) };
+                cos.push(c.index_select(&ids, 0)?);
+                sin.push(si.index_select(&ids, 0)?);
+            }
+            return Ok((Tensor::cat(&cos, 0)?, Tensor::cat(&sin, 0)?));
+        }
+        if grown.is_none() {
             let positions: Vec<u32> = seqs.iter().flat_map(|s| (s.pos..s.pos + s.n).map(|p| p as u32)).collect();
             let ids = Tensor::from_vec(positions, seqs.iter().map(|s| s.n).sum::<usize>(), &self.device)?;
             return Ok((self.cos.index_select(&ids, 0)?, self.sin.index_select(&ids, 0)?));
@@ -561,11 +702,42 @@ mod tests {
             let e = opt(v.clone()).expect_err(&v.to_string());
             assert_eq!(e.code(), "INVALID_ARGUMENT", "{v}: {e}");
         }
-        let e = opt(json!({"type": "longrope", "factor": 2})).unwrap_err();
+        let e = opt(json!({"type": "mrope", "factor": 2})).unwrap_err();
         assert_eq!(e.code(), "UNSUPPORTED_ARCHITECTURE");
+        assert!(e.to_string().contains("mrope"), "{e}");
+        // LongRoPE's factors belong to the model: not an option.
+        let e = opt(json!({"type": "longrope", "factor": 2})).unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGUMENT");
         assert!(e.to_string().contains("longrope"), "{e}");
         let e = RopeScaling::parse(&json!({"type": "linear", "factor": -3}), Source::Config, 64, None).unwrap_err();
         assert_eq!(e.code(), "INVALID_MODEL");
+    }
+
+    /// LongRoPE: short factors while a sequence is within the original length, long ones past
+    /// it, each row by its own sequence's length; cos and sin scaled by the attention factor.
+    #[test]
+    fn longrope_picks_the_factors_by_the_sequence_length() {
+        let v = json!({"rope_type": "longrope", "short_factor": [1.0, 1.5], "long_factor": [2.0, 8.0]});
+        let s = RopeScaling::parse(&v, Source::Config, 64, Some(16)).unwrap().unwrap();
+        let a = (1.0 + 4f64.ln() / 16f64.ln()).sqrt();
+        let RopeScaling::LongRope { attention_factor, original_max_position_embeddings, .. } = &s else { panic!("{s:?}") };
+        assert_eq!((*original_max_position_embeddings, s.original_length(64), s.scaled_length(64)), (16, 16, 64));
+        assert!((attention_factor - a).abs() < 1e-12);
+        let rope = Rope::new(1e4, 4, 64, Some(s), 64, DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(rope.exact_until(), Some(16));
+        let rows = |seqs: &[RopeRows]| rope.rows(seqs).unwrap().0.to_vec2::<f32>().unwrap();
+        let at = |p: usize, inv: [f32; 2]| inv.map(|f| (p as f32 * f).cos() * a as f32);
+        let short = [1.0, 1.0 / (1.5 * 100f32)];
+        let long = [1.0 / 2.0, 1.0 / (8.0 * 100f32)];
+        // Position 10 of a 12-long sequence, then of a 20-long one, in one pass.
+        let got = rows(&[RopeRows { pos: 10, n: 1, seq_len: 12 }, RopeRows { pos: 10, n: 1, seq_len: 20 }]);
+        for (g, want) in got.iter().zip([at(10, short), at(10, long)]) {
+            assert!(g.iter().zip(want).all(|(x, y)| (x - y).abs() < 1e-6), "{g:?} vs {want:?}");
+        }
+        // Factors of the wrong length for the rotary dimension are refused.
+        let v = json!({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]});
+        let s = RopeScaling::parse(&v, Source::Config, 64, Some(16)).unwrap();
+        assert_eq!(Rope::new(1e4, 4, 64, s, 64, DType::F32, &Device::Cpu).err().unwrap().code(), "INVALID_MODEL");
     }
 
     #[test]

@@ -64,6 +64,8 @@ pub fn check_hf(raw: &Value, arch: Arch, model_type: &str) -> Result<()> {
         (_, "smollm3") => &["no_rope_layers", "sliding_window", "use_sliding_window", "layer_types"],
         // Its multipliers are read (granite_config.rs).
         (_, "granite") => &["embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"],
+        // Its window and partial rotary factor are read (phi3_config.rs).
+        (_, "phi3") => &["sliding_window", "partial_rotary_factor"],
         _ => &[],
     };
     let get = |k: &str| get(k).filter(|_| !implemented.contains(&k));
@@ -96,12 +98,20 @@ pub fn check_hf(raw: &Value, arch: Arch, model_type: &str) -> Result<()> {
             return Err(refuse(field, v, what, arch));
         }
     }
+    // transformers 5 keeps the partial rotary factor with the other RoPE parameters.
+    if !implemented.contains(&"partial_rotary_factor") {
+        for at in ["/rope_parameters/partial_rotary_factor", "/rope_scaling/partial_rotary_factor"] {
+            if let Some(v) = raw.pointer(at).filter(|v| !v.is_null() && v.as_f64() != Some(1.0)) {
+                return Err(refuse(&at[1..].replace('/', "."), v, "partial rotary embeddings", arch));
+            }
+        }
+    }
     Ok(())
 }
 
-/// The same for GGUF metadata as llama.cpp writes it (`{arch}.*` keys), given the head dimension
-/// the reader settled on.
-pub fn check_gguf(md: &Metadata, arch_name: &str, arch: Arch, head_dim: usize) -> Result<()> {
+/// The same for GGUF metadata as llama.cpp writes it (`{arch}.*` keys), given the rotary
+/// dimension the reader settled on (the head dimension unless the family reads a partial one).
+pub fn check_gguf(md: &Metadata, arch_name: &str, arch: Arch, rotary_dim: usize) -> Result<()> {
     let key = |k: &str| format!("{arch_name}.{k}");
     let refused = |k: &str, shown: String, what: &str| {
         EngineError::UnsupportedArchitecture(format!(
@@ -110,9 +120,11 @@ pub fn check_gguf(md: &Metadata, arch_name: &str, arch: Arch, head_dim: usize) -
             arch.name()
         ))
     };
-    // Gemma 3 runs its window and final soft-cap (read by `gemma3_config::read_gguf`).
-    let implemented: &[&str] = match arch {
-        Arch::Gemma3 => &["attention.sliding_window", "final_logit_softcapping"],
+    // Gemma 3 runs its window and final soft-cap (read by `gemma3_config::read_gguf`), Phi-3 its
+    // window (`phi3_config::read_gguf`).
+    let implemented: &[&str] = match (arch, arch_name) {
+        (Arch::Gemma3, _) => &["attention.sliding_window", "final_logit_softcapping"],
+        (_, "phi3") => &["attention.sliding_window"],
         _ => &[],
     };
     let window = gguf_meta::get_u64(md, &key("attention.sliding_window")).ok().flatten().filter(|&w| w > 0);
@@ -130,8 +142,8 @@ pub fn check_gguf(md: &Metadata, arch_name: &str, arch: Arch, head_dim: usize) -
         }
     }
     if let Some(d) = gguf_meta::get_u64(md, &key("rope.dimension_count")).ok().flatten() {
-        if d != head_dim as u64 {
-            return Err(refused("rope.dimension_count", format!("{d} of head dim {head_dim}"), "partial rotary embeddings"));
+        if d != rotary_dim as u64 {
+            return Err(refused("rope.dimension_count", format!("{d} of head dim {rotary_dim}"), "partial rotary embeddings"));
         }
     }
     Ok(())
@@ -192,6 +204,7 @@ mod tests {
             json!({"hidden_size_per_layer_input": 256}),
             json!({"partial_rotary_factor": 0.75}),
             json!({"partial_rotary_factor": "1"}),
+            json!({"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.5}}),
             json!({"embedding_multiplier": 12.0}),
             json!({"residual_multiplier": 0.22}),
             json!({"attention_multiplier": 0.0078125}),

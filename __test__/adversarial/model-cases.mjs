@@ -18,12 +18,17 @@ export function hfConfigCases(add) {
   const archField = (k) => ['architectures', 'model_type', 'rope_scaling', 'rope_parameters', ...UNIMPLEMENTED].includes(k)
   // Texts are built when the case runs (thunks): building every case must stay cheap.
   const loadWith = (base, text) => async (ctx) => ctx.loadAndProbe(await ctx.modelDir(base, { 'config.json': text }))
-  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2]]
+  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2], ['phi3-tiny', 2], ['phi4-mini-tiny', 3]]
   for (const [base, perField] of bases) {
     const cfg = readJson(base, 'config.json')
     const rnd = prng(0xc0f19 + base.length)
     const fields = Object.keys(cfg).map((k) => [k])
     if (cfg.rope_parameters) fields.push(['rope_parameters', 'rope_theta'], ['rope_parameters', 'rope_type'])
+    // Phi-4-mini's partial rotary factor and LongRoPE (its factor lists, an entry of each).
+    for (const k of ['partial_rotary_factor', 'original_max_position_embeddings', 'short_factor', 'long_factor']) {
+      if (cfg.rope_parameters?.[k] !== undefined) fields.push(['rope_parameters', k])
+    }
+    for (const k of ['short_factor', 'long_factor']) if (Array.isArray(cfg.rope_parameters?.[k])) fields.push(['rope_parameters', k, 2])
     if (cfg.layer_types) fields.push(['layer_types', 0])
     if (Array.isArray(cfg.architectures)) fields.push(['architectures', 0])
     // A multimodal checkpoint's text model: each field of its text_config too.
@@ -82,6 +87,21 @@ export function hfConfigCases(add) {
     ['smollm3 interval 0', ll, { model_type: 'smollm3', no_rope_layer_interval: 0 }, MA, false],
     ['smollm3 interval 2^63', ll, { model_type: 'smollm3', no_rope_layer_interval: raw('9223372036854775808') }, MA, false],
     ['smollm3 every layer without RoPE', ll, { model_type: 'smollm3', no_rope_layers: [0, 0] }, MA, true],
+    // Phi-3's window, partial rotary factor and LongRoPE (src/model/phi3_config.rs, rope.rs).
+    ['phi3 window 2^63', ll, { model_type: 'phi3', sliding_window: raw('9223372036854775808') }, MA, false],
+    ['phi3 window 1', ll, { model_type: 'phi3', sliding_window: 1 }, MA, true],
+    ['phi3 partial rotary NaN string', ll, { model_type: 'phi3', partial_rotary_factor: 'NaN' }, MA, false],
+    ['phi3 partial rotary 1e-9', ll, { model_type: 'phi3', partial_rotary_factor: 1e-9 }, MA, false],
+    ['phi3 partial rotary 2', ll, { model_type: 'phi3', partial_rotary_factor: 2 }, MA, false],
+    ['phi3 partial rotary odd', ll, { model_type: 'phi3', partial_rotary_factor: 0.3125 }, MA, false],
+    ['phi3 longrope 1M factors', ll, { model_type: 'phi3', rope_scaling: { type: 'longrope', short_factor: new Array(1 << 20).fill(1), long_factor: new Array(1 << 20).fill(1) } }, MA, false],
+    ['phi3 longrope NaN factor', ll, { model_type: 'phi3', rope_scaling: { type: 'longrope', short_factor: [raw('NaN'), ...new Array(7).fill(1)], long_factor: new Array(8).fill(1) } }, MA, false],
+    ['phi3 longrope factor 1e400', ll, { model_type: 'phi3', rope_scaling: { type: 'longrope', short_factor: new Array(8).fill(1), long_factor: [raw('1e400'), ...new Array(7).fill(1)] } }, MA, false],
+    ['phi3 longrope no long factors', ll, { model_type: 'phi3', rope_scaling: { type: 'longrope', short_factor: new Array(8).fill(1) } }, MA, false],
+    ['phi3 longrope original 0', ll, { model_type: 'phi3', original_max_position_embeddings: 0, rope_scaling: { type: 'longrope', short_factor: new Array(8).fill(1), long_factor: new Array(8).fill(2) } }, MA, false],
+    ['phi3 longrope original 2^63', ll, { model_type: 'phi3', original_max_position_embeddings: raw('9223372036854775808'), rope_scaling: { type: 'longrope', short_factor: new Array(8).fill(1), long_factor: new Array(8).fill(2) } }, MA, false],
+    ['phi3 longrope attention factor -1', ll, { model_type: 'phi3', rope_scaling: { type: 'longrope', attention_factor: -1, short_factor: new Array(8).fill(1), long_factor: new Array(8).fill(2) } }, MA, false],
+    ['phi3 longrope', ll, { model_type: 'phi3', original_max_position_embeddings: 64, rope_scaling: { type: 'longrope', short_factor: new Array(8).fill(1), long_factor: new Array(8).fill(2) } }, MA, true],
     ['ministral chunked layer type', ll, { model_type: 'ministral', sliding_window: 4, layer_types: ['chunked_attention', 'full_attention'] }, MA, false],
     ['llama with a window of 1e400', ll, { sliding_window: raw('1e400') }, MA, false],
     ['no_rope_layers of 100k zeros', ll, { no_rope_layers: new Array(100_000).fill(0) }, MA, false],

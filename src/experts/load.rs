@@ -680,6 +680,35 @@ fn permute(t: Tensor, perm: Option<&Tensor>, dim: usize) -> Result<Tensor> {
 mod tests {
     use super::*;
 
+    /// One f32 tensor `t` of `shape`, values 0, 1, 2, ….
+    fn raw(shape: &[usize]) -> RawTensor {
+        let n: usize = shape.iter().product();
+        let header = format!(r#"{{"t":{{"dtype":"F32","shape":{shape:?},"data_offsets":[0,{}]}}}}"#, 4 * n);
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        (0..n).for_each(|i| bytes.extend_from_slice(&(i as f32).to_le_bytes()));
+        super::super::peft::parse_safetensors(&bytes, "test").unwrap().remove("t").unwrap()
+    }
+
+    /// A fused module's factors cut for one part: by rows where they are per output row, shared
+    /// where they are per input; LoKr refused; a factor of the wrong height is a shape error.
+    #[test]
+    fn fused_module_factors_are_cut_by_rows_or_shared() {
+        let key = "base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight";
+        let b = fused_part(key, "lora_B.weight", &raw(&[6, 2]), 2, 3, 6).unwrap();
+        assert_eq!((b.shape.clone(), b.values().unwrap()), (vec![3, 2], vec![4.0, 5.0, 6.0, 7.0, 8.0, 9.0]));
+        let m = fused_part(key, "lora_magnitude_vector", &raw(&[6]), 4, 2, 6).unwrap();
+        assert_eq!(m.values().unwrap(), vec![4.0, 5.0]);
+        assert_eq!(fused_part(key, "ia3_l", &raw(&[6, 1]), 0, 2, 6).unwrap().values().unwrap(), vec![0.0, 1.0]);
+        // Shared: LoRA's A, and IA³'s input vector (a feed-forward module's).
+        assert_eq!(fused_part(key, "lora_A.weight", &raw(&[2, 4]), 2, 3, 6).unwrap().shape, vec![2, 4]);
+        assert_eq!(fused_part(key, "ia3_l", &raw(&[1, 4]), 2, 3, 6).unwrap().shape, vec![1, 4]);
+        let e = fused_part(key, "lokr_w1", &raw(&[2, 2]), 0, 2, 6).err().unwrap();
+        assert_eq!(e.code(), "UNSUPPORTED_ADAPTER", "{e}");
+        let e = fused_part(key, "lora_B.weight", &raw(&[5, 2]), 0, 2, 6).err().unwrap();
+        assert!(matches!(&e, EngineError::InvalidAdapter(m) if m.contains(SHAPE_MISMATCH)), "{e:?}");
+    }
+
     #[test]
     fn interleave_permutation_matches_llama_cpp() {
         // 1 head of 4: HF rows [0, 1 | 2, 3] (halves) become [0, 2, 1, 3] (pairs).

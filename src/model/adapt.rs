@@ -219,3 +219,23 @@ pub fn linear_segments(lin: &Linear, x: &Tensor, slot: Slot, segments: &[Segment
     flush(&mut plain, &mut pieces)?;
     Ok(Tensor::cat(&pieces, 0)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fused_modules_name_their_parts_in_row_order() {
+        let phi3 = Fused { qkv: true, gate_up: true };
+        assert_eq!(phi3.parts("qkv_proj"), &[Proj::Q, Proj::K, Proj::V]);
+        assert_eq!(phi3.parts("gate_up_proj"), &[Proj::Gate, Proj::Up]);
+        assert_eq!(phi3.parts("o_proj"), &[Proj::O]);
+        // A fused model has no separate q_proj; a plain one has no qkv_proj.
+        assert!(phi3.parts("q_proj").is_empty() && Fused::default().parts("qkv_proj").is_empty());
+        assert_eq!(Fused::default().parts("up_proj"), &[Proj::Up]);
+        assert_eq!(
+            (phi3.module_name(Proj::K), phi3.module_name(Proj::Up), phi3.module_name(Proj::Down)),
+            ("qkv_proj", "gate_up_proj", "down_proj")
+        );
+    }
+}

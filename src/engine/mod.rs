@@ -218,9 +218,8 @@ impl Engine {
         // The pool holds `maxTokens` positions of every layer that keeps positions: a block
         // per table group per `blockSize` positions (a group's unused slots included).
         let layout = model.kv_layout();
-        let (tables, slots) = (layout.tables.len().max(1), layout.slots_per_block());
-        let bytes_per_token =
-            crate::kv::store::bytes_per_token(tables * slots, model.cfg.num_kv_heads, model.cfg.head_dim, kv_dtype);
+        let tables = layout.tables.len().max(1);
+        let bytes_per_token = tables * layout.block_bytes_per_position(model.cfg.num_kv_heads, model.cfg.head_dim, kv_dtype);
         let memory = load::kv_memory(&model.device);
         let (num_blocks, block_size) = crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, memory)?;
         let num_blocks = num_blocks.saturating_mul(tables).min(u32::MAX as usize - 1);

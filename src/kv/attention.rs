@@ -183,20 +183,21 @@ fn cpu_f32_blocks(
         return Ok(None);
     };
     let qd = &qd[q0..q1];
-    let hd = store.head_dim;
-    let dense = |g: usize| store.head_rows(g, hd);
+    let shape = store.shape(layer);
+    let hd = shape.head_dim;
+    let dense = |g: usize| store.head_rows(layer, g, hd);
     let out = match (&*ks, &*vs, store.format) {
         (Storage::Cpu(CpuStorage::F32(kd)), Storage::Cpu(CpuStorage::F32(vd)), KvFormat::Dense(_)) => {
             let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
-            fused(qd, plan, store, nh, how, block, |g| Dense { k, v, at: dense(g) })
+            fused(qd, plan, (store.block_size, shape), nh, how, block, |g| Dense { k, v, at: dense(g) })
         }
         (Storage::Cpu(CpuStorage::F16(kd)), Storage::Cpu(CpuStorage::F16(vd)), KvFormat::Dense(_)) => {
             let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
-            fused(qd, plan, store, nh, how, block, |g| Dense { k, v, at: dense(g) })
+            fused(qd, plan, (store.block_size, shape), nh, how, block, |g| Dense { k, v, at: dense(g) })
         }
         (Storage::Cpu(CpuStorage::BF16(kd)), Storage::Cpu(CpuStorage::BF16(vd)), KvFormat::Dense(_)) => {
             let (k, v) = (&kd[k0..k1], &vd[v0..v1]);
-            fused(qd, plan, store, nh, how, block, |g| Dense { k, v, at: dense(g) })
+            fused(qd, plan, (store.block_size, shape), nh, how, block, |g| Dense { k, v, at: dense(g) })
         }
         (Storage::Cpu(CpuStorage::U8(kd)), Storage::Cpu(CpuStorage::U8(vd)), KvFormat::Quant(quant)) => {
             let Some((kscale, vscale)) = store.scales(layer) else { return Ok(None) };
@@ -209,14 +210,14 @@ fn cpu_f32_blocks(
             };
             let (k, v, kd, vd) = (&kd[k0..k1], &vd[v0..v1], &ksd[a0..a1], &vsd[b0..b1]);
             let (qhd, nb) = (quant.packed_cols(hd), hd / super::quant::BLOCK);
-            fused(qd, plan, store, nh, how, block, |g| Quantized {
+            fused(qd, plan, (store.block_size, shape), nh, how, block, |g| Quantized {
                 quant,
                 k,
                 v,
                 kd,
                 vd,
-                q: store.head_rows(g, qhd),
-                d: store.head_rows(g, nb),
+                q: store.head_rows(layer, g, qhd),
+                d: store.head_rows(layer, g, nb),
                 hd,
             })
         }

@@ -5,6 +5,7 @@
 use candle_core::Device;
 
 use super::block_table::blocks_for;
+use super::layers::{HeadShape, KvLayout, LayerCache};
 use super::store::{KvFormat, KvStore};
 use super::BlockId;
 use crate::error::Result;
@@ -14,7 +15,7 @@ const BLOCK: usize = 16;
 
 pub struct KvCache {
     pub(crate) store: KvStore,
-    /// The one table group's table (the store's layers are all alike).
+    /// Each table group's table (one unless layers differ in their heads), all the identity.
     pub(crate) blocks: Vec<Vec<BlockId>>,
     len: usize,
     max_len: usize,
@@ -29,9 +30,24 @@ impl KvCache {
         dtype: impl Into<KvFormat>,
         device: &Device,
     ) -> Result<Self> {
+        Self::shaped(&vec![None; num_layers], kv_heads, head_dim, max_len, dtype, device)
+    }
+
+    /// [`Self::new`] for layers with heads of their own (`shapes[i]`; `None`: `kv_heads` of
+    /// `head_dim`): a table group per shape, each with its own identity table.
+    pub fn shaped(
+        shapes: &[Option<HeadShape>],
+        kv_heads: usize,
+        head_dim: usize,
+        max_len: usize,
+        dtype: impl Into<KvFormat>,
+        device: &Device,
+    ) -> Result<Self> {
         let n = blocks_for(max_len.max(1), BLOCK);
-        let store = KvStore::new(num_layers, n, BLOCK, kv_heads, head_dim, dtype, device)?;
-        Ok(Self { store, blocks: vec![(0..n as BlockId).collect()], len: 0, max_len })
+        let layout = KvLayout::from_shaped(&vec![LayerCache::Full; shapes.len()], shapes);
+        let tables = layout.tables.len().max(1);
+        let store = KvStore::new(shapes.len(), n, BLOCK, kv_heads, head_dim, dtype, device)?.with_cache_layout(layout)?;
+        Ok(Self { store, blocks: vec![(0..n as BlockId).collect(); tables], len: 0, max_len })
     }
 
     pub fn len(&self) -> usize {

@@ -16,6 +16,12 @@
 //! group keeps them, and memory is never split between kinds in advance. A model whose layers
 //! are all alike has one group of all its layers: one table, a tensor per layer. A recurrent
 //! state is refused by name ([`KvLayout::unsupported`]) until its manager exists.
+//!
+//! Layers may differ in their heads ([`HeadShape`]: Gemma 4's global layers have wider heads
+//! than its sliding ones). Table groups then hold layers of one kind and one shape, and the
+//! block tensors come in one set per shape (a **class**): every block has room in each class's
+//! tensors, and a block holds its group's layers in its class's. On CPU a pool's memory is
+//! committed only where it is written, so the room a block does not use costs nothing there.
 
 use super::store::{bytes_per_token, KvFormat};
 
@@ -28,6 +34,13 @@ pub enum LayerCache {
     Window { window: usize },
     /// A fixed-size recurrent state of `bytes` bytes, no positions.
     State { bytes: usize },
+}
+
+/// A layer's key/value heads: how many, and their dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HeadShape {
+    pub kv_heads: usize,
+    pub head_dim: usize,
 }
 
 /// Layers of one kind.
@@ -43,10 +56,12 @@ pub struct KvGroup {
 pub struct KvLayout {
     pub groups: Vec<KvGroup>,
     pub num_layers: usize,
-    /// Position layers in groups of at most [`Self::slots_per_block`], one block table each.
+    /// Position layers in groups of equal size per shape, one block table each.
     pub tables: Vec<TableGroup>,
-    /// Per layer: `(table group, slot)`; `None` for a layer that keeps no positions.
+    /// Per layer: `(table group, block tensor)`; `None` for a layer that keeps no positions.
     layer_slots: Vec<Option<(usize, usize)>>,
+    /// Per block tensor, the heads it holds (`None`: the pool's own shape).
+    tensor_shapes: Vec<Option<HeadShape>>,
 }
 
 /// Position layers of one kind that share a block table; layer `layers[j]` uses slot `j` of
@@ -56,11 +71,19 @@ pub struct TableGroup {
     /// `None`: every position (full attention); `Some(w)`: the last `w` positions.
     pub window: Option<usize>,
     pub layers: Vec<usize>,
+    /// Its layers' heads (`None`: the pool's own shape).
+    pub shape: Option<HeadShape>,
 }
 
 impl KvLayout {
-    /// Groups layers (`kinds[i]` is layer `i`'s) by kind.
+    /// Groups layers (`kinds[i]` is layer `i`'s) by kind, all of the pool's head shape.
     pub fn from_kinds(kinds: &[LayerCache]) -> Self {
+        Self::from_shaped(kinds, &vec![None; kinds.len()])
+    }
+
+    /// Groups layers by kind and head shape (`shapes[i]` is layer `i`'s; `None`: the pool's).
+    pub fn from_shaped(kinds: &[LayerCache], shapes: &[Option<HeadShape>]) -> Self {
+        assert_eq!(kinds.len(), shapes.len(), "a shape per layer");
         let mut groups: Vec<KvGroup> = Vec::new();
         for (layer, &kind) in kinds.iter().enumerate() {
             match groups.iter_mut().find(|g| g.kind == kind) {
@@ -68,32 +91,56 @@ impl KvLayout {
                 None => groups.push(KvGroup { kind, layers: vec![layer] }),
             }
         }
-        let per_table =
-            groups.iter().filter(|g| !matches!(g.kind, LayerCache::State { .. })).map(|g| g.layers.len()).min().unwrap_or(0);
-        let mut tables = Vec::new();
-        let mut layer_slots = vec![None; kinds.len()];
+        // Tables hold layers of one kind and one shape: a kind's layers split by shape.
+        let mut runs: Vec<(Option<usize>, Option<HeadShape>, Vec<usize>)> = Vec::new();
         for g in &groups {
             let window = match g.kind {
                 LayerCache::Full => None,
                 LayerCache::Window { window } => Some(window),
                 LayerCache::State { .. } => continue,
             };
-            for chunk in g.layers.chunks(per_table) {
-                for (slot, &layer) in chunk.iter().enumerate() {
-                    layer_slots[layer] = Some((tables.len(), slot));
+            for &layer in &g.layers {
+                match runs.iter_mut().find(|r| r.0 == window && r.1 == shapes[layer]) {
+                    Some(r) => r.2.push(layer),
+                    None => runs.push((window, shapes[layer], vec![layer])),
                 }
-                tables.push(TableGroup { window, layers: chunk.to_vec() });
             }
         }
-        KvLayout { groups, num_layers: kinds.len(), tables, layer_slots }
+        // Equal tables within a shape: the size of its smallest run.
+        let mut classes: Vec<(Option<HeadShape>, usize)> = Vec::new();
+        for r in &runs {
+            match classes.iter_mut().find(|c| c.0 == r.1) {
+                Some(c) => c.1 = c.1.min(r.2.len()),
+                None => classes.push((r.1, r.2.len())),
+            }
+        }
+        let class_start: Vec<usize> = classes.iter().scan(0, |at, c| Some(std::mem::replace(at, *at + c.1))).collect();
+        let mut tables = Vec::new();
+        let mut layer_slots = vec![None; kinds.len()];
+        for (window, shape, layers) in runs {
+            let class = classes.iter().position(|c| c.0 == shape).expect("a class per shape");
+            for chunk in layers.chunks(classes[class].1) {
+                for (slot, &layer) in chunk.iter().enumerate() {
+                    layer_slots[layer] = Some((tables.len(), class_start[class] + slot));
+                }
+                tables.push(TableGroup { window, layers: chunk.to_vec(), shape });
+            }
+        }
+        let tensor_shapes = classes.iter().flat_map(|&(shape, n)| std::iter::repeat_n(shape, n)).collect();
+        KvLayout { groups, num_layers: kinds.len(), tables, layer_slots, tensor_shapes }
     }
 
-    /// Layers each block holds (the tensors of the pool).
+    /// Block tensors of the pool: every class's layers per block.
     pub fn slots_per_block(&self) -> usize {
-        self.tables.iter().map(|t| t.layers.len()).max().unwrap_or(0)
+        self.tensor_shapes.len()
     }
 
-    /// `(table group, slot)` of a layer that keeps positions.
+    /// The heads each block tensor holds (`None`: the pool's own shape).
+    pub fn tensor_shapes(&self) -> &[Option<HeadShape>] {
+        &self.tensor_shapes
+    }
+
+    /// `(table group, block tensor)` of a layer that keeps positions.
     pub fn slot_of_layer(&self, layer: usize) -> Option<(usize, usize)> {
         self.layer_slots.get(layer).copied().flatten()
     }
@@ -109,9 +156,30 @@ impl KvLayout {
     }
 
     /// Bytes one position takes over all the layers that keep positions, as if every layer
-    /// were global: what the pool is sized by (a sequence holds at most that).
+    /// were global: what the pool is sized by (a sequence holds at most that). `kv_heads` and
+    /// `head_dim` are the pool's shape, for layers that have no shape of their own.
     pub fn bytes_per_token(&self, kv_heads: usize, head_dim: usize, format: impl Into<KvFormat>) -> usize {
-        bytes_per_token(self.position_layers(), kv_heads, head_dim, format)
+        let format = format.into();
+        self.tables
+            .iter()
+            .map(|t| {
+                let s = t.shape.unwrap_or(HeadShape { kv_heads, head_dim });
+                bytes_per_token(t.layers.len(), s.kv_heads, s.head_dim, format)
+            })
+            .sum()
+    }
+
+    /// Bytes of K and V of one position in one block: every block tensor's row, each class's
+    /// room included (what a block of the pool reserves).
+    pub fn block_bytes_per_position(&self, kv_heads: usize, head_dim: usize, format: impl Into<KvFormat>) -> usize {
+        let format = format.into();
+        self.tensor_shapes
+            .iter()
+            .map(|s| {
+                let s = s.unwrap_or(HeadShape { kv_heads, head_dim });
+                bytes_per_token(1, s.kv_heads, s.head_dim, format)
+            })
+            .sum()
     }
 
     /// Bytes of recurrent state one sequence takes over all recurrent layers.
@@ -193,11 +261,34 @@ mod tests {
         assert_eq!((hybrid.tables.len(), hybrid.slot_of_layer(0), hybrid.slot_of_layer(2)), (1, None, Some((0, 0))));
     }
 
+    /// Gemma 4: sliding layers of one head shape, global ones of a wider one. Tables hold one
+    /// kind and one shape; each shape has its own block tensors.
+    #[test]
+    fn layers_of_other_head_shapes_get_their_own_tensors() {
+        let w = LayerCache::Window { window: 512 };
+        let (narrow, wide) = (HeadShape { kv_heads: 2, head_dim: 16 }, HeadShape { kv_heads: 1, head_dim: 64 });
+        let kinds = [w, w, LayerCache::Full, w, w, LayerCache::Full];
+        let shapes = [narrow, narrow, wide, narrow, narrow, wide].map(Some);
+        let l = KvLayout::from_shaped(&kinds, &shapes);
+        let tables: Vec<_> = l.tables.iter().map(|t| (t.window, t.layers.clone(), t.shape)).collect();
+        assert_eq!(tables, vec![(Some(512), vec![0, 1, 3, 4], Some(narrow)), (None, vec![2, 5], Some(wide))]);
+        assert_eq!(l.tensor_shapes(), &[Some(narrow), Some(narrow), Some(narrow), Some(narrow), Some(wide), Some(wide)]);
+        assert_eq!((l.slot_of_layer(3), l.slot_of_layer(5)), (Some((0, 2)), Some((1, 5))));
+        // Sized by each layer's own heads; a block reserves a row in every tensor.
+        let f = DType::F32;
+        assert_eq!(l.bytes_per_token(9, 9, f), bytes_per_token(4, 2, 16, f) + bytes_per_token(2, 1, 64, f));
+        assert_eq!(l.block_bytes_per_position(9, 9, f), bytes_per_token(4, 2, 16, f) + bytes_per_token(2, 1, 64, f));
+        // One kind in two shapes: two tables, two classes.
+        let mixed = KvLayout::from_shaped(&[LayerCache::Full; 3], &[Some(narrow), Some(wide), Some(narrow)]);
+        assert_eq!(mixed.tables.len(), 2);
+        assert_eq!((mixed.slot_of_layer(1), mixed.slot_of_layer(2)), (Some((1, 2)), Some((0, 1))));
+    }
+
     #[test]
     fn an_all_full_layout_is_one_group_sized_as_before() {
         let l = KvLayout::all_full(3);
         assert_eq!(l.groups, vec![KvGroup { kind: LayerCache::Full, layers: vec![0, 1, 2] }]);
-        assert_eq!(l.tables, vec![TableGroup { window: None, layers: vec![0, 1, 2] }]);
+        assert_eq!(l.tables, vec![TableGroup { window: None, layers: vec![0, 1, 2], shape: None }]);
         assert_eq!(l.bytes_per_token(4, 16, DType::BF16), bytes_per_token(3, 4, 16, DType::BF16));
         assert_eq!((l.state_bytes_per_sequence(), l.unsupported()), (0, None));
         let s = KvLayout::from_kinds(&[LayerCache::State { bytes: usize::MAX }, LayerCache::State { bytes: usize::MAX }]);

@@ -22,7 +22,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::layers::KvLayout;
+use super::layers::{HeadShape, KvLayout};
 use super::quant::Quant;
 use super::{store_cpu, BlockId};
 use crate::error::{EngineError, Result};
@@ -108,6 +108,8 @@ pub struct KvStore {
     /// ... and, quantized, the `f16` scales (`head_dim / 32` per head and slot; else empty).
     ks: Vec<Tensor>,
     vs: Vec<Tensor>,
+    /// The heads of each tensor (the pool's own shape unless the layout gives layers theirs).
+    shapes: Vec<HeadShape>,
     /// `[kv_heads · slots, width]` (CPU) rather than `[slots, kv_heads · width]`.
     head_major: bool,
     pub num_blocks: usize,
@@ -150,17 +152,18 @@ impl KvStore {
     pub fn plan_writes(&self, runs: Vec<Vec<SlotRun>>) -> Result<KvWrites> {
         let tables = runs
             .into_iter()
-            .map(|runs| {
+            .enumerate()
+            .map(|(t, runs)| {
                 let scatter = runs.len() >= SCATTER_MIN_RUNS && !self.head_major && matches!(self.format, KvFormat::Dense(_));
-                self.writes(runs, scatter)
+                let shape = self.cache_layout.tables.get(t).and_then(|t| t.shape).unwrap_or(self.shapes_default());
+                self.writes(runs, scatter, shape.kv_heads * shape.head_dim)
             })
             .collect::<Result<_>>()?;
         Ok(KvWrites { tables })
     }
 
-    fn writes(&self, runs: Vec<SlotRun>, scatter: bool) -> Result<TableWrites> {
+    fn writes(&self, runs: Vec<SlotRun>, scatter: bool, width: usize) -> Result<TableWrites> {
         let scatter = if scatter {
-            let width = self.kv_heads * self.head_dim;
             let rows = runs.iter().map(|r| r.row + r.len).max().unwrap_or(0);
             let mut idx = vec![0u32; rows * width];
             for r in &runs {
@@ -193,6 +196,16 @@ impl KvStore {
     /// `(table group, tensor slot)` of a layer that keeps positions.
     fn slot(&self, layer: usize) -> (usize, usize) {
         self.cache_layout.slot_of_layer(layer).expect("a layer that keeps positions in the pool")
+    }
+
+    /// The pool's own head shape (layers the layout gives no shape of their own have it).
+    fn shapes_default(&self) -> HeadShape {
+        HeadShape { kv_heads: self.kv_heads, head_dim: self.head_dim }
+    }
+
+    /// The heads `layer` keeps.
+    pub fn shape(&self, layer: usize) -> HeadShape {
+        self.shapes[self.slot(layer).1]
     }
 
     /// The table group whose block tables `layer` reads and writes through.
@@ -247,29 +260,31 @@ impl KvStore {
             kv_heads,
             head_dim,
             format,
+            shapes: Vec::new(),
             cache_layout: KvLayout::all_full(num_layers),
             device: device.clone(),
         };
-        store.allocate(num_layers)?;
+        store.allocate(&vec![None; num_layers])?;
         Ok(store)
     }
 
-    /// Allocates `tensors` block slots' K and V (replacing any before).
-    fn allocate(&mut self, tensors: usize) -> Result<()> {
-        let (kv_heads, head_dim, format, head_major, device) =
-            (self.kv_heads, self.head_dim, self.format, self.head_major, &self.device);
+    /// Allocates a K and a V tensor of every block slot, with the heads `shapes` gives each
+    /// (`None`: the pool's own), replacing any before.
+    fn allocate(&mut self, shapes: &[Option<HeadShape>]) -> Result<()> {
+        let (format, head_major, device) = (self.format, self.head_major, &self.device);
+        let shapes: Vec<HeadShape> = shapes.iter().map(|s| s.unwrap_or(self.shapes_default())).collect();
         let size_overflow = || EngineError::OutOfMemory("KV pool size overflows".into());
         let slots = self.num_blocks.checked_mul(self.block_size).ok_or_else(size_overflow)?;
-        // `[kv_heads · slots, width]` or `[slots, kv_heads · width]` for `width` per head.
-        let pool = |width: usize, dtype: DType| -> Result<Tensor> {
-            if head_major {
-                zeros(kv_heads.checked_mul(slots).ok_or_else(size_overflow)?, width, dtype, device)
-            } else {
-                zeros(slots, kv_heads.checked_mul(width).ok_or_else(size_overflow)?, dtype, device)
-            }
-        };
         let (mut k, mut v, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..tensors {
+        for &HeadShape { kv_heads, head_dim } in &shapes {
+            // `[kv_heads · slots, width]` or `[slots, kv_heads · width]` for `width` per head.
+            let pool = |width: usize, dtype: DType| -> Result<Tensor> {
+                if head_major {
+                    zeros(kv_heads.checked_mul(slots).ok_or_else(size_overflow)?, width, dtype, device)
+                } else {
+                    zeros(slots, kv_heads.checked_mul(width).ok_or_else(size_overflow)?, dtype, device)
+                }
+            };
             match format {
                 KvFormat::Dense(dtype) => {
                     k.push(pool(head_dim, dtype)?);
@@ -285,7 +300,7 @@ impl KvStore {
                 }
             }
         }
-        (self.k, self.v, self.ks, self.vs) = (k, v, ks, vs);
+        (self.k, self.v, self.ks, self.vs, self.shapes) = (k, v, ks, vs, shapes);
         Ok(())
     }
 
@@ -303,10 +318,11 @@ impl KvStore {
         if let Some(what) = layout.unsupported() {
             return Err(EngineError::UnsupportedArchitecture(format!("{what} is not implemented yet")));
         }
-        let tensors = layout.slots_per_block();
+        let shapes = layout.tensor_shapes().to_vec();
         self.cache_layout = layout;
-        if tensors != self.k.len() {
-            self.allocate(tensors)?;
+        let resolved: Vec<HeadShape> = shapes.iter().map(|s| s.unwrap_or(self.shapes_default())).collect();
+        if resolved != self.shapes {
+            self.allocate(&shapes)?;
         }
         Ok(self)
     }
@@ -327,28 +343,29 @@ impl KvStore {
         self.head_major
     }
 
-    /// Where KV head `head`'s rows of `width` values per slot sit in a layer's flat buffer
+    /// Where KV head `head`'s rows of `width` values per slot sit in `layer`'s flat buffer
     /// (values, packed values or scales): `(stride, offset, width)`, slot `s`'s row being
     /// `data[s · stride + offset ..][..width]`.
-    pub fn head_rows(&self, head: usize, width: usize) -> (usize, usize, usize) {
+    pub fn head_rows(&self, layer: usize, head: usize, width: usize) -> (usize, usize, usize) {
         if self.head_major {
             (width, head * self.slots() * width, width)
         } else {
-            (self.kv_heads * width, head * width, width)
+            (self.shape(layer).kv_heads * width, head * width, width)
         }
     }
 
     /// K and V of `layer` at pool slots `idx` (`u32`), position-major `[idx.len(), kv_heads ·
     /// head_dim]` in `dtype` (widened or dequantized), whatever the layout.
     pub fn gather(&self, layer: usize, idx: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
+        let heads = self.shape(layer).kv_heads;
         let rows = |t: &Tensor| -> Result<Tensor> {
             if !self.head_major {
                 return Ok(t.index_select(idx, 0)?);
             }
             let (n, width) = (idx.dim(0)?, t.dim(1)?);
-            let per_head = t.reshape((self.kv_heads, self.slots(), width))?;
+            let per_head = t.reshape((heads, self.slots(), width))?;
             let picked = per_head.index_select(idx, 1)?.transpose(0, 1)?.contiguous()?;
-            Ok(picked.reshape((n, self.kv_heads * width))?)
+            Ok(picked.reshape((n, heads * width))?)
         };
         let layer = self.slot(layer).1;
         let (k, v) = (&self.k[layer], &self.v[layer]);
@@ -360,9 +377,9 @@ impl KvStore {
         })
     }
 
-    /// Bytes of K and V for one position of one block (every layer of a table group).
+    /// Bytes of K and V for one position of one block (every block tensor).
     pub fn bytes_per_token(&self) -> usize {
-        bytes_per_token(self.k.len(), self.kv_heads, self.head_dim, self.format)
+        self.shapes.iter().map(|s| bytes_per_token(1, s.kv_heads, s.head_dim, self.format)).sum()
     }
 
     pub fn bytes_per_block(&self) -> usize {
@@ -416,8 +433,9 @@ impl KvStore {
 
     /// [`Self::write`] into a head-major pool: each tensor's runs copied head by head.
     fn write_head_major(&self, layer: usize, runs: &[SlotRun], k: &Tensor, v: &Tensor) -> Result<()> {
+        let heads = self.shapes[layer].kv_heads;
         let put = |dst: &Tensor, src: &Tensor| -> Result<()> {
-            let op = store_cpu::WriteRuns { runs, heads: self.kv_heads, width: dst.dim(1)?, slots: self.slots() };
+            let op = store_cpu::WriteRuns { runs, heads, width: dst.dim(1)?, slots: self.slots() };
             Ok(dst.inplace_op2(&src.contiguous()?, &op)?)
         };
         match self.format {
@@ -436,6 +454,12 @@ impl KvStore {
         Ok(())
     }
 
+    /// Every tensor of the pool (K, V and their scales) with the heads it holds.
+    fn tensors_with_heads(&self) -> impl Iterator<Item = (&Tensor, usize)> {
+        let heads = self.shapes.iter().map(|s| s.kv_heads);
+        [&self.k, &self.v, &self.ks, &self.vs].into_iter().flat_map(move |ts| ts.iter().zip(heads.clone()))
+    }
+
     /// Returns the memory of `blocks` (ascending; none of them listed by a table) to the OS, on
     /// a CPU pool: the next write commits it again. A GPU pool keeps its memory.
     pub fn release_memory(&self, blocks: &[BlockId]) -> Result<()> {
@@ -451,8 +475,8 @@ impl KvStore {
                 _ => ranges.push((start, end)),
             }
         }
-        let (heads, slots) = (self.kv_heads, self.slots());
-        for t in self.k.iter().chain(&self.v).chain(&self.ks).chain(&self.vs) {
+        let slots = self.slots();
+        for (t, heads) in self.tensors_with_heads() {
             t.inplace_op1(&store_cpu::ReleaseSlots { ranges: &ranges, heads, slots })?;
         }
         Ok(())
@@ -463,8 +487,8 @@ impl KvStore {
     pub fn copy_block(&self, src: BlockId, dst: BlockId, n: usize) -> Result<()> {
         let (s, d) = (src as usize * self.block_size, dst as usize * self.block_size);
         if self.head_major {
-            let (heads, slots) = (self.kv_heads, self.slots());
-            for t in self.k.iter().chain(&self.v).chain(&self.ks).chain(&self.vs) {
+            let slots = self.slots();
+            for (t, heads) in self.tensors_with_heads() {
                 t.inplace_op1(&store_cpu::CopySlots { src: s, dst: d, n, heads, width: t.dim(1)?, slots })?;
             }
             return Ok(());
@@ -538,7 +562,7 @@ mod tests {
         let stores: Vec<KvStore> =
             (0..2).map(|_| KvStore::with_layout(2, 4, 4, 2, 3, DType::F32, &Device::Cpu, false).unwrap()).collect();
         for (s, scatter) in stores.iter().zip([false, true]) {
-            let w = KvWrites { tables: vec![s.writes(runs.clone(), scatter).unwrap()] };
+            let w = KvWrites { tables: vec![s.writes(runs.clone(), scatter, s.kv_heads * s.head_dim).unwrap()] };
             assert_eq!(w.tables[0].scatter.is_some(), scatter);
             s.write_planned(1, &w, &k, &v).unwrap();
         }
@@ -617,6 +641,36 @@ mod tests {
         }
     }
 
+    /// Layers of two head shapes in one pool (Gemma 4's sliding and global layers): each keeps
+    /// its own rows, in either layout, and a block copy moves both.
+    #[test]
+    fn layers_of_two_head_shapes_keep_their_own_rows() {
+        use crate::kv::layers::LayerCache;
+        let wide = HeadShape { kv_heads: 1, head_dim: 128 };
+        let layout = KvLayout::from_shaped(&[LayerCache::Full, LayerCache::Full], &[None, Some(wide)]);
+        let runs = [SlotRun { row: 0, slot: 5, len: 2 }];
+        let idx = Tensor::new(&[5u32, 6, 9, 10], &Device::Cpu).unwrap();
+        for head_major in [true, false] {
+            let s = KvStore::with_layout(2, 4, 4, 3, 32, DType::F32, &Device::Cpu, head_major)
+                .unwrap()
+                .with_cache_layout(layout.clone())
+                .unwrap();
+            assert_eq!((s.shape(0), s.shape(1)), (HeadShape { kv_heads: 3, head_dim: 32 }, wide));
+            assert_eq!(s.bytes_per_token(), 2 * 4 * (96 + 128));
+            let (k0, k1) = (crate::kv::seeded(2, 96, 1), crate::kv::seeded(2, 128, 2));
+            s.write(0, &runs, &k0, &k0).unwrap();
+            s.write(1, &runs, &k1, &k1).unwrap();
+            // Block 1 (slots 4..8) to block 2 (slots 8..): slots 5, 6 land at 9, 10.
+            s.copy_block(1, 2, 4).unwrap();
+            for (layer, want) in [(0, &k0), (1, &k1)] {
+                let (gk, gv) = s.gather(layer, &idx, DType::F32).unwrap();
+                let want = Tensor::cat(&[want, want], 0).unwrap().to_vec2::<f32>().unwrap();
+                assert_eq!(gk.to_vec2::<f32>().unwrap(), want, "layer {layer}, head-major {head_major}");
+                assert_eq!(gv.to_vec2::<f32>().unwrap(), want);
+            }
+        }
+    }
+
     #[test]
     fn a_head_major_pool_keeps_a_heads_rows_together() {
         let s = KvStore::new(1, 2, 2, 2, 2, DType::F32, &Device::Cpu).unwrap();
@@ -629,9 +683,9 @@ mod tests {
             got,
             vec![vec![0., 0.], vec![1., 2.], vec![5., 6.], vec![0., 0.], vec![0., 0.], vec![3., 4.], vec![7., 8.], vec![0., 0.]]
         );
-        assert_eq!(s.head_rows(1, 2), (2, 8, 2));
+        assert_eq!(s.head_rows(0, 1, 2), (2, 8, 2));
         assert!(
-            KvStore::with_layout(1, 2, 2, 2, 2, DType::F32, &Device::Cpu, false).is_ok_and(|p| p.head_rows(1, 2) == (4, 2, 2))
+            KvStore::with_layout(1, 2, 2, 2, 2, DType::F32, &Device::Cpu, false).is_ok_and(|p| p.head_rows(0, 1, 2) == (4, 2, 2))
         );
     }
 

@@ -321,7 +321,8 @@ impl Decoder {
 
     /// [`Self::new_cache`] storing keys and values as `kv_dtype`.
     pub fn new_cache_as(&self, max_len: usize, kv_dtype: impl Into<KvFormat>) -> Result<KvCache> {
-        KvCache::new(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, max_len, kv_dtype, &self.device)
+        let shapes = self.plan.kv_shapes(self.cfg.num_kv_heads, self.cfg.head_dim);
+        KvCache::shaped(&shapes, self.cfg.num_kv_heads, self.cfg.head_dim, max_len, kv_dtype, &self.device)
     }
 
     /// An empty pool of `num_blocks` blocks of `block_size` positions, shaped for this model.
@@ -342,7 +343,7 @@ impl Decoder {
 
     /// What each layer keeps in the KV cache, grouped by kind (the pool is sized by it).
     pub fn kv_layout(&self) -> KvLayout {
-        KvLayout::from_kinds(&self.plan.kv_kinds())
+        KvLayout::from_shaped(&self.plan.kv_kinds(), &self.plan.kv_shapes(self.cfg.num_kv_heads, self.cfg.head_dim))
     }
 
     pub fn max_positions(&self) -> usize {

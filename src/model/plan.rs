@@ -25,7 +25,7 @@ use std::fmt;
 
 use super::config::{Arch, ModelConfig};
 use super::rope::RopeScaling;
-use crate::kv::layers::LayerCache;
+use crate::kv::layers::{HeadShape, LayerCache};
 
 /// What every layer of a model runs, and the settings the whole model shares.
 #[derive(Clone, Debug, PartialEq)]
@@ -244,11 +244,25 @@ impl LayerPlan {
             .collect()
     }
 
+    /// The heads each layer keeps in the KV cache, where they differ from `kv_heads` of
+    /// `head_dim` (the model's: `None`).
+    pub fn kv_shapes(&self, kv_heads: usize, head_dim: usize) -> Vec<Option<HeadShape>> {
+        self.layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::Attention(a) => {
+                    let shape = HeadShape { kv_heads: a.num_kv_heads, head_dim: a.head_dim };
+                    (shape != HeadShape { kv_heads, head_dim }).then_some(shape)
+                }
+                Mixer::Recurrent(r) => match *r {},
+            })
+            .collect()
+    }
+
     /// The first thing in the plan that the generic decoder does not run yet, named; `None`
     /// when it runs all of it. A model whose plan names something is refused at load
     /// (`UNSUPPORTED_ARCHITECTURE`), never run without it.
     pub fn unsupported(&self) -> Option<String> {
-        let other_shape = self.first_other_head_shape();
         for (i, l) in self.layers.iter().enumerate() {
             match &l.ffn {
                 FeedForward::GatedMlp { .. } => {}
@@ -258,10 +272,6 @@ impl LayerPlan {
                 Mixer::Attention(a) => {
                     if a.logit_softcap.is_some() {
                         return Some(format!("layer {i}: {}", l.mixer));
-                    }
-                    // One pool shape for all layers.
-                    if other_shape == Some(i) {
-                        return Some(format!("layer {i}: per-layer head shapes"));
                     }
                 }
                 Mixer::Recurrent(r) => match *r {},

@@ -56,16 +56,7 @@ fn a_layer_without_rope_runs_generic() {
 #[test]
 fn what_the_decoder_does_not_run_yet_is_named_not_ignored() {
     type Edit = fn(&mut LayerPlan);
-    let cases: [(Edit, &str); 2] = [
-        (|p| attention(p, 0).logit_softcap = Some(50.0), "soft-cap 50"),
-        (
-            |p| {
-                let a = attention(p, 2);
-                (a.head_dim, a.scale) = (64, 0.125);
-            },
-            "layer 2: per-layer head shapes",
-        ),
-    ];
+    let cases: [(Edit, &str); 1] = [(|p| attention(p, 0).logit_softcap = Some(50.0), "soft-cap 50")];
     for (edit, named) in cases {
         let mut plan = fixture_plan("qwen3-tiny");
         edit(&mut plan);
@@ -81,8 +72,15 @@ fn what_the_decoder_does_not_run_yet_is_named_not_ignored() {
 #[test]
 fn what_only_the_generic_decoder_runs_is_a_fused_decode_gap() {
     type Edit = fn(&mut LayerPlan);
-    let cases: [(Edit, &str); 11] = [
+    let cases: [(Edit, &str); 12] = [
         (|p| attention(p, 1).window = Some(4096), "layer 1: sliding-window attention (4096)"),
+        (
+            |p| {
+                let a = attention(p, 2);
+                (a.head_dim, a.scale) = (64, 0.125);
+            },
+            "layer 2: per-layer head shapes",
+        ),
         (|p| p.ropes[0].rotary_dim = 8, "a partial one"),
         (|p| p.residual_multiplier = 0.22, "multipliers"),
         (|p| p.logit_multiplier = 0.5, "multipliers"),

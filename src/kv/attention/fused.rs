@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use super::rows::RowPtr;
 use super::rows::{KvRows, KvView};
 use super::{AttentionPlan, LayerAttention};
-use crate::kv::store::KvStore;
+use crate::kv::layers::HeadShape;
 use crate::simd::{self, Level};
 
 /// Below this many multiply-adds in a call, run inline.
@@ -44,13 +44,14 @@ pub(super) const KEY_BLOCK: usize = 1 << 14;
 pub(super) fn fused<S: KvRows>(
     qd: &[f32],
     plan: &AttentionPlan,
-    store: &KvStore,
+    // The pool's block size and the layer's heads.
+    (block_size, shape): (usize, HeadShape),
     nh: usize,
     how: LayerAttention,
     block: usize,
     head: impl Fn(usize) -> S + Sync,
 ) -> Vec<f32> {
-    let (nkv, hd, bs) = (store.kv_heads, store.head_dim, store.block_size);
+    let (nkv, hd, bs) = (shape.kv_heads, shape.head_dim, block_size);
     let rep = nh / nkv;
     let width = nh * hd;
     let rows = qd.len() / width;

@@ -172,7 +172,8 @@ pub(super) fn generic_tiled(
     how: LayerAttention,
     tiling: Tiling,
 ) -> Result<Tensor> {
-    let (nkv, hd) = (store.kv_heads, store.head_dim);
+    let shape = store.shape(layer);
+    let (nkv, hd) = (shape.kv_heads, shape.head_dim);
     let rep = nh / nkv;
     let scale = how.scale.map_or(1.0 / (hd as f64).sqrt(), f64::from);
     let window = how.window;

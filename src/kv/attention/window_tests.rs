@@ -153,7 +153,7 @@ fn a_windowed_row_attends_the_same_alone_in_a_tile_and_on_every_level() {
     let (k, v) = store.layer(0);
     let (kd, vd): (Vec<f32>, Vec<f32>) =
         (k.flatten_all().unwrap().to_vec1().unwrap(), v.flatten_all().unwrap().to_vec1().unwrap());
-    let view = KvView { rows: Dense { k: &kd, v: &vd, at: store.head_rows(0, hd) }, blocks: &tables[0], bs, hd };
+    let view = KvView { rows: Dense { k: &kd, v: &vd, at: store.head_rows(0, 0, hd) }, blocks: &tables[0], bs, hd };
     let qv: Vec<f32> = q.flatten_all().unwrap().to_vec1().unwrap();
     for block in [4, 1 << 14] {
         let mut sc = vec![0f32; 12 * nh * 40];

@@ -9,6 +9,7 @@ mod gemma3_config;
 pub mod granite_config;
 pub mod inspect;
 pub mod kquant;
+mod layer;
 pub mod linear;
 pub mod loader;
 pub mod mapped;

@@ -1,0 +1,282 @@
+//! A decoder layer as the plan describes it: its norms, its attention (the tensors named as HF
+//! names them: `q_proj`, `k_norm`, …), its MLP, and for Gemma 4 its per-layer input and scalar;
+//! read from the weights once, run per batched pass ([`super::decoder::Decoder::forward_batch`]).
+
+use candle_core::{DType, Tensor};
+
+use super::adapt::{linear_segments, Fused, Proj, Segment, Slot};
+use super::linear::Linear;
+use super::loader::WeightSource;
+use super::plan::{Activation, FeedForward, LayerPlan, LayerSpec, Mixer, NormWeight};
+use crate::error::{EngineError, Result};
+use crate::kv::attention::{paged_attention, AttentionPlan, LayerAttention};
+use crate::kv::store::KvWrites;
+use crate::kv::KvStore;
+
+pub(super) struct RmsNorm {
+    pub(super) weight: Tensor,
+    pub(super) eps: f32,
+}
+
+impl RmsNorm {
+    /// A norm whose weight is applied as `w` or, where the plan says so, as `1 + w` (the sum
+    /// taken once here, in f32, then stored in the model's dtype; a GGUF file stores the sum).
+    pub(super) fn load(src: &mut dyn WeightSource, name: &str, size: usize, eps: f64, how: NormWeight, dtype: DType) -> Result<Self> {
+        let name = format!("{name}.weight");
+        let weight = match how {
+            NormWeight::OnePlus if !src.norms_hold_one_plus() => {
+                (src.tensor(&name, &[size], DType::F32)? + 1.0)?.to_dtype(dtype)?
+            }
+            NormWeight::Plain | NormWeight::OnePlus => src.tensor(&name, &[size], dtype)?,
+        };
+        Ok(Self { weight, eps: eps as f32 })
+    }
+
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps)?)
+    }
+}
+
+pub(super) struct Attention {
+    pub(super) q_proj: Linear,
+    pub(super) k_proj: Linear,
+    pub(super) v_proj: Linear,
+    pub(super) o_proj: Linear,
+    /// Where the plan says so: RMSNorm over each head's `head_dim` features, before RoPE.
+    pub(super) q_norm: Option<RmsNorm>,
+    pub(super) k_norm: Option<RmsNorm>,
+    pub(super) num_heads: usize,
+    pub(super) num_kv_heads: usize,
+    pub(super) head_dim: usize,
+    /// The rotary embedding it rotates by (an index into [`Decoder::ropes`]); `None`: no RoPE.
+    pub(super) rope: Option<usize>,
+    /// Its scale and sliding window, as the plan has them.
+    pub(super) how: LayerAttention,
+}
+
+pub(super) struct Mlp {
+    pub(super) gate_proj: Linear,
+    pub(super) up_proj: Linear,
+    pub(super) down_proj: Linear,
+    pub(super) activation: Activation,
+}
+
+/// A pre-norm layer normalises the input of each block (`input_layernorm` before attention,
+/// `post_attention_layernorm` before the MLP, as HF names them). A sandwich layer also
+/// normalises each block's output before its residual add: `input_layernorm` →
+/// attention → `post_attention_layernorm`, then `pre_feedforward_layernorm` → MLP →
+/// `post_feedforward_layernorm`.
+pub(super) struct DecoderLayer {
+    pub(super) input_layernorm: RmsNorm,
+    pub(super) self_attn: Attention,
+    pub(super) post_attention_layernorm: RmsNorm,
+    /// Sandwich layers only.
+    pub(super) pre_feedforward_layernorm: Option<RmsNorm>,
+    pub(super) post_feedforward_layernorm: Option<RmsNorm>,
+    pub(super) mlp: Mlp,
+}
+
+impl DecoderLayer {
+    /// Reads layer `p` (`model.layers.{i}`) as `spec` describes it, checking every shape; its
+    /// projections fused where the file has them so (`fused`).
+    pub(super) fn load(
+        src: &mut dyn WeightSource,
+        p: &str,
+        spec: &LayerSpec,
+        fused: Fused,
+        h: usize,
+        eps: f64,
+        dtype: DType,
+    ) -> Result<Self> {
+        let a = match &spec.mixer {
+            Mixer::Attention(a) => a,
+            Mixer::Recurrent(r) => match *r {},
+        };
+        let (nh, nkv, hd) = (a.num_heads, a.num_kv_heads, a.head_dim);
+        let at = format!("{p}.self_attn");
+        let norm_weight = spec.norms.weight;
+        let qk_norm = |src: &mut dyn WeightSource, n: &str| -> Result<Option<RmsNorm>> {
+            a.qk_norm.then(|| RmsNorm::load(src, &format!("{at}.{n}"), hd, eps, norm_weight, dtype)).transpose()
+        };
+        let [q_proj, k_proj, v_proj] = if fused.qkv {
+            let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{at}.{n}"));
+            let parts = [(names[0].as_str(), nh * hd), (names[1].as_str(), nkv * hd), (names[2].as_str(), nkv * hd)];
+            let qkv = src.linear_parts(&format!("{at}.qkv_proj"), &parts, h, a.qkv_bias, dtype)?;
+            <[Linear; 3]>::try_from(qkv).map_err(|_| EngineError::Internal("qkv_proj: three parts".into()))?
+        } else {
+            [("q_proj", nh), ("k_proj", nkv), ("v_proj", nkv)]
+                .map(|(n, heads)| src.linear(&format!("{at}.{n}"), heads * hd, h, a.qkv_bias, dtype))
+                .into_iter()
+                .collect::<Result<Vec<_>>>()?
+                .try_into()
+                .map_err(|_| EngineError::Internal("three projections".into()))?
+        };
+        let self_attn = Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj: src.linear(&format!("{at}.o_proj"), h, nh * hd, false, dtype)?,
+            q_norm: qk_norm(src, "q_norm")?,
+            k_norm: qk_norm(src, "k_norm")?,
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            rope: a.rope,
+            how: LayerAttention {
+                // The kernels' own `1/√head_dim` (in f32) where the plan has the standard scale.
+                scale: (a.scale != 1.0 / (hd as f64).sqrt()).then_some(a.scale as f32),
+                window: a.window,
+            },
+        };
+        let (inter, activation) = match &spec.ffn {
+            FeedForward::GatedMlp { intermediate_size, activation } => (*intermediate_size, *activation),
+            FeedForward::Moe(m) => match *m {},
+        };
+        let m = format!("{p}.mlp");
+        let (gate_proj, up_proj) = if fused.gate_up {
+            let (gate, up) = (format!("{m}.gate_proj"), format!("{m}.up_proj"));
+            let parts = [(gate.as_str(), inter), (up.as_str(), inter)];
+            let mut gate_up = src.linear_parts(&format!("{m}.gate_up_proj"), &parts, h, false, dtype)?.into_iter();
+            match (gate_up.next(), gate_up.next()) {
+                (Some(gate), Some(up)) => (gate, up),
+                _ => return Err(EngineError::Internal("gate_up_proj: two parts".into())),
+            }
+        } else {
+            (
+                src.linear(&format!("{m}.gate_proj"), inter, h, false, dtype)?,
+                src.linear(&format!("{m}.up_proj"), inter, h, false, dtype)?,
+            )
+        };
+        let mlp =
+            Mlp { gate_proj, up_proj, down_proj: src.linear(&format!("{m}.down_proj"), h, inter, false, dtype)?, activation };
+        let norm = |src: &mut dyn WeightSource, n: &str| RmsNorm::load(src, &format!("{p}.{n}"), h, eps, norm_weight, dtype);
+        let sandwich = |src: &mut dyn WeightSource, n: &str| spec.norms.sandwich.then(|| norm(src, n)).transpose();
+        Ok(DecoderLayer {
+            input_layernorm: norm(src, "input_layernorm")?,
+            self_attn,
+            post_attention_layernorm: norm(src, "post_attention_layernorm")?,
+            pre_feedforward_layernorm: sandwich(src, "pre_feedforward_layernorm")?,
+            post_feedforward_layernorm: sandwich(src, "post_feedforward_layernorm")?,
+            mlp,
+        })
+    }
+}
+
+
+/// What every layer of one batched pass shares.
+pub(super) struct Pass<'a> {
+    /// Per table group of layers.
+    pub(super) attention: &'a [AttentionPlan<'a>],
+    pub(super) writes: &'a KvWrites,
+    pub(super) segments: &'a [Segment<'a>],
+    /// `(cos, sin)` rows of each rotary embedding.
+    pub(super) rotations: &'a [(Tensor, Tensor)],
+    pub(super) store: &'a KvStore,
+}
+
+impl Attention {
+    pub(super) fn forward(&self, x: &Tensor, layer: usize, pass: &Pass, plan: &LayerPlan) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let proj = |lin: &Linear, x: &Tensor, p: Proj| linear_segments(lin, x, Slot::new(layer, p), pass.segments);
+
+        // 1. Project to per-head queries, keys and values (adapters applied): [rows, heads, head_dim].
+        let q = proj(&self.q_proj, x, Proj::Q)?.reshape((rows, nh, hd))?;
+        let k = proj(&self.k_proj, x, Proj::K)?.reshape((rows, nkv, hd))?;
+        let v = proj(&self.v_proj, x, Proj::V)?;
+
+        // 2. Where the plan has them: per-head RMSNorm of q and k.
+        let q = match &self.q_norm {
+            Some(n) => n.forward(&q)?,
+            None => q,
+        };
+        let k = match &self.k_norm {
+            Some(n) => n.forward(&k)?,
+            None => k,
+        };
+
+        // 3. Rotate by each row's position (where the layer has RoPE).
+        let rot = |t: &Tensor| -> Result<Tensor> {
+            let Some(r) = self.rope else { return Ok(t.clone()) };
+            let (cos, sin) = &pass.rotations[r];
+            let rotary_dim = plan.ropes[r].rotary_dim;
+            if rotary_dim < hd {
+                // Partial rotary: the leading `rotary_dim` features of each head turn, the rest
+                // pass through.
+                let turned = rotate(&t.narrow(2, 0, rotary_dim)?, cos, sin, plan.ropes[r].interleaved)?;
+                return Ok(Tensor::cat(&[turned, t.narrow(2, rotary_dim, hd - rotary_dim)?], 2)?);
+            }
+            rotate(t, cos, sin, plan.ropes[r].interleaved)
+        };
+        let q = rot(&q)?.reshape((rows, nh * hd))?;
+        let k = rot(&k)?.reshape((rows, nkv * hd))?;
+
+        // 4. Write this pass's keys and values into the pool through the block tables.
+        pass.store.write_planned(layer, pass.writes, &k, &v)?;
+
+        // 5. Attend through the block tables (the backend seam), then the output projection.
+        let plan = &pass.attention[pass.store.table_of(layer)];
+        let out = paged_attention(&q, plan, pass.store, layer, nh, self.how)?;
+        proj(&self.o_proj, &out, Proj::O)
+    }
+}
+
+impl DecoderLayer {
+    pub(super) fn forward(&self, x: Tensor, layer: usize, pass: &Pass, plan: &LayerPlan) -> Result<Tensor> {
+        // The residual add, with Granite's multiplier on the block's output.
+        let add = |x: Tensor, h: Tensor| -> Result<Tensor> {
+            let m = plan.residual_multiplier;
+            Ok(if m == 1.0 { (x + h)? } else { (x + (h * m)?)? })
+        };
+        let h = self.self_attn.forward(&self.input_layernorm.forward(&x)?, layer, pass, plan)?;
+        match (&self.pre_feedforward_layernorm, &self.post_feedforward_layernorm) {
+            (Some(pre_ffn), Some(post_ffn)) => {
+                let x = add(x, self.post_attention_layernorm.forward(&h)?)?;
+                let h = self.mlp.forward(&pre_ffn.forward(&x)?, layer, pass.segments)?;
+                add(x, post_ffn.forward(&h)?)
+            }
+            _ => {
+                let x = add(x, h)?;
+                let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?, layer, pass.segments)?;
+                add(x, h)
+            }
+        }
+    }
+}
+
+impl Mlp {
+    pub(super) fn forward(&self, x: &Tensor, layer: usize, segments: &[Segment]) -> Result<Tensor> {
+        let proj = |lin: &Linear, x: &Tensor, p: Proj| linear_segments(lin, x, Slot::new(layer, p), segments);
+        let gate = proj(&self.gate_proj, x, Proj::Gate)?;
+        let gate = match self.activation {
+            Activation::Silu => candle_nn::ops::silu(&gate)?,
+            // The tanh approximation (HF's `gelu_pytorch_tanh`).
+            Activation::GeluTanh => gelu_tanh(&gate)?,
+        };
+        proj(&self.down_proj, &(gate * proj(&self.up_proj, x, Proj::Up)?)?, Proj::Down)
+    }
+}
+
+/// `t` (`[rows, heads, dim]`) rotated by each row's `cos` / `sin` (`[rows, dim / 2]`): the
+/// half-split kernel reads rows × heads as they are; the interleaved one wants heads first (and
+/// rows first again after).
+pub(super) fn rotate(t: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) -> Result<Tensor> {
+    if interleaved {
+        let t = candle_nn::rotary_emb::rope_i(&t.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, cos, sin)?;
+        Ok(t.squeeze(0)?.transpose(0, 1)?.contiguous()?)
+    } else {
+        Ok(candle_nn::rotary_emb::rope_thd(&t.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?)
+    }
+}
+
+/// GELU-tanh: on the CPU in f32 through [`crate::simd::gelu_tanh_at`] (vectorised, the same bits
+/// on every level), elsewhere candle's.
+pub(super) fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != DType::F32 {
+        return Ok(x.gelu()?);
+    }
+    let mut v = x.flatten_all()?.to_vec1::<f32>()?;
+    crate::simd::gelu_tanh_at(crate::simd::level(), &mut v);
+    Ok(Tensor::from_vec(v, x.shape(), x.device())?)
+}
+

@@ -105,9 +105,9 @@ describe('Runtime.load failures', () => {
 
   it('an unknown rope_scaling type → UNSUPPORTED_ARCHITECTURE naming it (4.x and 5.x config forms)', async () => {
     const v4 = await copyFixture('qwen3-tiny', (c) => {
-      c.rope_scaling = { rope_type: 'longrope', type: 'longrope', factor: 4.0, original_max_position_embeddings: 128 }
+      c.rope_scaling = { rope_type: 'mrope', type: 'mrope', mrope_section: [16, 24, 24] }
     })
-    assert.match((await expectLoadError(v4, 'UNSUPPORTED_ARCHITECTURE')).message, /longrope/)
+    assert.match((await expectLoadError(v4, 'UNSUPPORTED_ARCHITECTURE')).message, /mrope/)
     const v5 = await copyFixture('qwen2-tiny', (c) => {
       c.rope_parameters = { rope_type: 'su', rope_theta: 1e6, factor: 4.0, original_max_position_embeddings: 128 }
     })

@@ -131,7 +131,10 @@ describe('ropeScaling option and contextLength', () => {
       [{ type: 'x'.repeat(2 << 20), factor: 2 }, 'INVALID_ARGUMENT'],
       [[1, 2], 'INVALID_ARGUMENT'],
       ['yarn', 'INVALID_ARGUMENT'],
-      [{ type: 'longrope', factor: 2 }, 'UNSUPPORTED_ARCHITECTURE'],
+      // The model's own RoPE types come from its config, never an option.
+      [{ type: 'longrope', factor: 2 }, 'INVALID_ARGUMENT'],
+      [{ type: 'proportional', partialRotaryFactor: 0.25 }, 'INVALID_ARGUMENT'],
+      [{ type: 'mrope', factor: 2 }, 'UNSUPPORTED_ARCHITECTURE'],
     ]
     for (const [ropeScaling, code] of bad) {
       await assert.rejects(Runtime.load(model, { ropeScaling }), coded(code), JSON.stringify(ropeScaling).slice(0, 80))

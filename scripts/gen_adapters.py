@@ -295,16 +295,20 @@ FAMILY_EXPERTS = [
 ]
 
 
-def write_family_experts(model_dir: Path, name: str, prompt_ids, *, targets=ALL7, feedforward=("down_proj",)):
+def write_family_experts(model_dir: Path, name: str, prompt_ids, *, targets=ALL7, feedforward=("down_proj",),
+                         kinds=None):
     """FAMILY_EXPERTS trained by PEFT on the model saved in `model_dir`, written to its experts/
     with experts/reference.json: PEFT's greedy steps for the base and each expert (the schema of
     adapters/reference.json). `targets`: the modules LoRA, DoRA and IA3 adapt; `feedforward`: those
-    IA3 scales at their input (a family with other projection names passes its own)."""
+    IA3 scales at their input (a family with other projection names passes its own); `kinds`: the
+    FAMILY_EXPERTS names to write (default all; gemma4-tiny leaves out prompt tuning)."""
     load = lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,  # noqa: E731
                                                         attn_implementation="eager").eval()
     base_steps, _ = reference(load(), prompt_ids)
     cases = {"base": {"experts": [], "prompt_ids": prompt_ids, "steps": base_steps}}
     for spec in FAMILY_EXPERTS:
+        if kinds is not None and spec["name"] not in kinds:
+            continue
         is_prompt = spec.get("prompt", False)
         for seed in range(spec["seed"], spec["seed"] + MAX_SEED_TRIES):
             torch.manual_seed(seed)

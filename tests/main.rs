@@ -9,6 +9,7 @@ mod embeddings;
 mod experts;
 mod gemma3;
 mod gemma3_multimodal;
+mod gemma4;
 mod granite;
 mod kv_dtype;
 mod mistral;

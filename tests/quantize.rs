@@ -106,7 +106,7 @@ fn q8_0_on_load_equals_the_converted_gguf() {
 }
 
 fn weight_of(model: &Decoder) -> &Weight {
-    &model.linear(Slot { layer: 0, proj: Proj::Q }).weight
+    &model.linear(Slot { layer: 0, proj: Proj::Q }).expect("a query projection").weight
 }
 
 /// f32 weights are read in place from the map by default, copied with `mmap: false`, and

@@ -27,7 +27,8 @@ def test_rope_scaling_option_and_warnings():
     for bad, code in [({"type": "yarn", "factor": float("nan")}, "INVALID_ARGUMENT"),
                       ({"type": "linear", "factor": 2, "colour": 1}, "INVALID_ARGUMENT"),
                       ("yarn", "INVALID_ARGUMENT"),
-                      ({"type": "longrope", "factor": 2}, "UNSUPPORTED_ARCHITECTURE")]:
+                      ({"type": "longrope", "factor": 2}, "INVALID_ARGUMENT"),
+                      ({"type": "mrope", "factor": 2}, "UNSUPPORTED_ARCHITECTURE")]:
         with pytest.raises(ExpertRuntimeError) as e:
             Runtime.load(FIXTURES / "qwen3-tiny", rope_scaling=bad)
         assert e.value.code == code, (bad, e.value)

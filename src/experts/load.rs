@@ -296,6 +296,14 @@ fn prompt_expert(
     if opts.scale != 1.0 {
         return Err(EngineError::InvalidArgument("scale does not apply to a prompt-tuning expert".into()));
     }
+    if model.plan.per_layer_input.is_some() {
+        // transformers rebuilds the per-layer inputs from each row's token, which a virtual
+        // token does not have (its Gemma 4 refuses such input too).
+        return Err(EngineError::UnsupportedAdapter(
+            "prompt tuning on a model with per-layer input embeddings (Gemma 4): its virtual tokens have no per-layer inputs"
+                .into(),
+        ));
+    }
     let dtype = model.dtype;
     let prompt = super::prompt::load(cfg, tensors, model.cfg.hidden_size, dtype, &model.device)?;
     let bytes = prompt.elem_count() * dtype.size_in_bytes();
@@ -318,9 +326,11 @@ fn prompt_expert(
 
 /// Every layer's projections the config targets; none is an error.
 fn targeted_slots(cfg: &AdapterConfig, model: &Decoder) -> Result<Vec<Slot>> {
+    // PEFT wraps the modules that exist: a layer sharing an earlier layer's keys and values
+    // (Gemma 4) has no k_proj or v_proj.
     let targeted: Vec<Slot> = (0..model.cfg.num_layers)
         .flat_map(|l| Proj::ALL.into_iter().map(move |p| Slot::new(l, p)))
-        .filter(|s| cfg.targets(*s))
+        .filter(|s| model.linear(*s).is_some() && cfg.targets(*s))
         .collect();
     if targeted.is_empty() {
         let foreign = cfg.target_modules.as_ref().map(|t| t.unadaptable_names()).unwrap_or_default();
@@ -375,7 +385,11 @@ fn group_by_slot(
             by_slot.entry(Slot::new(layer, *proj)).or_default().insert(param.to_string(), t);
             continue;
         }
-        let rows: Vec<usize> = parts.iter().map(|&p| model.linear(Slot::new(layer, p)).out_features).collect();
+        let rows = parts
+            .iter()
+            .map(|&p| model.linear(Slot::new(layer, p)).map(|l| l.out_features))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| EngineError::InvalidAdapter(format!("tensor {key} is for a module this model does not have")))?;
         let mut start = 0;
         for (&proj, &n) in parts.iter().zip(&rows) {
             let part = fused_part(&key, param, &t, start, n, rows.iter().sum())?;
@@ -487,7 +501,9 @@ impl ModuleBuilder<'_> {
     /// The adapter of one module and its rank (0 for IA³).
     fn module(&self, slot: Slot, ts: ModuleTensors) -> Result<(ModuleAdapter, usize)> {
         let perm = self.out_permutation(slot)?;
-        let mut m = ModuleInput { slot, path: self.cfg.path(slot), lin: self.model.linear(slot), ts, perm };
+        let lin =
+            self.model.linear(slot).ok_or_else(|| EngineError::Internal(format!("{} is targeted but absent", slot.path())))?;
+        let mut m = ModuleInput { slot, path: self.cfg.path(slot), lin, ts, perm };
         let (adapter, rank) = match self.cfg.peft_type {
             PeftType::Lora => self.lora(&mut m)?,
             PeftType::Ia3 => (self.ia3(&mut m)?, 0),

@@ -34,6 +34,8 @@ pub enum LayerCache {
     Window { window: usize },
     /// A fixed-size recurrent state of `bytes` bytes, no positions.
     State { bytes: usize },
+    /// Nothing: the layer attends with an earlier layer's keys and values (KV sharing).
+    Shared,
 }
 
 /// A layer's key/value heads: how many, and their dimension.
@@ -97,7 +99,7 @@ impl KvLayout {
             let window = match g.kind {
                 LayerCache::Full => None,
                 LayerCache::Window { window } => Some(window),
-                LayerCache::State { .. } => continue,
+                LayerCache::State { .. } | LayerCache::Shared => continue,
             };
             for &layer in &g.layers {
                 match runs.iter_mut().find(|r| r.0 == window && r.1 == shapes[layer]) {
@@ -152,7 +154,11 @@ impl KvLayout {
 
     /// Layers that keep keys and values by position (full and sliding-window attention).
     pub fn position_layers(&self) -> usize {
-        self.groups.iter().filter(|g| !matches!(g.kind, LayerCache::State { .. })).map(|g| g.layers.len()).sum()
+        self.groups
+            .iter()
+            .filter(|g| matches!(g.kind, LayerCache::Full | LayerCache::Window { .. }))
+            .map(|g| g.layers.len())
+            .sum()
     }
 
     /// Bytes one position takes over all the layers that keep positions, as if every layer
@@ -196,7 +202,7 @@ impl KvLayout {
     /// The first group that the pool cannot manage yet, named; `None` when it manages them all.
     pub fn unsupported(&self) -> Option<String> {
         self.groups.iter().find_map(|g| match g.kind {
-            LayerCache::Full | LayerCache::Window { .. } => None,
+            LayerCache::Full | LayerCache::Window { .. } | LayerCache::Shared => None,
             LayerCache::State { bytes } => {
                 Some(format!("a recurrent state in the KV cache ({bytes} bytes a sequence, layers {:?})", g.layers))
             }

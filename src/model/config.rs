@@ -20,6 +20,7 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     Gemma3,
+    Gemma4,
 }
 
 impl Arch {
@@ -29,6 +30,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Gemma4 => "gemma4",
         }
     }
 
@@ -45,8 +47,9 @@ impl Arch {
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "gemma3_text" | "gemma3" => Ok(Arch::Gemma3),
+            "gemma4_text" => Ok(Arch::Gemma4),
             other => Err(EngineError::UnsupportedArchitecture(format!(
-                "'{other}' (supported: llama, mistral, ministral, smollm3, granite, phi3, qwen2, qwen3, gemma3_text, gemma3)"
+                "'{other}' (supported: llama, mistral, ministral, smollm3, granite, phi3, qwen2, qwen3, gemma3_text, gemma3, gemma4_text)"
             ))),
         }
     }
@@ -94,6 +97,8 @@ pub struct ModelConfig {
     pub text_of_multimodal: bool,
     /// Granite's embedding, residual, attention and logit multipliers.
     pub multipliers: Option<super::granite_config::Multipliers>,
+    /// Gemma 4's per-layer heads, KV sharing and per-layer input embeddings.
+    pub gemma4: Option<super::gemma4_config::Gemma4>,
     /// The family as the checkpoint names it (`config.json`'s `model_type`, a GGUF's
     /// `general.architecture`): `mistral`, `smollm3` or `granite` where [`Self::arch`] is the
     /// network they share (`llama`).
@@ -231,7 +236,9 @@ impl ModelConfig {
             "phi3" => Some(super::phi3_config::original_length(hf.original_max_position_embeddings)),
             _ => hf.original_max_position_embeddings,
         };
-        for v in [&hf.rope_scaling, &hf.rope_parameters].into_iter().flatten().filter(|_| arch != Arch::Gemma3) {
+        for v in
+            [&hf.rope_scaling, &hf.rope_parameters].into_iter().flatten().filter(|_| !matches!(arch, Arch::Gemma3 | Arch::Gemma4))
+        {
             let s = RopeScaling::parse(v, Source::Config, hf.max_position_embeddings, original)?;
             rope_scaling = rope_scaling.or(s);
         }
@@ -259,7 +266,7 @@ impl ModelConfig {
                 Arch::Qwen2 => true,
                 _ => hf.attention_bias.unwrap_or(false),
             },
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma4),
             bos_token_id: hf.bos_token_id,
             eos_token_ids: token_id_list(hf.eos_token_id.as_ref()),
             declared_dtype: hf.dtype.or(hf.torch_dtype),
@@ -271,6 +278,7 @@ impl ModelConfig {
             no_rope_layers: Vec::new(),
             text_of_multimodal: false,
             multipliers: None,
+            gemma4: None,
             family: String::new(),
         };
         let mut cfg = cfg;
@@ -278,6 +286,9 @@ impl ModelConfig {
         cfg.check_layer_count()?;
         if arch == Arch::Gemma3 {
             super::gemma3_config::read(raw, &mut cfg, hf.original_max_position_embeddings)?;
+        }
+        if arch == Arch::Gemma4 {
+            super::gemma4_config::read(raw, &mut cfg)?;
         }
         if matches!(model_type.as_str(), "mistral" | "ministral") {
             super::window_config::read_mistral(raw, &model_type, &mut cfg)?;
@@ -356,6 +367,7 @@ impl ModelConfig {
             no_rope_layers: Vec::new(),
             text_of_multimodal: false,
             multipliers: None,
+            gemma4: None,
             family: String::new(),
         };
         let mut cfg = cfg;

@@ -402,7 +402,10 @@ impl CudaDecode {
 /// Layers whose weights are not dense in `dtype` stay as they are.
 pub(super) fn fuse_projections(l: &mut super::DecoderLayer, dtype: DType) -> Result<()> {
     let a = &mut l.self_attn;
-    fuse(&mut [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj], dtype)?;
+    // (A layer sharing an earlier layer's keys and values has no k or v: never on this path.)
+    if let (Some(k), Some(v)) = (&mut a.k_proj, &mut a.v_proj) {
+        fuse(&mut [&mut a.q_proj, k, v], dtype)?;
+    }
     let m = &mut l.mlp;
     fuse(&mut [&mut m.gate_proj, &mut m.up_proj], dtype)
 }

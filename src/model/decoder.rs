@@ -71,6 +71,8 @@ pub struct Decoder {
     /// The projections the checkpoint stores fused (adapters name them so).
     pub fused: Fused,
     embed_tokens: Linear,
+    /// Gemma 4's per-layer input embeddings.
+    per_layer_inputs: Option<PerLayerInputs>,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     /// `None` when the output projection is tied to `embed_tokens`.
@@ -130,10 +132,32 @@ impl Decoder {
             Fused { qkv: stores("self_attn.qkv_proj", "self_attn.q_proj"), gate_up: stores("mlp.gate_up_proj", "mlp.gate_proj") };
         // Grown as layers are read (not sized by the declared count: the file must hold them).
         let mut layers = Vec::new();
+        let per_layer_size = plan.per_layer_input.map(|p| p.size);
         for (i, spec) in plan.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
-            layers.push(DecoderLayer::load(src, &p, spec, fused, h, eps, dtype)?);
+            layers.push(DecoderLayer::load(src, &p, spec, (fused, per_layer_size), h, eps, dtype)?);
         }
+        let per_layer_inputs = match plan.per_layer_input {
+            None => None,
+            Some(p) => {
+                let all = p.size.checked_mul(cfg.num_layers).filter(|&n| n <= super::config::MAX_DIM).ok_or_else(|| {
+                    EngineError::InvalidModel(format!("per-layer inputs of {} values for {} layers", p.size, cfg.num_layers))
+                })?;
+                Some(PerLayerInputs {
+                    embed_tokens_per_layer: src.linear("model.embed_tokens_per_layer", p.vocab, all, false, dtype)?,
+                    per_layer_model_projection: src.linear("model.per_layer_model_projection", all, h, false, dtype)?,
+                    per_layer_projection_norm: RmsNorm::load(
+                        src,
+                        "model.per_layer_projection_norm",
+                        p.size,
+                        eps,
+                        plan.final_norm,
+                        dtype,
+                    )?,
+                    size: p.size,
+                })
+            }
+        };
         #[cfg(feature = "cuda")]
         if device.is_cuda() && plan.fused_decode_gap().is_none() {
             for l in &mut layers {
@@ -155,6 +179,7 @@ impl Decoder {
             plan,
             fused,
             embed_tokens,
+            per_layer_inputs,
             layers,
             norm,
             lm_head,
@@ -208,10 +233,14 @@ impl Decoder {
         self.ropes.iter().filter_map(Rope::exact_until).min()
     }
 
-    /// Every linear module: the layers' projections, then the embedding and an untied head.
+    /// Every linear module: the layers' projections (and per-layer input branches), then the
+    /// embedding, the per-layer input embeddings and an untied head.
     fn linears(&self) -> impl Iterator<Item = &Linear> {
         let layers = (0..self.layers.len()).flat_map(move |layer| Proj::ALL.map(|proj| self.linear(Slot { layer, proj })));
-        layers.chain(std::iter::once(&self.embed_tokens)).chain(self.lm_head.as_ref())
+        let per_layer = self.layers.iter().filter_map(|l| l.per_layer.as_ref());
+        let per_layer = per_layer.flat_map(|p| [&p.per_layer_input_gate, &p.per_layer_projection]);
+        let ple = self.per_layer_inputs.iter().flat_map(|p| [&p.embed_tokens_per_layer, &p.per_layer_model_projection]);
+        layers.flatten().chain(per_layer).chain(std::iter::once(&self.embed_tokens)).chain(ple).chain(self.lm_head.as_ref())
     }
 
     /// Bytes of every weight: linear weights and biases (mapped ones count the file bytes they
@@ -255,16 +284,17 @@ impl Decoder {
     }
 
     /// The linear module at `slot` (adapters are validated and built against it).
-    pub fn linear(&self, slot: Slot) -> &Linear {
-        let l = &self.layers[slot.layer];
+    pub fn linear(&self, slot: Slot) -> Option<&Linear> {
+        let l = self.layers.get(slot.layer)?;
         match slot.proj {
-            Proj::Q => &l.self_attn.q_proj,
-            Proj::K => &l.self_attn.k_proj,
-            Proj::V => &l.self_attn.v_proj,
-            Proj::O => &l.self_attn.o_proj,
-            Proj::Gate => &l.mlp.gate_proj,
-            Proj::Up => &l.mlp.up_proj,
-            Proj::Down => &l.mlp.down_proj,
+            Proj::Q => Some(&l.self_attn.q_proj),
+            // A layer attending with an earlier layer's keys and values has neither.
+            Proj::K => l.self_attn.k_proj.as_ref(),
+            Proj::V => l.self_attn.v_proj.as_ref(),
+            Proj::O => Some(&l.self_attn.o_proj),
+            Proj::Gate => Some(&l.mlp.gate_proj),
+            Proj::Up => Some(&l.mlp.up_proj),
+            Proj::Down => Some(&l.mlp.down_proj),
         }
     }
 
@@ -368,7 +398,27 @@ impl Decoder {
 
         // 3. The layers as the plan has them: a mixer and a feed-forward block, each with a
         //    residual, normalised before (pre-norm) or before and after (sandwich).
-        let pass = Pass { attention: &attention, writes: &writes, segments: &segments, rotations: &rotations, store };
+        // Gemma 4: every row's per-layer inputs, from its token and its embedding.
+        let per_layer_inputs = match &self.per_layer_inputs {
+            None => None,
+            Some(p) => {
+                if chunks.iter().any(|c| !c.virtual_rows.is_empty()) {
+                    return Err(EngineError::UnsupportedAdapter(
+                        "prompt tuning on a model with per-layer input embeddings (Gemma 4)".into(),
+                    ));
+                }
+                let all_tokens: Vec<u32> = chunks.iter().flat_map(|c| c.tokens.iter().copied()).collect();
+                Some(p.forward(&all_tokens, &x, self.layers.len(), self.cfg.hidden_size)?)
+            }
+        };
+        let pass = Pass {
+            attention: &attention,
+            writes: &writes,
+            segments: &segments,
+            rotations: &rotations,
+            store,
+            per_layer_inputs: per_layer_inputs.as_ref(),
+        };
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward(x, i, &pass, &self.plan)?;
         }
@@ -449,6 +499,29 @@ impl Decoder {
         let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
         let x = self.embed_tokens.embedding(&ids)?.to_dtype(self.dtype)?;
         Ok(if self.plan.embedding_scale == 1.0 { x } else { (x * self.plan.embedding_scale)? })
+    }
+}
+
+/// Gemma 4's per-layer input embeddings: a table of `size` values per layer for each token, and
+/// a projection of the token's embedding to as many, normalised per layer.
+struct PerLayerInputs {
+    embed_tokens_per_layer: Linear,
+    per_layer_model_projection: Linear,
+    per_layer_projection_norm: RmsNorm,
+    size: usize,
+}
+
+impl PerLayerInputs {
+    /// `[rows, layers, size]`: `(norm(projection(x) / √hidden) + table[token] · √size) / √2`, as
+    /// HF computes them (the scales in the model's dtype).
+    fn forward(&self, tokens: &[u32], x: &Tensor, layers: usize, hidden: usize) -> Result<Tensor> {
+        let rows = tokens.len();
+        let ids = Tensor::from_slice(tokens, rows, x.device())?;
+        let table = self.embed_tokens_per_layer.embedding(&ids)?.to_dtype(x.dtype())?;
+        let table = (table * (self.size as f64).sqrt())?.reshape((rows, layers, self.size))?;
+        let projected = (self.per_layer_model_projection.forward(x)? * (hidden as f64).powf(-0.5))?;
+        let projected = self.per_layer_projection_norm.forward(&projected.reshape((rows, layers, self.size))?)?;
+        Ok(((projected + table)? * 0.5f64.sqrt())?)
     }
 }
 

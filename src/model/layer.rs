@@ -21,7 +21,14 @@ pub(super) struct RmsNorm {
 impl RmsNorm {
     /// A norm whose weight is applied as `w` or, where the plan says so, as `1 + w` (the sum
     /// taken once here, in f32, then stored in the model's dtype; a GGUF file stores the sum).
-    pub(super) fn load(src: &mut dyn WeightSource, name: &str, size: usize, eps: f64, how: NormWeight, dtype: DType) -> Result<Self> {
+    pub(super) fn load(
+        src: &mut dyn WeightSource,
+        name: &str,
+        size: usize,
+        eps: f64,
+        how: NormWeight,
+        dtype: DType,
+    ) -> Result<Self> {
         let name = format!("{name}.weight");
         let weight = match how {
             NormWeight::OnePlus if !src.norms_hold_one_plus() => {
@@ -32,6 +39,11 @@ impl RmsNorm {
         Ok(Self { weight, eps: eps as f32 })
     }
 
+    /// A norm of the same size without a weight (`x̂` alone: Gemma 4's value norm).
+    fn unit_like(&self) -> Result<Self> {
+        Ok(Self { weight: self.weight.ones_like()?, eps: self.eps })
+    }
+
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps)?)
     }
@@ -39,12 +51,17 @@ impl RmsNorm {
 
 pub(super) struct Attention {
     pub(super) q_proj: Linear,
-    pub(super) k_proj: Linear,
-    pub(super) v_proj: Linear,
+    /// `None` in a layer that attends with an earlier layer's keys and values (`kv_from`).
+    pub(super) k_proj: Option<Linear>,
+    pub(super) v_proj: Option<Linear>,
     pub(super) o_proj: Linear,
     /// Where the plan says so: RMSNorm over each head's `head_dim` features, before RoPE.
     pub(super) q_norm: Option<RmsNorm>,
     pub(super) k_norm: Option<RmsNorm>,
+    /// Where the plan says so: RMSNorm of each value head, without a weight.
+    pub(super) v_norm: Option<RmsNorm>,
+    /// The earlier layer whose keys and values it attends with (KV sharing).
+    pub(super) kv_from: Option<usize>,
     pub(super) num_heads: usize,
     pub(super) num_kv_heads: usize,
     pub(super) head_dim: usize,
@@ -74,6 +91,18 @@ pub(super) struct DecoderLayer {
     pub(super) pre_feedforward_layernorm: Option<RmsNorm>,
     pub(super) post_feedforward_layernorm: Option<RmsNorm>,
     pub(super) mlp: Mlp,
+    /// Gemma 4: the projection of the layer's per-layer input added after the MLP.
+    pub(super) per_layer: Option<PerLayer>,
+    /// Gemma 4: multiplies the layer's output (`[1]`).
+    pub(super) layer_scalar: Option<Tensor>,
+}
+
+/// `h + post_per_layer_input_norm(per_layer_projection(gelu_tanh(per_layer_input_gate(h)) · p))`
+/// for the layer's slice `p` of the per-layer inputs.
+pub(super) struct PerLayer {
+    pub(super) per_layer_input_gate: Linear,
+    pub(super) per_layer_projection: Linear,
+    pub(super) post_per_layer_input_norm: RmsNorm,
 }
 
 impl DecoderLayer {
@@ -83,7 +112,7 @@ impl DecoderLayer {
         src: &mut dyn WeightSource,
         p: &str,
         spec: &LayerSpec,
-        fused: Fused,
+        (fused, per_layer_size): (Fused, Option<usize>),
         h: usize,
         eps: f64,
         dtype: DType,
@@ -98,26 +127,37 @@ impl DecoderLayer {
         let qk_norm = |src: &mut dyn WeightSource, n: &str| -> Result<Option<RmsNorm>> {
             a.qk_norm.then(|| RmsNorm::load(src, &format!("{at}.{n}"), hd, eps, norm_weight, dtype)).transpose()
         };
-        let [q_proj, k_proj, v_proj] = if fused.qkv {
+        let shared = a.kv_from.is_some();
+        let [q_proj, k_proj, v_proj] = if shared {
+            // Its keys and values are an earlier layer's: the checkpoint has no k or v.
+            let q = src.linear(&format!("{at}.q_proj"), nh * hd, h, a.qkv_bias, dtype)?;
+            [Some(q), None, None]
+        } else if fused.qkv {
             let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{at}.{n}"));
             let parts = [(names[0].as_str(), nh * hd), (names[1].as_str(), nkv * hd), (names[2].as_str(), nkv * hd)];
             let qkv = src.linear_parts(&format!("{at}.qkv_proj"), &parts, h, a.qkv_bias, dtype)?;
-            <[Linear; 3]>::try_from(qkv).map_err(|_| EngineError::Internal("qkv_proj: three parts".into()))?
+            <[Linear; 3]>::try_from(qkv).map_err(|_| EngineError::Internal("qkv_proj: three parts".into()))?.map(Some)
         } else {
-            [("q_proj", nh), ("k_proj", nkv), ("v_proj", nkv)]
-                .map(|(n, heads)| src.linear(&format!("{at}.{n}"), heads * hd, h, a.qkv_bias, dtype))
-                .into_iter()
-                .collect::<Result<Vec<_>>>()?
-                .try_into()
-                .map_err(|_| EngineError::Internal("three projections".into()))?
+            let [q, k, v] = [("q_proj", nh), ("k_proj", nkv), ("v_proj", nkv)]
+                .map(|(n, heads)| src.linear(&format!("{at}.{n}"), heads * hd, h, a.qkv_bias, dtype));
+            [Some(q?), Some(k?), Some(v?)]
+        };
+        let q_proj = q_proj.ok_or_else(|| EngineError::Internal("a query projection".into()))?;
+        let q_norm = qk_norm(src, "q_norm")?;
+        let v_norm = match (&q_norm, a.v_norm && !shared) {
+            (_, false) => None,
+            (Some(q), true) => Some(q.unit_like()?),
+            (None, true) => return Err(EngineError::Internal("a value norm without a query norm".into())),
         };
         let self_attn = Attention {
             q_proj,
             k_proj,
             v_proj,
             o_proj: src.linear(&format!("{at}.o_proj"), h, nh * hd, false, dtype)?,
-            q_norm: qk_norm(src, "q_norm")?,
-            k_norm: qk_norm(src, "k_norm")?,
+            q_norm,
+            k_norm: if shared { None } else { qk_norm(src, "k_norm")? },
+            v_norm,
+            kv_from: a.kv_from,
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: hd,
@@ -151,6 +191,16 @@ impl DecoderLayer {
             Mlp { gate_proj, up_proj, down_proj: src.linear(&format!("{m}.down_proj"), h, inter, false, dtype)?, activation };
         let norm = |src: &mut dyn WeightSource, n: &str| RmsNorm::load(src, &format!("{p}.{n}"), h, eps, norm_weight, dtype);
         let sandwich = |src: &mut dyn WeightSource, n: &str| spec.norms.sandwich.then(|| norm(src, n)).transpose();
+        let per_layer = match (spec.per_layer_input, per_layer_size) {
+            (false, _) => None,
+            (true, Some(size)) => Some(PerLayer {
+                per_layer_input_gate: src.linear(&format!("{p}.per_layer_input_gate"), size, h, false, dtype)?,
+                per_layer_projection: src.linear(&format!("{p}.per_layer_projection"), h, size, false, dtype)?,
+                post_per_layer_input_norm: norm(src, "post_per_layer_input_norm")?,
+            }),
+            (true, None) => return Err(EngineError::Internal("a per-layer input without its size".into())),
+        };
+        let layer_scalar = spec.layer_scalar.then(|| src.tensor(&format!("{p}.layer_scalar"), &[1], dtype)).transpose()?;
         Ok(DecoderLayer {
             input_layernorm: norm(src, "input_layernorm")?,
             self_attn,
@@ -158,10 +208,11 @@ impl DecoderLayer {
             pre_feedforward_layernorm: sandwich(src, "pre_feedforward_layernorm")?,
             post_feedforward_layernorm: sandwich(src, "post_feedforward_layernorm")?,
             mlp,
+            per_layer,
+            layer_scalar,
         })
     }
 }
-
 
 /// What every layer of one batched pass shares.
 pub(super) struct Pass<'a> {
@@ -172,6 +223,8 @@ pub(super) struct Pass<'a> {
     /// `(cos, sin)` rows of each rotary embedding.
     pub(super) rotations: &'a [(Tensor, Tensor)],
     pub(super) store: &'a KvStore,
+    /// Gemma 4: every row's per-layer inputs, `[rows, layers, size]`.
+    pub(super) per_layer_inputs: Option<&'a Tensor>,
 }
 
 impl Attention {
@@ -180,22 +233,15 @@ impl Attention {
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let proj = |lin: &Linear, x: &Tensor, p: Proj| linear_segments(lin, x, Slot::new(layer, p), pass.segments);
 
-        // 1. Project to per-head queries, keys and values (adapters applied): [rows, heads, head_dim].
+        // 1. Project to per-head queries (adapters applied): [rows, heads, head_dim]; where the
+        //    plan has it, per-head RMSNorm.
         let q = proj(&self.q_proj, x, Proj::Q)?.reshape((rows, nh, hd))?;
-        let k = proj(&self.k_proj, x, Proj::K)?.reshape((rows, nkv, hd))?;
-        let v = proj(&self.v_proj, x, Proj::V)?;
-
-        // 2. Where the plan has them: per-head RMSNorm of q and k.
         let q = match &self.q_norm {
             Some(n) => n.forward(&q)?,
             None => q,
         };
-        let k = match &self.k_norm {
-            Some(n) => n.forward(&k)?,
-            None => k,
-        };
 
-        // 3. Rotate by each row's position (where the layer has RoPE).
+        // Rotation by each row's position (where the layer has RoPE).
         let rot = |t: &Tensor| -> Result<Tensor> {
             let Some(r) = self.rope else { return Ok(t.clone()) };
             let (cos, sin) = &pass.rotations[r];
@@ -209,14 +255,32 @@ impl Attention {
             rotate(t, cos, sin, plan.ropes[r].interleaved)
         };
         let q = rot(&q)?.reshape((rows, nh * hd))?;
-        let k = rot(&k)?.reshape((rows, nkv * hd))?;
 
-        // 4. Write this pass's keys and values into the pool through the block tables.
-        pass.store.write_planned(layer, pass.writes, &k, &v)?;
+        // 2. Keys and values, written into the pool through the block tables; a layer sharing an
+        //    earlier layer's reads those (written earlier in this pass) and writes none.
+        let kv_layer = match (self.kv_from, &self.k_proj, &self.v_proj) {
+            (Some(from), _, _) => from,
+            (None, Some(k_proj), Some(v_proj)) => {
+                let k = proj(k_proj, x, Proj::K)?.reshape((rows, nkv, hd))?;
+                let k = match &self.k_norm {
+                    Some(n) => n.forward(&k)?,
+                    None => k,
+                };
+                let k = rot(&k)?.reshape((rows, nkv * hd))?;
+                let v = proj(v_proj, x, Proj::V)?;
+                let v = match &self.v_norm {
+                    Some(n) => n.forward(&v.reshape((rows, nkv, hd))?)?.reshape((rows, nkv * hd))?,
+                    None => v,
+                };
+                pass.store.write_planned(layer, pass.writes, &k, &v)?;
+                layer
+            }
+            _ => return Err(EngineError::Internal(format!("layer {layer} has neither keys and values nor a layer to share"))),
+        };
 
-        // 5. Attend through the block tables (the backend seam), then the output projection.
-        let plan = &pass.attention[pass.store.table_of(layer)];
-        let out = paged_attention(&q, plan, pass.store, layer, nh, self.how)?;
+        // 3. Attend through the block tables (the backend seam), then the output projection.
+        let plan = &pass.attention[pass.store.table_of(kv_layer)];
+        let out = paged_attention(&q, plan, pass.store, kv_layer, nh, self.how)?;
         proj(&self.o_proj, &out, Proj::O)
     }
 }
@@ -229,18 +293,33 @@ impl DecoderLayer {
             Ok(if m == 1.0 { (x + h)? } else { (x + (h * m)?)? })
         };
         let h = self.self_attn.forward(&self.input_layernorm.forward(&x)?, layer, pass, plan)?;
-        match (&self.pre_feedforward_layernorm, &self.post_feedforward_layernorm) {
+        let x = match (&self.pre_feedforward_layernorm, &self.post_feedforward_layernorm) {
             (Some(pre_ffn), Some(post_ffn)) => {
                 let x = add(x, self.post_attention_layernorm.forward(&h)?)?;
                 let h = self.mlp.forward(&pre_ffn.forward(&x)?, layer, pass.segments)?;
-                add(x, post_ffn.forward(&h)?)
+                add(x, post_ffn.forward(&h)?)?
             }
             _ => {
                 let x = add(x, h)?;
                 let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?, layer, pass.segments)?;
-                add(x, h)
+                add(x, h)?
             }
-        }
+        };
+        // Gemma 4: the layer's per-layer input, then its scalar on the whole stream.
+        let x = match (&self.per_layer, pass.per_layer_inputs) {
+            (Some(pl), Some(inputs)) => {
+                let mine = inputs.narrow(1, layer, 1)?.squeeze(1)?;
+                let h = gelu_tanh(&pl.per_layer_input_gate.forward(&x)?)?;
+                let h = pl.per_layer_projection.forward(&(h * mine)?)?;
+                (x + pl.post_per_layer_input_norm.forward(&h)?)?
+            }
+            (Some(_), None) => return Err(EngineError::Internal("a per-layer input branch without its inputs".into())),
+            _ => x,
+        };
+        Ok(match &self.layer_scalar {
+            Some(s) => x.broadcast_mul(s)?,
+            None => x,
+        })
     }
 }
 
@@ -279,4 +358,3 @@ pub(super) fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
     crate::simd::gelu_tanh_at(crate::simd::level(), &mut v);
     Ok(Tensor::from_vec(v, x.shape(), x.device())?)
 }
-

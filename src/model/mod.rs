@@ -6,6 +6,7 @@ pub mod block_quant;
 pub mod config;
 pub mod decoder;
 mod gemma3_config;
+pub mod gemma4_config;
 pub mod granite_config;
 pub mod inspect;
 pub mod kquant;

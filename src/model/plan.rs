@@ -47,6 +47,16 @@ pub struct LayerPlan {
     pub final_logit_softcap: Option<f64>,
     /// How the final norm (before the output projection) applies its weight.
     pub final_norm: NormWeight,
+    /// Per-layer input embeddings (Gemma 4): each layer adds a projection of its slice of them.
+    pub per_layer_input: Option<PerLayerInput>,
+}
+
+/// Gemma 4's per-layer input embeddings: per token, `size` values for each layer, from a table of
+/// `vocab` rows and a projection of the token's embedding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PerLayerInput {
+    pub size: usize,
+    pub vocab: usize,
 }
 
 /// One layer: its mixer, its feed-forward block, its norms.
@@ -55,6 +65,10 @@ pub struct LayerSpec {
     pub mixer: Mixer,
     pub ffn: FeedForward,
     pub norms: Norms,
+    /// After the feed-forward block, adds the projection of the layer's per-layer input.
+    pub per_layer_input: bool,
+    /// Multiplies the layer's output by its `layer_scalar` weight.
+    pub layer_scalar: bool,
 }
 
 /// What mixes information across positions.
@@ -82,6 +96,11 @@ pub struct AttentionSpec {
     pub qkv_bias: bool,
     /// Per-head RMSNorm of queries and keys before RoPE.
     pub qk_norm: bool,
+    /// Per-head RMSNorm of values, without a weight.
+    pub v_norm: bool,
+    /// Attends with the keys and values of this earlier layer, and keeps none of its own (KV
+    /// sharing).
+    pub kv_from: Option<usize>,
     /// Multiplies `q·k` before the softmax.
     pub scale: f64,
     /// `cap · tanh(s / cap)` on the attention scores.
@@ -156,6 +175,8 @@ impl LayerPlan {
             rope: Some(0),
             qkv_bias: cfg.qkv_bias,
             qk_norm: cfg.qk_norm,
+            v_norm: false,
+            kv_from: None,
             scale: 1.0 / (cfg.head_dim as f64).sqrt(),
             logit_softcap: None,
         };
@@ -163,6 +184,8 @@ impl LayerPlan {
             mixer: Mixer::Attention(attention.clone()),
             ffn: FeedForward::GatedMlp { intermediate_size: cfg.intermediate_size, activation: Activation::Silu },
             norms: Norms { sandwich: false, weight: NormWeight::Plain },
+            per_layer_input: false,
+            layer_scalar: false,
         };
         let mut plan = LayerPlan {
             layers: vec![plain; cfg.num_layers],
@@ -173,6 +196,7 @@ impl LayerPlan {
             logit_multiplier: 1.0,
             final_logit_softcap: None,
             final_norm: NormWeight::Plain,
+            per_layer_input: None,
         };
         match cfg.arch {
             // Pre-norm attention and a SiLU-gated MLP; Qwen2 adds Q/K/V biases and Qwen3
@@ -226,6 +250,55 @@ impl LayerPlan {
                 plan.final_logit_softcap = cfg.final_logit_softcap;
                 plan.final_norm = NormWeight::OnePlus;
             }
+            // Gemma 3's sandwich layers with per-layer heads (wider on the full layers), values
+            // normalised too, unscaled scores, each layer's output scaled by its `layer_scalar`,
+            // per-layer input embeddings, and the last layers attending with an earlier layer's
+            // keys and values (their MLP twice as wide where the config says). Rope 0 turns the
+            // full layers (proportional), rope 1 the sliding ones.
+            Arch::Gemma4 => {
+                let g = cfg.gemma4.as_ref().expect("read with the config");
+                let full_dim = g.heads.iter().zip(&cfg.sliding_layers).find(|(_, s)| !**s).map_or(cfg.head_dim, |(h, _)| h.1);
+                let local_dim = g.heads.iter().zip(&cfg.sliding_layers).find(|(_, s)| **s).map_or(cfg.head_dim, |(h, _)| h.1);
+                let (local_theta, local_scaling) = cfg.local_rope.clone().unwrap_or((rope.theta, None));
+                plan.ropes = vec![
+                    RopeSpec { rotary_dim: full_dim, head_dim: full_dim, ..rope.clone() },
+                    RopeSpec {
+                        theta: local_theta,
+                        rotary_dim: local_dim,
+                        head_dim: local_dim,
+                        scaling: local_scaling,
+                        interleaved: false,
+                    },
+                ];
+                for (i, layer) in plan.layers.iter_mut().enumerate() {
+                    let sliding = cfg.sliding_layers.get(i).copied().unwrap_or(false);
+                    let (num_kv_heads, head_dim) = g.heads[i];
+                    let kv_from = g.kv_shared_from[i];
+                    layer.mixer = Mixer::Attention(AttentionSpec {
+                        num_kv_heads,
+                        head_dim,
+                        window: if sliding { cfg.sliding_window } else { None },
+                        rope: Some(if sliding { 1 } else { 0 }),
+                        qk_norm: true,
+                        v_norm: true,
+                        kv_from,
+                        scale: 1.0,
+                        ..attention.clone()
+                    });
+                    let wide = if kv_from.is_some() && g.double_wide_mlp { 2 } else { 1 };
+                    layer.ffn = FeedForward::GatedMlp {
+                        intermediate_size: cfg.intermediate_size * wide,
+                        activation: Activation::GeluTanh,
+                    };
+                    layer.norms = Norms { sandwich: true, weight: NormWeight::Plain };
+                    layer.per_layer_input = g.per_layer_input.is_some();
+                    layer.layer_scalar = true;
+                }
+                plan.embedding_scale = (cfg.hidden_size as f64).sqrt();
+                plan.virtual_embedding_scale = plan.embedding_scale;
+                plan.final_logit_softcap = cfg.final_logit_softcap;
+                plan.per_layer_input = g.per_layer_input.map(|(size, vocab)| PerLayerInput { size, vocab });
+            }
         }
         plan
     }
@@ -235,6 +308,7 @@ impl LayerPlan {
         self.layers
             .iter()
             .map(|l| match &l.mixer {
+                Mixer::Attention(a) if a.kv_from.is_some() => LayerCache::Shared,
                 Mixer::Attention(a) => match a.window {
                     None => LayerCache::Full,
                     Some(window) => LayerCache::Window { window },
@@ -300,6 +374,9 @@ impl LayerPlan {
         if self.final_norm != NormWeight::Plain {
             return Some("a final norm applied as 1 + w".into());
         }
+        if self.per_layer_input.is_some() {
+            return Some("per-layer input embeddings".into());
+        }
         if self.ropes.len() != 1 || self.ropes[0].rotary_dim != self.ropes[0].head_dim {
             return Some("more than one rotary embedding, or a partial one".into());
         }
@@ -314,8 +391,10 @@ impl LayerPlan {
             let standard = a.window.is_none()
                 && a.rope == Some(0)
                 && a.logit_softcap.is_none()
+                && !a.v_norm
+                && a.kv_from.is_none()
                 && a.scale == 1.0 / (a.head_dim as f64).sqrt();
-            if l.norms != plain || !silu || !standard {
+            if l.norms != plain || !silu || !standard || l.layer_scalar || l.per_layer_input {
                 return Some(format!("layer {i}: {l}"));
             }
             if other_shape == Some(i) {
@@ -368,6 +447,9 @@ impl LayerPlan {
         if let Some(cap) = self.final_logit_softcap {
             model.push(format!("final logit soft-cap {cap}"));
         }
+        if let Some(p) = self.per_layer_input {
+            model.push(format!("per-layer input embeddings ({} per layer, {} rows)", p.size, p.vocab));
+        }
         if self.final_norm == NormWeight::OnePlus {
             model.push("final norm (1 + w)".into());
         }
@@ -380,7 +462,14 @@ impl LayerPlan {
 
 impl fmt::Display for LayerSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} · {} · {}", self.mixer, self.ffn, self.norms)
+        write!(f, "{} · {} · {}", self.mixer, self.ffn, self.norms)?;
+        if self.per_layer_input {
+            write!(f, " · per-layer input")?;
+        }
+        if self.layer_scalar {
+            write!(f, " · layer scalar")?;
+        }
+        Ok(())
     }
 }
 
@@ -404,6 +493,12 @@ impl fmt::Display for Mixer {
         }
         if a.qk_norm {
             write!(f, ", q/k norm")?;
+        }
+        if a.v_norm {
+            write!(f, ", v norm")?;
+        }
+        if let Some(j) = a.kv_from {
+            write!(f, ", keys and values of layer {j}")?;
         }
         if a.scale != 1.0 / (a.head_dim as f64).sqrt() {
             write!(f, ", scale {}", a.scale)?;

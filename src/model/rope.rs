@@ -57,6 +57,13 @@ pub enum RopeScaling {
     FrequencyFactors {
         factors: Vec<f32>,
     },
+    /// Gemma 4's full layers: the first `⌊partial_rotary_factor · dim / 2⌋` frequency pairs
+    /// turn at the head's usual frequencies (over the whole head dimension), the others not at
+    /// all; every frequency divided by `factor`.
+    Proportional {
+        partial_rotary_factor: f64,
+        factor: f64,
+    },
     /// Per-frequency divisors for sequences within the original length and for longer ones,
     /// `rotary_dim / 2` of each (checked against the rotary dimension when the model is read).
     LongRope {
@@ -90,6 +97,7 @@ impl RopeScaling {
             RopeScaling::Llama3 { .. } => "llama3",
             RopeScaling::FrequencyFactors { .. } => "frequency_factors",
             RopeScaling::LongRope { .. } => "longrope",
+            RopeScaling::Proportional { .. } => "proportional",
         }
     }
 
@@ -201,6 +209,25 @@ impl RopeScaling {
                     original_max_position_embeddings: original(max_position_embeddings)?,
                 }
             }
+            "proportional" if source == Source::Option => {
+                return Err(bad(
+                    "'proportional' is a model's own RoPE (Gemma 4's full layers); it comes from config.json, not an option"
+                        .into(),
+                ))
+            }
+            "proportional" => {
+                let partial_rotary_factor = match p.num(&["partial_rotary_factor"]).map_err(bad)? {
+                    None => 1.0,
+                    Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => f,
+                    Some(f) => return Err(bad(format!("partial_rotary_factor must be in (0, 1], got {f}"))),
+                };
+                let factor = match p.num(&["factor"]).map_err(bad)? {
+                    None => 1.0,
+                    Some(f) if f.is_finite() && f > 0.0 && f <= 1e6 => f,
+                    Some(f) => return Err(bad(format!("factor must be a finite positive number up to 1e6, got {f}"))),
+                };
+                RopeScaling::Proportional { partial_rotary_factor, factor }
+            }
             "longrope" if source == Source::Option => {
                 return Err(bad(
                     "'longrope' needs the model's own per-frequency factors; it comes from config.json, not an option".into(),
@@ -265,8 +292,11 @@ impl RopeScaling {
             | RopeScaling::Llama3 { factor, original_max_position_embeddings: o, .. } => {
                 stretch(*o, *factor).max(max_position_embeddings)
             }
-            // The file declares the length it was converted for; so does a LongRoPE config.
-            RopeScaling::FrequencyFactors { .. } | RopeScaling::LongRope { .. } => max_position_embeddings,
+            // The file declares the length it was converted for; so do LongRoPE and proportional
+            // configs.
+            RopeScaling::FrequencyFactors { .. } | RopeScaling::LongRope { .. } | RopeScaling::Proportional { .. } => {
+                max_position_embeddings
+            }
         }
     }
 
@@ -296,6 +326,10 @@ impl RopeScaling {
                 put("originalMaxPositionEmbeddings", (*original_max_position_embeddings).into());
             }
             RopeScaling::FrequencyFactors { factors } => put("factors", floats(factors)),
+            RopeScaling::Proportional { partial_rotary_factor, factor } => {
+                put("partialRotaryFactor", (*partial_rotary_factor).into());
+                put("factor", (*factor).into());
+            }
             RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor } => {
                 put("originalMaxPositionEmbeddings", (*original_max_position_embeddings).into());
                 put("attentionFactor", (*attention_factor).into());
@@ -472,6 +506,12 @@ fn inv_freq(scaling: Option<&RopeScaling>, theta: f64, dim: usize, max_pos: usiz
             (inv, 1.0)
         }
         RopeScaling::FrequencyFactors { factors } => (base.iter().zip(factors).map(|(f, d)| f / d).collect(), 1.0),
+        RopeScaling::Proportional { partial_rotary_factor, factor } => {
+            // HF: `int(partial_rotary_factor * head_dim // 2)` pairs turn.
+            let turning = ((partial_rotary_factor * dim as f64) / 2.0).floor() as usize;
+            let f = *factor as f32;
+            (base.iter().enumerate().map(|(i, &b)| if i < turning { b / f } else { 0.0 }).collect(), 1.0)
+        }
         RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor } => {
             let ext = if seq_len > *original_max_position_embeddings { long_factor } else { short_factor };
             (longrope_inv_freq(theta as f32, dim, ext), *attention_factor as f32)

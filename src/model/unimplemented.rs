@@ -53,11 +53,19 @@ pub fn check_hf(raw: &Value, arch: Arch, model_type: &str) -> Result<()> {
     let window_applies = match arch {
         Arch::Qwen2 | Arch::Qwen3 => get("use_sliding_window").is_some_and(|v| v != &Value::Bool(false)),
         Arch::Llama => true,
-        // Gemma 3's window and layer types are read (gemma3_config.rs).
-        Arch::Gemma3 => false,
+        // Gemma 3's and 4's windows and layer types are read (gemma3_config.rs, gemma4_config.rs).
+        Arch::Gemma3 | Arch::Gemma4 => false,
     };
     let implemented: &[&str] = match (arch, model_type) {
         (Arch::Gemma3, _) => &["layer_types", "query_pre_attn_scalar", "final_logit_softcapping"],
+        (Arch::Gemma4, _) => &[
+            "layer_types",
+            "final_logit_softcapping",
+            "hidden_size_per_layer_input",
+            "use_bidirectional_attention",
+            "attn_logit_softcapping",
+            "partial_rotary_factor",
+        ],
         // Their window and layer types are read (window_config.rs).
         (_, "mistral") => &["sliding_window"],
         (_, "ministral") => &["sliding_window", "layer_types"],

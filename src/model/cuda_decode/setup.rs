@@ -41,8 +41,8 @@ impl CudaDecode {
             let m = &l.mlp;
             let (Some(q), Some(k), Some(v), Some(o), Some(gate), Some(up), Some(down)) = (
                 dense(&a.q_proj, dt),
-                dense(&a.k_proj, dt),
-                dense(&a.v_proj, dt),
+                a.k_proj.as_ref().and_then(|l| dense(l, dt)),
+                a.v_proj.as_ref().and_then(|l| dense(l, dt)),
                 dense(&a.o_proj, dt),
                 dense(&m.gate_proj, dt),
                 dense(&m.up_proj, dt),
@@ -64,8 +64,8 @@ impl CudaDecode {
                 k: pk,
                 v: pv,
                 qb: opt(a.q_proj.bias.as_ref())?,
-                kb: opt(a.k_proj.bias.as_ref())?,
-                vb: opt(a.v_proj.bias.as_ref())?,
+                kb: opt(a.k_proj.as_ref().and_then(|l| l.bias.as_ref()))?,
+                vb: opt(a.v_proj.as_ref().and_then(|l| l.bias.as_ref()))?,
                 qn: opt(a.q_norm.as_ref().map(|n| &n.weight))?,
                 kn: opt(a.k_norm.as_ref().map(|n| &n.weight))?,
                 o: ptr(o, s)?,

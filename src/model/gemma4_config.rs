@@ -1,0 +1,277 @@
+//! What a Gemma 4 text `config.json` (`gemma4_text`) adds to the common fields, with
+//! transformers' defaults where a field is absent (`Gemma4TextConfig`):
+//! - layer types (`layer_types`, else every sixth layer full; the last is always full) and the
+//!   window (`sliding_window`, default 512);
+//! - per-layer heads: the full layers' head dimension is `global_head_dim` (default 512), or what
+//!   `per_layer_config` (transformers 5's form of it) gives each layer;
+//! - rotary embeddings by layer type (`rope_parameters`): the full layers' `proportional` RoPE
+//!   turns `partial_rotary_factor` of each head's frequency pairs, the sliding layers' is plain;
+//! - per-layer input embeddings (`hidden_size_per_layer_input`, `vocab_size_per_layer_input`);
+//! - KV sharing: the last `num_kv_shared_layers` layers attend with the keys and values of the
+//!   last earlier layer of their type, and keep none; `use_double_wide_mlp` doubles their MLP;
+//! - `final_logit_softcapping`; `head_dim` (default 256) and tied embeddings (default true).
+//!
+//! Refused by name until built: `attention_k_eq_v`, the MoE block (`enable_moe_block`) and
+//! bidirectional attention.
+
+use serde_json::Value;
+
+use super::config::{ModelConfig, MAX_DIM};
+use super::rope::{RopeScaling, Source};
+use super::window_config;
+use crate::error::{EngineError, Result};
+
+/// transformers' defaults.
+const DEFAULT_WINDOW: usize = 512;
+const DEFAULT_GLOBAL_HEAD_DIM: usize = 512;
+const DEFAULT_HEAD_DIM: usize = 256;
+
+/// What Gemma 4 adds to a [`ModelConfig`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemma4 {
+    /// Per layer: its key/value heads and their dimension (the query heads share the dimension).
+    pub heads: Vec<(usize, usize)>,
+    /// Per layer: the earlier layer whose keys and values it attends with (KV sharing).
+    pub kv_shared_from: Vec<Option<usize>>,
+    /// `(hidden_size_per_layer_input, vocab_size_per_layer_input)` when per-layer input
+    /// embeddings are on.
+    pub per_layer_input: Option<(usize, usize)>,
+    /// The KV-sharing layers' MLP is twice as wide.
+    pub double_wide_mlp: bool,
+}
+
+fn invalid(m: String) -> EngineError {
+    EngineError::InvalidModel(format!("config.json (gemma4_text): {m}"))
+}
+
+fn unsupported(field: &str, v: &Value, what: &str) -> EngineError {
+    let mut shown = v.to_string();
+    shown.truncate(80);
+    EngineError::UnsupportedArchitecture(format!(
+        "config.json (gemma4_text): {field} = {shown} ({what}) is not implemented yet; refusing rather than running without it"
+    ))
+}
+
+/// A whole number in `1..=max`, or `default` when absent or null.
+fn count(raw: &Value, key: &str, default: usize, max: usize) -> Result<usize> {
+    match raw.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_u64()
+            .filter(|&n| n >= 1 && n <= max as u64)
+            .map(|n| n as usize)
+            .ok_or_else(|| invalid(format!("{key} must be a whole number in 1..={max}, got {v}"))),
+    }
+}
+
+/// Reads the Gemma 4 fields of `raw` into `cfg` (whose common fields are read).
+pub fn read(raw: &Value, cfg: &mut ModelConfig) -> Result<()> {
+    let n = cfg.num_layers;
+    let on = |k: &str| raw.get(k).filter(|v| !v.is_null() && **v != Value::Bool(false));
+    for (field, what) in [
+        ("attention_k_eq_v", "values equal to keys on the full layers"),
+        ("enable_moe_block", "Gemma 4's mixture-of-experts block"),
+        ("use_bidirectional_attention", "bidirectional attention"),
+        ("attn_logit_softcapping", "attention logit soft-capping"),
+    ] {
+        if let Some(v) = on(field) {
+            return Err(unsupported(field, v, what));
+        }
+    }
+    match raw.get("hidden_activation").or_else(|| raw.get("hidden_act")).and_then(Value::as_str) {
+        None | Some("gelu_pytorch_tanh") => {}
+        Some(other) => return Err(EngineError::UnsupportedArchitecture(format!("config.json: hidden_activation '{other}'"))),
+    }
+    if raw.get("head_dim").is_none_or(Value::is_null) {
+        cfg.head_dim = DEFAULT_HEAD_DIM;
+    }
+    if raw.get("tie_word_embeddings").is_none_or(Value::is_null) {
+        cfg.tie_word_embeddings = true;
+    }
+
+    // 1. Which layers slide, and the window.
+    let mut sliding = match window_config::layer_types(raw, "gemma4_text", n)? {
+        Some(types) => types,
+        None => (0..n).map(|i| !(i + 1).is_multiple_of(6)).collect(),
+    };
+    // transformers forces the last layer full.
+    if let Some(last) = sliding.last_mut() {
+        *last = false;
+    }
+    let window = window_config::window(raw, "gemma4_text", Some(DEFAULT_WINDOW))?;
+    window_config::apply(cfg, sliding.clone(), window);
+
+    // 2. Per-layer heads: the full layers' dimension from `global_head_dim`, or each layer's
+    //    from `per_layer_config`.
+    let global = count(raw, "global_head_dim", DEFAULT_GLOBAL_HEAD_DIM, MAX_DIM)?;
+    let mut heads: Vec<(usize, usize)> =
+        sliding.iter().map(|&s| (cfg.num_kv_heads, if s { cfg.head_dim } else { global })).collect();
+    if let Some(per_layer) = raw.get("per_layer_config").filter(|v| !v.is_null()) {
+        let per_layer =
+            per_layer.as_object().ok_or_else(|| invalid(format!("per_layer_config must be an object, got {per_layer}")))?;
+        // Its layers are given in full: the others keep the model-wide heads.
+        heads.fill((cfg.num_kv_heads, cfg.head_dim));
+        for (layer, o) in per_layer {
+            let i = layer.parse::<usize>().ok().filter(|&i| i < n).ok_or_else(|| {
+                let shown: String = layer.chars().take(20).collect();
+                invalid(format!("per_layer_config has a key '{shown}' that is not a layer index below {n}"))
+            })?;
+            if !o.is_object() {
+                return Err(invalid(format!("per_layer_config.{i} must be an object")));
+            }
+            for (k, v) in o.as_object().into_iter().flatten() {
+                match k.as_str() {
+                    "head_dim" => heads[i].1 = count(o, k, cfg.head_dim, MAX_DIM)?,
+                    "num_key_value_heads" => heads[i].0 = count(o, k, cfg.num_kv_heads, MAX_DIM)?,
+                    other => return Err(unsupported(&format!("per_layer_config.{i}.{other}"), v, "a per-layer setting")),
+                }
+            }
+        }
+    }
+    for (i, &(kv, hd)) in heads.iter().enumerate() {
+        if !hd.is_multiple_of(2) || !cfg.num_heads.is_multiple_of(kv) {
+            return Err(invalid(format!(
+                "layer {i}: head dimension {hd} must be even and {} query heads a multiple of its {kv} KV heads",
+                cfg.num_heads
+            )));
+        }
+    }
+
+    // 3. Rotary embeddings by layer type: the full layers' in `rope_theta` / `rope_scaling`, the
+    //    sliding layers' in `local_rope`.
+    let params = raw.get("rope_parameters").filter(|v| !v.is_null());
+    let of = |k: &str, default: Value| -> Result<(f64, Option<RopeScaling>)> {
+        let v = params.and_then(|p| p.get(k)).filter(|v| !v.is_null()).cloned().unwrap_or(default);
+        let theta = v.get("rope_theta").and_then(Value::as_f64).unwrap_or(1e4);
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(invalid(format!("rope_parameters.{k}.rope_theta must be a finite positive number")));
+        }
+        Ok((theta, RopeScaling::parse(&v, Source::Config, cfg.max_position_embeddings, None)?))
+    };
+    let full =
+        of("full_attention", serde_json::json!({"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}))?;
+    let local = of("sliding_attention", serde_json::json!({"rope_type": "default", "rope_theta": 1e4}))?;
+    (cfg.rope_theta, cfg.rope_scaling) = full;
+    cfg.local_rope = Some(local);
+
+    // 4. Per-layer input embeddings.
+    let per_layer_input = match raw.get("hidden_size_per_layer_input") {
+        None => Some(256),
+        Some(Value::Null) => None,
+        Some(v) if v.as_u64() == Some(0) => None,
+        Some(_) => Some(count(raw, "hidden_size_per_layer_input", 256, MAX_DIM)?),
+    };
+    let per_layer_input = match per_layer_input {
+        None => None,
+        Some(size) => {
+            let vocab = count(raw, "vocab_size_per_layer_input", 262_144, super::config::MAX_POSITIONS)?;
+            if vocab < cfg.vocab_size {
+                return Err(unsupported(
+                    "vocab_size_per_layer_input",
+                    &Value::from(vocab),
+                    "per-layer embeddings for fewer tokens than the vocabulary",
+                ));
+            }
+            Some((size, vocab))
+        }
+    };
+
+    // 5. KV sharing: the last `num_kv_shared_layers` layers read the last earlier layer of their
+    //    type.
+    let shared = match raw.get("num_kv_shared_layers") {
+        None | Some(Value::Null) => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|&s| s < n as u64)
+            .map(|s| s as usize)
+            .ok_or_else(|| invalid(format!("num_kv_shared_layers must be a whole number below the {n} layers, got {v}")))?,
+    };
+    let first_shared = n - shared;
+    let mut kv_shared_from = vec![None; n];
+    for i in first_shared..n {
+        let from = (0..first_shared).rev().find(|&j| sliding[j] == sliding[i]).ok_or_else(|| {
+            invalid(format!("layer {i} shares the keys and values of an earlier layer of its type, and there is none"))
+        })?;
+        if heads[from] != heads[i] {
+            return Err(invalid(format!("layer {i} shares the keys and values of layer {from}, whose heads differ")));
+        }
+        kv_shared_from[i] = Some(from);
+    }
+    let double_wide_mlp = raw.get("use_double_wide_mlp").and_then(Value::as_bool).unwrap_or(false);
+
+    cfg.final_logit_softcap = match raw.get("final_logit_softcapping") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_f64()
+                .filter(|c| c.is_finite() && *c > 0.0)
+                .ok_or_else(|| invalid(format!("final_logit_softcapping must be a finite positive number, got {v}")))?,
+        ),
+    };
+    cfg.gemma4 = Some(Gemma4 { heads, kv_shared_from, per_layer_input, double_wide_mlp });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::Arch;
+
+    fn fixture() -> Value {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/__test__/fixtures/gemma4-tiny/config.json");
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    fn load(v: &Value) -> Result<ModelConfig> {
+        ModelConfig::from_hf_json(&v.to_string())
+    }
+
+    #[test]
+    fn reads_the_fixture_as_written_by_transformers_5() {
+        let c = load(&fixture()).unwrap();
+        assert_eq!(c.arch, Arch::Gemma4);
+        let g = c.gemma4.clone().unwrap();
+        assert_eq!(c.sliding_layers, vec![true, true, true, false, true, false]);
+        assert_eq!(g.heads, vec![(2, 16), (2, 16), (2, 16), (2, 32), (2, 16), (2, 32)]);
+        assert_eq!(g.kv_shared_from, vec![None, None, None, None, Some(2), Some(3)]);
+        assert_eq!((g.per_layer_input, g.double_wide_mlp), (Some((8, 403)), true));
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Proportional { partial_rotary_factor: 0.25, factor: 1.0 }));
+        assert_eq!((c.rope_theta, c.local_rope.clone(), c.final_logit_softcap), (1e6, Some((1e4, None)), Some(30.0)));
+        // The published form: `global_head_dim` instead of `per_layer_config`.
+        let mut v = fixture();
+        v.as_object_mut().unwrap().remove("per_layer_config");
+        v["global_head_dim"] = 32.into();
+        assert_eq!(load(&v).unwrap().gemma4.unwrap().heads, g.heads);
+    }
+
+    #[test]
+    fn refuses_what_is_not_built_and_absurd_values() {
+        for (k, v) in [
+            ("attention_k_eq_v", Value::Bool(true)),
+            ("enable_moe_block", Value::Bool(true)),
+            ("use_bidirectional_attention", Value::from("vision")),
+        ] {
+            let mut c = fixture();
+            c[k] = v;
+            assert_eq!(load(&c).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE", "{k}");
+        }
+        for (k, v) in [
+            ("num_kv_shared_layers", serde_json::json!(6)),
+            ("num_kv_shared_layers", serde_json::json!(-1)),
+            ("hidden_size_per_layer_input", serde_json::json!(1e300)),
+            ("global_head_dim", serde_json::json!(0)),
+            ("per_layer_config", serde_json::json!({"9": {"head_dim": 32}})),
+            ("per_layer_config", serde_json::json!({"3": {"head_dim": 33}})),
+            ("per_layer_config", serde_json::json!([1])),
+            ("final_logit_softcapping", serde_json::json!(-1)),
+        ] {
+            let mut c = fixture();
+            c[k] = v.clone();
+            let e = load(&c).unwrap_err();
+            assert!(matches!(e.code(), "INVALID_MODEL" | "UNSUPPORTED_ARCHITECTURE"), "{k} = {v}: {e}");
+        }
+        // A shared layer whose producer has other heads.
+        let mut c = fixture();
+        c["per_layer_config"] = serde_json::json!({"3": {"head_dim": 32}});
+        assert_eq!(load(&c).unwrap_err().code(), "INVALID_MODEL");
+    }
+}

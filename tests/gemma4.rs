@@ -1,0 +1,72 @@
+//! Gemma 4 text (`gemma4_text`: Gemma 3's sandwich layers with wider heads on the full layers,
+//! proportional RoPE there, value norms, unscaled scores, per-layer input embeddings, a scalar
+//! per layer, and the last layers attending with earlier layers' keys and values) against HF
+//! transformers and PEFT on `gemma4-tiny` (`scripts/gen_gemma4_fixtures.py`), from its
+//! safetensors.
+
+use crate::common::{fixture, ids, read_json};
+use crate::experts::{check_case_in, model, F32_TOL as PEFT_TOL};
+use crate::parity::{check_reference, hf_half_gap, BF16_TOL, F16_TOL, F32_TOL};
+use expert_runtime::experts::{load_expert, ExpertLoadOptions};
+use serde_json::Value;
+
+const NAME: &str = "gemma4-tiny";
+
+fn reference() -> Value {
+    read_json(&fixture(NAME).join("reference.json"))
+}
+
+/// The 25-token prompt and 16 new tokens run far past the window of 6.
+#[test]
+fn gemma4_f32_bf16_f16_from_safetensors() {
+    let r = reference();
+    check_reference(&fixture(NAME), NAME, &r, "f32", "f32", F32_TOL, false);
+    check_reference(&fixture(NAME), NAME, &r, "bf16", "bf16", BF16_TOL.max(2.0 * hf_half_gap(&r, "bf16")), false);
+    check_reference(&fixture(NAME), NAME, &r, "f16", "f16", F16_TOL.max(2.0 * hf_half_gap(&r, "f16")), false);
+}
+
+/// What the fixture can tell apart: HF's greedy run with each feature off (per-layer inputs,
+/// their embedding scale, KV sharing, proportional RoPE, the layer scalars, the window) gives
+/// other tokens; without the final soft-cap, other logprobs.
+#[test]
+fn gemma4_each_feature_is_visible() {
+    let r = reference();
+    let steps = r["f32"]["steps"].as_array().unwrap();
+    let want: Vec<u32> = steps.iter().map(|s| s["token"].as_u64().unwrap() as u32).collect();
+    let ablations = r["ablations"]["f32"].as_object().unwrap();
+    for k in [
+        "per_layer_inputs_off",
+        "per_layer_embed_unscaled",
+        "shared_layers_own_kv",
+        "full_rope_default",
+        "layer_scalar_1",
+        "window_ignored",
+    ] {
+        assert_ne!(ids(&ablations[k]["tokens"]), want, "{k}");
+    }
+    let moved = ablations["no_final_softcap"]["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(steps)
+        .any(|(x, s)| (x.as_f64().unwrap() - s["logprob"].as_f64().unwrap()).abs() >= 0.01);
+    assert!(moved, "the final soft-cap");
+}
+
+/// LoRA, DoRA and IA³ on every projection the layers have (the KV-sharing layers have no k or v)
+/// against PEFT. Prompt tuning is refused by name: a virtual token has no per-layer inputs (HF
+/// refuses it too).
+#[test]
+fn gemma4_experts_match_peft_and_prompt_tuning_is_refused() {
+    let dir = fixture(NAME).join("experts");
+    let r = read_json(&dir.join("reference.json"));
+    for case in ["base", "lora", "dora", "ia3"] {
+        check_case_in(&r, &dir, case, &fixture(NAME), false, PEFT_TOL);
+    }
+    // A prompt-tuning expert of the same hidden size (granite-tiny's, 64).
+    let m = model(&fixture(NAME), false);
+    let prompt = fixture("granite-tiny").join("experts").join("prompt");
+    let e = load_expert(&prompt, &ExpertLoadOptions::default(), &m, 1).err().expect("refused");
+    assert_eq!(e.code(), "UNSUPPORTED_ADAPTER", "{e}");
+    assert!(e.to_string().contains("per-layer input"), "{e}");
+}

@@ -16,8 +16,12 @@ function assertSteps(chunks, steps, what) {
   chunks.forEach((c, i) => assert.ok(Math.abs(c.logprob - steps[i].logprob) <= LOGPROB_TOL, `${what} step ${i}: ${c.logprob} vs ${steps[i].logprob}`))
 }
 
-/** The suite for fixture `name`, whose info says `[architecture, family]`. */
-export function describeFamily(name, architecture, family) {
+/**
+ * The suite for fixture `name`, whose info says `[architecture, family]`. `gguf: false` where
+ * the fixture's GGUF is not read yet; `experts`: the experts/ it has; `quantized`: what
+ * quantize-on-load (q8_0) makes of its linear weights.
+ */
+export function describeFamily(name, architecture, family, { gguf = true, experts: kinds = ['lora', 'dora', 'ia3', 'prompt'], quantized = 'q8_0' } = {}) {
   const ref = reference(name)
   const experts = fixtureJson(name, 'experts', 'reference.json').cases
 
@@ -28,8 +32,19 @@ export function describeFamily(name, architecture, family) {
     })
     after(() => rt?.dispose())
 
-    it(`runs as the ${architecture} network, family ${family}; its GGUF answers as HF${ref.llamacpp && !ref.llamacpp.reference ? ' and as llama.cpp' : ''}`, async () => {
+    it(`runs as the ${architecture} network, family ${family}; its ${gguf ? 'GGUF' : 'safetensors'} answer${gguf ? 's' : ''} as HF${gguf && ref.llamacpp && !ref.llamacpp.reference ? ' and as llama.cpp' : ''}`, async () => {
       assert.deepEqual([rt.info.architecture, rt.info.family], [architecture, family])
+      if (!gguf) {
+        // (On a runtime of its own: what it caches must not serve the later tests' prompts.)
+        const st = await Runtime.load(fixture(name))
+        try {
+          const { chunks } = await collect(st.createSession().generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: ref.f32.steps.length }))
+          assertSteps(chunks, ref.f32.steps, 'safetensors')
+        } finally {
+          await st.dispose()
+        }
+        return
+      }
       const g = await Runtime.load(fixture(name, 'model-f32.gguf'))
       try {
         assert.deepEqual([g.info.architecture, g.info.family], [architecture, family])
@@ -43,8 +58,8 @@ export function describeFamily(name, architecture, family) {
       }
     })
 
-    it('LoRA, DoRA, IA³ and prompt tuning answer as PEFT', async () => {
-      for (const e of ['lora', 'dora', 'ia3', 'prompt']) {
+    it(`${kinds.join(', ')} answer as PEFT`, async () => {
+      for (const e of kinds) {
         await rt.loadExpert(fixture(name, 'experts', e), { name: e })
         const c = experts[e]
         const { chunks } = await collect(rt.createSession().generate({ tokens: c.prompt_ids }, { ...GREEDY, maxTokens: c.steps.length, experts: [e] }))
@@ -72,7 +87,7 @@ export function describeFamily(name, architecture, family) {
     it('quantize-on-load (q8_0) follows HF until a near-tie', async () => {
       const q = await Runtime.load(fixture(name), { quantize: 'q8_0' })
       try {
-        assert.equal(q.info.quantization, 'q8_0')
+        assert.equal(q.info.quantization, quantized)
         // Q8_0 weights move logprobs by up to ~0.2 on these tiny random models: the greedy run
         // follows HF's until a step where HF's own top two are that close, and stays near HF's
         // logprobs on the way.

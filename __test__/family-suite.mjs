@@ -18,10 +18,11 @@ function assertSteps(chunks, steps, what) {
 
 /**
  * The suite for fixture `name`, whose info says `[architecture, family]`. `gguf: false` where
- * the fixture's GGUF is not read yet; `experts`: the experts/ it has; `quantized`: what
+ * the fixture's GGUF is not read yet, `ggufFamily` the GGUF's own name for the family (its
+ * `general.architecture`); `experts`: the experts/ it has; `quantized`: what
  * quantize-on-load (q8_0) makes of its linear weights.
  */
-export function describeFamily(name, architecture, family, { gguf = true, experts: kinds = ['lora', 'dora', 'ia3', 'prompt'], quantized = 'q8_0' } = {}) {
+export function describeFamily(name, architecture, family, { gguf = true, ggufFamily = family, experts: kinds = ['lora', 'dora', 'ia3', 'prompt'], quantized = 'q8_0' } = {}) {
   const ref = reference(name)
   const experts = fixtureJson(name, 'experts', 'reference.json').cases
 
@@ -47,7 +48,7 @@ export function describeFamily(name, architecture, family, { gguf = true, expert
       }
       const g = await Runtime.load(fixture(name, 'model-f32.gguf'))
       try {
-        assert.deepEqual([g.info.architecture, g.info.family], [architecture, family])
+        assert.deepEqual([g.info.architecture, g.info.family], [architecture, ggufFamily])
         const { chunks } = await collect(g.createSession().generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: ref.f32.steps.length }))
         assertSteps(chunks, ref.f32.steps, 'GGUF')
         // (A `reference` names the HF run llama.cpp's decode matches instead, when llama.cpp

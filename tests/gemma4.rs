@@ -2,12 +2,15 @@
 //! proportional RoPE there, value norms, unscaled scores, per-layer input embeddings, a scalar
 //! per layer, and the last layers attending with earlier layers' keys and values) against HF
 //! transformers and PEFT on `gemma4-tiny` (`scripts/gen_gemma4_fixtures.py`), from its
-//! safetensors.
+//! safetensors and from its GGUF as llama.cpp's converter writes it (`gemma4`: per-layer widths
+//! as lists, `_swa` keys for the sliding layers, proportional RoPE as a `rope_freqs` tensor).
 
-use crate::common::{fixture, ids, read_json};
+use crate::common::{argmax, fixture, ids, load, log_softmax, read_json};
 use crate::experts::{check_case_in, model, F32_TOL as PEFT_TOL};
 use crate::parity::{check_reference, hf_half_gap, BF16_TOL, F16_TOL, F32_TOL};
+use expert_runtime::engine::LoadOptions;
 use expert_runtime::experts::{load_expert, ExpertLoadOptions};
+use expert_runtime::model::decoder::Logits;
 use serde_json::Value;
 
 const NAME: &str = "gemma4-tiny";
@@ -23,6 +26,25 @@ fn gemma4_f32_bf16_f16_from_safetensors() {
     check_reference(&fixture(NAME), NAME, &r, "f32", "f32", F32_TOL, false);
     check_reference(&fixture(NAME), NAME, &r, "bf16", "bf16", BF16_TOL.max(2.0 * hf_half_gap(&r, "bf16")), false);
     check_reference(&fixture(NAME), NAME, &r, "f16", "f16", F16_TOL.max(2.0 * hf_half_gap(&r, "f16")), false);
+}
+
+/// The GGUF answers as HF, and our free-running decode of it gives llama.cpp's tokens.
+#[test]
+fn gemma4_gguf_answers_as_hf_and_llama_cpp() {
+    let r = reference();
+    let gguf = fixture(NAME).join("model-f32.gguf");
+    check_reference(&gguf, NAME, &r, "f32", "f32", F32_TOL, false);
+    let model = load(&gguf, &LoadOptions::default());
+    let mut cache = model.new_cache(64).unwrap();
+    let want = ids(&r["llamacpp"]["tokens"]);
+    let mut input = ids(&r["prompt_ids"]);
+    let mut tokens = Vec::new();
+    for _ in 0..want.len() {
+        let lp = log_softmax(&model.forward(&input, &mut cache, Logits::Last).unwrap().to_vec1::<f32>().unwrap());
+        tokens.push(argmax(&lp));
+        input = vec![*tokens.last().unwrap()];
+    }
+    assert_eq!(tokens, want);
 }
 
 /// What the fixture can tell apart: HF's greedy run with each feature off (per-layer inputs,
@@ -62,6 +84,7 @@ fn gemma4_experts_match_peft_and_prompt_tuning_is_refused() {
     let r = read_json(&dir.join("reference.json"));
     for case in ["base", "lora", "dora", "ia3"] {
         check_case_in(&r, &dir, case, &fixture(NAME), false, PEFT_TOL);
+        check_case_in(&r, &dir, case, &fixture(NAME).join("model-f32.gguf"), false, PEFT_TOL);
     }
     // A prompt-tuning expert of the same hidden size (granite-tiny's, 64).
     let m = model(&fixture(NAME), false);

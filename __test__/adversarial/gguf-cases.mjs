@@ -9,7 +9,7 @@ export function ggufCases(add) {
   const cat = 'model-gguf'
   const M = ['INVALID_MODEL']
   const MA = ['INVALID_MODEL', 'UNSUPPORTED_ARCHITECTURE']
-  for (const [base, file, seed, full] of [['qwen3-tiny', 'model-q8_0.gguf', 0x66, true], ['llama-tiny', 'model-f32.gguf', 0x67, false], ['qwen3-tiny', 'model-f32.gguf', 0x68, false], ['granite-tiny', 'model-f32.gguf', 0x69, false], ['gemma3-gguf-tiny', 'model-f32.gguf', 0x6a, false], ['smollm3-tiny', 'model-f32.gguf', 0x6b, false], ['phi3-tiny', 'model-f32.gguf', 0x6c, false], ['phi4-mini-tiny', 'model-f32.gguf', 0x6d, false]]) {
+  for (const [base, file, seed, full] of [['qwen3-tiny', 'model-q8_0.gguf', 0x66, true], ['llama-tiny', 'model-f32.gguf', 0x67, false], ['qwen3-tiny', 'model-f32.gguf', 0x68, false], ['granite-tiny', 'model-f32.gguf', 0x69, false], ['gemma3-gguf-tiny', 'model-f32.gguf', 0x6a, false], ['smollm3-tiny', 'model-f32.gguf', 0x6b, false], ['phi3-tiny', 'model-f32.gguf', 0x6c, false], ['phi4-mini-tiny', 'model-f32.gguf', 0x6d, false], ['gemma4-tiny', 'model-f32.gguf', 0x6e, false]]) {
     const buf = readFileSync(fx(base, file))
     const g = parseGguf(buf)
     const rnd = prng(seed)
@@ -55,7 +55,8 @@ export function ggufCases(add) {
       const p = t.pos
       for (const v of [0, 2 ** 30 + 1, 2n ** 64n - 1n]) addG(`${t.name} name length ${v}`, M, false, patch(p.name, 8, v))
       for (const v of [0, 3, 4, 5, 255]) addG(`${t.name} n_dims ${v}`, M, false, patch(p.nDims, 4, v))
-      for (const v of [0, 1, 2 ** 31, 2 ** 32, 2n ** 63n, 2n ** 64n - 1n, Number(t.dims[0]) + 1]) addG(`${t.name} dim0 ${v}`, M, false, patch(p.dims[0], 8, v))
+      // (A dimension patched to its own value leaves the file as it was.)
+      for (const v of [0, 1, 2 ** 31, 2 ** 32, 2n ** 63n, 2n ** 64n - 1n, Number(t.dims[0]) + 1]) addG(`${t.name} dim0 ${v}`, M, BigInt(v) === BigInt(t.dims[0]), patch(p.dims[0], 8, v))
       if (p.dims.length > 1) addG(`${t.name} dims 2^32 x 2^32`, M, false, () => patchUint(patchUint(buf, p.dims[0], 8, 2 ** 32), p.dims[1], 8, 2 ** 32))
       // Another ggml type, or an offset that stays inside the file, reads other bytes of the
       // file as the weights: still a loadable model. Past the end it must fail.
@@ -100,8 +101,9 @@ export function ggufCases(add) {
     ]) {
       // (Gemma 3 and Phi-3 run their windows: a window of 4096 is a model they load. Phi-3 reads a
       // partial rotary dimension too; phi4-mini-tiny's LongRoPE factors then have the wrong length.)
-      const runs = (['gemma3', 'phi3'].includes(arch) && key === 'attention.sliding_window' && name === '4096') ||
-        (base === 'phi3-tiny' && key === 'rope.dimension_count')
+      const runs = (['gemma3', 'phi3', 'gemma4'].includes(arch) && key === 'attention.sliding_window' && name === '4096') ||
+        (base === 'phi3-tiny' && key === 'rope.dimension_count') ||
+        (arch === 'gemma4' && key === 'final_logit_softcapping')
       addG(`${arch}.${key}=${name} (not implemented)`, MA, runs, setKv(`${arch}.${key}`, type, value))
     }
     for (const [name, v] of [['llama', 'llama'], ['qwen2', 'qwen2'], ['mamba', 'mamba'], ['empty', ''], ['1 MB', 'a'.repeat(1 << 20)]]) {

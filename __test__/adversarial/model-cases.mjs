@@ -14,11 +14,11 @@ export function hfConfigCases(add) {
   // attention-changing fields turned on (src/model/unimplemented.rs).
   const UNIMPLEMENTED = ['use_bidirectional_attention', 'layer_types', 'sliding_window', 'use_sliding_window', 'no_rope_layers', 'attn_logit_softcapping', 'final_logit_softcapping',
     'query_pre_attn_scalar', 'attention_chunk_size', 'hidden_size_per_layer_input', 'partial_rotary_factor', 'embedding_multiplier',
-    'residual_multiplier', 'attention_multiplier', 'logits_scaling']
+    'residual_multiplier', 'attention_multiplier', 'logits_scaling', 'attention_k_eq_v', 'enable_moe_block']
   const archField = (k) => ['architectures', 'model_type', 'rope_scaling', 'rope_parameters', ...UNIMPLEMENTED].includes(k)
   // Texts are built when the case runs (thunks): building every case must stay cheap.
   const loadWith = (base, text) => async (ctx) => ctx.loadAndProbe(await ctx.modelDir(base, { 'config.json': text }))
-  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2], ['phi3-tiny', 2], ['phi4-mini-tiny', 3]]
+  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2], ['phi3-tiny', 2], ['phi4-mini-tiny', 3], ['gemma4-tiny', 3]]
   for (const [base, perField] of bases) {
     const cfg = readJson(base, 'config.json')
     const rnd = prng(0xc0f19 + base.length)
@@ -30,6 +30,11 @@ export function hfConfigCases(add) {
     }
     for (const k of ['short_factor', 'long_factor']) if (Array.isArray(cfg.rope_parameters?.[k])) fields.push(['rope_parameters', k, 2])
     if (cfg.layer_types) fields.push(['layer_types', 0])
+    // Gemma 4's per-layer heads and its rotary embeddings by layer type.
+    for (const [l, o] of Object.entries(cfg.per_layer_config ?? {})) for (const k of Object.keys(o)) fields.push(['per_layer_config', l, k])
+    for (const t of ['full_attention', 'sliding_attention']) {
+      for (const k of Object.keys(cfg.rope_parameters?.[t] ?? {})) fields.push(['rope_parameters', t, k])
+    }
     if (Array.isArray(cfg.architectures)) fields.push(['architectures', 0])
     // A multimodal checkpoint's text model: each field of its text_config too.
     for (const k of Object.keys(cfg.text_config ?? {})) fields.push(['text_config', k])
@@ -45,6 +50,7 @@ export function hfConfigCases(add) {
   }
   const q3 = readJson('qwen3-tiny', 'config.json')
   const ll = readJson('llama-tiny', 'config.json')
+  const g4 = readJson('gemma4-tiny', 'config.json')
   const specific = [
     ['unknown architecture', q3, { architectures: ['MambaForCausalLM'], model_type: 'mamba' }, MA, false],
     ['architecture of another family', q3, { architectures: ['GPT2LMHeadModel'], model_type: 'gpt2' }, MA, false],
@@ -101,6 +107,21 @@ export function hfConfigCases(add) {
     ['phi3 longrope original 0', ll, { model_type: 'phi3', original_max_position_embeddings: 0, rope_scaling: { type: 'longrope', short_factor: new Array(8).fill(1), long_factor: new Array(8).fill(2) } }, MA, false],
     ['phi3 longrope original 2^63', ll, { model_type: 'phi3', original_max_position_embeddings: raw('9223372036854775808'), rope_scaling: { type: 'longrope', short_factor: new Array(8).fill(1), long_factor: new Array(8).fill(2) } }, MA, false],
     ['phi3 longrope attention factor -1', ll, { model_type: 'phi3', rope_scaling: { type: 'longrope', attention_factor: -1, short_factor: new Array(8).fill(1), long_factor: new Array(8).fill(2) } }, MA, false],
+    // Gemma 4 (src/model/gemma4_config.rs).
+    ['gemma4 every layer sharing', g4, { num_kv_shared_layers: 6 }, MA, false],
+    ['gemma4 sharing 2^63', g4, { num_kv_shared_layers: raw('9223372036854775808') }, MA, false],
+    ['gemma4 global head dim 2^40', g4, { per_layer_config: null, global_head_dim: 2 ** 40 }, MA, false],
+    ['gemma4 per-layer config of layer 1e9', g4, { per_layer_config: { 1000000000: { head_dim: 32 } } }, MA, false],
+    ['gemma4 per-layer kv heads 3', g4, { per_layer_config: { 3: { head_dim: 32, num_key_value_heads: 3 }, 5: { head_dim: 32 } } }, MA, false],
+    ['gemma4 per-layer unknown key', g4, { per_layer_config: { 3: { head_dim: 32, sliding_window: 2 }, 5: { head_dim: 32 } } }, MA, false],
+    ['gemma4 per-layer inputs of 2^40', g4, { hidden_size_per_layer_input: 2 ** 40 }, MA, false],
+    ['gemma4 per-layer vocabulary 10', g4, { vocab_size_per_layer_input: 10 }, MA, false],
+    ['gemma4 k_eq_v', g4, { attention_k_eq_v: true }, MA, false],
+    ['gemma4 MoE block', g4, { enable_moe_block: true }, MA, false],
+    ['gemma4 proportional factor NaN', g4, { rope_parameters: { full_attention: { rope_type: 'proportional', partial_rotary_factor: 'NaN', rope_theta: 1e6 }, sliding_attention: { rope_type: 'default', rope_theta: 1e4 } } }, MA, false],
+    ['gemma4 proportional factor 0', g4, { rope_parameters: { full_attention: { rope_type: 'proportional', partial_rotary_factor: 0, rope_theta: 1e6 }, sliding_attention: { rope_type: 'default', rope_theta: 1e4 } } }, MA, false],
+    ['gemma4 rope theta -1', g4, { rope_parameters: { full_attention: { rope_type: 'proportional', partial_rotary_factor: 0.25, rope_theta: -1 }, sliding_attention: { rope_type: 'default', rope_theta: 1e4 } } }, MA, false],
+    ['gemma4 no sharing, no per-layer inputs', g4, { num_kv_shared_layers: 0, hidden_size_per_layer_input: 0 }, MA, false],
     ['phi3 longrope', ll, { model_type: 'phi3', original_max_position_embeddings: 64, rope_scaling: { type: 'longrope', short_factor: new Array(8).fill(1), long_factor: new Array(8).fill(2) } }, MA, true],
     ['ministral chunked layer type', ll, { model_type: 'ministral', sliding_window: 4, layer_types: ['chunked_attention', 'full_attention'] }, MA, false],
     ['llama with a window of 1e400', ll, { sliding_window: raw('1e400') }, MA, false],

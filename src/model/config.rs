@@ -47,7 +47,9 @@ impl Arch {
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "gemma3_text" | "gemma3" => Ok(Arch::Gemma3),
-            "gemma4_text" => Ok(Arch::Gemma4),
+            // (`gemma4` is also the multimodal checkpoint's `model_type`: its text model is read
+            // from `text_config`.)
+            "gemma4_text" | "gemma4" => Ok(Arch::Gemma4),
             other => Err(EngineError::UnsupportedArchitecture(format!(
                 "'{other}' (supported: llama, mistral, ministral, smollm3, granite, phi3, qwen2, qwen3, gemma3_text, gemma3, gemma4_text)"
             ))),
@@ -320,6 +322,13 @@ impl ModelConfig {
             num(k).map(|n| n as usize).ok_or_else(|| EngineError::InvalidModel(format!("GGUF metadata lacks {}", key(k))))
         };
         let float = |k: &str| gguf_meta::get_f64(md, &key(k)).ok().flatten();
+        // llama.cpp writes some per-layer sizes as lists (Gemma 4's feed-forward widths): the
+        // first layer's stands for the model here, and the family reader reads the list.
+        let first = |k: &str| -> Option<usize> {
+            let list = gguf_meta::get_int_array(md, &key(k)).ok().flatten()?;
+            list.first().and_then(|&x| usize::try_from(x).ok())
+        };
+        let req = |k: &str| -> Result<usize> { req(k).or_else(|e| first(k).ok_or(e)) };
 
         let hidden_size = req("embedding_length")?;
         let num_heads = req("attention.head_count")?;
@@ -352,7 +361,7 @@ impl ModelConfig {
             // Decided by the loader from the presence of `output.weight`.
             tie_word_embeddings: false,
             qkv_bias: arch == Arch::Qwen2,
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3 | Arch::Gemma4),
             bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
                 .iter()
@@ -386,9 +395,20 @@ impl ModelConfig {
         if arch_name == "phi3" {
             super::phi3_config::read_gguf(md, &mut cfg)?;
         }
+        if arch == Arch::Gemma4 {
+            super::gemma4_config::read_gguf(md, &mut cfg)?;
+        }
         cfg.validate()?;
         super::unimplemented::check_gguf(md, &arch_name, arch, cfg.rotary_dim.unwrap_or(cfg.head_dim))?;
         Ok(cfg)
+    }
+
+    /// The head dimension of the full-attention layers (Gemma 4's are wider than the others').
+    pub fn head_dim_full(&self) -> usize {
+        let full = |g: &super::gemma4_config::Gemma4| {
+            g.heads.iter().zip(&self.sliding_layers).find(|(_, sliding)| !**sliding).map(|(h, _)| h.1)
+        };
+        self.gemma4.as_ref().and_then(full).unwrap_or(self.head_dim)
     }
 
     /// The layer count, checked before the family readers size their per-layer lists by it.

@@ -20,6 +20,7 @@ use super::config::{ModelConfig, MAX_DIM};
 use super::rope::{RopeScaling, Source};
 use super::window_config;
 use crate::error::{EngineError, Result};
+use crate::gguf_meta::{self, Metadata};
 
 /// transformers' defaults.
 const DEFAULT_WINDOW: usize = 512;
@@ -186,17 +187,7 @@ pub fn read(raw: &Value, cfg: &mut ModelConfig) -> Result<()> {
             .map(|s| s as usize)
             .ok_or_else(|| invalid(format!("num_kv_shared_layers must be a whole number below the {n} layers, got {v}")))?,
     };
-    let first_shared = n - shared;
-    let mut kv_shared_from = vec![None; n];
-    for i in first_shared..n {
-        let from = (0..first_shared).rev().find(|&j| sliding[j] == sliding[i]).ok_or_else(|| {
-            invalid(format!("layer {i} shares the keys and values of an earlier layer of its type, and there is none"))
-        })?;
-        if heads[from] != heads[i] {
-            return Err(invalid(format!("layer {i} shares the keys and values of layer {from}, whose heads differ")));
-        }
-        kv_shared_from[i] = Some(from);
-    }
+    let kv_shared_from = shared_from(&sliding, &heads, shared).map_err(invalid)?;
     let double_wide_mlp = raw.get("use_double_wide_mlp").and_then(Value::as_bool).unwrap_or(false);
 
     cfg.final_logit_softcap = match raw.get("final_logit_softcapping") {
@@ -206,6 +197,117 @@ pub fn read(raw: &Value, cfg: &mut ModelConfig) -> Result<()> {
                 .filter(|c| c.is_finite() && *c > 0.0)
                 .ok_or_else(|| invalid(format!("final_logit_softcapping must be a finite positive number, got {v}")))?,
         ),
+    };
+    cfg.gemma4 = Some(Gemma4 { heads, kv_shared_from, per_layer_input, double_wide_mlp });
+    Ok(())
+}
+
+/// HF's KV sharing: each of the last `shared` layers reads the last earlier layer of its type,
+/// whose heads must be its own.
+fn shared_from(sliding: &[bool], heads: &[(usize, usize)], shared: usize) -> std::result::Result<Vec<Option<usize>>, String> {
+    let n = sliding.len();
+    let first_shared = n.saturating_sub(shared);
+    let mut from = vec![None; n];
+    for i in first_shared..n {
+        let j = (0..first_shared)
+            .rev()
+            .find(|&j| sliding[j] == sliding[i])
+            .ok_or_else(|| format!("layer {i} shares the keys and values of an earlier layer of its type, and there is none"))?;
+        if heads[j] != heads[i] {
+            return Err(format!("layer {i} shares the keys and values of layer {j}, whose heads differ"));
+        }
+        from[i] = Some(j);
+    }
+    Ok(from)
+}
+
+/// Reads a `gemma4` GGUF's keys (as llama.cpp's converter writes them) into `cfg`, whose common
+/// fields are read (`head_dim` from `attention.key_length`, the full layers'): the layer pattern
+/// (`attention.sliding_window_pattern`, true = sliding), the window, the sliding layers' heads
+/// (`attention.key_length_swa`) and rotary base (`rope.freq_base_swa`), per-layer feed-forward
+/// widths (`feed_forward_length`, a list), KV sharing (`attention.shared_kv_layers`), per-layer
+/// inputs (`embedding_length_per_layer_input`) and the final soft-cap. The full layers'
+/// proportional RoPE is the `rope_freqs` tensor (read by the loader).
+pub fn read_gguf(md: &Metadata, cfg: &mut ModelConfig) -> Result<()> {
+    let n = cfg.num_layers;
+    let bad = |m: String| EngineError::InvalidModel(format!("GGUF gemma4: {m}"));
+    let meta = |e: String| EngineError::InvalidModel(format!("GGUF: {e}"));
+    let num = |k: &str| gguf_meta::get_u64(md, &format!("gemma4.{k}")).map_err(meta);
+    let dim = |k: &str, max: usize| -> Result<usize> {
+        match num(k)? {
+            Some(d) if d >= 1 && d <= max as u64 => Ok(d as usize),
+            other => Err(bad(format!("gemma4.{k} must be a whole number in 1..={max}, got {other:?}"))),
+        }
+    };
+    let global = cfg.head_dim;
+    let local = dim("attention.key_length_swa", MAX_DIM)?;
+    // The converter writes each head's whole dimension (the full layers' partial turn is in
+    // the rope_freqs tensor): anything else is a file at odds with itself.
+    for (k, want) in [("rope.dimension_count", global), ("rope.dimension_count_swa", local)] {
+        if let Some(d) = num(k)? {
+            if d != want as u64 {
+                return Err(bad(format!("{k} = {d}, but the heads it turns are {want} wide")));
+            }
+        }
+    }
+    // A list of bools, as llama.cpp reads it (another element type is refused there too).
+    let pattern = gguf_meta::get_array(md, "gemma4.attention.sliding_window_pattern")
+        .map_err(meta)?
+        .ok_or_else(|| bad("gemma4.attention.sliding_window_pattern is missing".into()))?;
+    let sliding = pattern
+        .iter()
+        .map(|v| match v {
+            candle_core::quantized::gguf_file::Value::Bool(b) => Some(*b),
+            _ => None,
+        })
+        .collect::<Option<Vec<bool>>>()
+        .ok_or_else(|| bad("attention.sliding_window_pattern must list bools".into()))?;
+    if sliding.len() != n {
+        return Err(bad(format!("sliding_window_pattern has {} entries for {n} layers", sliding.len())));
+    }
+    let window = dim("attention.sliding_window", super::config::MAX_POSITIONS)?;
+    window_config::apply(cfg, sliding.clone(), Some(window));
+    let heads: Vec<(usize, usize)> = sliding.iter().map(|&s| (cfg.num_kv_heads, if s { local } else { global })).collect();
+    cfg.head_dim = local;
+
+    let base = gguf_meta::get_f64(md, "gemma4.rope.freq_base_swa").map_err(meta)?.unwrap_or(1e4);
+    if !(base.is_finite() && base > 0.0) {
+        return Err(bad(format!("rope.freq_base_swa must be a finite positive number, got {base}")));
+    }
+    cfg.local_rope = Some((base, None));
+
+    let shared = match num("attention.shared_kv_layers")? {
+        None => 0,
+        Some(s) if s < n as u64 => s as usize,
+        Some(s) => return Err(bad(format!("attention.shared_kv_layers {s} must be below the {n} layers"))),
+    };
+    let kv_shared_from = shared_from(&sliding, &heads, shared).map_err(bad)?;
+    // Feed-forward widths: one per layer, the KV-sharing layers' twice the others' where the
+    // model doubles them.
+    let widths = match gguf_meta::get_int_array(md, "gemma4.feed_forward_length").map_err(meta)? {
+        Some(w) if w.len() == n => w,
+        Some(w) => return Err(bad(format!("feed_forward_length has {} entries for {n} layers", w.len()))),
+        None => vec![cfg.intermediate_size as i64; n],
+    };
+    let base_width = cfg.intermediate_size as i64;
+    let double_wide_mlp = shared > 0 && widths[n - 1] == 2 * base_width;
+    for (i, &w) in widths.iter().enumerate() {
+        let want = if kv_shared_from[i].is_some() && double_wide_mlp { 2 * base_width } else { base_width };
+        if w != want {
+            return Err(bad(format!(
+                "feed_forward_length[{i}] = {w}; a Gemma 4 layer is {base_width} wide, or twice that on the KV-sharing layers"
+            )));
+        }
+    }
+    let per_layer_input = match num("embedding_length_per_layer_input")? {
+        None | Some(0) => None,
+        Some(p) if p <= MAX_DIM as u64 => Some((p as usize, cfg.vocab_size)),
+        Some(p) => return Err(bad(format!("embedding_length_per_layer_input {p} is past {MAX_DIM}"))),
+    };
+    cfg.final_logit_softcap = match gguf_meta::get_f64(md, "gemma4.final_logit_softcapping").map_err(meta)? {
+        None | Some(0.0) => None,
+        Some(c) if c.is_finite() && c > 0.0 => Some(c),
+        Some(c) => return Err(bad(format!("final_logit_softcapping must be a finite positive number, got {c}"))),
     };
     cfg.gemma4 = Some(Gemma4 { heads, kv_shared_from, per_layer_input, double_wide_mlp });
     Ok(())

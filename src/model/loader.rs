@@ -90,6 +90,15 @@ pub fn open<'a>(path: &Path, device: &Device, progress: Progress<'a>, policy: We
         let mut src = GgufSource::open(path, device, Some(progress))?.policy(policy);
         let mut config = ModelConfig::from_gguf(src.metadata())?;
         config.tie_word_embeddings = !src.contains("lm_head");
+        if config.arch == super::config::Arch::Gemma4 && src.contains("rope_freqs") {
+            // Gemma 4's full layers: proportional RoPE as per-frequency divisors (1e30 where a
+            // pair does not turn), over the full layers' head dimension.
+            let factors: Vec<f32> = src.tensor("rope_freqs.weight", &[config.head_dim_full() / 2], DType::F32)?.to_vec1()?;
+            if let Some(f) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return Err(EngineError::InvalidModel(format!("rope_freqs holds {f}; factors must be finite and positive")));
+            }
+            config.rope_scaling = Some(super::rope::RopeScaling::FrequencyFactors { factors });
+        }
         if config.family == "phi3" {
             // LongRoPE's factors are tensors in a GGUF file.
             let keys = super::phi3_config::LongRopeKeys::read(src.metadata())?;
@@ -465,6 +474,11 @@ fn gguf_name(hf: &str, gemma: bool) -> String {
             "mlp.gate_proj" => "ffn_gate",
             "mlp.up_proj" => "ffn_up",
             "mlp.down_proj" => "ffn_down",
+            // Gemma 4's layer scalar and per-layer input branch.
+            "layer_scalar" => "layer_output_scale",
+            "per_layer_input_gate" => "inp_gate",
+            "per_layer_projection" => "proj",
+            "post_per_layer_input_norm" => "post_norm",
             other => other,
         };
         return format!("blk.{idx}.{t}");
@@ -472,6 +486,9 @@ fn gguf_name(hf: &str, gemma: bool) -> String {
     match hf {
         "model.embed_tokens" => "token_embd".into(),
         "model.norm" => "output_norm".into(),
+        "model.embed_tokens_per_layer" => "per_layer_token_embd".into(),
+        "model.per_layer_model_projection" => "per_layer_model_proj".into(),
+        "model.per_layer_projection_norm" => "per_layer_proj_norm".into(),
         "lm_head" => "output".into(),
         other => other.into(),
     }

@@ -257,7 +257,7 @@ impl LayerPlan {
             // full layers (proportional), rope 1 the sliding ones.
             Arch::Gemma4 => {
                 let g = cfg.gemma4.as_ref().expect("read with the config");
-                let full_dim = g.heads.iter().zip(&cfg.sliding_layers).find(|(_, s)| !**s).map_or(cfg.head_dim, |(h, _)| h.1);
+                let full_dim = cfg.head_dim_full();
                 let local_dim = g.heads.iter().zip(&cfg.sliding_layers).find(|(_, s)| **s).map_or(cfg.head_dim, |(h, _)| h.1);
                 let (local_theta, local_scaling) = cfg.local_rope.clone().unwrap_or((rope.theta, None));
                 plan.ropes = vec![

@@ -133,6 +133,8 @@ pub fn check_gguf(md: &Metadata, arch_name: &str, arch: Arch, rotary_dim: usize)
     let implemented: &[&str] = match (arch, arch_name) {
         (Arch::Gemma3, _) => &["attention.sliding_window", "final_logit_softcapping"],
         (_, "phi3") => &["attention.sliding_window"],
+        // Its window, final soft-cap and two rotary dimensions are read (gemma4_config.rs).
+        (Arch::Gemma4, _) => &["attention.sliding_window", "final_logit_softcapping", "rope.dimension_count"],
         _ => &[],
     };
     let window = gguf_meta::get_u64(md, &key("attention.sliding_window")).ok().flatten().filter(|&w| w > 0);
@@ -149,7 +151,8 @@ pub fn check_gguf(md: &Metadata, arch_name: &str, arch: Arch, rotary_dim: usize)
             return Err(refused(k, c.to_string(), what));
         }
     }
-    if let Some(d) = gguf_meta::get_u64(md, &key("rope.dimension_count")).ok().flatten() {
+    let dimension = gguf_meta::get_u64(md, &key("rope.dimension_count")).ok().flatten();
+    if let Some(d) = dimension.filter(|_| !implemented.contains(&"rope.dimension_count")) {
         if d != rotary_dim as u64 {
             return Err(refused("rope.dimension_count", format!("{d} of head dim {rotary_dim}"), "partial rotary embeddings"));
         }

@@ -44,6 +44,14 @@ export type RopeScalingInfo =
       factors: number[]
     }
   | {
+      /** Gemma 4's full layers: from the model's config, never an option. */
+      type: 'proportional'
+      /** The share of each head's frequency pairs that turn (the rest do not). */
+      partialRotaryFactor: number
+      /** Every frequency is divided by it. */
+      factor: number
+    }
+  | {
       /** Phi-3.5 / Phi-4-mini: from the model's config (or a GGUF's `rope_factors_*` tensors), never an option. */
       type: 'longrope'
       /** The context length (positions) the model was trained for: a longer sequence turns by `longFactor`. */

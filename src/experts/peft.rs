@@ -116,13 +116,15 @@ pub struct AdapterConfig {
 /// transformers 4.52 and later, `language_model.model.layers.*` before).
 pub const LAYER_PREFIXES: [&str; 3] = ["model.language_model.layers.", "language_model.model.layers.", "model.layers."];
 
-/// The tensors of a multimodal model's vision tower and projector: an adapter trained on the
-/// whole model has them (PEFT matches `q_proj` there too). Images are not an input of the
-/// runtime, so they never change an output: they are counted and not loaded.
+/// The tensors of a multimodal model's vision (and Gemma 4's audio) tower and projectors: an
+/// adapter trained on the whole model has them (PEFT matches `q_proj` there too). Images and
+/// audio are not inputs of the runtime, so they never change an output: they are counted and
+/// not loaded.
 pub fn is_vision_tensor(key: &str) -> bool {
     let rest = key.strip_prefix("base_model.model.").unwrap_or(key);
     let rest = rest.strip_prefix("model.").unwrap_or(rest);
-    rest.starts_with("vision_tower.") || rest.starts_with("multi_modal_projector.")
+    const TOWERS: [&str; 6] = ["vision_tower.", "multi_modal_projector.", "audio_tower.", "embed_vision.", "embed_audio.", "vision_model."];
+    TOWERS.iter().any(|t| rest.starts_with(t))
 }
 
 /// PEFT's `get_pattern_key`: a pattern applies to a module whose path ends with it after a dot.

@@ -201,11 +201,17 @@ impl ModelConfig {
     pub fn from_hf_json(text: &str) -> Result<Self> {
         let raw: Value =
             serde_json::from_str(text).map_err(|e| EngineError::invalid_model("config.json is not valid JSON", e))?;
-        if let Some(text_config) = super::gemma3_config::multimodal_text_config(&raw)? {
-            let mut cfg = Self::from_hf_value(&text_config)?;
-            cfg.text_of_multimodal = true;
-            cfg.family = "gemma3".into();
-            return Ok(cfg);
+        let multimodal = [
+            ("gemma3", super::gemma3_config::multimodal_text_config(&raw)?),
+            ("gemma4", super::gemma4_config::multimodal_text_config(&raw)?),
+        ];
+        for (family, text_config) in multimodal {
+            if let Some(text_config) = text_config {
+                let mut cfg = Self::from_hf_value(&text_config)?;
+                cfg.text_of_multimodal = true;
+                cfg.family = family.into();
+                return Ok(cfg);
+            }
         }
         Self::from_hf_value(&raw)
     }

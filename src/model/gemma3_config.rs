@@ -48,66 +48,29 @@ fn rope(v: &Value, default_theta: f64, max_positions: usize, original: Option<us
     Ok((theta, RopeScaling::parse(v, Source::Config, max_positions, original)?))
 }
 
-/// `Gemma3TextConfig`'s defaults (transformers 4.50 to 5.x) for the fields the common reader
-/// requires. The multimodal checkpoints write their `text_config` as the difference from
-/// these (google/gemma-3-4b-it's names 7 fields); the Gemma 3 fields [`read`] defaults itself.
-fn text_defaults() -> serde_json::Map<String, Value> {
-    let defaults = serde_json::json!({
-        "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
-        "rms_norm_eps": 1e-6, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
-    });
-    match defaults {
-        Value::Object(m) => m,
-        _ => unreachable!("an object literal"),
-    }
-}
-
-/// Fields a multimodal config may hold at its top level rather than in `text_config` (the
-/// published checkpoints put `eos_token_id` and the dtype there); `text_config`'s own win.
-const TOP_LEVEL_FALLBACKS: &[&str] =
-    &["bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "tie_word_embeddings"];
-
 /// The text model's config of a multimodal Gemma 3 checkpoint (`model_type` `gemma3` with a
-/// `text_config`, as `Gemma3ForConditionalGeneration` writes it), with `Gemma3TextConfig`'s
-/// defaults for the fields it leaves out; `None` for any other config. Images are not an input
-/// of the runtime: the vision tower and its projector are not read.
+/// `text_config`, as `Gemma3ForConditionalGeneration` writes it), over `Gemma3TextConfig`'s
+/// defaults (transformers 4.50 to 5.x) for the fields the common reader requires (google/gemma-3-4b-it's
+/// `text_config` names 7 fields); `None` for any other config.
 ///
 /// `final_logit_softcapping` is refused: transformers' `Gemma3ForCausalLM` applies it but
 /// `Gemma3ForConditionalGeneration` does not, so the same weights give two answers (no
 /// published Gemma 3 sets it).
 pub fn multimodal_text_config(raw: &Value) -> Result<Option<Value>> {
-    if raw.get("model_type").and_then(Value::as_str) != Some("gemma3") {
-        return Ok(None);
-    }
-    let Some(text) = raw.get("text_config") else { return Ok(None) };
-    let multimodal = |m: String| EngineError::InvalidModel(format!("config.json (gemma3): {m}"));
-    let Value::Object(fields) = text else {
-        return Err(multimodal(format!("text_config must be an object, got {text}")));
-    };
-    match fields.get("model_type") {
-        None | Some(Value::Null) => {}
-        Some(t) if t == "gemma3_text" => {}
-        Some(t) => return Err(multimodal(format!("text_config.model_type must be gemma3_text, got {t}"))),
-    }
-    if fields.get("final_logit_softcapping").is_some_and(|v| !v.is_null()) {
+    let defaults = serde_json::json!({
+        "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
+        "rms_norm_eps": 1e-6, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+    });
+    let text = super::multimodal::text_config(raw, "gemma3", "gemma3_text", defaults)?;
+    if text.as_ref().and_then(|t| t.get("final_logit_softcapping")).is_some_and(|v| !v.is_null()) {
         return Err(EngineError::UnsupportedArchitecture(
             "config.json (gemma3): text_config.final_logit_softcapping in a multimodal checkpoint \
              (transformers' Gemma3ForConditionalGeneration does not apply it, Gemma3ForCausalLM does)"
                 .into(),
         ));
     }
-    let mut out = text_defaults();
-    for k in TOP_LEVEL_FALLBACKS {
-        if let Some(v) = raw.get(*k).filter(|v| !v.is_null()) {
-            out.insert((*k).into(), v.clone());
-        }
-    }
-    for (k, v) in fields {
-        out.insert(k.clone(), v.clone());
-    }
-    out.insert("model_type".into(), Value::from("gemma3_text"));
-    Ok(Some(Value::Object(out)))
+    Ok(text)
 }
 
 /// Reads the Gemma 3 fields of `raw` into `cfg` (whose common fields are read).

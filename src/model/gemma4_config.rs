@@ -202,54 +202,17 @@ pub fn read(raw: &Value, cfg: &mut ModelConfig) -> Result<()> {
     Ok(())
 }
 
-/// `Gemma4TextConfig`'s defaults (transformers 5.x) for the fields the common reader requires,
-/// where a multimodal checkpoint's `text_config` leaves them out.
-fn text_defaults() -> serde_json::Map<String, Value> {
-    match serde_json::json!({
+/// The text model's config of a multimodal Gemma 4 checkpoint (`model_type` `gemma4` with a
+/// `text_config`, as `Gemma4ForConditionalGeneration` writes it), over `Gemma4TextConfig`'s
+/// defaults (transformers 5.x) for the fields the common reader requires; `None` for any other
+/// config.
+pub fn multimodal_text_config(raw: &Value) -> Result<Option<Value>> {
+    let defaults = serde_json::json!({
         "vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
         "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
         "rms_norm_eps": 1e-6, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
-    }) {
-        Value::Object(m) => m,
-        _ => unreachable!("an object literal"),
-    }
-}
-
-/// Fields a multimodal config may hold at its top level rather than in `text_config`;
-/// `text_config`'s own win.
-const TOP_LEVEL_FALLBACKS: &[&str] =
-    &["bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "tie_word_embeddings"];
-
-/// The text model's config of a multimodal Gemma 4 checkpoint (`model_type` `gemma4` with a
-/// `text_config`, as `Gemma4ForConditionalGeneration` writes it), with `Gemma4TextConfig`'s
-/// defaults for the fields it leaves out; `None` for any other config. Images and audio are not
-/// inputs of the runtime: their towers are not read.
-pub fn multimodal_text_config(raw: &Value) -> Result<Option<Value>> {
-    if raw.get("model_type").and_then(Value::as_str) != Some("gemma4") {
-        return Ok(None);
-    }
-    let Some(text) = raw.get("text_config") else { return Ok(None) };
-    let Value::Object(fields) = text else {
-        return Err(EngineError::InvalidModel(format!("config.json (gemma4): text_config must be an object, got {text}")));
-    };
-    match fields.get("model_type") {
-        None | Some(Value::Null) => {}
-        Some(t) if t == "gemma4_text" => {}
-        Some(t) => {
-            return Err(EngineError::InvalidModel(format!("config.json (gemma4): text_config.model_type must be gemma4_text, got {t}")))
-        }
-    }
-    let mut out = text_defaults();
-    for k in TOP_LEVEL_FALLBACKS {
-        if let Some(v) = raw.get(*k).filter(|v| !v.is_null()) {
-            out.insert((*k).into(), v.clone());
-        }
-    }
-    for (k, v) in fields {
-        out.insert(k.clone(), v.clone());
-    }
-    out.insert("model_type".into(), Value::from("gemma4_text"));
-    Ok(Some(Value::Object(out)))
+    });
+    super::multimodal::text_config(raw, "gemma4", "gemma4_text", defaults)
 }
 
 /// HF's KV sharing: each of the last `shared` layers reads the last earlier layer of its type,

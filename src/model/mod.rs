@@ -14,6 +14,7 @@ mod layer;
 pub mod linear;
 pub mod loader;
 pub mod mapped;
+mod multimodal;
 mod nibbles;
 mod phi3_config;
 pub mod plan;

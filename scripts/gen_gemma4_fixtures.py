@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Generate __test__/fixtures/gemma4-tiny/: a tiny random Gemma 4 text model, its GGUF as llama.cpp
-writes one, greedy references with ablations, and PEFT experts on it.
+writes one, greedy references with ablations, and PEFT experts on it; then gemma4-mm-tiny/: the same
+text model inside a multimodal Gemma 4 checkpoint, with one LoRA expert.
 
 Run:   python scripts/gen_gemma4_fixtures.py   (needs `npm install` for node-llama-cpp)
+       python scripts/gen_gemma4_fixtures.py --multimodal-only   (only gemma4-mm-tiny/, from the
+       gemma4-tiny/ on disk, which it does not touch; ~15 s)
        (any venv with scripts/requirements-fixtures.txt; written with torch 2.15.0,
        transformers 5.24.0, tokenizers 0.23.3, gguf 0.19.0, peft 0.21.2, node-llama-cpp 3.22.1
        -- ~/.cache/expert-runtime/bench-venv)
@@ -68,12 +71,36 @@ computes it (embeddings scaled by sqrt(64) = 8, GELU-tanh, sandwich norms as Gem
     adapts the 5 that layers 4 and 5 have, never per_layer_input_gate / per_layer_projection. No
     prompt tuning: HF's Gemma 4 finds the per-layer inputs of inputs_embeds by looking each row
     up in the embedding table and raises for PEFT's virtual tokens.
+
+gemma4-mm-tiny/ (write_multimodal):
+  * Gemma4ForConditionalGeneration (model_type "gemma4": text_config = gemma4-tiny's config.json
+    less _name_or_path / architectures, vision_config, audio_config, placeholder ids 1000-1006 past
+    the vocabulary), saved by save_pretrained: model.language_model.* (gemma4-tiny's model.*, every
+    tensor checked equal as stored), model.vision_tower.*, model.audio_tower.*, model.embed_vision.*,
+    model.embed_audio.*, no lm_head (tied). The towers are the smallest the configs build (MM_VISION,
+    MM_AUDIO: 1 layer, hidden 16; ~45 KB), default-initialized from MM_SEED; the audio tower's
+    Gemma4ClippableLinear saves input_min / input_max / output_min / output_max scalars (+-inf).
+    Tokenizer and generation_config copied from gemma4-tiny.
+  * reference.json: HF's greedy f32 run of this model on gemma4-tiny's prompt (text only), keys
+    model / same_as ("gemma4-tiny") / seed (gemma4-tiny's) / prompt_ids / n_new / f32; the script
+    requires gemma4-tiny's f32 tokens, logprobs and prefill log-softmax within 1e-5. Eager
+    attention: sdpa moves the logits by ~1e-5.
+  * experts/lora: FAMILY_EXPERTS' LoRA (r 4, alpha 8, init_lora_weights False, seeded randomize)
+    on the 7 projection names. The list form raises in PEFT 0.21.2 (the towers' q_proj / ... are
+    Gemma4ClippableLinear, not nn.Linear), so target_modules is MM_LORA_TARGETS, a regex: the
+    language model's modules of those names plus the nn.Linear `.linear` inside the towers' ones
+    (vision: 7, audio: q/k/v). 76 language-model tensors (layers 4-5 have no k / v) and 20 tower
+    tensors (...vision_tower.encoder.layers.0.self_attn.q_proj.linear.lora_A.weight, ...).
+    experts/reference.json: PEFT's greedy steps, cases "base" and "lora" (12 new tokens); base
+    equals gemma4-tiny/experts' base within 1e-5.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -81,15 +108,18 @@ import numpy as np
 import torch
 import transformers
 from gguf import MODEL_ARCH, GGMLQuantizationType, get_tensor_name_map
+from peft import PeftModel, get_peft_model
 from safetensors import safe_open
-from tokenizers import AddedToken
-from transformers import AutoModelForCausalLM, Gemma4ForCausalLM, Gemma4TextConfig
+from tokenizers import AddedToken, Tokenizer
+from transformers import (AutoModelForCausalLM, Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration,
+                          Gemma4TextConfig)
 from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm, Gemma4TextRotaryEmbedding
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_adapters import describe_keys, write_family_experts  # noqa: E402
-from gen_fixtures import (build_tokenizer, dump_json, gguf_payload, greedy_reference, new_gguf_writer,  # noqa: E402
-                          sequence_ok)
+from gen_adapters import FAMILY_EXPERTS, acceptable, describe_keys, randomize, reference, save_adapter  # noqa: E402
+from gen_adapters import MAX_SEED_TRIES as EXPERT_SEED_TRIES, write_family_experts  # noqa: E402
+from gen_fixtures import (build_tokenizer, check_recompute, dump_json, gguf_payload, greedy_reference,  # noqa: E402
+                          new_gguf_writer, sequence_ok)
 from gen_gemma3_fixtures import CHAT_TEMPLATE, GEMMA_SPECIALS, PROMPT_LEN, PROMPT_TEXT  # noqa: E402
 from gen_gemma3_gguf_fixture import llamacpp_greedy  # noqa: E402
 from gen_mistral_fixtures import reference_runs, save_model_dir  # noqa: E402
@@ -308,9 +338,7 @@ def write_gguf(path: Path, model, tok_json: dict, ids: dict):
     return names
 
 
-def main():
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+def write_text_fixture():
     np.random.seed(0)
 
     tok = build_tokenizer()
@@ -395,6 +423,161 @@ def main():
                                                       p + "5.self_attn.v")) or "per_layer" in k]
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"  {out.relative_to(ROOT)} {total / 1e3:.0f} KB")
+
+
+
+# ---- gemma4-mm-tiny: gemma4-tiny's text model inside a multimodal Gemma 4 checkpoint ----
+MM_NAME = "gemma4-mm-tiny"
+MM_SEED = 12000  # torch seed of the (default-initialized) vision / audio towers and embedders
+# The smallest towers Gemma4VisionConfig / Gemma4AudioConfig build: 1 layer, hidden 16, 2 heads
+# (vision head_dim 8: the axial RoPE splits it in 4), a 2x2 patch, 8 positions per axis, no pooling;
+# audio 4-channel subsampling convs, a 2-tap depthwise conv, output_proj_dims 16 (default 1536).
+MM_VISION = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=2, head_dim=8, patch_size=2, position_embedding_size=8, pooling_kernel_size=1)
+MM_AUDIO = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[4, 4],
+                conv_kernel_size=2, output_proj_dims=16)
+# Placeholder ids past the 403-token vocabulary (transformers maps them to pad before the text embedding):
+# no text prompt contains them.
+MM_TOKEN_IDS = dict(boi_token_id=1000, eoi_token_id=1001, image_token_id=1002, video_token_id=1003,
+                    boa_token_id=1004, eoa_token_index=1005, audio_token_id=1006)
+# The 7 projection names, by regex: the list ["q_proj", ...] makes PEFT 0.21.2 raise, as the towers'
+# q_proj / ... are Gemma4ClippableLinear (an nn.Linear in `.linear`), which LoRA does not support.
+# So: the language model's modules of those names, and the `.linear` inside the towers' ones.
+_P7 = "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj"
+MM_LORA_TARGETS = rf".*\.language_model\..*\.({_P7})|.*_tower\..*\.({_P7})\.linear"
+
+
+def load_multimodal(path: Path) -> Gemma4ForConditionalGeneration:
+    return Gemma4ForConditionalGeneration.from_pretrained(path, dtype=torch.float32,
+                                                          attn_implementation="eager").eval()
+
+
+def same_steps(a, b, tol=1e-5):
+    assert [s["token"] for s in a] == [s["token"] for s in b], ([s["token"] for s in a], [s["token"] for s in b])
+    worst = max(abs(x["logprob"] - y["logprob"]) for x, y in zip(a, b))
+    assert worst < tol, worst
+    return worst
+
+
+def tensor_prefixes(keys, depth):
+    out = {}
+    for k in keys:
+        p = ".".join(k.split(".")[:depth])
+        out[p] = out.get(p, 0) + 1
+    return out
+
+
+def write_multimodal():
+    src, out = OUT / NAME, OUT / MM_NAME
+    src_ref = json.loads((src / "reference.json").read_text())
+    prompt_ids, n_new = src_ref["prompt_ids"], src_ref["n_new"]
+    text = Gemma4ForCausalLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager").eval()
+
+    text_config = text.config.to_dict()
+    for k in ("_name_or_path", "architectures"):  # where this script loaded it from, not the model's
+        text_config.pop(k)
+    cfg = Gemma4Config(text_config=text_config, vision_config=MM_VISION, audio_config=MM_AUDIO,
+                       **MM_TOKEN_IDS)
+    torch.manual_seed(MM_SEED)
+    mm = Gemma4ForConditionalGeneration(cfg).to(torch.float32).eval()
+    with torch.no_grad():
+        r = mm.model.language_model.load_state_dict(text.model.state_dict(), strict=True)
+        assert not r.missing_keys and not r.unexpected_keys, r
+    mm.config._attn_implementation = "eager"  # else sdpa: logits differ from gemma4-tiny's by ~1e-5
+    mm.config.text_config._attn_implementation = "eager"
+    assert mm.lm_head.weight.data_ptr() == mm.model.language_model.embed_tokens.weight.data_ptr()
+    lm, tm = mm.model.language_model.state_dict(), text.model.state_dict()
+    assert lm.keys() == tm.keys() and all(torch.equal(lm[k], tm[k]) for k in tm)
+
+    f32, _ = greedy_reference(mm, prompt_ids, n_new=n_new, full_prefill=True)
+    worst = same_steps(f32["steps"], src_ref["f32"]["steps"])
+    pre = max(abs(a - b) for a, b in zip(f32["prefill_logprobs"], src_ref["f32"]["prefill_logprobs"]))
+    assert pre < 1e-5, pre
+    assert check_recompute(mm, prompt_ids, f32["steps"]) < 1e-4
+    f32["generated_text"] = Tokenizer.from_file(str(src / "tokenizer.json")).decode(
+        [s["token"] for s in f32["steps"]], skip_special_tokens=False)
+    assert f32["generated_text"] == src_ref["f32"]["generated_text"]
+    print(f"{MM_NAME}: HF's greedy decode = {NAME}'s f32 reference (max |dlogprob| {worst:.2e}, "
+          f"prefill {pre:.2e})")
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    mm.save_pretrained(out, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):  # the last as gemma3-mm-tiny
+        shutil.copy(src / f, out / f)
+    dump_json(out / "reference.json", {"model": MM_NAME, "same_as": NAME, "seed": src_ref["seed"],
+                                       "prompt_ids": prompt_ids, "n_new": n_new, "f32": f32}, compact_lists=True)
+
+    config = json.loads((out / "config.json").read_text())
+    print(f"  config.json: {json.dumps(config)}")
+    assert config["model_type"] == "gemma4" and config["architectures"] == ["Gemma4ForConditionalGeneration"]
+    assert config["text_config"]["model_type"] == "gemma4_text"
+    print(f"  config.json top-level keys: {sorted(config)}")
+    print(f"  text_config keys: {sorted(config['text_config'])}")
+    assert not (out / "model.safetensors.index.json").exists()
+    with safe_open(out / "model.safetensors", "pt") as f, safe_open(src / "model.safetensors", "pt") as g:
+        keys = list(f.keys())
+        text_keys = list(g.keys())
+        for k in text_keys:  # every text tensor, as stored, byte for byte the same
+            assert k.startswith("model.") and torch.equal(f.get_tensor("model.language_model." + k[6:]),
+                                                          g.get_tensor(k)), k
+        n_text = sum(k.startswith("model.language_model.") for k in keys)
+        assert n_text == len(text_keys), (n_text, len(text_keys))
+        nbytes = {}
+        for k in keys:
+            p = ".".join(k.split(".")[:2])
+            nbytes[p] = nbytes.get(p, 0) + f.get_tensor(k).numel() * f.get_tensor(k).element_size()
+    print(f"  model.safetensors: {len(keys)} tensors; " + ", ".join(
+        f"{p}.* {n} ({nbytes[p] / 1e3:.1f} KB)" for p, n in tensor_prefixes(keys, 2).items()))
+    print("  towers: " + ", ".join(f"{k}" for k in keys if not k.startswith("model.language_model.")))
+
+    base_steps, _ = reference(load_multimodal(out), prompt_ids)
+    reloaded, _ = greedy_reference(load_multimodal(out), prompt_ids, n_new=n_new)
+    same_steps(reloaded["steps"], f32["steps"])  # a fresh load decodes within ~7e-6 (run-to-run noise)
+    src_experts = json.loads((src / "experts" / "reference.json").read_text())["cases"]["base"]["steps"]
+    same_steps(base_steps, src_experts)
+    cases = {"base": {"experts": [], "prompt_ids": prompt_ids, "steps": base_steps}}
+    spec = next(s for s in FAMILY_EXPERTS if s["name"] == "lora")
+    for seed in range(spec["seed"], spec["seed"] + EXPERT_SEED_TRIES):
+        torch.manual_seed(seed)
+        pm = get_peft_model(load_multimodal(out), spec["cfg"](MM_LORA_TARGETS, []))
+        randomize(pm, seed)
+        steps, margin = reference(pm.eval(), prompt_ids)
+        ok, n_diff = acceptable(steps, margin, base_steps)
+        if ok:
+            break
+    else:
+        raise SystemExit("gemma4-mm-tiny lora: no acceptable seed")
+    d = out / "experts" / "lora"
+    save_adapter(pm, d, MM_NAME)
+    cases["lora"] = {"experts": ["lora"], "seed": seed, "prompt_ids": prompt_ids, "steps": steps}
+    again, _ = reference(PeftModel.from_pretrained(load_multimodal(out), d).eval(), prompt_ids)
+    same_steps(again, steps)
+    dump_json(out / "experts" / "reference.json", {"model": MM_NAME, "cases": cases}, compact_lists=True)
+    akeys = describe_keys(d)
+    n_lm = sum(".language_model." in k for k in akeys)
+    print(f"  expert lora: seed {seed}, {n_diff}/{len(steps)} tokens differ from the base, min margin {margin:.3f}; "
+          f"{len(akeys)} tensors: " + ", ".join(f"{p}.* {n}" for p, n in tensor_prefixes(akeys, 4).items()))
+    print(f"    {n_lm} language-model tensors, {len(akeys) - n_lm} tower tensors: " + ", ".join(
+        k for k in akeys if ".language_model." not in k))
+    assert n_lm == 2 * (4 * 7 + 2 * 5), n_lm  # layers 4 and 5 have no k_proj / v_proj
+    assert all(".language_model." in k or "_tower." in k for k in akeys)
+    total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"  {out.relative_to(ROOT)} {total / 1e3:.0f} KB: " + ", ".join(
+        f"{f.relative_to(out)} {f.stat().st_size}" for f in sorted(out.rglob("*")) if f.is_file()))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--multimodal-only", action="store_true",
+                    help=f"write only {MM_NAME}/ (from the {NAME}/ on disk, which stays untouched)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    if not args.multimodal_only:
+        write_text_fixture()
+    write_multimodal()
 
 
 if __name__ == "__main__":

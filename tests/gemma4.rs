@@ -93,3 +93,22 @@ fn gemma4_experts_match_peft_and_prompt_tuning_is_refused() {
     assert_eq!(e.code(), "UNSUPPORTED_ADAPTER", "{e}");
     assert!(e.to_string().contains("per-layer input"), "{e}");
 }
+
+/// The text model of a multimodal Gemma 4 checkpoint (`Gemma4ForConditionalGeneration`:
+/// `model.language_model.*` beside vision and audio towers) answers as HF, and a LoRA trained on
+/// the whole model (PEFT also adapted the towers' projections) as PEFT: its 20 tower tensors are
+/// counted and not loaded.
+#[test]
+fn gemma4_multimodal_text_model_and_expert_match_hf() {
+    const MM: &str = "gemma4-mm-tiny";
+    let r = read_json(&fixture(MM).join("reference.json"));
+    check_reference(&fixture(MM), MM, &r, "f32", "f32", F32_TOL, false);
+    let dir = fixture(MM).join("experts");
+    let refs = read_json(&dir.join("reference.json"));
+    for case in ["base", "lora"] {
+        check_case_in(&refs, &dir, case, &fixture(MM), false, PEFT_TOL);
+    }
+    let m = model(&fixture(MM), false);
+    let e = load_expert(&dir.join("lora"), &ExpertLoadOptions::default(), &m, 1).unwrap();
+    assert_eq!(e.skipped_vision_tensors, 20);
+}

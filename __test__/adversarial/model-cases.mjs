@@ -18,7 +18,7 @@ export function hfConfigCases(add) {
   const archField = (k) => ['architectures', 'model_type', 'rope_scaling', 'rope_parameters', ...UNIMPLEMENTED].includes(k)
   // Texts are built when the case runs (thunks): building every case must stay cheap.
   const loadWith = (base, text) => async (ctx) => ctx.loadAndProbe(await ctx.modelDir(base, { 'config.json': text }))
-  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2], ['phi3-tiny', 2], ['phi4-mini-tiny', 3], ['gemma4-tiny', 3]]
+  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2], ['phi3-tiny', 2], ['phi4-mini-tiny', 3], ['gemma4-tiny', 3], ['gemma4-mm-tiny', 2]]
   for (const [base, perField] of bases) {
     const cfg = readJson(base, 'config.json')
     const rnd = prng(0xc0f19 + base.length)

@@ -123,7 +123,8 @@ pub const LAYER_PREFIXES: [&str; 3] = ["model.language_model.layers.", "language
 pub fn is_vision_tensor(key: &str) -> bool {
     let rest = key.strip_prefix("base_model.model.").unwrap_or(key);
     let rest = rest.strip_prefix("model.").unwrap_or(rest);
-    const TOWERS: [&str; 6] = ["vision_tower.", "multi_modal_projector.", "audio_tower.", "embed_vision.", "embed_audio.", "vision_model."];
+    const TOWERS: [&str; 6] =
+        ["vision_tower.", "multi_modal_projector.", "audio_tower.", "embed_vision.", "embed_audio.", "vision_model."];
     TOWERS.iter().any(|t| rest.starts_with(t))
 }
 
@@ -575,6 +576,9 @@ mod tests {
             "base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_A.weight",
             "base_model.model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.lora_B.weight",
             "base_model.model.multi_modal_projector.mm_input_projection.lora_A.weight",
+            // Gemma 4's audio tower and the towers' projections into the text embeddings.
+            "base_model.model.model.audio_tower.layers.0.self_attn.q_proj.linear.lora_A.weight",
+            "base_model.model.model.embed_vision.embedding_projection.lora_B.weight",
         ] {
             assert!(is_vision_tensor(k), "{k}");
         }

@@ -47,11 +47,12 @@ fn phi3_f32_from_safetensors_and_gguf() {
 
 /// Half precision against HF's own half-precision runs. phi4-mini-tiny is the most sensitive
 /// fixture (a 0.056 f32 margin at step 5, where HF's own bf16 run leaves its f32 tokens): our bf16
-/// follows HF's bf16 tokens with the rounding drift growing to 0.58 by step 11 (0.17 at step 0,
-/// as on the other families), so its bf16 bound is stated apart; its f16 run keeps the usual one.
+/// follows HF's bf16 tokens with the rounding drift growing to 0.58 by step 11 on an AVX-512 host
+/// (0.17 at step 0, as on the other families). Its bf16 bound is stated apart, with room for
+/// another CPU's bf16 summation order; its f16 run keeps the usual one.
 #[test]
 fn phi3_bf16_and_f16() {
-    for (name, bf16_floor) in [(PHI3, BF16_TOL), (PHI4, 0.6)] {
+    for (name, bf16_floor) in [(PHI3, BF16_TOL), (PHI4, 0.8)] {
         let r = reference(name);
         check_reference(&fixture(name), name, &r, "bf16", "bf16", bf16_floor.max(2.0 * hf_half_gap(&r, "bf16")), false);
         check_reference(&fixture(name), name, &r, "f16", "f16", F16_TOL.max(2.0 * hf_half_gap(&r, "f16")), false);

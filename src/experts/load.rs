@@ -364,6 +364,12 @@ fn group_by_slot(
     let mut by_slot: HashMap<Slot, ModuleTensors> = HashMap::new();
     for (key, t) in tensors {
         let Some((layer, parts, param)) = parse_module_key(&key, model.fused) else {
+            if key.contains(".mlp.experts.") || key.contains(".mlp.gate.") {
+                return Err(EngineError::UnsupportedAdapter(format!(
+                    "tensor {key}: a routed FFN's MoE experts and router cannot be adapted (only attention and dense MLP \
+                     projections)"
+                )));
+            }
             let unsupported = ["embed_tokens", "lm_head", "modules_to_save", "lora_embedding", "norm"];
             if unsupported.iter().any(|u| key.contains(u)) {
                 return Err(EngineError::UnsupportedAdapter(format!(

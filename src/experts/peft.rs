@@ -153,6 +153,14 @@ fn refuse_unsupported(v: &Value, peft_type: PeftType) -> Result<()> {
     if non_empty("modules_to_save") {
         return Err(EngineError::UnsupportedAdapter("modules_to_save (fully trained copies of base modules)".into()));
     }
+    if let Some(t) = v.get("target_parameters").filter(|_| non_empty("target_parameters")) {
+        let mut shown = t.to_string();
+        shown.truncate(shown.char_indices().nth(120).map_or(shown.len(), |(i, _)| i));
+        return Err(EngineError::UnsupportedAdapter(format!(
+            "target_parameters {shown}: adapters on parameters (such as a routed FFN's MoE expert weights) are not \
+             supported; only the linear projections of decoder layers can be adapted"
+        )));
+    }
     if peft_type == PeftType::Lora {
         if v.get("bias").and_then(Value::as_str).is_some_and(|b| b != "none") {
             return Err(EngineError::UnsupportedAdapter("LoRA with trained biases (bias != \"none\")".into()));

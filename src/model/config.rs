@@ -46,12 +46,14 @@ impl Arch {
             "phi3" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            // Qwen3's network with a routed feed-forward block (moe_config.rs); `qwen3moe` in GGUF.
+            "qwen3_moe" | "qwen3moe" => Ok(Arch::Qwen3),
             "gemma3_text" | "gemma3" => Ok(Arch::Gemma3),
             // (`gemma4` is also the multimodal checkpoint's `model_type`: its text model is read
             // from `text_config`.)
             "gemma4_text" | "gemma4" => Ok(Arch::Gemma4),
             other => Err(EngineError::UnsupportedArchitecture(format!(
-                "'{other}' (supported: llama, mistral, ministral, smollm3, granite, phi3, qwen2, qwen3, gemma3_text, gemma3, gemma4_text)"
+                "'{other}' (supported: llama, mistral, ministral, smollm3, granite, phi3, qwen2, qwen3, qwen3_moe, gemma3_text, gemma3, gemma4_text)"
             ))),
         }
     }
@@ -101,6 +103,8 @@ pub struct ModelConfig {
     pub multipliers: Option<super::granite_config::Multipliers>,
     /// Gemma 4's per-layer heads, KV sharing and per-layer input embeddings.
     pub gemma4: Option<super::gemma4_config::Gemma4>,
+    /// Qwen3-MoE's routed feed-forward blocks ("MoE experts").
+    pub moe: Option<super::moe_config::RoutedFfn>,
     /// The family as the checkpoint names it (`config.json`'s `model_type`, a GGUF's
     /// `general.architecture`): `mistral`, `smollm3` or `granite` where [`Self::arch`] is the
     /// network they share (`llama`).
@@ -224,6 +228,10 @@ impl ModelConfig {
             .clone()
             .or_else(|| {
                 let a = hf.architectures.as_ref()?.first()?.to_lowercase();
+                // (`Qwen3MoeForCausalLM` before `qwen3`, which it starts with.)
+                if a.starts_with("qwen3moe") {
+                    return Some("qwen3_moe".into());
+                }
                 ["qwen3", "qwen2", "llama", "mistral", "ministral", "smollm3", "granite", "phi3"]
                     .into_iter()
                     .find(|p| a.starts_with(p))
@@ -287,6 +295,7 @@ impl ModelConfig {
             text_of_multimodal: false,
             multipliers: None,
             gemma4: None,
+            moe: None,
             family: String::new(),
         };
         let mut cfg = cfg;
@@ -309,6 +318,9 @@ impl ModelConfig {
         }
         if model_type == "phi3" {
             super::phi3_config::read(raw, &mut cfg)?;
+        }
+        if model_type == "qwen3_moe" {
+            super::moe_config::read(raw, &mut cfg)?;
         }
         cfg.validate()?;
         super::unimplemented::check_hf(raw, arch, &model_type)?;
@@ -383,6 +395,7 @@ impl ModelConfig {
             text_of_multimodal: false,
             multipliers: None,
             gemma4: None,
+            moe: None,
             family: String::new(),
         };
         let mut cfg = cfg;
@@ -403,6 +416,9 @@ impl ModelConfig {
         }
         if arch == Arch::Gemma4 {
             super::gemma4_config::read_gguf(md, &mut cfg)?;
+        }
+        if arch_name == "qwen3moe" {
+            super::moe_config::read_gguf(md, &arch_name, &mut cfg)?;
         }
         cfg.validate()?;
         super::unimplemented::check_gguf(md, &arch_name, arch, cfg.rotary_dim.unwrap_or(cfg.head_dim))?;

@@ -406,8 +406,11 @@ pub(super) fn fuse_projections(l: &mut super::DecoderLayer, dtype: DType) -> Res
     if let (Some(k), Some(v)) = (&mut a.k_proj, &mut a.v_proj) {
         fuse(&mut [&mut a.q_proj, k, v], dtype)?;
     }
-    let m = &mut l.mlp;
-    fuse(&mut [&mut m.gate_proj, &mut m.up_proj], dtype)
+    match l.mlp.dense_mut() {
+        Some(m) => fuse(&mut [&mut m.gate_proj, &mut m.up_proj], dtype),
+        // (A routed layer is never on this path either.)
+        None => Ok(()),
+    }
 }
 
 fn fuse(group: &mut [&mut Linear], dtype: DType) -> Result<()> {

@@ -233,14 +233,21 @@ impl Decoder {
         self.ropes.iter().filter_map(Rope::exact_until).min()
     }
 
-    /// Every linear module: the layers' projections (and per-layer input branches), then the
-    /// embedding, the per-layer input embeddings and an untied head.
+    /// Every linear module: the layers' projections (and per-layer input branches and MoE
+    /// experts), then the embedding, the per-layer input embeddings and an untied head.
     fn linears(&self) -> impl Iterator<Item = &Linear> {
         let layers = (0..self.layers.len()).flat_map(move |layer| Proj::ALL.map(|proj| self.linear(Slot { layer, proj })));
         let per_layer = self.layers.iter().filter_map(|l| l.per_layer.as_ref());
         let per_layer = per_layer.flat_map(|p| [&p.per_layer_input_gate, &p.per_layer_projection]);
+        let routed = self.layers.iter().filter_map(|l| l.mlp.routed()).flat_map(|m| m.linears());
         let ple = self.per_layer_inputs.iter().flat_map(|p| [&p.embed_tokens_per_layer, &p.per_layer_model_projection]);
-        layers.flatten().chain(per_layer).chain(std::iter::once(&self.embed_tokens)).chain(ple).chain(self.lm_head.as_ref())
+        layers
+            .flatten()
+            .chain(per_layer)
+            .chain(routed)
+            .chain(std::iter::once(&self.embed_tokens))
+            .chain(ple)
+            .chain(self.lm_head.as_ref())
     }
 
     /// Bytes of every weight: linear weights and biases (mapped ones count the file bytes they
@@ -259,6 +266,7 @@ impl Decoder {
                     + l.post_feedforward_layernorm.as_ref().map_or(0, norm)
                     + l.self_attn.q_norm.as_ref().map_or(0, norm)
                     + l.self_attn.k_norm.as_ref().map_or(0, norm)
+                    + l.mlp.routed().map_or(0, |m| tensor(m.router()))
             })
             .sum();
         linears + norms + norm(&self.norm)
@@ -292,9 +300,10 @@ impl Decoder {
             Proj::K => l.self_attn.k_proj.as_ref(),
             Proj::V => l.self_attn.v_proj.as_ref(),
             Proj::O => Some(&l.self_attn.o_proj),
-            Proj::Gate => Some(&l.mlp.gate_proj),
-            Proj::Up => Some(&l.mlp.up_proj),
-            Proj::Down => Some(&l.mlp.down_proj),
+            // A routed layer's MoE experts are not adaptable modules.
+            Proj::Gate => l.mlp.dense().map(|m| &m.gate_proj),
+            Proj::Up => l.mlp.dense().map(|m| &m.up_proj),
+            Proj::Down => l.mlp.dense().map(|m| &m.down_proj),
         }
     }
 

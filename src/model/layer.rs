@@ -7,6 +7,7 @@ use candle_core::{DType, Tensor};
 use super::adapt::{linear_segments, Fused, Proj, Segment, Slot};
 use super::linear::Linear;
 use super::loader::WeightSource;
+use super::moe::RoutedFfn;
 use super::plan::{Activation, FeedForward, LayerPlan, LayerSpec, Mixer, NormWeight};
 use crate::error::{EngineError, Result};
 use crate::kv::attention::{paged_attention, AttentionPlan, LayerAttention};
@@ -71,6 +72,43 @@ pub(super) struct Attention {
     pub(super) how: LayerAttention,
 }
 
+/// The block after attention: a gated MLP, or a routed block of MoE experts.
+pub(super) enum Ffn {
+    Dense(Mlp),
+    Routed(RoutedFfn),
+}
+
+impl Ffn {
+    pub(super) fn dense(&self) -> Option<&Mlp> {
+        match self {
+            Ffn::Dense(m) => Some(m),
+            Ffn::Routed(_) => None,
+        }
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) fn dense_mut(&mut self) -> Option<&mut Mlp> {
+        match self {
+            Ffn::Dense(m) => Some(m),
+            Ffn::Routed(_) => None,
+        }
+    }
+
+    pub(super) fn routed(&self) -> Option<&RoutedFfn> {
+        match self {
+            Ffn::Routed(m) => Some(m),
+            Ffn::Dense(_) => None,
+        }
+    }
+
+    fn forward(&self, x: &Tensor, layer: usize, segments: &[Segment]) -> Result<Tensor> {
+        match self {
+            Ffn::Dense(m) => m.forward(x, layer, segments),
+            Ffn::Routed(m) => m.forward(x),
+        }
+    }
+}
+
 pub(super) struct Mlp {
     pub(super) gate_proj: Linear,
     pub(super) up_proj: Linear,
@@ -90,7 +128,7 @@ pub(super) struct DecoderLayer {
     /// Sandwich layers only.
     pub(super) pre_feedforward_layernorm: Option<RmsNorm>,
     pub(super) post_feedforward_layernorm: Option<RmsNorm>,
-    pub(super) mlp: Mlp,
+    pub(super) mlp: Ffn,
     /// Gemma 4: the projection of the layer's per-layer input added after the MLP.
     pub(super) per_layer: Option<PerLayer>,
     /// Gemma 4: multiplies the layer's output (`[1]`).
@@ -168,27 +206,13 @@ impl DecoderLayer {
                 window: a.window,
             },
         };
-        let (inter, activation) = match &spec.ffn {
-            FeedForward::GatedMlp { intermediate_size, activation } => (*intermediate_size, *activation),
-            FeedForward::Moe(m) => match *m {},
-        };
         let m = format!("{p}.mlp");
-        let (gate_proj, up_proj) = if fused.gate_up {
-            let (gate, up) = (format!("{m}.gate_proj"), format!("{m}.up_proj"));
-            let parts = [(gate.as_str(), inter), (up.as_str(), inter)];
-            let mut gate_up = src.linear_parts(&format!("{m}.gate_up_proj"), &parts, h, false, dtype)?.into_iter();
-            match (gate_up.next(), gate_up.next()) {
-                (Some(gate), Some(up)) => (gate, up),
-                _ => return Err(EngineError::Internal("gate_up_proj: two parts".into())),
+        let mlp = match &spec.ffn {
+            FeedForward::GatedMlp { intermediate_size, activation } => {
+                Ffn::Dense(Mlp::load(src, &m, (*intermediate_size, *activation), fused, h, dtype)?)
             }
-        } else {
-            (
-                src.linear(&format!("{m}.gate_proj"), inter, h, false, dtype)?,
-                src.linear(&format!("{m}.up_proj"), inter, h, false, dtype)?,
-            )
+            FeedForward::Moe(spec) => Ffn::Routed(RoutedFfn::load(src, &m, spec, h, dtype)?),
         };
-        let mlp =
-            Mlp { gate_proj, up_proj, down_proj: src.linear(&format!("{m}.down_proj"), h, inter, false, dtype)?, activation };
         let norm = |src: &mut dyn WeightSource, n: &str| RmsNorm::load(src, &format!("{p}.{n}"), h, eps, norm_weight, dtype);
         let sandwich = |src: &mut dyn WeightSource, n: &str| spec.norms.sandwich.then(|| norm(src, n)).transpose();
         let per_layer = match (spec.per_layer_input, per_layer_size) {
@@ -324,6 +348,34 @@ impl DecoderLayer {
 }
 
 impl Mlp {
+    /// Reads the gated MLP at `m` (`model.layers.{i}.mlp`): `gate_proj`, `up_proj` (or their
+    /// fused `gate_up_proj`), `down_proj`.
+    fn load(
+        src: &mut dyn WeightSource,
+        m: &str,
+        (inter, activation): (usize, Activation),
+        fused: Fused,
+        h: usize,
+        dtype: DType,
+    ) -> Result<Self> {
+        let (gate_proj, up_proj) = if fused.gate_up {
+            let (gate, up) = (format!("{m}.gate_proj"), format!("{m}.up_proj"));
+            let parts = [(gate.as_str(), inter), (up.as_str(), inter)];
+            let mut gate_up = src.linear_parts(&format!("{m}.gate_up_proj"), &parts, h, false, dtype)?.into_iter();
+            match (gate_up.next(), gate_up.next()) {
+                (Some(gate), Some(up)) => (gate, up),
+                _ => return Err(EngineError::Internal("gate_up_proj: two parts".into())),
+            }
+        } else {
+            (
+                src.linear(&format!("{m}.gate_proj"), inter, h, false, dtype)?,
+                src.linear(&format!("{m}.up_proj"), inter, h, false, dtype)?,
+            )
+        };
+        let down_proj = src.linear(&format!("{m}.down_proj"), h, inter, false, dtype)?;
+        Ok(Mlp { gate_proj, up_proj, down_proj, activation })
+    }
+
     pub(super) fn forward(&self, x: &Tensor, layer: usize, segments: &[Segment]) -> Result<Tensor> {
         let proj = |lin: &Linear, x: &Tensor, p: Proj| linear_segments(lin, x, Slot::new(layer, p), segments);
         let gate = proj(&self.gate_proj, x, Proj::Gate)?;

@@ -50,6 +50,10 @@ pub trait WeightSource {
     /// linear `name` would be (quantized as the file stores it, or by the load policy).
     fn linear_parts(&mut self, fused: &str, parts: &[(&str, usize)], inp: usize, bias: bool, dtype: DType)
         -> Result<Vec<Linear>>;
+    /// The linear layers stacked in tensor `stacked` of `shape` `[n, rows, inp]` (routed MoE
+    /// experts: GGUF's `ffn_gate_exps`, transformers 5's `experts.gate_up_proj`), without biases:
+    /// its `n · rows` rows cut into `parts` as [`Self::linear_parts`] cuts a fused projection.
+    fn linear_stack(&mut self, stacked: &str, shape: [usize; 3], parts: &[(&str, usize)], dtype: DType) -> Result<Vec<Linear>>;
     fn contains(&self, name: &str) -> bool;
     /// Whether norm weights that the model applies as `1 + w` are stored with the 1 added
     /// (llama.cpp's converter adds it for the Gemma families), so they are read as they are.
@@ -310,6 +314,26 @@ impl<'a> SafetensorsSource<'a> {
         let _ = e;
     }
 
+    /// Tensor `wname` of `shape` (its last dimension the input size) read as the consecutive
+    /// row blocks `parts`, each as linear `name` would be (a part is a byte range of the tensor).
+    fn cut_rows(&mut self, wname: &str, shape: &[usize], parts: &[(&str, usize)], dtype: DType) -> Result<Vec<Result<Weight>>> {
+        let (&inp, lead) = shape.split_last().ok_or_else(|| EngineError::Internal(format!("{wname}: no shape")))?;
+        let total: usize = lead.iter().product();
+        let e = self.entry(wname, shape)?;
+        let row_bytes = e.len / total.max(1);
+        let mut weights = Vec::with_capacity(parts.len());
+        let mut row = 0;
+        for &(name, rows) in parts {
+            let part = Entry { shape: vec![rows, inp], start: e.start + row * row_bytes, len: rows * row_bytes, ..*e };
+            weights.push(self.weight_of(name, wname, &part, dtype));
+            row += rows;
+        }
+        self.release(e);
+        let len = e.len;
+        self.advance(len);
+        Ok(weights)
+    }
+
     fn copy(&self, name: &str, e: &Entry, dtype: DType) -> Result<Tensor> {
         let file_dtype = float_dtype(e.dtype).unwrap_or(DType::F64);
         Tensor::from_raw_buffer(self.bytes(e), file_dtype, &e.shape, &self.device)
@@ -345,27 +369,31 @@ impl WeightSource for SafetensorsSource<'_> {
     ) -> Result<Vec<Linear>> {
         let wname = format!("{fused}.weight");
         let total = parts.iter().map(|p| p.1).sum::<usize>();
-        let e = self.entry(&wname, &[total, inp])?;
-        // Rows are stored one after another: a part is a byte range of the tensor.
-        let row_bytes = e.len / total.max(1);
-        let mut weights = Vec::with_capacity(parts.len());
-        let mut row = 0;
-        for &(name, rows) in parts {
-            let part = Entry { shape: vec![rows, inp], start: e.start + row * row_bytes, len: rows * row_bytes, ..*e };
-            weights.push(self.weight_of(name, &wname, &part, dtype));
-            row += rows;
-        }
-        self.release(e);
-        let len = e.len;
-        self.advance(len);
+        let weights = self.cut_rows(&wname, &[total, inp], parts, dtype)?;
         let bias = if bias { Some(self.tensor(&format!("{fused}.bias"), &[total], dtype)?) } else { None };
         split_linears(weights, parts, inp, bias)
+    }
+
+    fn linear_stack(&mut self, stacked: &str, shape: [usize; 3], parts: &[(&str, usize)], dtype: DType) -> Result<Vec<Linear>> {
+        check_stack(stacked, shape, parts)?;
+        // transformers' stacked parameters have no `.weight` suffix.
+        let weights = self.cut_rows(stacked, &shape, parts, dtype)?;
+        split_linears(weights, parts, shape[2], None)
     }
 
     /// Whether tensor `name`, or a module's weight `{name}.weight`, is there.
     fn contains(&self, name: &str) -> bool {
         self.entries.contains_key(name) || self.entries.contains_key(&format!("{name}.weight"))
     }
+}
+
+/// A stack's parts must cover its rows exactly (an internal invariant of the callers).
+fn check_stack(stacked: &str, shape: [usize; 3], parts: &[(&str, usize)]) -> Result<()> {
+    let rows = parts.iter().map(|p| p.1).sum::<usize>();
+    if shape[0].checked_mul(shape[1]) != Some(rows) {
+        return Err(EngineError::Internal(format!("{stacked}: parts of {rows} rows for a stack of {shape:?}")));
+    }
+    Ok(())
 }
 
 /// The linears of a fused projection from their weights and the fused bias (cut the same way).
@@ -474,6 +502,11 @@ fn gguf_name(hf: &str, gemma: bool) -> String {
             "mlp.gate_proj" => "ffn_gate",
             "mlp.up_proj" => "ffn_up",
             "mlp.down_proj" => "ffn_down",
+            // A routed FFN: the router and the MoE experts' stacked projections.
+            "mlp.gate" => "ffn_gate_inp",
+            "mlp.experts.gate_proj" => "ffn_gate_exps",
+            "mlp.experts.up_proj" => "ffn_up_exps",
+            "mlp.experts.down_proj" => "ffn_down_exps",
             // Gemma 4's layer scalar and per-layer input branch.
             "layer_scalar" => "layer_output_scale",
             "per_layer_input_gate" => "inp_gate",
@@ -549,6 +582,40 @@ impl<'a> GgufSource<'a> {
         self.read_onto(name, shape, &device)
     }
 
+    /// Tensor `wname` of `shape` (its last dimension the input size), read on the host and cut
+    /// into the consecutive row blocks `parts`, each stored as linear `name` would be (quantized
+    /// as the file has it, or by the load policy) and moved to the device.
+    fn cut_rows(&mut self, wname: &str, shape: &[usize], parts: &[(&str, usize)], dtype: DType) -> Result<Vec<Result<Weight>>> {
+        let (&inp, lead) = shape.split_last().ok_or_else(|| EngineError::Internal(format!("{wname}: no shape")))?;
+        let total: usize = lead.iter().product();
+        let q = self.read_onto(wname, shape, &Device::Cpu)?;
+        let ggml = q.dtype();
+        let dense = DenseType::of_ggml(ggml);
+        let data = q.data()?;
+        // A row is a whole number of blocks (the reader checked the tensor is).
+        let row_bytes = data.len() / total.max(1);
+        let mut weights = Vec::with_capacity(parts.len());
+        let mut row = 0;
+        for &(name, rows) in parts {
+            let bytes = &data[row * row_bytes..(row + rows) * row_bytes];
+            row += rows;
+            let w = match (dense, self.policy.quantize.format(Role::of(name), inp)) {
+                (Some(dense), Some(format)) => quantize::quantize_bytes(bytes, dense, (rows, inp), format, wname, &self.device),
+                _ => candle_core::quantized::ggml_file::qtensor_from_ggml(ggml, bytes, vec![rows, inp], &Device::Cpu)
+                    .map_err(|e| EngineError::invalid_model(format!("tensor {wname}"), e))
+                    .and_then(|part| {
+                        if self.policy.dequantize || dense.is_some() {
+                            Ok(Weight::Dense(part.dequantize(&self.device)?.to_dtype(dtype)?))
+                        } else {
+                            Weight::from_qtensor(part, &self.device)
+                        }
+                    }),
+            };
+            weights.push(w);
+        }
+        Ok(weights)
+    }
+
     fn read_onto(&mut self, name: &str, shape: &[usize], device: &Device) -> Result<QTensor> {
         let info =
             self.content.tensor_infos.get(name).ok_or_else(|| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
@@ -618,32 +685,7 @@ impl WeightSource for GgufSource<'_> {
         let g = gguf_name(fused, self.gemma);
         let wname = format!("{g}.weight");
         let total = parts.iter().map(|p| p.1).sum::<usize>();
-        // Read on the host: the parts are cut from its bytes, then each goes to the device.
-        let q = self.read_onto(&wname, &[total, inp], &Device::Cpu)?;
-        let ggml = q.dtype();
-        let dense = DenseType::of_ggml(ggml);
-        let data = q.data()?;
-        // A row is a whole number of blocks (the reader checked the tensor is).
-        let row_bytes = data.len() / total.max(1);
-        let mut weights = Vec::with_capacity(parts.len());
-        let mut row = 0;
-        for &(name, rows) in parts {
-            let bytes = &data[row * row_bytes..(row + rows) * row_bytes];
-            row += rows;
-            let w = match (dense, self.policy.quantize.format(Role::of(name), inp)) {
-                (Some(dense), Some(format)) => quantize::quantize_bytes(bytes, dense, (rows, inp), format, &wname, &self.device),
-                _ => candle_core::quantized::ggml_file::qtensor_from_ggml(ggml, bytes, vec![rows, inp], &Device::Cpu)
-                    .map_err(|e| EngineError::invalid_model(format!("tensor {wname}"), e))
-                    .and_then(|part| {
-                        if self.policy.dequantize || dense.is_some() {
-                            Ok(Weight::Dense(part.dequantize(&self.device)?.to_dtype(dtype)?))
-                        } else {
-                            Weight::from_qtensor(part, &self.device)
-                        }
-                    }),
-            };
-            weights.push(w);
-        }
+        let weights = self.cut_rows(&wname, &[total, inp], parts, dtype)?;
         let bias = if bias {
             let b = self.read(&format!("{g}.bias"), &[total])?;
             Some(b.dequantize(&self.device)?.to_dtype(dtype)?)
@@ -651,6 +693,13 @@ impl WeightSource for GgufSource<'_> {
             None
         };
         split_linears(weights, parts, inp, bias)
+    }
+
+    fn linear_stack(&mut self, stacked: &str, shape: [usize; 3], parts: &[(&str, usize)], dtype: DType) -> Result<Vec<Linear>> {
+        check_stack(stacked, shape, parts)?;
+        let wname = format!("{}.weight", gguf_name(stacked, self.gemma));
+        let weights = self.cut_rows(&wname, &shape, parts, dtype)?;
+        split_linears(weights, parts, shape[2], None)
     }
 
     fn contains(&self, name: &str) -> bool {

@@ -14,6 +14,8 @@ mod layer;
 pub mod linear;
 pub mod loader;
 pub mod mapped;
+mod moe;
+pub mod moe_config;
 mod multimodal;
 mod nibbles;
 mod phi3_config;

@@ -118,9 +118,19 @@ pub enum FeedForward {
     Moe(Moe),
 }
 
-/// Mixture-of-experts blocks. None yet.
+/// A routed feed-forward block: per token, a router (a linear map to one logit per MoE expert,
+/// softmax) picks `experts_per_token` of `num_experts` gated MLPs, and their outputs are summed
+/// weighted by the picked probabilities (renormalised to sum to 1 where `norm_topk_prob`). These
+/// are "MoE experts": parts of the base model, unrelated to the PEFT experts attached at run time.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Moe {}
+pub struct Moe {
+    pub num_experts: usize,
+    pub experts_per_token: usize,
+    /// Each MoE expert's MLP width.
+    pub intermediate_size: usize,
+    pub norm_topk_prob: bool,
+    pub activation: Activation,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -223,6 +233,18 @@ impl LayerPlan {
                     plan.virtual_embedding_scale = m.embedding;
                     plan.residual_multiplier = m.residual;
                     plan.logit_multiplier = 1.0 / m.logits_scaling;
+                }
+                // Qwen3-MoE's routed layers.
+                if let Some(moe) = &cfg.moe {
+                    for (layer, _) in plan.layers.iter_mut().zip(&moe.routed_layers).filter(|(_, routed)| **routed) {
+                        layer.ffn = FeedForward::Moe(Moe {
+                            num_experts: moe.num_experts,
+                            experts_per_token: moe.experts_per_token,
+                            intermediate_size: moe.intermediate_size,
+                            norm_topk_prob: moe.norm_topk_prob,
+                            activation: Activation::Silu,
+                        });
+                    }
                 }
             }
             // Sliding and full layers with their own rotary bases, q/k norms, scores scaled by
@@ -338,10 +360,6 @@ impl LayerPlan {
     /// (`UNSUPPORTED_ARCHITECTURE`), never run without it.
     pub fn unsupported(&self) -> Option<String> {
         for (i, l) in self.layers.iter().enumerate() {
-            match &l.ffn {
-                FeedForward::GatedMlp { .. } => {}
-                FeedForward::Moe(m) => match *m {},
-            }
             match &l.mixer {
                 Mixer::Attention(a) => {
                     if a.logit_softcap.is_some() {
@@ -514,14 +532,30 @@ impl fmt::Display for FeedForward {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FeedForward::GatedMlp { intermediate_size, activation } => {
-                let act = match activation {
-                    Activation::Silu => "SiLU",
-                    Activation::GeluTanh => "GELU-tanh",
-                };
-                write!(f, "gated MLP ({act}, {intermediate_size})")
+                write!(f, "gated MLP ({}, {intermediate_size})", act_name(*activation))
             }
-            FeedForward::Moe(m) => match *m {},
+            FeedForward::Moe(m) => {
+                write!(
+                    f,
+                    "routed FFN ({} MoE experts, top {}, {} MLPs of {}",
+                    m.num_experts,
+                    m.experts_per_token,
+                    act_name(m.activation),
+                    m.intermediate_size
+                )?;
+                if m.norm_topk_prob {
+                    write!(f, ", top-k weights renormalised")?;
+                }
+                write!(f, ")")
+            }
         }
+    }
+}
+
+fn act_name(a: Activation) -> &'static str {
+    match a {
+        Activation::Silu => "SiLU",
+        Activation::GeluTanh => "GELU-tanh",
     }
 }
 

@@ -161,3 +161,30 @@ fn gemma3_is_a_plan_of_sliding_and_full_layers() {
     assert_eq!(plan.unsupported(), None);
     assert!(plan.fused_decode_gap().is_some());
 }
+
+/// Qwen3-MoE as data: Qwen3's attention, and routed FFN blocks of MoE experts on the layers
+/// `decoder_sparse_step` and `mlp_only_layers` select (the others keep the dense MLP). The
+/// decoder runs it; the fused CUDA kernels run no routed block, so it decodes generic there.
+#[test]
+fn qwen3_moe_routes_the_layers_its_config_selects() {
+    let raw = crate::model::config::test_config(
+        "qwen3_moe",
+        4,
+        serde_json::json!({"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 4,
+                           "decoder_sparse_step": 2, "mlp_only_layers": [3], "norm_topk_prob": true}),
+    );
+    let plan = LayerPlan::build(&ModelConfig::from_hf_json(&raw.to_string()).unwrap());
+    let attn = "full attention (2 heads, 1 kv, head dim 4, rope 0, q/k norm)";
+    assert_eq!(
+        plan.summary()[..3],
+        [
+            format!("layer 0: {attn} · gated MLP (SiLU, 16) · pre-norm (w)"),
+            format!(
+                "layer 1: {attn} · routed FFN (8 MoE experts, top 2, SiLU MLPs of 4, top-k weights renormalised) · pre-norm (w)"
+            ),
+            format!("layers 2–3: {attn} · gated MLP (SiLU, 16) · pre-norm (w)"),
+        ]
+    );
+    assert_eq!(plan.unsupported(), None);
+    assert!(plan.fused_decode_gap().unwrap().starts_with("layer 1: "), "{:?}", plan.fused_decode_gap());
+}

@@ -38,7 +38,7 @@ impl CudaDecode {
         let mut layers = Vec::with_capacity(model.layers.len());
         for l in &model.layers {
             let a = &l.self_attn;
-            let m = &l.mlp;
+            let Some(m) = l.mlp.dense() else { return Ok(None) };
             let (Some(q), Some(k), Some(v), Some(o), Some(gate), Some(up), Some(down)) = (
                 dense(&a.q_proj, dt),
                 a.k_proj.as_ref().and_then(|l| dense(l, dt)),

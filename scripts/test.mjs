@@ -14,7 +14,7 @@ ensureBuilt()
 run(process.execPath, ['--test', '--test-concurrency=1', '__test__/'])
 // Again through the device-generic code path that CUDA runs (src/backend.rs), on the CPU,
 // against the same HF references: keeps the GPU path correct on machines without a GPU.
-run(process.execPath, ['--test', '--test-concurrency=1', '__test__/generate.test.mjs', '__test__/gemma3.test.mjs', '__test__/gemma4.test.mjs', '__test__/granite.test.mjs', '__test__/smollm3.test.mjs', '__test__/phi3.test.mjs', '__test__/mistral.test.mjs', '__test__/experts.test.mjs', '__test__/batching.test.mjs', '__test__/quantize.test.mjs'],
+run(process.execPath, ['--test', '--test-concurrency=1', '__test__/generate.test.mjs', '__test__/gemma3.test.mjs', '__test__/gemma4.test.mjs', '__test__/granite.test.mjs', '__test__/smollm3.test.mjs', '__test__/phi3.test.mjs', '__test__/qwen3moe.test.mjs', '__test__/mistral.test.mjs', '__test__/experts.test.mjs', '__test__/batching.test.mjs', '__test__/quantize.test.mjs'],
   { env: { ...process.env, EXPERT_RUNTIME_GENERIC_KERNELS: '1' } })
 // Again on the portable kernels (no AVX2/FMA), against the same HF references: the Rust kernel
 // tests cover each SIMD path at the kernel level, this covers the portable path end to end.

@@ -16,5 +16,6 @@ mod mistral;
 mod parity;
 mod phi3;
 mod quantize;
+mod qwen3moe;
 mod rope;
 mod smollm3;

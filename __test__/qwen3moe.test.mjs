@@ -5,5 +5,5 @@
 // sessions whose rows pick different MoE experts in one pass, grouped per MoE expert.
 import { describeFamily } from './family-suite.mjs'
 
-describeFamily('qwen3moe-tiny', 'qwen3', 'qwen3_moe', { ggufFamily: 'qwen3moe' })
-describeFamily('qwen3moe-mixed-tiny', 'qwen3', 'qwen3_moe', { gguf: false })
+describeFamily('qwen3moe-tiny', 'qwen3', 'qwen3_moe', { ggufFamily: 'qwen3moe', q8Reference: 'q8_0' })
+describeFamily('qwen3moe-mixed-tiny', 'qwen3', 'qwen3_moe', { gguf: false, q8Reference: 'q8_0' })

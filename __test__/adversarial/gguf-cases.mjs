@@ -9,7 +9,7 @@ export function ggufCases(add) {
   const cat = 'model-gguf'
   const M = ['INVALID_MODEL']
   const MA = ['INVALID_MODEL', 'UNSUPPORTED_ARCHITECTURE']
-  for (const [base, file, seed, full] of [['qwen3-tiny', 'model-q8_0.gguf', 0x66, true], ['llama-tiny', 'model-f32.gguf', 0x67, false], ['qwen3-tiny', 'model-f32.gguf', 0x68, false], ['granite-tiny', 'model-f32.gguf', 0x69, false], ['gemma3-gguf-tiny', 'model-f32.gguf', 0x6a, false], ['smollm3-tiny', 'model-f32.gguf', 0x6b, false], ['phi3-tiny', 'model-f32.gguf', 0x6c, false], ['phi4-mini-tiny', 'model-f32.gguf', 0x6d, false], ['gemma4-tiny', 'model-f32.gguf', 0x6e, false]]) {
+  for (const [base, file, seed, full] of [['qwen3-tiny', 'model-q8_0.gguf', 0x66, true], ['llama-tiny', 'model-f32.gguf', 0x67, false], ['qwen3-tiny', 'model-f32.gguf', 0x68, false], ['granite-tiny', 'model-f32.gguf', 0x69, false], ['gemma3-gguf-tiny', 'model-f32.gguf', 0x6a, false], ['smollm3-tiny', 'model-f32.gguf', 0x6b, false], ['phi3-tiny', 'model-f32.gguf', 0x6c, false], ['phi4-mini-tiny', 'model-f32.gguf', 0x6d, false], ['gemma4-tiny', 'model-f32.gguf', 0x6e, false], ['qwen3moe-tiny', 'model-f32.gguf', 0x6f, false]]) {
     const buf = readFileSync(fx(base, file))
     const g = parseGguf(buf)
     const rnd = prng(seed)
@@ -54,7 +54,8 @@ export function ggufCases(add) {
     for (const t of tensors) {
       const p = t.pos
       for (const v of [0, 2 ** 30 + 1, 2n ** 64n - 1n]) addG(`${t.name} name length ${v}`, M, false, patch(p.name, 8, v))
-      for (const v of [0, 3, 4, 5, 255]) addG(`${t.name} n_dims ${v}`, M, false, patch(p.nDims, 4, v))
+      // (A 3-D tensor, a routed FFN's stacked MoE experts, patched to its own n_dims is unchanged.)
+      for (const v of [0, 3, 4, 5, 255]) addG(`${t.name} n_dims ${v}`, M, v === t.dims.length, patch(p.nDims, 4, v))
       // (A dimension patched to its own value leaves the file as it was.)
       for (const v of [0, 1, 2 ** 31, 2 ** 32, 2n ** 63n, 2n ** 64n - 1n, Number(t.dims[0]) + 1]) addG(`${t.name} dim0 ${v}`, M, BigInt(v) === BigInt(t.dims[0]), patch(p.dims[0], 8, v))
       if (p.dims.length > 1) addG(`${t.name} dims 2^32 x 2^32`, M, false, () => patchUint(patchUint(buf, p.dims[0], 8, 2 ** 32), p.dims[1], 8, 2 ** 32))
@@ -105,6 +106,15 @@ export function ggufCases(add) {
         (base === 'phi3-tiny' && key === 'rope.dimension_count') ||
         (arch === 'gemma4' && key === 'final_logit_softcapping')
       addG(`${arch}.${key}=${name} (not implemented)`, MA, runs, setKv(`${arch}.${key}`, type, value))
+    }
+    // A routed FFN's keys the decoder does not implement (src/model/moe_config.rs).
+    if (arch === 'qwen3moe') {
+      for (const [key, name, type, value] of [
+        ['expert_shared_count', '1', GGUF.UINT32, 1], ['expert_gating_func', 'sigmoid (2)', GGUF.UINT32, 2], ['expert_gating_func', 'u64 max', GGUF.UINT64, 2n ** 64n - 1n],
+      ]) {
+        addG(`${arch}.${key}=${name} (not implemented)`, MA, false, setKv(`${arch}.${key}`, type, value))
+      }
+      addG(`${arch}.expert_gating_func=softmax (1)`, MA, true, setKv(`${arch}.expert_gating_func`, GGUF.UINT32, 1))
     }
     for (const [name, v] of [['llama', 'llama'], ['qwen2', 'qwen2'], ['mamba', 'mamba'], ['empty', ''], ['1 MB', 'a'.repeat(1 << 20)]]) {
       addG(`general.architecture=${name}`, MA, v === 'llama' || v === 'qwen2' || v === arch, setKv('general.architecture', GGUF.STRING, v))

@@ -19,7 +19,7 @@ export function hfConfigCases(add) {
   const archField = (k) => ['architectures', 'model_type', 'rope_scaling', 'rope_parameters', 'hidden_activation', 'hidden_act', ...UNIMPLEMENTED].includes(k)
   // Texts are built when the case runs (thunks): building every case must stay cheap.
   const loadWith = (base, text) => async (ctx) => ctx.loadAndProbe(await ctx.modelDir(base, { 'config.json': text }))
-  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2], ['phi3-tiny', 2], ['phi4-mini-tiny', 3], ['gemma4-tiny', 3], ['gemma4-mm-tiny', 2]]
+  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2], ['phi3-tiny', 2], ['phi4-mini-tiny', 3], ['gemma4-tiny', 3], ['gemma4-mm-tiny', 2], ['qwen3moe-tiny', 3], ['qwen3moe-mixed-tiny', 2]]
   for (const [base, perField] of bases) {
     const cfg = readJson(base, 'config.json')
     const rnd = prng(0xc0f19 + base.length)
@@ -52,7 +52,29 @@ export function hfConfigCases(add) {
   const q3 = readJson('qwen3-tiny', 'config.json')
   const ll = readJson('llama-tiny', 'config.json')
   const g4 = readJson('gemma4-tiny', 'config.json')
+  const mo = readJson('qwen3moe-tiny', 'config.json')
   const specific = [
+    // Qwen3-MoE's routed FFN (src/model/moe_config.rs).
+    ['moe experts 2^40', mo, { num_experts: 2 ** 40 }, M, false],
+    ['moe experts 2^63', mo, { num_experts: raw('9223372036854775808') }, M, false],
+    ['moe experts -1', mo, { num_experts: -1 }, M, false],
+    ['moe fewer experts than the file', mo, { num_experts: 4 }, M, false],
+    ['moe no experts (every layer dense, no dense weights)', mo, { num_experts: 0 }, M, false],
+    ['moe top-k 0', mo, { num_experts_per_tok: 0 }, M, false],
+    ['moe top-k above the experts', mo, { num_experts_per_tok: 9 }, M, false],
+    ['moe top-k every expert', mo, { num_experts_per_tok: 8 }, M, true],
+    ['moe top-k NaN', mo, { num_experts_per_tok: raw('NaN') }, M, false],
+    ['moe width 2^40', mo, { moe_intermediate_size: 2 ** 40 }, M, false],
+    ['moe width 0', mo, { moe_intermediate_size: 0 }, M, false],
+    ['moe sparse step 0', mo, { decoder_sparse_step: 0 }, M, false],
+    ['moe sparse step 2^63', mo, { decoder_sparse_step: raw('9223372036854775808') }, M, false],
+    ['moe mlp_only_layers of layer 1e9', mo, { mlp_only_layers: [1e9] }, M, false],
+    ['moe mlp_only_layers of 100k', mo, { mlp_only_layers: new Array(100_000).fill(0) }, M, false],
+    ['moe mlp_only_layers a string', mo, { mlp_only_layers: 'all' }, M, false],
+    ['moe norm_topk_prob a string', mo, { norm_topk_prob: 'true' }, M, false],
+    ['moe norm_topk_prob off', mo, { norm_topk_prob: false }, M, true],
+    ['moe shared expert', mo, { shared_expert_intermediate_size: 64 }, MA, false],
+    ['moe as Qwen3MoeForCausalLM without model_type', mo, { model_type: undefined }, MA, true],
     ['unknown architecture', q3, { architectures: ['MambaForCausalLM'], model_type: 'mamba' }, MA, false],
     ['architecture of another family', q3, { architectures: ['GPT2LMHeadModel'], model_type: 'gpt2' }, MA, false],
     ['two architectures', q3, { architectures: ['Qwen3ForCausalLM', 'LlamaForCausalLM'] }, MA, true],
@@ -180,7 +202,7 @@ export function hfConfigCases(add) {
     ['llama pretraining_tp 0', ll, { pretraining_tp: 0 }, M, true],
   ]
   for (const [name, base, edit, expect, ok] of specific) {
-    const model = base === ll ? 'llama-tiny' : 'qwen3-tiny'
+    const model = base === ll ? 'llama-tiny' : base === mo ? 'qwen3moe-tiny' : 'qwen3-tiny'
     const text = base === null ? edit : () => toJson({ ...base, ...edit })
     add(cat, `specific/${name}`, name.includes('rope') ? MA : expect, ok, loadWith(model, text))
   }

@@ -74,7 +74,7 @@ pub(super) struct Attention {
 
 /// The block after attention: a gated MLP, or a routed block of MoE experts.
 pub(super) enum Ffn {
-    Dense(Mlp),
+    Dense(Box<Mlp>),
     Routed(RoutedFfn),
 }
 
@@ -209,7 +209,7 @@ impl DecoderLayer {
         let m = format!("{p}.mlp");
         let mlp = match &spec.ffn {
             FeedForward::GatedMlp { intermediate_size, activation } => {
-                Ffn::Dense(Mlp::load(src, &m, (*intermediate_size, *activation), fused, h, dtype)?)
+                Ffn::Dense(Box::new(Mlp::load(src, &m, (*intermediate_size, *activation), fused, h, dtype)?))
             }
             FeedForward::Moe(spec) => Ffn::Routed(RoutedFfn::load(src, &m, spec, h, dtype)?),
         };

@@ -5,12 +5,11 @@
 //! safetensors and from its GGUF as llama.cpp's converter writes it (`gemma4`: per-layer widths
 //! as lists, `_swa` keys for the sliding layers, proportional RoPE as a `rope_freqs` tensor).
 
-use crate::common::{argmax, fixture, ids, load, log_softmax, read_json};
+use crate::common::{fixture, greedy_decode, ids, load, read_json};
 use crate::experts::{check_case_in, model, F32_TOL as PEFT_TOL};
 use crate::parity::{check_reference, hf_half_gap, BF16_TOL, F16_TOL, F32_TOL};
 use expert_runtime::engine::LoadOptions;
 use expert_runtime::experts::{load_expert, ExpertLoadOptions};
-use expert_runtime::model::decoder::Logits;
 use serde_json::Value;
 
 const NAME: &str = "gemma4-tiny";
@@ -35,16 +34,8 @@ fn gemma4_gguf_answers_as_hf_and_llama_cpp() {
     let gguf = fixture(NAME).join("model-f32.gguf");
     check_reference(&gguf, NAME, &r, "f32", "f32", F32_TOL, false);
     let model = load(&gguf, &LoadOptions::default());
-    let mut cache = model.new_cache(64).unwrap();
     let want = ids(&r["llamacpp"]["tokens"]);
-    let mut input = ids(&r["prompt_ids"]);
-    let mut tokens = Vec::new();
-    for _ in 0..want.len() {
-        let lp = log_softmax(&model.forward(&input, &mut cache, Logits::Last).unwrap().to_vec1::<f32>().unwrap());
-        tokens.push(argmax(&lp));
-        input = vec![*tokens.last().unwrap()];
-    }
-    assert_eq!(tokens, want);
+    assert_eq!(greedy_decode(&model, &ids(&r["prompt_ids"]), want.len()), want);
 }
 
 /// What the fixture can tell apart: HF's greedy run with each feature off (per-layer inputs,

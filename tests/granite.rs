@@ -3,11 +3,10 @@
 //! (`scripts/gen_granite_fixtures.py`), from its safetensors and from its GGUF as llama.cpp
 //! writes one (`granite`, Q/K rows permuted, the multipliers as `granite.*_scale` keys).
 
-use crate::common::{argmax, fixture, ids, load, log_softmax, read_json};
+use crate::common::{fixture, greedy_decode, ids, load, read_json};
 use crate::experts::{check_case_in, F32_TOL as PEFT_TOL};
 use crate::parity::{check_reference, hf_half_gap, BF16_TOL, F16_TOL, F32_TOL};
 use expert_runtime::engine::LoadOptions;
-use expert_runtime::model::decoder::Logits;
 use serde_json::Value;
 
 const NAME: &str = "granite-tiny";
@@ -54,15 +53,7 @@ fn granite_each_multiplier_is_visible_and_llama_cpp_agrees() {
         }
     }
     let model = load(&fixture(NAME).join("model-f32.gguf"), &LoadOptions::default());
-    let mut cache = model.new_cache(64).unwrap();
-    let mut input = ids(&r["prompt_ids"]);
-    let mut tokens = Vec::new();
-    for _ in 0..want.len() {
-        let lp = log_softmax(&model.forward(&input, &mut cache, Logits::Last).unwrap().to_vec1::<f32>().unwrap());
-        tokens.push(argmax(&lp));
-        input = vec![*tokens.last().unwrap()];
-    }
-    assert_eq!(tokens, ids(&r["llamacpp"]["tokens"]));
+    assert_eq!(greedy_decode(&model, &ids(&r["prompt_ids"]), want.len()), ids(&r["llamacpp"]["tokens"]));
 }
 
 /// LoRA, DoRA and IA³ on all seven projections and prompt tuning (whose virtual tokens Granite's

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
-use crate::common::{argmax, fixture, ids, load, log_softmax, read_json};
+use crate::common::{fixture, greedy_decode, ids, load, read_json};
 use crate::experts::{check_case_in, model, F32_TOL as PEFT_TOL};
 use crate::parity::{check_reference, hf_half_gap, BF16_TOL, F16_TOL, F32_TOL};
 use expert_runtime::engine::LoadOptions;
@@ -57,16 +57,8 @@ fn qwen3moe_routing_is_visible_and_llama_cpp_agrees() {
     }
     let r = reference(NAME);
     let model = load(&fixture(NAME).join("model-f32.gguf"), &LoadOptions::default());
-    let mut cache = model.new_cache(64).unwrap();
     let want = ids(&r["llamacpp"]["tokens"]);
-    let mut input = ids(&r["prompt_ids"]);
-    let mut tokens = Vec::new();
-    for _ in 0..want.len() {
-        let lp = log_softmax(&model.forward(&input, &mut cache, Logits::Last).unwrap().to_vec1::<f32>().unwrap());
-        tokens.push(argmax(&lp));
-        input = vec![*tokens.last().unwrap()];
-    }
-    assert_eq!(tokens, want);
+    assert_eq!(greedy_decode(&model, &ids(&r["prompt_ids"]), want.len()), want);
 }
 
 /// `dir`'s model with its MoE experts rewritten in transformers 5's stacked layout

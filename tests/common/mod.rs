@@ -36,3 +36,17 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
 pub fn argmax(lp: &[f32]) -> u32 {
     (0..lp.len()).max_by(|&a, &b| lp[a].partial_cmp(&lp[b]).unwrap().then(b.cmp(&a))).unwrap() as u32
 }
+
+/// `model`'s own greedy decode of `n` tokens after `prompt` (each step fed its own pick), from a
+/// fresh cache: what a GGUF's decode is compared with llama.cpp's by.
+pub fn greedy_decode(model: &Decoder, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut cache = model.new_cache(64).unwrap();
+    let mut input = prompt.to_vec();
+    let mut tokens = Vec::with_capacity(n);
+    for _ in 0..n {
+        let logits = model.forward(&input, &mut cache, expert_runtime::model::decoder::Logits::Last).unwrap();
+        tokens.push(argmax(&log_softmax(&logits.to_vec1::<f32>().unwrap())));
+        input = vec![*tokens.last().unwrap()];
+    }
+    tokens
+}

@@ -10,6 +10,7 @@ use crate::experts::{check_case_in, model, F32_TOL as PEFT_TOL};
 use crate::parity::{check_reference, hf_half_gap, BF16_TOL, F16_TOL, F32_TOL};
 use expert_runtime::engine::LoadOptions;
 use expert_runtime::experts::{load_expert, ExpertLoadOptions};
+use expert_runtime::model::decoder::Logits;
 use serde_json::Value;
 
 const NAME: &str = "gemma4-tiny";
@@ -102,4 +103,34 @@ fn gemma4_multimodal_text_model_and_expert_match_hf() {
     let m = model(&fixture(MM), false);
     let e = load_expert(&dir.join("lora"), &ExpertLoadOptions::default(), &m, 1).unwrap();
     assert_eq!(e.skipped_vision_tensors, 20);
+}
+
+/// A bf16 checkpoint computed in f32 on the CPU reads its per-layer input table in place, each
+/// looked-up row widened from bf16 (exact), instead of holding an f32 copy twice the file's size
+/// (9.4 GB for E2B): the same logits as the copy (`mmap: false`), bit for bit.
+#[test]
+fn gemma4_per_layer_input_table_is_read_in_place_from_a_bf16_file() {
+    use candle_core::{DType, Device};
+    let dir = std::env::temp_dir().join(format!("er-gemma4-bf16-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixture(NAME).join(f), dir.join(f)).unwrap();
+    }
+    let tensors = candle_core::safetensors::load(fixture(NAME).join("model.safetensors"), &Device::Cpu).unwrap();
+    let bf16: std::collections::HashMap<String, candle_core::Tensor> =
+        tensors.into_iter().map(|(k, t)| (k, t.to_dtype(DType::BF16).unwrap())).collect();
+    let table = bf16["model.embed_tokens_per_layer.weight"].elem_count() * 2;
+    candle_core::safetensors::save(&bf16, dir.join("model.safetensors")).unwrap();
+
+    let prompt = ids(&reference()["prompt_ids"]);
+    let logits = |mmap: bool| {
+        let model = load(&dir, &LoadOptions { dtype: Some("f32".into()), mmap: Some(mmap), ..Default::default() });
+        let mut cache = model.new_cache(64).unwrap();
+        let logits: Vec<f32> = model.forward(&prompt, &mut cache, Logits::Last).unwrap().to_vec1().unwrap();
+        (logits, model.mapped_bytes())
+    };
+    let ((mapped, in_place), (copied, none)) = (logits(true), logits(false));
+    assert_eq!((in_place, none), (table, 0));
+    assert_eq!(mapped, copied);
+    std::fs::remove_dir_all(dir).unwrap();
 }

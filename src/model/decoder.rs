@@ -20,6 +20,7 @@ use super::linear::Linear;
 use super::loader::WeightSource;
 use super::plan::LayerPlan;
 use super::rope::{Rope, RopeRows, RopeScaling};
+use super::table::Table;
 use crate::error::{EngineError, Result};
 use std::ops::Range;
 
@@ -144,7 +145,7 @@ impl Decoder {
                     EngineError::InvalidModel(format!("per-layer inputs of {} values for {} layers", p.size, cfg.num_layers))
                 })?;
                 Some(PerLayerInputs {
-                    embed_tokens_per_layer: src.linear("model.embed_tokens_per_layer", p.vocab, all, false, dtype)?,
+                    embed_tokens_per_layer: src.lookup_table("model.embed_tokens_per_layer", p.vocab, all, dtype)?,
                     per_layer_model_projection: src.linear("model.per_layer_model_projection", all, h, false, dtype)?,
                     per_layer_projection_norm: RmsNorm::load(
                         src,
@@ -240,7 +241,10 @@ impl Decoder {
         let per_layer = self.layers.iter().filter_map(|l| l.per_layer.as_ref());
         let per_layer = per_layer.flat_map(|p| [&p.per_layer_input_gate, &p.per_layer_projection]);
         let routed = self.layers.iter().filter_map(|l| l.mlp.routed()).flat_map(|m| m.linears());
-        let ple = self.per_layer_inputs.iter().flat_map(|p| [&p.embed_tokens_per_layer, &p.per_layer_model_projection]);
+        let ple = self
+            .per_layer_inputs
+            .iter()
+            .flat_map(|p| p.embed_tokens_per_layer.linear().into_iter().chain([&p.per_layer_model_projection]));
         layers
             .flatten()
             .chain(per_layer)
@@ -269,7 +273,22 @@ impl Decoder {
                     + l.mlp.routed().map_or(0, |m| tensor(m.router()))
             })
             .sum();
-        linears + norms + norm(&self.norm)
+        // A mapped per-layer input table is no linear: its file bytes count here.
+        let table = self.per_layer_inputs.iter().filter(|p| p.embed_tokens_per_layer.linear().is_none());
+        let table: usize = table.map(|p| p.embed_tokens_per_layer.size_in_bytes()).sum();
+        linears + norms + norm(&self.norm) + table
+    }
+
+    /// Bytes of weights read in place from a memory-mapped file (counted in
+    /// [`Self::weight_bytes`] too): pages of the file, not memory of the process's own.
+    pub fn mapped_bytes(&self) -> usize {
+        let linears: usize = self
+            .linears()
+            .filter(|l| matches!(l.weight, super::linear::Weight::Mapped(_)))
+            .map(|l| l.weight.size_in_bytes())
+            .sum();
+        let table = self.per_layer_inputs.iter().filter(|p| p.embed_tokens_per_layer.linear().is_none());
+        linears + table.map(|p| p.embed_tokens_per_layer.size_in_bytes()).sum::<usize>()
     }
 
     /// What the linear weights run as (`rt.info.quantization`): `none` when all are dense,
@@ -514,7 +533,7 @@ impl Decoder {
 /// Gemma 4's per-layer input embeddings: a table of `size` values per layer for each token, and
 /// a projection of the token's embedding to as many, normalised per layer.
 struct PerLayerInputs {
-    embed_tokens_per_layer: Linear,
+    embed_tokens_per_layer: Table,
     per_layer_model_projection: Linear,
     per_layer_projection_norm: RmsNorm,
     size: usize,
@@ -525,8 +544,7 @@ impl PerLayerInputs {
     /// HF computes them (the scales in the model's dtype).
     fn forward(&self, tokens: &[u32], x: &Tensor, layers: usize, hidden: usize) -> Result<Tensor> {
         let rows = tokens.len();
-        let ids = Tensor::from_slice(tokens, rows, x.device())?;
-        let table = self.embed_tokens_per_layer.embedding(&ids)?.to_dtype(x.dtype())?;
+        let table = self.embed_tokens_per_layer.rows(tokens, x.device())?.to_dtype(x.dtype())?;
         let table = (table * (self.size as f64).sqrt())?.reshape((rows, layers, self.size))?;
         let projected = (self.per_layer_model_projection.forward(x)? * (hidden as f64).powf(-0.5))?;
         let projected = self.per_layer_projection_norm.forward(&projected.reshape((rows, layers, self.size))?)?;

@@ -20,6 +20,7 @@ use super::config::ModelConfig;
 use super::linear::{Linear, Weight};
 use super::mapped::Mapped;
 use super::quantize::{self, DenseType, Quantize, Role};
+use super::table::{MappedRows, Table};
 use crate::backend::cpu_kernels;
 use crate::error::{EngineError, Result};
 use crate::files;
@@ -54,6 +55,11 @@ pub trait WeightSource {
     /// experts: GGUF's `ffn_gate_exps`, transformers 5's `experts.gate_up_proj`), without biases:
     /// its `n · rows` rows cut into `parts` as [`Self::linear_parts`] cuts a fused projection.
     fn linear_stack(&mut self, stacked: &str, shape: [usize; 3], parts: &[(&str, usize)], dtype: DType) -> Result<Vec<Linear>>;
+    /// A matrix `[rows, cols]` that is only looked up by row ([`super::table`]); by default read
+    /// as linear `name`'s weight.
+    fn lookup_table(&mut self, name: &str, rows: usize, cols: usize, dtype: DType) -> Result<Table> {
+        Ok(Table::Linear(self.linear(name, rows, cols, false, dtype)?))
+    }
     fn contains(&self, name: &str) -> bool;
     /// Whether norm weights that the model applies as `1 + w` are stored with the 1 added
     /// (llama.cpp's converter adds it for the Gemma families), so they are read as they are.
@@ -379,6 +385,21 @@ impl WeightSource for SafetensorsSource<'_> {
         // transformers' stacked parameters have no `.weight` suffix.
         let weights = self.cut_rows(stacked, &shape, parts, dtype)?;
         split_linears(weights, parts, shape[2], None)
+    }
+
+    /// Read in place from the map in the file's float dtype where the policy maps weights on the
+    /// CPU (whatever the model's dtype: a lookup needs no kernel), else as a linear weight.
+    fn lookup_table(&mut self, name: &str, rows: usize, cols: usize, dtype: DType) -> Result<Table> {
+        if self.policy.mmap && cpu_kernels(&self.device) {
+            let e = self.entry(&format!("{name}.weight"), &[rows, cols])?;
+            let mapped = float_dtype(e.dtype).and_then(|d| MappedRows::new(self.maps[e.file].clone(), e.start, rows, cols, d));
+            if let Some(m) = mapped {
+                let len = e.len;
+                self.advance(len);
+                return Ok(Table::Mapped(m));
+            }
+        }
+        Ok(Table::Linear(self.linear(name, rows, cols, false, dtype)?))
     }
 
     /// Whether tensor `name`, or a module's weight `{name}.weight`, is there.

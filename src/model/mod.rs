@@ -25,6 +25,7 @@ pub mod quantize;
 pub mod repack;
 pub mod rope;
 mod smollm3_config;
+mod table;
 mod tiled;
 mod unimplemented;
 mod window_config;

@@ -200,6 +200,17 @@ fn gguf_rope_scaling(md: &Metadata, arch: &str, context_length: usize) -> Result
     })
 }
 
+/// `{arch}.final_logit_softcapping` as llama.cpp reads it (the Gemma families): absent or 0 is
+/// no soft-cap; anything else must be a cap it could apply.
+pub(super) fn gguf_final_logit_softcap(md: &Metadata, arch: &str) -> Result<Option<f64>> {
+    let key = format!("{arch}.final_logit_softcapping");
+    match gguf_meta::get_f64(md, &key).map_err(|e| EngineError::InvalidModel(format!("GGUF: {e}")))? {
+        None | Some(0.0) => Ok(None),
+        Some(c) if c.is_finite() && c > 0.0 => Ok(Some(c)),
+        Some(c) => Err(EngineError::InvalidModel(format!("GGUF: {key} must be a finite positive number, got {c}"))),
+    }
+}
+
 impl ModelConfig {
     /// Parses HF `config.json` text.
     pub fn from_hf_json(text: &str) -> Result<Self> {

@@ -18,7 +18,7 @@ use super::config::ModelConfig;
 use super::layer::{DecoderLayer, Pass, RmsNorm};
 use super::linear::Linear;
 use super::loader::WeightSource;
-use super::plan::LayerPlan;
+use super::plan::{LayerPlan, NormWeight};
 use super::rope::{Rope, RopeRows, RopeScaling};
 use super::table::Table;
 use crate::error::{EngineError, Result};
@@ -152,7 +152,7 @@ impl Decoder {
                         "model.per_layer_projection_norm",
                         p.size,
                         eps,
-                        plan.final_norm,
+                        NormWeight::Plain,
                         dtype,
                     )?,
                     size: p.size,

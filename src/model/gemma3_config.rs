@@ -167,18 +167,7 @@ pub fn read_gguf(md: &Metadata, arch_name: &str, cfg: &mut ModelConfig) -> Resul
     } else {
         cfg.head_dim as f64
     });
-    // llama.cpp reads 0 as no soft-cap; anything else must be a cap it could apply.
-    let cap_key = key("final_logit_softcapping");
-    cfg.final_logit_softcap = match gguf_meta::get_f64(md, &cap_key)
-        .map_err(|e| EngineError::InvalidModel(format!("GGUF: {e}")))?
-    {
-        None => None,
-        Some(0.0) => None,
-        Some(c) if c.is_finite() && c > 0.0 => Some(c),
-        Some(c) => {
-            return Err(EngineError::InvalidModel(format!("GGUF gemma3: {cap_key} must be a finite positive number, got {c}")))
-        }
-    };
+    cfg.final_logit_softcap = super::config::gguf_final_logit_softcap(md, arch_name)?;
     Ok(())
 }
 

@@ -317,11 +317,7 @@ pub fn read_gguf(md: &Metadata, cfg: &mut ModelConfig) -> Result<()> {
         Some(p) if p <= MAX_DIM as u64 => Some((p as usize, cfg.vocab_size)),
         Some(p) => return Err(bad(format!("embedding_length_per_layer_input {p} is past {MAX_DIM}"))),
     };
-    cfg.final_logit_softcap = match gguf_meta::get_f64(md, "gemma4.final_logit_softcapping").map_err(meta)? {
-        None | Some(0.0) => None,
-        Some(c) if c.is_finite() && c > 0.0 => Some(c),
-        Some(c) => return Err(bad(format!("final_logit_softcapping must be a finite positive number, got {c}"))),
-    };
+    cfg.final_logit_softcap = super::config::gguf_final_logit_softcap(md, "gemma4")?;
     cfg.gemma4 = Some(Gemma4 { heads, kv_shared_from, per_layer_input, double_wide_mlp });
     Ok(())
 }

@@ -7,3 +7,8 @@ import { describeFamily } from './family-suite.mjs'
 
 // (Its per-layer projections take 8 inputs, fewer than a Q8_0 block: they stay dense.)
 describeFamily('gemma4-tiny', 'gemma4', 'gemma4_text', { ggufFamily: 'gemma4', experts: ['lora', 'dora', 'ia3'], quantized: 'q8_0+dense' })
+
+// Shaped like the 26B-A4B (scripts/gen_gemma4_moe_fixture.py): values from keys on the full
+// layer, and a routed FFN of MoE experts beside every MLP. (Its MoE experts' down projections
+// take 16 inputs, fewer than a Q8_0 block: they stay dense.)
+describeFamily('gemma4-moe-tiny', 'gemma4', 'gemma4_text', { ggufFamily: 'gemma4', experts: ['lora', 'dora', 'ia3'], quantized: 'q8_0+dense', q8Reference: 'q8_0' })

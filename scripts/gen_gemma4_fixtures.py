@@ -152,7 +152,10 @@ KV_SHARED_FROM = [None, None, None, None, 2, 3]
 HEAD_DIMS = [16, 16, 16, 32, 16, 32]
 
 
-def build_model(seed: int, vocab_size: int, ids: dict, **overrides) -> Gemma4ForCausalLM:
+def build_model(seed: int, vocab_size: int, ids: dict, n_norms: int = 4 * 7 + 2 * 6 + 2,
+                **overrides) -> Gemma4ForCausalLM:
+    """CFG with `overrides`; every weighted RMSNorm (n_norms of them) perturbed by NORM_INIT, every
+    layer_scalar 0.5 + U[0, 1) (gen_gemma4_moe_fixture.py passes its own config and count)."""
     config = Gemma4TextConfig(**copy.deepcopy({**CFG, **overrides}), vocab_size=vocab_size,
                               vocab_size_per_layer_input=vocab_size, pad_token_id=ids["<|endoftext|>"],
                               bos_token_id=ids["<bos>"], eos_token_id=[ids["<end_of_turn>"], ids["<|endoftext|>"]])
@@ -168,7 +171,7 @@ def build_model(seed: int, vocab_size: int, ids: dict, **overrides) -> Gemma4For
                 gain, spread = NORM_INIT.get(name.rsplit(".", 1)[-1], (1.0, 0.3))
                 mod.weight.copy_(gain + spread * torch.randn(mod.weight.shape, generator=gen))
                 n += 1
-        assert n == 4 * 7 + 2 * 6 + 2, n  # 5 layer norms + q_norm (+ k_norm) per layer, final, per_layer_projection
+        assert n == n_norms, n  # default: 5 layer norms + q_norm (+ k_norm) per layer, final, per_layer_projection
         for layer in model.model.layers:
             assert torch.equal(layer.layer_scalar, torch.ones(1))
             layer.layer_scalar.copy_(0.5 + torch.rand(1, generator=gen))
@@ -232,9 +235,9 @@ MONOTONE = ("no_final_softcap",)
 
 
 @torch.no_grad()
-def ablation_runs(model, prompt_ids):
+def ablation_runs(model, prompt_ids, ablations=None):
     out = {}
-    for name, fn in ABLATIONS.items():
+    for name, fn in (ablations or ABLATIONS).items():
         m = copy.deepcopy(model).eval()
         fn(m)
         r, _ = greedy_reference(m, prompt_ids, n_new=N_NEW)
@@ -277,17 +280,23 @@ def check_model(model, prompt_ids):
     assert [max((j for j in range(first) if LAYER_TYPES[j] == LAYER_TYPES[i]), default=None) if i >= first else None
             for i in range(6)] == KV_SHARED_FROM
     assert all(not hasattr(layers[i].self_attn, "k_proj") for i in range(first, 6))
+    m = model.model
+    assert m.embed_tokens.scalar_embed_scale == 8.0 and m.embed_tokens_per_layer.scalar_embed_scale == 8 ** 0.5
+    assert m.per_layer_input_scale == 2 ** -0.5 and m.per_layer_model_projection_scale == 1 / 8
+    check_rope_window(model, prompt_ids)
+
+
+def check_rope_window(model, prompt_ids):
+    """RoPE frequencies (S: default over 16 dims; F: proportional, 4 of 16 pairs over 32 dims) and
+    the window: a sliding layer's query q sees keys q-5..q, a full layer's every earlier key."""
     re = model.model.rotary_emb
     want = torch.cat([1e6 ** (-torch.arange(0, 8, 2) / 32), torch.zeros(12)])
     assert torch.allclose(re.full_attention_inv_freq, want)
     assert torch.allclose(re.sliding_attention_inv_freq, 1e4 ** (-torch.arange(0, 16, 2) / 16))
-    m = model.model
-    assert m.embed_tokens.scalar_embed_scale == 8.0 and m.embed_tokens_per_layer.scalar_embed_scale == 8 ** 0.5
-    assert m.per_layer_input_scale == 2 ** -0.5 and m.per_layer_model_projection_scale == 1 / 8
     with torch.no_grad():  # the window: a sliding layer's query q sees keys q-5..q (shared layer 4 too)
         att = model(input_ids=torch.tensor([prompt_ids]), use_cache=False, output_attentions=True).attentions
     d = torch.arange(len(prompt_ids))[:, None] - torch.arange(len(prompt_ids))[None, :]
-    for t, a in zip(LAYER_TYPES, att):
+    for t, a in zip(model.config.layer_types, att):
         assert torch.equal(a[0] > 0, ((d >= 0) & (d < 6) if t == S else d >= 0).expand_as(a[0])), t
 
 
@@ -299,19 +308,26 @@ def gguf_tensors(model):
     for k, v in model.state_dict().items():
         if k == "lm_head.weight":  # tied
             continue
-        hf = k + ".weight" if k.endswith("layer_scalar") else k  # Gemma4Model.filter_tensors
-        g = tmap.get_name(hf, try_suffixes=(".weight",))
+        hf = k + ".weight" if k.endswith("layer_scalar") or ".experts." in k else k  # Gemma4Model.filter_tensors
+        if k.endswith(("router.scale", "router.per_expert_scale")):  # Gemma4Model.modify_tensors
+            b = k.split(".")[2]
+            g = f"blk.{b}.ffn_gate_inp.scale" if k.endswith("router.scale") else f"blk.{b}.ffn_down_exps.scale"
+        else:
+            g = tmap.get_name(hf, try_suffixes=(".weight",))
         assert g is not None, k
         out.append((g, np.ascontiguousarray(v.detach().to(torch.float32).numpy())))
     return out
 
 
-def write_gguf(path: Path, model, tok_json: dict, ids: dict):
+def write_gguf(path: Path, model, tok_json: dict, ids: dict, name: str = NAME):
+    """Keys as Gemma4Model.set_gguf_parameters writes them for c (gen_gemma4_moe_fixture.py: the
+    per-layer kv head counts, expert keys, no double-wide MLP)."""
     c = model.config
     first = c.num_hidden_layers - c.num_kv_shared_layers
-    w = new_gguf_writer(path, "gemma4", GGMLQuantizationType.F32, NAME, n_layer=c.num_hidden_layers,
+    kv = [c.per_layer_config[i].num_key_value_heads for i in range(c.num_hidden_layers)]
+    w = new_gguf_writer(path, "gemma4", GGMLQuantizationType.F32, name, n_layer=c.num_hidden_layers,
                         n_ctx=c.max_position_embeddings, n_embd=c.hidden_size, n_ff=c.intermediate_size,
-                        n_head=c.num_attention_heads, n_kv=c.num_key_value_heads, head_dim=max(HEAD_DIMS),
+                        n_head=c.num_attention_heads, n_kv=c.to_dict()["num_key_value_heads"], head_dim=max(HEAD_DIMS),
                         rope_theta=ROPE[F]["rope_theta"], rms_eps=c.rms_norm_eps, vocab_size=c.vocab_size,
                         tok_json=tok_json, eos_id=ids["<end_of_turn>"], pad_id=ids["<|endoftext|>"],
                         bos_id=ids["<bos>"], chat_template=CHAT_TEMPLATE)
@@ -323,7 +339,14 @@ def write_gguf(path: Path, model, tok_json: dict, ids: dict):
     w.add_sliding_window_pattern([t == S for t in c.layer_types])
     w.add_key_length_swa(min(HEAD_DIMS))
     w.add_value_length_swa(min(HEAD_DIMS))
-    w.add_feed_forward_length([c.intermediate_size * (2 if i >= first else 1) for i in range(c.num_hidden_layers)])
+    if c.enable_moe_block:
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.top_k_experts)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    if c.use_double_wide_mlp:
+        w.add_feed_forward_length([c.intermediate_size * (2 if i >= first else 1) for i in range(c.num_hidden_layers)])
+    if len(set(kv)) > 1:  # num_global_key_value_heads (attention_k_eq_v)
+        w.add_head_count_kv(kv)
     w.add_rope_dimension_count(max(HEAD_DIMS))  # "proportional": the whole head, see rope_freqs
     w.add_rope_dimension_count_swa(min(HEAD_DIMS))
     names = []
@@ -338,9 +361,8 @@ def write_gguf(path: Path, model, tok_json: dict, ids: dict):
     return names
 
 
-def write_text_fixture():
-    np.random.seed(0)
-
+def gemma_tokenizer():
+    """gemma3-tiny's tokenizer, ids of its added tokens, prompt and tokenizer_config."""
     tok = build_tokenizer()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GEMMA_SPECIALS])
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
@@ -350,6 +372,19 @@ def write_text_fixture():
     bad = list(ids.values())
     tokenizer_config = json.loads((OUT / "gemma3-tiny" / "tokenizer_config.json").read_text())
     assert tokenizer_config["chat_template"] == CHAT_TEMPLATE
+    return tok, vocab_size, ids, prompt_ids, bad, tokenizer_config
+
+
+def save_gemma_dir(out: Path, model, tok, tokenizer_config: dict, ids: dict, ref: dict):
+    save_model_dir(out, model, tok, tokenizer_config, ids, ref)
+    dump_json(out / "generation_config.json",
+              {"bos_token_id": ids["<bos>"], "eos_token_id": [ids["<end_of_turn>"], ids["<|endoftext|>"]],
+               "pad_token_id": ids["<|endoftext|>"], "transformers_version": transformers.__version__}, sort_keys=True)
+
+
+def write_text_fixture():
+    np.random.seed(0)
+    tok, vocab_size, ids, prompt_ids, bad, tokenizer_config = gemma_tokenizer()
 
     for seed in range(SEED, SEED + MAX_SEED_TRIES):
         model = build_model(seed, vocab_size, ids)
@@ -381,10 +416,7 @@ def write_text_fixture():
     ref["kv_shared_from"] = KV_SHARED_FROM
     ref["ablations"] = {"prompt": "prompt_ids", "n_new": N_NEW, "f32": abl}
     out = OUT / NAME
-    save_model_dir(out, model, tok, tokenizer_config, ids, ref)
-    dump_json(out / "generation_config.json",
-              {"bos_token_id": ids["<bos>"], "eos_token_id": [ids["<end_of_turn>"], ids["<|endoftext|>"]],
-               "pad_token_id": ids["<|endoftext|>"], "transformers_version": transformers.__version__}, sort_keys=True)
+    save_gemma_dir(out, model, tok, tokenizer_config, ids, ref)
 
     cfg = json.loads((out / "config.json").read_text())
     print(f"  config.json: {json.dumps(cfg)}")

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, quants
+from gguf import GGMLQuantizationType, GGUFReader
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -58,7 +58,7 @@ from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausal
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_adapters import CL, describe_keys, reference, save_adapter, write_family_experts  # noqa: E402
 from gen_fixtures import (ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, dump_json, gguf_payload,  # noqa: E402
-                          gguf_tensor_names, greedy_reference, new_gguf_writer, sequence_ok)
+                          gguf_tensor_names, greedy_reference, new_gguf_writer, q8_0_reference, sequence_ok)
 from gen_gemma3_gguf_fixture import llamacpp_greedy  # noqa: E402
 from gen_mistral_fixtures import PROMPT_LEN, PROMPT_TEXT, reference_runs, save_model_dir  # noqa: E402
 
@@ -85,44 +85,6 @@ SPECS = {
         cfg=dict(mlp_only_layers=[1], norm_topk_prob=False, tie_word_embeddings=True),
         ablations={"norm_topk_prob": {"norm_topk_prob": True}}),
 }
-
-
-@contextlib.contextmanager
-def q8_0_activations(keep):
-    """Every F.linear (experts' included) multiplies Q8_0-rounded activations, as llama.cpp's and
-    the engine's Q8_0 integer dot products do, except for the weights in `keep` (the routers)."""
-    import torch.nn.functional as F
-    orig = F.linear
-
-    def linear(x, w, b=None):
-        if id(w) in keep or x.shape[-1] % 32:
-            return orig(x, w, b)
-        a = x.detach().reshape(-1, x.shape[-1]).numpy().astype(np.float32)
-        a = quants.dequantize(quants.quantize(a, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
-        return orig(torch.from_numpy(a.reshape(x.shape).astype(np.float32)), w, b)
-
-    F.linear = linear
-    try:
-        yield
-    finally:
-        F.linear = orig
-
-
-def q8_0_reference(model, prompt_ids):
-    """HF's greedy run as quantize-on-load q8_0 computes it: every matrix whose rows are whole
-    Q8_0 blocks (embedding, projections, MoE experts, head) rounded to Q8_0, the router and the
-    norms kept, and the activations of each product rounded to Q8_0 too."""
-    m = copy.deepcopy(model).eval()
-    keep = {id(mlp.gate.weight) for _, mlp in routed(m)}
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if p.dim() >= 2 and p.shape[-1] % 32 == 0 and id(p) not in keep:
-                a = p.detach().reshape(-1, p.shape[-1]).numpy().astype(np.float32)
-                a = quants.dequantize(quants.quantize(a, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
-                p.copy_(torch.from_numpy(a.reshape(p.shape).astype(np.float32)))
-    with q8_0_activations(keep):
-        r, _ = greedy_reference(m, prompt_ids)
-    return r
 
 
 def build_model(cfg: dict, seed: int, vocab_size: int, ids: dict, **overrides) -> Qwen3MoeForCausalLM:
@@ -398,7 +360,7 @@ def main():
 
         ref = reference_runs(model, tok, name, seed, prompt_ids, f32)
         ref["ablations"] = {"prompt": "prompt_ids", "n_new": N_NEW, "f32": abl}
-        ref["q8_0"] = q8_0_reference(model, prompt_ids)
+        ref["q8_0"] = q8_0_reference(model, prompt_ids, keep=[mlp.gate.weight for _, mlp in routed(model)])
         agree = sum(a["token"] == b["token"] for a, b in zip(ref["q8_0"]["steps"], f32["steps"]))
         print(f"  q8_0 (weights and activations): agrees with f32 on {agree}/{N_NEW} steps")
         ref["routing"] = {"ids": "prompt_ids + f32 tokens[:-1]",

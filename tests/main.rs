@@ -10,6 +10,7 @@ mod experts;
 mod gemma3;
 mod gemma3_multimodal;
 mod gemma4;
+mod gemma4_moe;
 mod granite;
 mod kv_dtype;
 mod mistral;

@@ -9,7 +9,7 @@ export function ggufCases(add) {
   const cat = 'model-gguf'
   const M = ['INVALID_MODEL']
   const MA = ['INVALID_MODEL', 'UNSUPPORTED_ARCHITECTURE']
-  for (const [base, file, seed, full] of [['qwen3-tiny', 'model-q8_0.gguf', 0x66, true], ['llama-tiny', 'model-f32.gguf', 0x67, false], ['qwen3-tiny', 'model-f32.gguf', 0x68, false], ['granite-tiny', 'model-f32.gguf', 0x69, false], ['gemma3-gguf-tiny', 'model-f32.gguf', 0x6a, false], ['smollm3-tiny', 'model-f32.gguf', 0x6b, false], ['phi3-tiny', 'model-f32.gguf', 0x6c, false], ['phi4-mini-tiny', 'model-f32.gguf', 0x6d, false], ['gemma4-tiny', 'model-f32.gguf', 0x6e, false], ['qwen3moe-tiny', 'model-f32.gguf', 0x6f, false]]) {
+  for (const [base, file, seed, full] of [['qwen3-tiny', 'model-q8_0.gguf', 0x66, true], ['llama-tiny', 'model-f32.gguf', 0x67, false], ['qwen3-tiny', 'model-f32.gguf', 0x68, false], ['granite-tiny', 'model-f32.gguf', 0x69, false], ['gemma3-gguf-tiny', 'model-f32.gguf', 0x6a, false], ['smollm3-tiny', 'model-f32.gguf', 0x6b, false], ['phi3-tiny', 'model-f32.gguf', 0x6c, false], ['phi4-mini-tiny', 'model-f32.gguf', 0x6d, false], ['gemma4-tiny', 'model-f32.gguf', 0x6e, false], ['qwen3moe-tiny', 'model-f32.gguf', 0x6f, false], ['gemma4-moe-tiny', 'model-f32.gguf', 0x70, false]]) {
     const buf = readFileSync(fx(base, file))
     const g = parseGguf(buf)
     const rnd = prng(seed)

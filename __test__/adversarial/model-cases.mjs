@@ -19,7 +19,7 @@ export function hfConfigCases(add) {
   const archField = (k) => ['architectures', 'model_type', 'rope_scaling', 'rope_parameters', 'hidden_activation', 'hidden_act', ...UNIMPLEMENTED].includes(k)
   // Texts are built when the case runs (thunks): building every case must stay cheap.
   const loadWith = (base, text) => async (ctx) => ctx.loadAndProbe(await ctx.modelDir(base, { 'config.json': text }))
-  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2], ['phi3-tiny', 2], ['phi4-mini-tiny', 3], ['gemma4-tiny', 3], ['gemma4-mm-tiny', 2], ['qwen3moe-tiny', 3], ['qwen3moe-mixed-tiny', 2]]
+  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2], ['phi3-tiny', 2], ['phi4-mini-tiny', 3], ['gemma4-tiny', 3], ['gemma4-mm-tiny', 2], ['qwen3moe-tiny', 3], ['qwen3moe-mixed-tiny', 2], ['gemma4-moe-tiny', 2]]
   for (const [base, perField] of bases) {
     const cfg = readJson(base, 'config.json')
     const rnd = prng(0xc0f19 + base.length)
@@ -139,8 +139,14 @@ export function hfConfigCases(add) {
     ['gemma4 per-layer unknown key', g4, { per_layer_config: { 3: { head_dim: 32, sliding_window: 2 }, 5: { head_dim: 32 } } }, MA, false],
     ['gemma4 per-layer inputs of 2^40', g4, { hidden_size_per_layer_input: 2 ** 40 }, MA, false],
     ['gemma4 per-layer vocabulary 10', g4, { vocab_size_per_layer_input: 10 }, MA, false],
-    ['gemma4 k_eq_v', g4, { attention_k_eq_v: true }, MA, false],
-    ['gemma4 MoE block', g4, { enable_moe_block: true }, MA, false],
+    // Values from keys on the full layers (their v_proj, present in this file, goes unread).
+    ['gemma4 k_eq_v', g4, { attention_k_eq_v: true }, MA, true],
+    ['gemma4 k_eq_v a string', g4, { attention_k_eq_v: 'true' }, MA, false],
+    ['gemma4 k_eq_v with 3 global kv heads', g4, { attention_k_eq_v: true, per_layer_config: null, global_head_dim: 32, num_global_key_value_heads: 3 }, MA, false],
+    ['gemma4 MoE block without its sizes', g4, { enable_moe_block: true }, MA, false],
+    ['gemma4 MoE block of 2^40 experts', g4, { enable_moe_block: true, num_experts: 2 ** 40, top_k_experts: 2, moe_intermediate_size: 8 }, MA, false],
+    ['gemma4 MoE block top-k above the experts', g4, { enable_moe_block: true, num_experts: 4, top_k_experts: 5, moe_intermediate_size: 8 }, MA, false],
+    ['gemma4 MoE block without expert weights', g4, { enable_moe_block: true, num_experts: 4, top_k_experts: 2, moe_intermediate_size: 8 }, MA, false],
     ['gemma4 proportional factor NaN', g4, { rope_parameters: { full_attention: { rope_type: 'proportional', partial_rotary_factor: 'NaN', rope_theta: 1e6 }, sliding_attention: { rope_type: 'default', rope_theta: 1e4 } } }, MA, false],
     ['gemma4 proportional factor 0', g4, { rope_parameters: { full_attention: { rope_type: 'proportional', partial_rotary_factor: 0, rope_theta: 1e6 }, sliding_attention: { rope_type: 'default', rope_theta: 1e4 } } }, MA, false],
     ['gemma4 rope theta -1', g4, { rope_parameters: { full_attention: { rope_type: 'proportional', partial_rotary_factor: 0.25, rope_theta: -1 }, sliding_attention: { rope_type: 'default', rope_theta: 1e4 } } }, MA, false],
@@ -202,7 +208,7 @@ export function hfConfigCases(add) {
     ['llama pretraining_tp 0', ll, { pretraining_tp: 0 }, M, true],
   ]
   for (const [name, base, edit, expect, ok] of specific) {
-    const model = base === ll ? 'llama-tiny' : base === mo ? 'qwen3moe-tiny' : 'qwen3-tiny'
+    const model = base === ll ? 'llama-tiny' : base === mo ? 'qwen3moe-tiny' : base === g4 ? 'gemma4-tiny' : 'qwen3-tiny'
     const text = base === null ? edit : () => toJson({ ...base, ...edit })
     add(cat, `specific/${name}`, name.includes('rope') ? MA : expect, ok, loadWith(model, text))
   }

@@ -240,7 +240,7 @@ impl Decoder {
         let layers = (0..self.layers.len()).flat_map(move |layer| Proj::ALL.map(|proj| self.linear(Slot { layer, proj })));
         let per_layer = self.layers.iter().filter_map(|l| l.per_layer.as_ref());
         let per_layer = per_layer.flat_map(|p| [&p.per_layer_input_gate, &p.per_layer_projection]);
-        let routed = self.layers.iter().filter_map(|l| l.mlp.routed()).flat_map(|m| m.linears());
+        let routed = self.layers.iter().flat_map(|l| l.routed()).flat_map(|m| m.linears());
         let ple = self
             .per_layer_inputs
             .iter()
@@ -270,7 +270,7 @@ impl Decoder {
                     + l.post_feedforward_layernorm.as_ref().map_or(0, norm)
                     + l.self_attn.q_norm.as_ref().map_or(0, norm)
                     + l.self_attn.k_norm.as_ref().map_or(0, norm)
-                    + l.mlp.routed().map_or(0, |m| tensor(m.router()))
+                    + l.routed().map_or(0, |m| tensor(m.router()))
             })
             .sum();
         // A mapped per-layer input table is no linear: its file bytes count here.

@@ -39,6 +39,9 @@ pub struct Gemma4 {
     pub per_layer_input: Option<(usize, usize)>,
     /// The KV-sharing layers' MLP is twice as wide.
     pub double_wide_mlp: bool,
+    /// `attention_k_eq_v`: the full layers have no value projection; their values are the key
+    /// projection's output (before the key norm and RoPE), normed as values.
+    pub values_from_keys: bool,
 }
 
 fn invalid(m: String) -> EngineError {
@@ -69,12 +72,9 @@ fn count(raw: &Value, key: &str, default: usize, max: usize) -> Result<usize> {
 pub fn read(raw: &Value, cfg: &mut ModelConfig) -> Result<()> {
     let n = cfg.num_layers;
     let on = |k: &str| raw.get(k).filter(|v| !v.is_null() && **v != Value::Bool(false));
-    for (field, what) in [
-        ("attention_k_eq_v", "values equal to keys on the full layers"),
-        ("enable_moe_block", "Gemma 4's mixture-of-experts block"),
-        ("use_bidirectional_attention", "bidirectional attention"),
-        ("attn_logit_softcapping", "attention logit soft-capping"),
-    ] {
+    for (field, what) in
+        [("use_bidirectional_attention", "bidirectional attention"), ("attn_logit_softcapping", "attention logit soft-capping")]
+    {
         if let Some(v) = on(field) {
             return Err(unsupported(field, v, what));
         }
@@ -104,9 +104,20 @@ pub fn read(raw: &Value, cfg: &mut ModelConfig) -> Result<()> {
 
     // 2. Per-layer heads: the full layers' dimension from `global_head_dim`, or each layer's
     //    from `per_layer_config`.
+    let flag = |k: &str| match raw.get(k) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(invalid(format!("{k} must be true or false, got {v}"))),
+    };
+    let values_from_keys = flag("attention_k_eq_v")?;
     let global = count(raw, "global_head_dim", DEFAULT_GLOBAL_HEAD_DIM, MAX_DIM)?;
+    // With `attention_k_eq_v`, the full layers' KV heads are `num_global_key_value_heads`.
+    let global_kv = match values_from_keys {
+        true => count(raw, "num_global_key_value_heads", cfg.num_kv_heads, MAX_DIM)?,
+        false => cfg.num_kv_heads,
+    };
     let mut heads: Vec<(usize, usize)> =
-        sliding.iter().map(|&s| (cfg.num_kv_heads, if s { cfg.head_dim } else { global })).collect();
+        sliding.iter().map(|&s| if s { (cfg.num_kv_heads, cfg.head_dim) } else { (global_kv, global) }).collect();
     if let Some(per_layer) = raw.get("per_layer_config").filter(|v| !v.is_null()) {
         let per_layer =
             per_layer.as_object().ok_or_else(|| invalid(format!("per_layer_config must be an object, got {per_layer}")))?;
@@ -198,7 +209,24 @@ pub fn read(raw: &Value, cfg: &mut ModelConfig) -> Result<()> {
                 .ok_or_else(|| invalid(format!("final_logit_softcapping must be a finite positive number, got {v}")))?,
         ),
     };
-    cfg.gemma4 = Some(Gemma4 { heads, kv_shared_from, per_layer_input, double_wide_mlp });
+    // 6. The mixture-of-experts block beside the MLP (26B-A4B): every layer routes.
+    if flag("enable_moe_block")? {
+        let need = |k: &str| -> Result<usize> {
+            match raw.get(k) {
+                None | Some(Value::Null) => Err(invalid(format!("enable_moe_block needs {k}"))),
+                Some(_) => count(raw, k, 1, super::moe_config::MAX_EXPERTS.max(MAX_DIM)),
+            }
+        };
+        let moe = super::moe_config::RoutedFfn {
+            num_experts: need("num_experts")?,
+            experts_per_token: need("top_k_experts")?,
+            intermediate_size: need("moe_intermediate_size")?,
+            norm_topk_prob: true,
+            routed_layers: vec![true; n],
+        };
+        cfg.moe = Some(moe.checked("config.json (gemma4_text)")?);
+    }
+    cfg.gemma4 = Some(Gemma4 { heads, kv_shared_from, per_layer_input, double_wide_mlp, values_from_keys });
     Ok(())
 }
 
@@ -280,8 +308,21 @@ pub fn read_gguf(md: &Metadata, cfg: &mut ModelConfig) -> Result<()> {
     }
     let window = dim("attention.sliding_window", super::config::MAX_POSITIONS)?;
     window_config::apply(cfg, sliding.clone(), Some(window));
-    let heads: Vec<(usize, usize)> = sliding.iter().map(|&s| (cfg.num_kv_heads, if s { local } else { global })).collect();
+    // KV heads: one count, or one per layer (the 26B-A4B's full layers have fewer).
+    let kv_heads = match gguf_meta::get_int_array(md, "gemma4.attention.head_count_kv") {
+        // (A single count: the common reader has it.)
+        Ok(None) | Err(_) => vec![cfg.num_kv_heads; n],
+        Ok(Some(list)) if list.len() == n => list
+            .iter()
+            .map(|&k| usize::try_from(k).ok().filter(|&k| k >= 1 && cfg.num_heads.is_multiple_of(k)))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| bad(format!("attention.head_count_kv {list:?} must divide the {} heads", cfg.num_heads)))?,
+        Ok(Some(list)) => return Err(bad(format!("attention.head_count_kv has {} entries for {n} layers", list.len()))),
+    };
+    let heads: Vec<(usize, usize)> =
+        sliding.iter().zip(&kv_heads).map(|(&s, &kv)| (kv, if s { local } else { global })).collect();
     cfg.head_dim = local;
+    cfg.num_kv_heads = sliding.iter().position(|&s| s).map_or(kv_heads[0], |i| kv_heads[i]);
 
     let base = gguf_meta::get_f64(md, "gemma4.rope.freq_base_swa").map_err(meta)?.unwrap_or(1e4);
     if !(base.is_finite() && base > 0.0) {
@@ -297,7 +338,10 @@ pub fn read_gguf(md: &Metadata, cfg: &mut ModelConfig) -> Result<()> {
     let kv_shared_from = shared_from(&sliding, &heads, shared).map_err(bad)?;
     // Feed-forward widths: one per layer, the KV-sharing layers' twice the others' where the
     // model doubles them.
-    let widths = match gguf_meta::get_int_array(md, "gemma4.feed_forward_length").map_err(meta)? {
+    // (One width for every layer may be written as a single number.)
+    let widths = match gguf_meta::get_int_array(md, "gemma4.feed_forward_length")
+        .or_else(|e| num("feed_forward_length").map(|w| w.map(|w| vec![w as i64; n])).map_err(|_| meta(e)))?
+    {
         Some(w) if w.len() == n => w,
         Some(w) => return Err(bad(format!("feed_forward_length has {} entries for {n} layers", w.len()))),
         None => vec![cfg.intermediate_size as i64; n],
@@ -318,8 +362,40 @@ pub fn read_gguf(md: &Metadata, cfg: &mut ModelConfig) -> Result<()> {
         Some(p) => return Err(bad(format!("embedding_length_per_layer_input {p} is past {MAX_DIM}"))),
     };
     cfg.final_logit_softcap = super::config::gguf_final_logit_softcap(md, "gemma4")?;
-    cfg.gemma4 = Some(Gemma4 { heads, kv_shared_from, per_layer_input, double_wide_mlp });
+    // The mixture-of-experts block beside each MLP (26B-A4B).
+    if num("expert_count")?.is_some_and(|e| e > 0) {
+        let moe = super::moe_config::RoutedFfn {
+            num_experts: dim("expert_count", super::moe_config::MAX_EXPERTS)?,
+            experts_per_token: dim("expert_used_count", super::moe_config::MAX_EXPERTS)?,
+            intermediate_size: dim("expert_feed_forward_length", MAX_DIM)?,
+            norm_topk_prob: true,
+            routed_layers: vec![true; n],
+        };
+        cfg.moe = Some(moe.checked("GGUF gemma4")?);
+    }
+    // (`attention_k_eq_v` has no key: a full layer without `attn_v` takes its values from its
+    // keys, which the loader reads from the tensors present: [`gguf_values_from_keys`].)
+    cfg.gemma4 = Some(Gemma4 { heads, kv_shared_from, per_layer_input, double_wide_mlp, values_from_keys: false });
     Ok(())
+}
+
+/// A Gemma 4 GGUF's `attention_k_eq_v`, which llama.cpp's converter writes as full layers
+/// without an `attn_v` tensor (`has(name)`: whether the file holds that tensor): all of the full
+/// layers that keep their own keys lack it, or none does.
+pub fn gguf_values_from_keys(cfg: &mut ModelConfig, has: impl Fn(&str) -> bool) -> Result<()> {
+    let Some(g) = cfg.gemma4.as_mut() else { return Ok(()) };
+    let full: Vec<usize> = (0..cfg.num_layers)
+        .filter(|&i| !cfg.sliding_layers.get(i).copied().unwrap_or(false) && g.kv_shared_from[i].is_none())
+        .collect();
+    let without = full.iter().filter(|&&i| !has(&format!("blk.{i}.attn_v.weight"))).count();
+    match without {
+        0 => Ok(()),
+        w if w == full.len() => {
+            g.values_from_keys = true;
+            Ok(())
+        }
+        _ => Err(EngineError::InvalidModel("GGUF gemma4: some full layers have attn_v and others not".into())),
+    }
 }
 
 #[cfg(test)]
@@ -356,15 +432,9 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_built_and_absurd_values() {
-        for (k, v) in [
-            ("attention_k_eq_v", Value::Bool(true)),
-            ("enable_moe_block", Value::Bool(true)),
-            ("use_bidirectional_attention", Value::from("vision")),
-        ] {
-            let mut c = fixture();
-            c[k] = v;
-            assert_eq!(load(&c).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE", "{k}");
-        }
+        let mut c = fixture();
+        c["use_bidirectional_attention"] = Value::from("vision");
+        assert_eq!(load(&c).unwrap_err().code(), "UNSUPPORTED_ARCHITECTURE");
         for (k, v) in [
             ("num_kv_shared_layers", serde_json::json!(6)),
             ("num_kv_shared_layers", serde_json::json!(-1)),
@@ -374,6 +444,9 @@ mod tests {
             ("per_layer_config", serde_json::json!({"3": {"head_dim": 33}})),
             ("per_layer_config", serde_json::json!([1])),
             ("final_logit_softcapping", serde_json::json!(-1)),
+            ("attention_k_eq_v", serde_json::json!("yes")),
+            ("enable_moe_block", serde_json::json!(true)),
+            ("enable_moe_block", serde_json::json!(1)),
         ] {
             let mut c = fixture();
             c[k] = v.clone();

@@ -63,6 +63,8 @@ pub(super) struct Attention {
     pub(super) v_norm: Option<RmsNorm>,
     /// The earlier layer whose keys and values it attends with (KV sharing).
     pub(super) kv_from: Option<usize>,
+    /// No `v_proj`: the values are `k_proj`'s output, before the key norm and RoPE.
+    pub(super) values_from_keys: bool,
     pub(super) num_heads: usize,
     pub(super) num_kv_heads: usize,
     pub(super) head_dim: usize,
@@ -129,10 +131,21 @@ pub(super) struct DecoderLayer {
     pub(super) pre_feedforward_layernorm: Option<RmsNorm>,
     pub(super) post_feedforward_layernorm: Option<RmsNorm>,
     pub(super) mlp: Ffn,
+    /// Gemma 4's mixture-of-experts layers: the routed FFN beside the MLP.
+    pub(super) beside: Option<MoeBeside>,
     /// Gemma 4: the projection of the layer's per-layer input added after the MLP.
     pub(super) per_layer: Option<PerLayer>,
     /// Gemma 4: multiplies the layer's output (`[1]`).
     pub(super) layer_scalar: Option<Tensor>,
+}
+
+/// Gemma 4's routed FFN beside the MLP: `post_feedforward_layernorm_1(mlp(…))` plus
+/// `post_feedforward_layernorm_2(experts(pre_feedforward_layernorm_2(x)))`, routed by `x`.
+pub(super) struct MoeBeside {
+    pub(super) routed: RoutedFfn,
+    pub(super) post_feedforward_layernorm_1: RmsNorm,
+    pub(super) post_feedforward_layernorm_2: RmsNorm,
+    pub(super) pre_feedforward_layernorm_2: RmsNorm,
 }
 
 /// `h + post_per_layer_input_norm(per_layer_projection(gelu_tanh(per_layer_input_gate(h)) · p))`
@@ -144,6 +157,11 @@ pub(super) struct PerLayer {
 }
 
 impl DecoderLayer {
+    /// Its routed FFN, in place of the MLP (Qwen3-MoE) or beside it (Gemma 4).
+    pub(super) fn routed(&self) -> Option<&RoutedFfn> {
+        self.mlp.routed().or(self.beside.as_ref().map(|b| &b.routed))
+    }
+
     /// Reads layer `p` (`model.layers.{i}`) as `spec` describes it, checking every shape; its
     /// projections fused where the file has them so (`fused`).
     pub(super) fn load(
@@ -176,9 +194,12 @@ impl DecoderLayer {
             let qkv = src.linear_parts(&format!("{at}.qkv_proj"), &parts, h, a.qkv_bias, dtype)?;
             <[Linear; 3]>::try_from(qkv).map_err(|_| EngineError::Internal("qkv_proj: three parts".into()))?.map(Some)
         } else {
-            let [q, k, v] = [("q_proj", nh), ("k_proj", nkv), ("v_proj", nkv)]
+            let [q, k] = [("q_proj", nh), ("k_proj", nkv)]
                 .map(|(n, heads)| src.linear(&format!("{at}.{n}"), heads * hd, h, a.qkv_bias, dtype));
-            [Some(q?), Some(k?), Some(v?)]
+            // (Values from the keys: the checkpoint has no v_proj.)
+            let v =
+                (!a.values_from_keys).then(|| src.linear(&format!("{at}.v_proj"), nkv * hd, h, a.qkv_bias, dtype)).transpose()?;
+            [Some(q?), Some(k?), v]
         };
         let q_proj = q_proj.ok_or_else(|| EngineError::Internal("a query projection".into()))?;
         let q_norm = qk_norm(src, "q_norm")?;
@@ -196,6 +217,7 @@ impl DecoderLayer {
             k_norm: if shared { None } else { qk_norm(src, "k_norm")? },
             v_norm,
             kv_from: a.kv_from,
+            values_from_keys: a.values_from_keys,
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: hd,
@@ -207,13 +229,26 @@ impl DecoderLayer {
             },
         };
         let m = format!("{p}.mlp");
-        let mlp = match &spec.ffn {
-            FeedForward::GatedMlp { intermediate_size, activation } => {
-                Ffn::Dense(Box::new(Mlp::load(src, &m, (*intermediate_size, *activation), fused, h, dtype)?))
-            }
-            FeedForward::Moe(spec) => Ffn::Routed(RoutedFfn::load(src, &m, spec, h, dtype)?),
-        };
         let norm = |src: &mut dyn WeightSource, n: &str| RmsNorm::load(src, &format!("{p}.{n}"), h, eps, norm_weight, dtype);
+        let (mlp, beside) = match &spec.ffn {
+            FeedForward::GatedMlp { intermediate_size, activation } => {
+                (Ffn::Dense(Box::new(Mlp::load(src, &m, (*intermediate_size, *activation), fused, h, dtype)?)), None)
+            }
+            FeedForward::Moe(spec) => (Ffn::Routed(RoutedFfn::load(src, &m, spec, h, eps, dtype)?), None),
+            FeedForward::MlpAndMoe { intermediate_size, activation, moe } => {
+                if !spec.norms.sandwich {
+                    return Err(EngineError::Internal("an MLP beside a routed FFN in a layer without sandwich norms".into()));
+                }
+                let mlp = Ffn::Dense(Box::new(Mlp::load(src, &m, (*intermediate_size, *activation), fused, h, dtype)?));
+                let beside = MoeBeside {
+                    routed: RoutedFfn::load(src, p, moe, h, eps, dtype)?,
+                    post_feedforward_layernorm_1: norm(src, "post_feedforward_layernorm_1")?,
+                    post_feedforward_layernorm_2: norm(src, "post_feedforward_layernorm_2")?,
+                    pre_feedforward_layernorm_2: norm(src, "pre_feedforward_layernorm_2")?,
+                };
+                (mlp, Some(beside))
+            }
+        };
         let sandwich = |src: &mut dyn WeightSource, n: &str| spec.norms.sandwich.then(|| norm(src, n)).transpose();
         let per_layer = match (spec.per_layer_input, per_layer_size) {
             (false, _) => None,
@@ -232,6 +267,7 @@ impl DecoderLayer {
             pre_feedforward_layernorm: sandwich(src, "pre_feedforward_layernorm")?,
             post_feedforward_layernorm: sandwich(src, "post_feedforward_layernorm")?,
             mlp,
+            beside,
             per_layer,
             layer_scalar,
         })
@@ -284,14 +320,18 @@ impl Attention {
         //    earlier layer's reads those (written earlier in this pass) and writes none.
         let kv_layer = match (self.kv_from, &self.k_proj, &self.v_proj) {
             (Some(from), _, _) => from,
-            (None, Some(k_proj), Some(v_proj)) => {
-                let k = proj(k_proj, x, Proj::K)?.reshape((rows, nkv, hd))?;
+            (None, Some(k_proj), v_proj) if v_proj.is_some() || self.values_from_keys => {
+                let raw_k = proj(k_proj, x, Proj::K)?;
+                let v = match v_proj {
+                    Some(v_proj) => proj(v_proj, x, Proj::V)?,
+                    None => raw_k.clone(),
+                };
+                let k = raw_k.reshape((rows, nkv, hd))?;
                 let k = match &self.k_norm {
                     Some(n) => n.forward(&k)?,
                     None => k,
                 };
                 let k = rot(&k)?.reshape((rows, nkv * hd))?;
-                let v = proj(v_proj, x, Proj::V)?;
                 let v = match &self.v_norm {
                     Some(n) => n.forward(&v.reshape((rows, nkv, hd))?)?.reshape((rows, nkv * hd))?,
                     None => v,
@@ -321,6 +361,13 @@ impl DecoderLayer {
             (Some(pre_ffn), Some(post_ffn)) => {
                 let x = add(x, self.post_attention_layernorm.forward(&h)?)?;
                 let h = self.mlp.forward(&pre_ffn.forward(&x)?, layer, pass.segments)?;
+                let h = match &self.beside {
+                    None => h,
+                    Some(b) => {
+                        let experts = b.routed.forward_routed_by(&b.pre_feedforward_layernorm_2.forward(&x)?, &x)?;
+                        (b.post_feedforward_layernorm_1.forward(&h)? + b.post_feedforward_layernorm_2.forward(&experts)?)?
+                    }
+                };
                 add(x, post_ffn.forward(&h)?)?
             }
             _ => {
@@ -402,7 +449,7 @@ pub(super) fn rotate(t: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) 
 
 /// GELU-tanh: on the CPU in f32 through [`crate::simd::gelu_tanh_at`] (vectorised, the same bits
 /// on every level), elsewhere candle's.
-pub(super) fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+pub(crate) fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
     if !x.device().is_cpu() || x.dtype() != DType::F32 {
         return Ok(x.gelu()?);
     }

@@ -100,6 +100,9 @@ pub fn open<'a>(path: &Path, device: &Device, progress: Progress<'a>, policy: We
         let mut src = GgufSource::open(path, device, Some(progress))?.policy(policy);
         let mut config = ModelConfig::from_gguf(src.metadata())?;
         config.tie_word_embeddings = !src.contains("lm_head");
+        if config.arch == super::config::Arch::Gemma4 {
+            super::gemma4_config::gguf_values_from_keys(&mut config, |t| src.content().tensor_infos.contains_key(t))?;
+        }
         if config.arch == super::config::Arch::Gemma4 && src.contains("rope_freqs") {
             // Gemma 4's full layers: proportional RoPE as per-frequency divisors (1e30 where a
             // pair does not turn), over the full layers' head dimension.
@@ -523,11 +526,19 @@ fn gguf_name(hf: &str, gemma: bool) -> String {
             "mlp.gate_proj" => "ffn_gate",
             "mlp.up_proj" => "ffn_up",
             "mlp.down_proj" => "ffn_down",
-            // A routed FFN: the router and the MoE experts' stacked projections.
+            // A routed FFN: the router and the MoE experts' stacked projections (Qwen3-MoE's
+            // under `mlp`; Gemma 4's beside it, with the router's scales and its extra norms).
             "mlp.gate" => "ffn_gate_inp",
-            "mlp.experts.gate_proj" => "ffn_gate_exps",
-            "mlp.experts.up_proj" => "ffn_up_exps",
-            "mlp.experts.down_proj" => "ffn_down_exps",
+            "mlp.experts.gate_proj" | "experts.gate_proj" => "ffn_gate_exps",
+            "mlp.experts.up_proj" | "experts.up_proj" => "ffn_up_exps",
+            "mlp.experts.down_proj" | "experts.down_proj" => "ffn_down_exps",
+            "experts.gate_up_proj" => "ffn_gate_up_exps",
+            "router.proj" => "ffn_gate_inp",
+            "router.scale" => "ffn_gate_inp.scale",
+            "router.per_expert_scale" => "ffn_down_exps.scale",
+            "pre_feedforward_layernorm_2" => "pre_ffw_norm_2",
+            "post_feedforward_layernorm_1" => "post_ffw_norm_1",
+            "post_feedforward_layernorm_2" => "post_ffw_norm_2",
             // Gemma 4's layer scalar and per-layer input branch.
             "layer_scalar" => "layer_output_scale",
             "per_layer_input_gate" => "inp_gate",
@@ -663,7 +674,9 @@ impl WeightSource for GgufSource<'_> {
     fn tensor(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let g = gguf_name(name.trim_end_matches(".weight").trim_end_matches(".bias"), self.gemma);
         let suffix = if name.ends_with(".bias") { "bias" } else { "weight" };
-        let q = self.read(&format!("{g}.{suffix}"), shape)?;
+        // (Gemma 4's router scales are named `….scale` in full.)
+        let full = if g.ends_with(".scale") { g } else { format!("{g}.{suffix}") };
+        let q = self.read(&full, shape)?;
         Ok(q.dequantize(&self.device)?.to_dtype(dtype)?)
     }
 

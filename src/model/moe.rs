@@ -20,12 +20,13 @@
 
 use candle_core::{DType, Tensor};
 
+use super::layer::gelu_tanh;
 use super::linear::Linear;
 use super::loader::WeightSource;
-use super::plan::{Activation, Moe};
+use super::plan::{Activation, Moe, Router};
 use crate::error::{EngineError, Result};
 
-/// One MoE expert: `down(silu(gate(x)) · up(x))`.
+/// One MoE expert: `down(act(gate(x)) · up(x))`.
 struct ExpertMlp {
     gate_proj: Linear,
     up_proj: Linear,
@@ -35,20 +36,32 @@ struct ExpertMlp {
 pub(super) struct RoutedFfn {
     /// The router, `[E, H]` in the model's dtype.
     gate: Tensor,
+    /// Gemma 4's router: the learned scale of its normed input (times `1/√H`), `[H]`, and each
+    /// MoE expert's scale on its weight, `[E]` (f32), with the norm's epsilon.
+    scaled_norm: Option<(Tensor, Vec<f32>, f32)>,
     experts: Vec<ExpertMlp>,
     experts_per_token: usize,
     norm_topk_prob: bool,
+    activation: Activation,
 }
 
 impl RoutedFfn {
-    /// Reads the routed block at `m` (`model.layers.{i}.mlp`) as `spec` describes it, in
-    /// whichever of the three layouts the file holds.
-    pub(super) fn load(src: &mut dyn WeightSource, m: &str, spec: &Moe, h: usize, dtype: DType) -> Result<Self> {
+    /// Reads the routed block whose MoE experts are at `m.experts` (Qwen3-MoE: `m` is
+    /// `model.layers.{i}.mlp`; Gemma 4: `model.layers.{i}`) as `spec` describes it, in whichever
+    /// of the three layouts the file holds; its router at `m.gate` (Qwen3-MoE) or `m.router`
+    /// (Gemma 4).
+    pub(super) fn load(src: &mut dyn WeightSource, m: &str, spec: &Moe, h: usize, eps: f64, dtype: DType) -> Result<Self> {
         let (n, inter) = (spec.num_experts, spec.intermediate_size);
-        if spec.activation != Activation::Silu {
-            return Err(EngineError::Internal("MoE experts other than SiLU-gated".into()));
-        }
-        let gate = src.tensor(&format!("{m}.gate.weight"), &[n, h], dtype)?;
+        let (gate, scaled_norm) = match spec.router {
+            Router::Linear => (src.tensor(&format!("{m}.gate.weight"), &[n, h], dtype)?, None),
+            Router::ScaledNorm => {
+                let r = format!("{m}.router");
+                let scale = (src.tensor(&format!("{r}.scale"), &[h], DType::F32)? * (h as f64).powf(-0.5))?;
+                let per_expert: Vec<f32> = src.tensor(&format!("{r}.per_expert_scale"), &[n], DType::F32)?.to_vec1()?;
+                let proj = src.tensor(&format!("{r}.proj.weight"), &[n, h], dtype)?;
+                (proj, Some((scale.to_dtype(dtype)?, per_expert, eps as f32)))
+            }
+        };
         let name = |e: usize, p: &str| format!("{m}.experts.{e}.{p}");
         let experts = if src.contains(&name(0, "gate_proj")) {
             (0..n)
@@ -94,14 +107,34 @@ impl RoutedFfn {
                 .map(|((gate_proj, up_proj), down_proj)| ExpertMlp { gate_proj, up_proj, down_proj })
                 .collect()
         };
-        Ok(Self { gate, experts, experts_per_token: spec.experts_per_token, norm_topk_prob: spec.norm_topk_prob })
+        Ok(Self {
+            gate,
+            scaled_norm,
+            experts,
+            experts_per_token: spec.experts_per_token,
+            norm_topk_prob: spec.norm_topk_prob,
+            activation: spec.activation,
+        })
     }
 
-    /// `x` `[rows, H]` through the routed block: `[rows, H]`.
+    /// `x` `[rows, H]` through the routed block, routed by `x` itself: `[rows, H]`.
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_routed_by(x, x)
+    }
+
+    /// `x` `[rows, H]` through the MoE experts that the router picks for `route` (Gemma 4 routes
+    /// by the layer's un-normed input and runs the experts on its normed one): `[rows, H]`.
+    pub(super) fn forward_routed_by(&self, x: &Tensor, route: &Tensor) -> Result<Tensor> {
         let (rows, dtype, device) = (x.dim(0)?, x.dtype(), x.device());
         // 1. Router probabilities: logits in the model's dtype, softmax in f32.
-        let logits = x.contiguous()?.matmul(&self.gate.t()?)?;
+        let route = match &self.scaled_norm {
+            None => route.contiguous()?,
+            Some((scale, _, eps)) => {
+                let normed = candle_nn::ops::rms_norm(&route.contiguous()?, &scale.ones_like()?, *eps)?;
+                normed.broadcast_mul(scale)?
+            }
+        };
+        let logits = route.matmul(&self.gate.t()?)?;
         let probs = candle_nn::ops::softmax_last_dim(&logits.to_dtype(DType::F32)?)?.to_vec2::<f32>()?;
 
         // 2. Each row's top k, grouped per MoE expert: (row, weight) in row order.
@@ -112,6 +145,10 @@ impl RoutedFfn {
             let sum: f32 = top.iter().map(|&e| p[e]).sum();
             for &e in top {
                 let w = if self.norm_topk_prob { p[e] / sum } else { p[e] };
+                let w = match &self.scaled_norm {
+                    Some((_, per_expert, _)) => w * per_expert[e],
+                    None => w,
+                };
                 picked_by[e].push((row as u32, w));
             }
         }
@@ -124,7 +161,11 @@ impl RoutedFfn {
             let idx = Tensor::from_vec(picked.iter().map(|p| p.0).collect::<Vec<u32>>(), picked.len(), device)?;
             let w = Tensor::from_vec(picked.iter().map(|p| p.1).collect::<Vec<f32>>(), (picked.len(), 1), device)?;
             let xe = x.index_select(&idx, 0)?;
-            let gate = candle_nn::ops::silu(&expert.gate_proj.forward(&xe)?)?;
+            let gate = expert.gate_proj.forward(&xe)?;
+            let gate = match self.activation {
+                Activation::Silu => candle_nn::ops::silu(&gate)?,
+                Activation::GeluTanh => gelu_tanh(&gate)?,
+            };
             let ye = expert.down_proj.forward(&(gate * expert.up_proj.forward(&xe)?)?)?;
             outputs.push(ye.broadcast_mul(&w.to_dtype(dtype)?)?);
             rows_of.push(idx);

@@ -45,7 +45,7 @@ fn invalid(from: &str, m: String) -> EngineError {
 
 impl RoutedFfn {
     /// Invariants the layer plan and the routed block rely on, checked once.
-    fn checked(self, from: &str) -> Result<Self> {
+    pub(super) fn checked(self, from: &str) -> Result<Self> {
         if self.num_experts > MAX_EXPERTS {
             return Err(invalid(from, format!("{} MoE experts (at most {MAX_EXPERTS})", self.num_experts)));
         }

@@ -101,6 +101,9 @@ pub struct AttentionSpec {
     /// Attends with the keys and values of this earlier layer, and keeps none of its own (KV
     /// sharing).
     pub kv_from: Option<usize>,
+    /// No value projection: the values are the key projection's output, before the key norm and
+    /// RoPE (Gemma 4's `attention_k_eq_v` full layers).
+    pub values_from_keys: bool,
     /// Multiplies `q·k` before the softmax.
     pub scale: f64,
     /// `cap · tanh(s / cap)` on the attention scores.
@@ -116,6 +119,13 @@ pub enum FeedForward {
         activation: Activation,
     },
     Moe(Moe),
+    /// A gated MLP and a routed FFN side by side on the same input, each output normed, summed
+    /// (Gemma 4's mixture-of-experts layers).
+    MlpAndMoe {
+        intermediate_size: usize,
+        activation: Activation,
+        moe: Moe,
+    },
 }
 
 /// A routed feed-forward block: per token, a router (a linear map to one logit per MoE expert,
@@ -130,6 +140,18 @@ pub struct Moe {
     pub intermediate_size: usize,
     pub norm_topk_prob: bool,
     pub activation: Activation,
+    pub router: Router,
+}
+
+/// How a routed FFN's router scores the MoE experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Router {
+    /// A linear map of the block's input, softmax (Qwen3-MoE's `mlp.gate`).
+    Linear,
+    /// A linear map of the input RMS-normed without a weight, times a learned vector and
+    /// `1/√hidden`, softmax; the picked probabilities renormalised, then each times its MoE
+    /// expert's learned scale (Gemma 4's `router`).
+    ScaledNorm,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,6 +209,7 @@ impl LayerPlan {
             qk_norm: cfg.qk_norm,
             v_norm: false,
             kv_from: None,
+            values_from_keys: false,
             scale: 1.0 / (cfg.head_dim as f64).sqrt(),
             logit_softcap: None,
         };
@@ -243,6 +266,7 @@ impl LayerPlan {
                             intermediate_size: moe.intermediate_size,
                             norm_topk_prob: moe.norm_topk_prob,
                             activation: Activation::Silu,
+                            router: Router::Linear,
                         });
                     }
                 }
@@ -304,13 +328,26 @@ impl LayerPlan {
                         qk_norm: true,
                         v_norm: true,
                         kv_from,
+                        values_from_keys: g.values_from_keys && !sliding,
                         scale: 1.0,
                         ..attention.clone()
                     });
                     let wide = if kv_from.is_some() && g.double_wide_mlp { 2 } else { 1 };
-                    layer.ffn = FeedForward::GatedMlp {
-                        intermediate_size: cfg.intermediate_size * wide,
-                        activation: Activation::GeluTanh,
+                    let (intermediate_size, activation) = (cfg.intermediate_size * wide, Activation::GeluTanh);
+                    layer.ffn = match &cfg.moe {
+                        None => FeedForward::GatedMlp { intermediate_size, activation },
+                        Some(m) => FeedForward::MlpAndMoe {
+                            intermediate_size,
+                            activation,
+                            moe: Moe {
+                                num_experts: m.num_experts,
+                                experts_per_token: m.experts_per_token,
+                                intermediate_size: m.intermediate_size,
+                                norm_topk_prob: true,
+                                activation,
+                                router: Router::ScaledNorm,
+                            },
+                        },
                     };
                     layer.norms = Norms { sandwich: true, weight: NormWeight::Plain };
                     layer.per_layer_input = g.per_layer_input.is_some();
@@ -411,6 +448,7 @@ impl LayerPlan {
                 && a.logit_softcap.is_none()
                 && !a.v_norm
                 && a.kv_from.is_none()
+                && !a.values_from_keys
                 && a.scale == 1.0 / (a.head_dim as f64).sqrt();
             if l.norms != plain || !silu || !standard || l.layer_scalar || l.per_layer_input {
                 return Some(format!("layer {i}: {l}"));
@@ -518,6 +556,9 @@ impl fmt::Display for Mixer {
         if let Some(j) = a.kv_from {
             write!(f, ", keys and values of layer {j}")?;
         }
+        if a.values_from_keys {
+            write!(f, ", values = keys")?;
+        }
         if a.scale != 1.0 / (a.head_dim as f64).sqrt() {
             write!(f, ", scale {}", a.scale)?;
         }
@@ -534,21 +575,25 @@ impl fmt::Display for FeedForward {
             FeedForward::GatedMlp { intermediate_size, activation } => {
                 write!(f, "gated MLP ({}, {intermediate_size})", act_name(*activation))
             }
-            FeedForward::Moe(m) => {
-                write!(
-                    f,
-                    "routed FFN ({} MoE experts, top {}, {} MLPs of {}",
-                    m.num_experts,
-                    m.experts_per_token,
-                    act_name(m.activation),
-                    m.intermediate_size
-                )?;
-                if m.norm_topk_prob {
-                    write!(f, ", top-k weights renormalised")?;
-                }
-                write!(f, ")")
+            FeedForward::Moe(m) => write!(f, "{m}"),
+            FeedForward::MlpAndMoe { intermediate_size, activation, moe } => {
+                write!(f, "gated MLP ({}, {intermediate_size}) beside {moe}", act_name(*activation))
             }
         }
+    }
+}
+
+impl fmt::Display for Moe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (n, k, act, width) = (self.num_experts, self.experts_per_token, act_name(self.activation), self.intermediate_size);
+        write!(f, "routed FFN ({n} MoE experts, top {k}, {act} MLPs of {width}")?;
+        if self.router == Router::ScaledNorm {
+            write!(f, ", scaled-norm router")?;
+        }
+        if self.norm_topk_prob {
+            write!(f, ", top-k weights renormalised")?;
+        }
+        write!(f, ")")
     }
 }
 

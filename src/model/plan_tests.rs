@@ -188,3 +188,18 @@ fn qwen3_moe_routes_the_layers_its_config_selects() {
     assert_eq!(plan.unsupported(), None);
     assert!(plan.fused_decode_gap().unwrap().starts_with("layer 1: "), "{:?}", plan.fused_decode_gap());
 }
+
+/// Gemma 4 shaped like its 26B-A4B: values from keys on the full layer, and a routed FFN beside
+/// every MLP. Only the generic decoder runs it.
+#[test]
+fn gemma4_moe_is_values_from_keys_and_a_routed_ffn_beside_the_mlp() {
+    let plan = fixture_plan("gemma4-moe-tiny");
+    for (i, l) in plan.layers.iter().enumerate() {
+        let Mixer::Attention(a) = &l.mixer else { panic!("layer {i}") };
+        assert_eq!(a.values_from_keys, i == 2, "layer {i}");
+        let FeedForward::MlpAndMoe { moe, .. } = &l.ffn else { panic!("layer {i}: {}", l.ffn) };
+        assert_eq!((moe.num_experts, moe.experts_per_token, moe.router), (8, 2, Router::ScaledNorm));
+    }
+    assert_eq!(plan.unsupported(), None);
+    assert!(plan.fused_decode_gap().is_some());
+}

@@ -65,9 +65,10 @@ from gguf import GGUFReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_adapters import describe_keys, write_family_experts  # noqa: E402
-from gen_fixtures import dump_json, greedy_reference, q8_0_reference, sequence_ok  # noqa: E402
+from gen_fixtures import dump_json, greedy_reference, sequence_ok  # noqa: E402
 from gen_gemma3_fixtures import PROMPT_TEXT  # noqa: E402
 from gen_gemma3_gguf_fixture import llamacpp_greedy  # noqa: E402
+from q8_emulation import q8_0_reference  # noqa: E402
 from gen_gemma4_fixtures import (F, HALF_GAP_MAX, OUT, ROOT, S, _cfg, ablation_runs, build_model,  # noqa: E402
                                  check_rope_window, detectable, gemma_tokenizer, half_gaps, save_gemma_dir,
                                  write_gguf)

@@ -58,8 +58,9 @@ from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausal
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_adapters import CL, describe_keys, reference, save_adapter, write_family_experts  # noqa: E402
 from gen_fixtures import (ADDED_TOKENS, SPECIAL_TOKENS, build_tokenizer, dump_json, gguf_payload,  # noqa: E402
-                          gguf_tensor_names, greedy_reference, new_gguf_writer, q8_0_reference, sequence_ok)
+                          gguf_tensor_names, greedy_reference, new_gguf_writer, sequence_ok)
 from gen_gemma3_gguf_fixture import llamacpp_greedy  # noqa: E402
+from q8_emulation import q8_0_reference  # noqa: E402
 from gen_mistral_fixtures import PROMPT_LEN, PROMPT_TEXT, reference_runs, save_model_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,6 +7,7 @@ pub mod config;
 pub mod decoder;
 mod gemma3_config;
 pub mod gemma4_config;
+mod gguf_names;
 pub mod granite_config;
 pub mod inspect;
 pub mod kquant;

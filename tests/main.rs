@@ -12,6 +12,7 @@ mod gemma3_multimodal;
 mod gemma4;
 mod gemma4_moe;
 mod granite;
+mod hybrid;
 mod kv_dtype;
 mod mistral;
 mod parity;

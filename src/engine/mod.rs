@@ -221,7 +221,11 @@ impl Engine {
         let tables = layout.tables.len().max(1);
         let bytes_per_token = tables * layout.block_bytes_per_position(model.cfg.num_kv_heads, model.cfg.head_dim, kv_dtype);
         let memory = load::kv_memory(&model.device);
-        let (num_blocks, block_size) = crate::kv::sizing::pool_shape(&opts.kv_cache, bytes_per_token, context_length, memory)?;
+        // Recurrent layers' states come first: a slot per sequence that may hold one.
+        let (state_slots, memory, max_bytes) =
+            crate::kv::sizing::state_slots(&opts.kv_cache, layout.state_bytes_per_sequence(), memory)?;
+        let kv_opts = crate::kv::KvCacheOptions { max_bytes, ..opts.kv_cache.clone() };
+        let (num_blocks, block_size) = crate::kv::sizing::pool_shape(&kv_opts, bytes_per_token, context_length, memory)?;
         let num_blocks = num_blocks.saturating_mul(tables).min(u32::MAX as usize - 1);
         let mut cfg = SchedulerConfig {
             context_length,
@@ -231,6 +235,7 @@ impl Engine {
             prefix_cache: opts.kv_cache.prefix_cache.unwrap_or(true),
             kv_dtype,
             idle_release: crate::kv::sizing::idle_release(&opts.kv_cache),
+            state_slots,
         };
         // The default pool is "what the budget holds": where the process may not reserve that
         // much (an address-space limit, an overcommit policy), take half, down to one context

@@ -130,6 +130,8 @@ pub struct SchedulerConfig {
     pub kv_dtype: crate::kv::KvFormat,
     /// Idle this long, the pool gives its unused blocks' memory back (`None`: never).
     pub idle_release: Option<std::time::Duration>,
+    /// Sequences that may hold a recurrent state at once (models with recurrent layers).
+    pub state_slots: usize,
 }
 
 pub struct Scheduler {
@@ -167,7 +169,7 @@ impl Scheduler {
         cfg: SchedulerConfig,
         stats: Arc<EngineStats>,
     ) -> Result<Self> {
-        let store = model.new_store(cfg.num_blocks, cfg.block_size, cfg.kv_dtype)?;
+        let store = model.new_store_with_states(cfg.num_blocks, cfg.block_size, cfg.kv_dtype, cfg.state_slots)?;
         stats.kv_blocks_total.store(cfg.num_blocks as u64, Ordering::Relaxed);
         stats.kv_block_size.store(cfg.block_size as u64, Ordering::Relaxed);
         let per_token = store.cache_layout().bytes_per_token(store.kv_heads, store.head_dim, store.format);

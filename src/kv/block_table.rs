@@ -63,6 +63,9 @@ pub struct BlockTable {
     len: usize,
     /// Blocks the running request may fill.
     reserved: usize,
+    /// The sequence's slot of recurrent states (models with recurrent layers; see
+    /// [`super::states`]), handed out and taken back by the manager with the blocks.
+    state: Option<super::states::StateId>,
 }
 
 /// Blocks needed for `positions` positions.
@@ -95,6 +98,15 @@ impl BlockTable {
     /// Positions written.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The slot of the sequence's recurrent states, where the model has recurrent layers.
+    pub fn state(&self) -> Option<super::states::StateId> {
+        self.state
+    }
+
+    pub(super) fn set_state(&mut self, slot: Option<super::states::StateId>) -> Option<super::states::StateId> {
+        std::mem::replace(&mut self.state, slot)
     }
 
     /// Marks positions up to `len` written (after a forward pass wrote them; the pass itself

@@ -12,7 +12,7 @@ fn store(blocks: usize, bs: usize) -> KvStore {
 /// A one-group (full) table listing `blocks` with `len` positions written.
 fn table(blocks: Vec<BlockId>, len: usize) -> BlockTable {
     let reserved = blocks.len();
-    BlockTable { groups: vec![blocks], live: vec![0], parents: vec![None], len, reserved }
+    BlockTable { groups: vec![blocks], live: vec![0], parents: vec![None], len, reserved, state: None }
 }
 
 fn fill(s: &KvStore, b: BlockId, bs: usize, base: f32) {

@@ -43,10 +43,28 @@ impl KvCache {
         dtype: impl Into<KvFormat>,
         device: &Device,
     ) -> Result<Self> {
+        Self::with_kinds(&vec![LayerCache::Full; shapes.len()], shapes, kv_heads, head_dim, max_len, dtype, device)
+    }
+
+    /// [`Self::shaped`] for layers that keep what `kinds` says: a recurrent layer its state (one
+    /// slot, the cache's sequence's), any other every position.
+    pub fn with_kinds(
+        kinds: &[LayerCache],
+        shapes: &[Option<HeadShape>],
+        kv_heads: usize,
+        head_dim: usize,
+        max_len: usize,
+        dtype: impl Into<KvFormat>,
+        device: &Device,
+    ) -> Result<Self> {
         let n = blocks_for(max_len.max(1), BLOCK);
-        let layout = KvLayout::from_shaped(&vec![LayerCache::Full; shapes.len()], shapes);
+        let kinds: Vec<LayerCache> =
+            kinds.iter().map(|k| if matches!(k, LayerCache::State { .. }) { *k } else { LayerCache::Full }).collect();
+        let layout = KvLayout::from_shaped(&kinds, shapes);
         let tables = layout.tables.len().max(1);
-        let store = KvStore::new(shapes.len(), n, BLOCK, kv_heads, head_dim, dtype, device)?.with_cache_layout(layout)?;
+        let store = KvStore::new(shapes.len(), n, BLOCK, kv_heads, head_dim, dtype, device)?
+            .with_cache_layout(layout)?
+            .with_state_slots(1)?;
         Ok(Self { store, blocks: vec![(0..n as BlockId).collect(); tables], len: 0, max_len })
     }
 
@@ -62,7 +80,8 @@ impl KvCache {
         self.max_len
     }
 
-    /// Forgets positions `len..`.
+    /// Forgets positions `len..`. A model with recurrent layers can only start over (`0`): its
+    /// state cannot give positions back, and a pass from anywhere else fails.
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
     }

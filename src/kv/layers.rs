@@ -14,8 +14,9 @@
 //! tensor `j`. A sequence has one block table per group over the one pool, so a
 //! sliding-window group gives the blocks behind its window back while the full-attention
 //! group keeps them, and memory is never split between kinds in advance. A model whose layers
-//! are all alike has one group of all its layers: one table, a tensor per layer. A recurrent
-//! state is refused by name ([`KvLayout::unsupported`]) until its manager exists.
+//! are all alike has one group of all its layers: one table, a tensor per layer. Recurrent
+//! layers take no slot of a block: their states live in a slot of the state pool per sequence
+//! ([`super::states`]).
 //!
 //! Layers may differ in their heads ([`HeadShape`]: Gemma 4's global layers have wider heads
 //! than its sliding ones). Table groups then hold layers of one kind and one shape, and the
@@ -199,14 +200,16 @@ impl KvLayout {
             .fold(0, usize::saturating_add)
     }
 
-    /// The first group that the pool cannot manage yet, named; `None` when it manages them all.
+    /// What the pool cannot manage, named; `None` when it manages every group. A model must
+    /// keep positions in some layer: the pool's blocks are sized and handed out by them.
     pub fn unsupported(&self) -> Option<String> {
-        self.groups.iter().find_map(|g| match g.kind {
-            LayerCache::Full | LayerCache::Window { .. } | LayerCache::Shared => None,
-            LayerCache::State { bytes } => {
-                Some(format!("a recurrent state in the KV cache ({bytes} bytes a sequence, layers {:?})", g.layers))
-            }
-        })
+        (self.num_layers > 0 && self.position_layers() == 0)
+            .then(|| "a model without attention layers (every layer recurrent)".to_string())
+    }
+
+    /// Whether some layer keeps a recurrent state.
+    pub fn has_states(&self) -> bool {
+        self.groups.iter().any(|g| matches!(g.kind, LayerCache::State { .. }))
     }
 }
 
@@ -225,7 +228,7 @@ mod tests {
         assert_eq!((l.num_layers, l.position_layers(), l.state_bytes_per_sequence()), (7, 5, 2000));
         // Positions are sized by the layers that keep them; a state never counts per token.
         assert_eq!(l.bytes_per_token(2, 8, DType::F32), bytes_per_token(5, 2, 8, DType::F32));
-        assert!(l.unsupported().unwrap().contains("recurrent state in the KV cache (1000 bytes a sequence, layers [3, 6])"));
+        assert_eq!((l.unsupported(), l.has_states()), (None, true));
         let windows = KvLayout::from_kinds(&[w, LayerCache::Full, w]);
         assert_eq!((windows.unsupported(), windows.position_layers()), (None, 3));
     }
@@ -299,6 +302,6 @@ mod tests {
         assert_eq!((l.state_bytes_per_sequence(), l.unsupported()), (0, None));
         let s = KvLayout::from_kinds(&[LayerCache::State { bytes: usize::MAX }, LayerCache::State { bytes: usize::MAX }]);
         assert_eq!(s.state_bytes_per_sequence(), usize::MAX, "saturates, never wraps");
-        assert!(s.unsupported().unwrap().contains("recurrent state"));
+        assert!(s.unsupported().unwrap().contains("without attention layers"));
     }
 }

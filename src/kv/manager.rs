@@ -31,6 +31,7 @@
 use super::block_pool::BlockPool;
 use super::block_table::{blocks_for, BlockTable, GroupRule, NO_BLOCK};
 use super::prefix::{root, BlockKey};
+use super::states::StateId;
 use super::store::KvStore;
 use super::BlockId;
 use crate::error::Result;
@@ -91,6 +92,8 @@ pub struct KvManager {
     rules: Vec<GroupRule>,
     /// Blocks window groups gave back, in all.
     behind_window: u64,
+    /// Slots of the state pool no table holds (models with recurrent layers).
+    free_states: Vec<StateId>,
 }
 
 /// Each table group's rule, for passes of at most `pass` positions.
@@ -115,7 +118,8 @@ impl KvManager {
     pub fn try_new(store: KvStore, prefix_cache: bool) -> crate::error::Result<Self> {
         let pool = BlockPool::try_new(store.num_blocks, store.block_size)?;
         let rules = rules(&store, DEFAULT_PASS_POSITIONS);
-        Ok(Self { pool, store, prefix_cache, rules, behind_window: 0 })
+        let free_states = (0..store.states().len() as StateId).rev().collect();
+        Ok(Self { pool, store, prefix_cache, rules, behind_window: 0, free_states })
     }
 
     /// Passes write at most `positions` positions of a sequence (a window group keeps room
@@ -129,7 +133,8 @@ impl KvManager {
     pub fn with_hasher(store: KvStore, hasher: super::prefix::KeyHasher) -> Self {
         let pool = BlockPool::with_hasher(store.num_blocks, store.block_size, hasher);
         let rules = rules(&store, DEFAULT_PASS_POSITIONS);
-        Self { pool, store, prefix_cache: true, rules, behind_window: 0 }
+        let free_states = (0..store.states().len() as StateId).rev().collect();
+        Self { pool, store, prefix_cache: true, rules, behind_window: 0, free_states }
     }
 
     /// See [`BlockPool::assume_cache_pays`].
@@ -182,12 +187,53 @@ impl KvManager {
         self.pool.available()
     }
 
+    /// Whether the model keeps a recurrent state per sequence (besides its blocks).
+    pub fn has_states(&self) -> bool {
+        !self.store.states().is_empty()
+    }
+
+    /// State slots that can be handed out now.
+    pub fn free_states(&self) -> usize {
+        self.free_states.len()
+    }
+
+    /// State slots in all.
+    pub fn total_states(&self) -> usize {
+        self.store.states().len()
+    }
+
+    /// Bytes of recurrent state held by sequences.
+    pub fn state_bytes_used(&self) -> usize {
+        (self.total_states() - self.free_states.len()) * self.store.states().bytes_per_slot()
+    }
+
+    /// Whether `table` needs a state slot that the pool cannot give now.
+    pub fn lacks_state(&self, table: &BlockTable) -> bool {
+        self.has_states() && table.state().is_none() && self.free_states.is_empty()
+    }
+
+    /// Gives `table` a state slot if the model has recurrent layers and it holds none. False
+    /// when none is free.
+    fn take_state(&mut self, table: &mut BlockTable) -> bool {
+        if !self.has_states() || table.state().is_some() {
+            return true;
+        }
+        match self.free_states.pop() {
+            Some(s) => {
+                table.set_state(Some(s));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Forgets every cached prefix and returns the memory of every block no table lists to the
     /// OS (CPU pools; called when the engine has been idle a while). Returns how many blocks
     /// were released.
     pub fn give_back(&mut self) -> Result<usize> {
         let blocks = self.pool.give_back();
         self.store.release_memory(&blocks)?;
+        self.store.states().release_unused(&self.free_states);
         Ok(blocks.len())
     }
 
@@ -201,7 +247,8 @@ impl KvManager {
     /// block sharing the longest start with the rest. Changes nothing.
     /// In each table group; the hit is what every group holds.
     pub fn match_prefix(&self, keys: &[u32], experts: &[u64]) -> PrefixHit {
-        if !self.prefix_cache {
+        // A recurrent layer's state at the end of a shared prefix is not in any block.
+        if !self.prefix_cache || self.has_states() {
             return PrefixHit::default();
         }
         let bs = self.pool.block_size();
@@ -256,10 +303,11 @@ impl KvManager {
     /// supply the blocks.
     pub fn adopt(&mut self, table: &mut BlockTable, hit: PinnedHit, need_blocks: usize) -> Result<bool> {
         self.free(table);
-        if self.pool.available() < self.blocks_to_adopt(&hit, need_blocks) {
+        if self.pool.available() < self.blocks_to_adopt(&hit, need_blocks) || self.lacks_state(table) {
             self.unpin(hit);
             return Ok(false);
         }
+        assert!(self.take_state(table), "availability checked");
         let bs = self.pool.block_size();
         let tokens = hit.0.tokens;
         let (whole, last) = (tokens / bs, blocks_for(tokens, bs));
@@ -340,9 +388,17 @@ impl KvManager {
     /// block) and grows it to `need_blocks`. False (nothing allocated) when the pool cannot
     /// supply what [`Self::prepare_resume`] said.
     pub fn resume(&mut self, table: &mut BlockTable, keep: usize, need_blocks: usize) -> Result<bool> {
-        if self.pool.available() < self.resume_cost(table, keep, need_blocks) {
+        if self.pool.available() < self.resume_cost(table, keep, need_blocks) || self.lacks_state(table) {
             return Ok(false);
         }
+        if self.has_states() && keep != 0 && keep != table.len() {
+            // A recurrent state cannot give positions back (see `super::states`).
+            return Err(crate::error::EngineError::Internal(format!(
+                "a sequence with recurrent state at {} positions cannot continue from {keep}",
+                table.len()
+            )));
+        }
+        assert!(self.take_state(table), "availability checked");
         let ok = table.truncate_for_write(keep, &mut self.pool, &self.store)?;
         assert!(ok && table.reserve_blocks(need_blocks, &self.rules, &mut self.pool), "availability checked");
         Ok(true)
@@ -387,6 +443,10 @@ impl KvManager {
     /// Releases every block of `table`; registered ones stay cached for later prefix hits.
     pub fn free(&mut self, table: &mut BlockTable) {
         table.clear(&mut self.pool);
+        if let Some(s) = table.set_state(None) {
+            self.store.states().forget_steps(s);
+            self.free_states.push(s);
+        }
     }
 }
 

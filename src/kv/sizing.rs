@@ -42,6 +42,45 @@ pub fn kv_dtype(name: Option<&str>, model: candle_core::DType) -> Result<KvForma
 
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
 
+/// Sequences that may hold a recurrent state at once (models with recurrent layers), unless
+/// the budget holds fewer.
+pub const DEFAULT_STATE_SLOTS: usize = 32;
+/// Most state slots a pool may have.
+pub const MAX_STATE_SLOTS: usize = 4096;
+
+/// Slots of recurrent state for a model whose sequences keep `state_bytes` each (0: none), and
+/// the memory left for the blocks: `memory` less what the slots take. The slots take at most
+/// half the budget by default; with `max_bytes`, they come out of it.
+pub fn state_slots(opts: &KvCacheOptions, state_bytes: usize, memory: KvMemory) -> Result<(usize, KvMemory, Option<u64>)> {
+    if state_bytes == 0 {
+        return Ok((0, memory, opts.max_bytes));
+    }
+    let by_budget = (memory.budget / 2 / state_bytes).max(1);
+    let slots = DEFAULT_STATE_SLOTS.min(by_budget).min(MAX_STATE_SLOTS);
+    let bytes = (slots as u64).saturating_mul(state_bytes as u64);
+    if bytes > memory.total {
+        return Err(EngineError::InvalidArgument(format!(
+            "one sequence's recurrent state takes {state_bytes} bytes, more than this device's {}",
+            memory.total
+        )));
+    }
+    let max_bytes = match opts.max_bytes {
+        Some(b) if b <= bytes => {
+            return Err(EngineError::InvalidArgument(format!(
+                "kvCache.maxBytes {b} must hold the recurrent states of {slots} sequences ({bytes} bytes) and a block"
+            )))
+        }
+        Some(b) => Some(b - bytes),
+        None => None,
+    };
+    let left = KvMemory {
+        budget: memory.budget.saturating_sub(bytes as usize),
+        total: memory.total - bytes,
+        limit: memory.limit.saturating_sub(bytes),
+    };
+    Ok((slots, left, max_bytes))
+}
+
 /// How long the engine waits idle before the pool gives unused memory back (ms).
 pub const DEFAULT_IDLE_RELEASE_MS: u64 = 30_000;
 

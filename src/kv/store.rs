@@ -24,6 +24,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::layers::{HeadShape, KvLayout};
 use super::quant::Quant;
+use super::states::StatePool;
 use super::{store_cpu, BlockId};
 use crate::error::{EngineError, Result};
 
@@ -120,6 +121,9 @@ pub struct KvStore {
     /// What each layer keeps (see [`super::layers`]): every layer full attention unless the
     /// model says otherwise ([`Self::with_cache_layout`]).
     cache_layout: KvLayout,
+    /// The recurrent layers' states, a slot per sequence ([`super::states`]); no slots when no
+    /// layer keeps one.
+    states: StatePool,
     device: Device,
 }
 
@@ -262,6 +266,7 @@ impl KvStore {
             format,
             shapes: Vec::new(),
             cache_layout: KvLayout::all_full(num_layers),
+            states: StatePool::new(&KvLayout::all_full(num_layers), 0)?,
             device: device.clone(),
         };
         store.allocate(&vec![None; num_layers])?;
@@ -319,6 +324,7 @@ impl KvStore {
             return Err(EngineError::UnsupportedArchitecture(format!("{what} is not implemented yet")));
         }
         let shapes = layout.tensor_shapes().to_vec();
+        self.states = StatePool::new(&layout, self.states.len())?;
         self.cache_layout = layout;
         let resolved: Vec<HeadShape> = shapes.iter().map(|s| s.unwrap_or(self.shapes_default())).collect();
         if resolved != self.shapes {
@@ -330,6 +336,17 @@ impl KvStore {
     /// What each layer keeps, grouped by kind.
     pub fn cache_layout(&self) -> &KvLayout {
         &self.cache_layout
+    }
+
+    /// The pool with `slots` recurrent-state slots (none where no layer keeps a state).
+    pub fn with_state_slots(mut self, slots: usize) -> Result<Self> {
+        self.states = StatePool::new(&self.cache_layout, slots)?;
+        Ok(self)
+    }
+
+    /// The recurrent layers' states.
+    pub fn states(&self) -> &StatePool {
+        &self.states
     }
 
     /// Token slots per layer (`num_blocks · block_size`, checked at construction).

@@ -14,7 +14,7 @@ use candle_core::Tensor;
 use super::linear::Linear;
 use crate::error::Result;
 
-/// The seven linear projections of a decoder layer, in a fixed order.
+/// The linear projections of a decoder layer that adapters may target, in a fixed order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Proj {
     Q,
@@ -24,10 +24,16 @@ pub enum Proj {
     Gate,
     Up,
     Down,
+    /// A Gated DeltaNet's projections (Qwen3.5's `linear_attn`): queries, keys and values,
+    /// the output gate, the output.
+    LinQkv,
+    LinZ,
+    LinOut,
 }
 
 impl Proj {
-    pub const ALL: [Proj; 7] = [Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down];
+    pub const ALL: [Proj; 10] =
+        [Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down, Proj::LinQkv, Proj::LinZ, Proj::LinOut];
 
     /// The HF module name, e.g. `q_proj`.
     pub fn name(self) -> &'static str {
@@ -39,14 +45,18 @@ impl Proj {
             Proj::Gate => "gate_proj",
             Proj::Up => "up_proj",
             Proj::Down => "down_proj",
+            Proj::LinQkv => "in_proj_qkv",
+            Proj::LinZ => "in_proj_z",
+            Proj::LinOut => "out_proj",
         }
     }
 
-    /// `self_attn` or `mlp`.
+    /// `self_attn`, `mlp` or `linear_attn`.
     pub fn block(self) -> &'static str {
         match self {
             Proj::Q | Proj::K | Proj::V | Proj::O => "self_attn",
-            _ => "mlp",
+            Proj::Gate | Proj::Up | Proj::Down => "mlp",
+            Proj::LinQkv | Proj::LinZ | Proj::LinOut => "linear_attn",
         }
     }
 
@@ -105,7 +115,7 @@ impl Slot {
         Self { layer, proj }
     }
 
-    /// Dense index into a per-module table (`layers × 7`).
+    /// Dense index into a per-module table (`layers × Proj::ALL.len()`).
     pub fn index(self) -> usize {
         self.layer * Proj::ALL.len() + self.proj.index()
     }

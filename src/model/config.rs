@@ -21,6 +21,10 @@ pub enum Arch {
     Qwen3,
     Gemma3,
     Gemma4,
+    /// Qwen3.5: Gated DeltaNet layers and gated attention (hybrid_config.rs).
+    Qwen35,
+    /// LFM2: short convolutions and attention (hybrid_config.rs).
+    Lfm2,
 }
 
 impl Arch {
@@ -31,6 +35,8 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
             Arch::Gemma4 => "gemma4",
+            Arch::Qwen35 => "qwen3_5_text",
+            Arch::Lfm2 => "lfm2",
         }
     }
 
@@ -52,8 +58,12 @@ impl Arch {
             // (`gemma4` is also the multimodal checkpoint's `model_type`: its text model is read
             // from `text_config`.)
             "gemma4_text" | "gemma4" => Ok(Arch::Gemma4),
+            // (`qwen3_5` is the multimodal checkpoint: its text model is read from `text_config`;
+            // `qwen35` in GGUF.)
+            "qwen3_5_text" | "qwen3_5" | "qwen35" => Ok(Arch::Qwen35),
+            "lfm2" => Ok(Arch::Lfm2),
             other => Err(EngineError::UnsupportedArchitecture(format!(
-                "'{other}' (supported: llama, mistral, ministral, smollm3, granite, phi3, qwen2, qwen3, qwen3_moe, gemma3_text, gemma3, gemma4_text)"
+                "'{other}' (supported: llama, mistral, ministral, smollm3, granite, phi3, qwen2, qwen3, qwen3_moe, gemma3_text, gemma3, gemma4_text, qwen3_5_text, qwen3_5, lfm2)"
             ))),
         }
     }
@@ -105,6 +115,8 @@ pub struct ModelConfig {
     pub gemma4: Option<super::gemma4_config::Gemma4>,
     /// Qwen3-MoE's routed feed-forward blocks ("MoE experts").
     pub moe: Option<super::moe_config::RoutedFfn>,
+    /// Qwen3.5's and LFM2's recurrent layers.
+    pub hybrid: Option<super::hybrid_config::Hybrid>,
     /// The family as the checkpoint names it (`config.json`'s `model_type`, a GGUF's
     /// `general.architecture`): `mistral`, `smollm3` or `granite` where [`Self::arch`] is the
     /// network they share (`llama`).
@@ -127,12 +139,15 @@ struct HfConfig {
     architectures: Option<Vec<String>>,
     vocab_size: usize,
     hidden_size: usize,
-    intermediate_size: usize,
+    /// (LFM2 may spell it `block_ff_dim`.)
+    intermediate_size: Option<usize>,
     num_hidden_layers: usize,
     num_attention_heads: usize,
     num_key_value_heads: Option<usize>,
     head_dim: Option<usize>,
-    rms_norm_eps: f64,
+    rms_norm_eps: Option<f64>,
+    /// LFM2's name for it.
+    norm_eps: Option<f64>,
     rope_theta: Option<f64>,
     rope_scaling: Option<Value>,
     rope_parameters: Option<Value>,
@@ -219,6 +234,7 @@ impl ModelConfig {
         let multimodal = [
             ("gemma3", super::gemma3_config::multimodal_text_config(&raw)?),
             ("gemma4", super::gemma4_config::multimodal_text_config(&raw)?),
+            ("qwen3_5", super::multimodal::text_config(&raw, "qwen3_5", "qwen3_5_text", serde_json::json!({}))?),
         ];
         for (family, text_config) in multimodal {
             if let Some(text_config) = text_config {
@@ -277,13 +293,20 @@ impl ModelConfig {
             arch,
             vocab_size: hf.vocab_size,
             hidden_size: hf.hidden_size,
-            intermediate_size: hf.intermediate_size,
+            intermediate_size: match (hf.intermediate_size, raw.get("block_ff_dim").and_then(Value::as_u64)) {
+                (Some(n), _) => n,
+                (None, Some(n)) => usize::try_from(n).unwrap_or(usize::MAX),
+                (None, None) => return Err(EngineError::InvalidModel("config.json lacks intermediate_size".into())),
+            },
             num_layers: hf.num_hidden_layers,
             num_heads: hf.num_attention_heads,
             num_kv_heads,
             head_dim,
             rotary_dim: None,
-            rms_norm_eps: hf.rms_norm_eps,
+            rms_norm_eps: hf
+                .rms_norm_eps
+                .or(hf.norm_eps)
+                .ok_or_else(|| EngineError::InvalidModel("config.json lacks rms_norm_eps".into()))?,
             rope_theta,
             rope_interleaved: false,
             rope_scaling,
@@ -307,6 +330,7 @@ impl ModelConfig {
             multipliers: None,
             gemma4: None,
             moe: None,
+            hybrid: None,
             family: String::new(),
         };
         let mut cfg = cfg;
@@ -332,6 +356,11 @@ impl ModelConfig {
         }
         if model_type == "qwen3_moe" {
             super::moe_config::read(raw, &mut cfg)?;
+        }
+        match arch {
+            Arch::Qwen35 => super::hybrid_config::read_qwen35(raw, &mut cfg)?,
+            Arch::Lfm2 => super::hybrid_config::read_lfm2(raw, &mut cfg)?,
+            _ => {}
         }
         cfg.validate()?;
         super::unimplemented::check_hf(raw, arch, &model_type)?;
@@ -407,6 +436,7 @@ impl ModelConfig {
             multipliers: None,
             gemma4: None,
             moe: None,
+            hybrid: None,
             family: String::new(),
         };
         let mut cfg = cfg;
@@ -430,6 +460,9 @@ impl ModelConfig {
         }
         if arch_name == "qwen3moe" {
             super::moe_config::read_gguf(md, &arch_name, &mut cfg)?;
+        }
+        if matches!(arch, Arch::Qwen35 | Arch::Lfm2) {
+            super::hybrid_config::read_gguf(md, &arch_name, &mut cfg)?;
         }
         cfg.validate()?;
         super::unimplemented::check_gguf(md, &arch_name, arch, cfg.rotary_dim.unwrap_or(cfg.head_dim))?;

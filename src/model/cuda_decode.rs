@@ -401,7 +401,8 @@ impl CudaDecode {
 /// the modules' weights are the views (contiguous row ranges), the originals are dropped.
 /// Layers whose weights are not dense in `dtype` stay as they are.
 pub(super) fn fuse_projections(l: &mut super::DecoderLayer, dtype: DType) -> Result<()> {
-    let a = &mut l.self_attn;
+    // (A recurrent layer is never on this path: `fused_decode_gap` names it.)
+    let Some(a) = l.attention_mut() else { return Ok(()) };
     // (A layer sharing an earlier layer's keys and values has no k or v: never on this path.)
     if let (Some(k), Some(v)) = (&mut a.k_proj, &mut a.v_proj) {
         fuse(&mut [&mut a.q_proj, k, v], dtype)?;

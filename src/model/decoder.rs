@@ -15,7 +15,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
-use super::layer::{DecoderLayer, Pass, RmsNorm};
+use super::layer::{DecoderLayer, Pass, RecurrentSpan, RmsNorm};
 use super::linear::Linear;
 use super::loader::WeightSource;
 use super::plan::{LayerPlan, NormWeight};
@@ -200,13 +200,26 @@ impl Decoder {
     /// [`Self::new_cache`] storing keys and values as `kv_dtype`.
     pub fn new_cache_as(&self, max_len: usize, kv_dtype: impl Into<KvFormat>) -> Result<KvCache> {
         let shapes = self.plan.kv_shapes(self.cfg.num_kv_heads, self.cfg.head_dim);
-        KvCache::shaped(&shapes, self.cfg.num_kv_heads, self.cfg.head_dim, max_len, kv_dtype, &self.device)
+        let kinds = self.plan.kv_kinds();
+        KvCache::with_kinds(&kinds, &shapes, self.cfg.num_kv_heads, self.cfg.head_dim, max_len, kv_dtype, &self.device)
     }
 
     /// An empty pool of `num_blocks` blocks of `block_size` positions, shaped for this model.
     /// Keys and values are stored as `kv_dtype` (widened or dequantized to the activation dtype
     /// when read).
     pub fn new_store(&self, num_blocks: usize, block_size: usize, kv_dtype: impl Into<KvFormat>) -> Result<KvStore> {
+        self.new_store_with_states(num_blocks, block_size, kv_dtype, 0)
+    }
+
+    /// [`Self::new_store`] with `state_slots` slots of recurrent state (models with recurrent
+    /// layers: one per sequence that holds a state).
+    pub fn new_store_with_states(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        kv_dtype: impl Into<KvFormat>,
+        state_slots: usize,
+    ) -> Result<KvStore> {
         KvStore::new(
             self.cfg.num_layers,
             num_blocks,
@@ -216,7 +229,8 @@ impl Decoder {
             kv_dtype,
             &self.device,
         )?
-        .with_cache_layout(self.kv_layout())
+        .with_cache_layout(self.kv_layout())?
+        .with_state_slots(state_slots)
     }
 
     /// What each layer keeps in the KV cache, grouped by kind (the pool is sized by it).
@@ -241,6 +255,7 @@ impl Decoder {
         let per_layer = self.layers.iter().filter_map(|l| l.per_layer.as_ref());
         let per_layer = per_layer.flat_map(|p| [&p.per_layer_input_gate, &p.per_layer_projection]);
         let routed = self.layers.iter().flat_map(|l| l.routed()).flat_map(|m| m.linears());
+        let routed = routed.chain(self.layers.iter().flat_map(|l| l.recurrent_linears()));
         let ple = self
             .per_layer_inputs
             .iter()
@@ -268,8 +283,8 @@ impl Decoder {
                     + norm(&l.post_attention_layernorm)
                     + l.pre_feedforward_layernorm.as_ref().map_or(0, norm)
                     + l.post_feedforward_layernorm.as_ref().map_or(0, norm)
-                    + l.self_attn.q_norm.as_ref().map_or(0, norm)
-                    + l.self_attn.k_norm.as_ref().map_or(0, norm)
+                    + l.attention().map_or(0, |a| a.q_norm.as_ref().map_or(0, norm) + a.k_norm.as_ref().map_or(0, norm))
+                    + l.recurrent_bytes()
                     + l.routed().map_or(0, |m| tensor(m.router()))
             })
             .sum();
@@ -313,12 +328,24 @@ impl Decoder {
     /// The linear module at `slot` (adapters are validated and built against it).
     pub fn linear(&self, slot: Slot) -> Option<&Linear> {
         let l = self.layers.get(slot.layer)?;
+        if let Some(d) = l.delta_net() {
+            return match slot.proj {
+                Proj::LinQkv => Some(&d.in_proj_qkv),
+                Proj::LinZ => Some(&d.in_proj_z),
+                Proj::LinOut => Some(&d.out_proj),
+                Proj::Gate => l.mlp.dense().map(|m| &m.gate_proj),
+                Proj::Up => l.mlp.dense().map(|m| &m.up_proj),
+                Proj::Down => l.mlp.dense().map(|m| &m.down_proj),
+                _ => None,
+            };
+        }
         match slot.proj {
-            Proj::Q => Some(&l.self_attn.q_proj),
+            Proj::Q => l.attention().map(|a| &a.q_proj),
             // A layer attending with an earlier layer's keys and values has neither.
-            Proj::K => l.self_attn.k_proj.as_ref(),
-            Proj::V => l.self_attn.v_proj.as_ref(),
-            Proj::O => Some(&l.self_attn.o_proj),
+            Proj::K => l.attention()?.k_proj.as_ref(),
+            Proj::V => l.attention()?.v_proj.as_ref(),
+            Proj::O => l.attention().map(|a| &a.o_proj),
+            Proj::LinQkv | Proj::LinZ | Proj::LinOut => None,
             // A routed layer's MoE experts are not adaptable modules.
             Proj::Gate => l.mlp.dense().map(|m| &m.gate_proj),
             Proj::Up => l.mlp.dense().map(|m| &m.up_proj),
@@ -341,7 +368,9 @@ impl Decoder {
         let rows = virtual_rows.len() + tokens.len();
         assert!(!tokens.is_empty() && pos + rows <= cache.max_len().min(self.max_positions()), "positions checked by the caller");
         let seq_len = pos + rows;
-        let chunk = SeqChunk { tokens, virtual_rows, pos, seq_len, blocks: &cache.blocks, logits: which, experts };
+        let state = (!cache.store.states().is_empty()).then_some(0);
+        let chunk =
+            SeqChunk { tokens, virtual_rows, pos, seq_len, blocks: &cache.blocks, state, steps: false, logits: which, experts };
         let out = self.forward_batch(&[chunk], &cache.store)?;
         cache.advance(rows);
         let logits = out.logits.or(out.hidden).expect("an output was requested");
@@ -378,6 +407,11 @@ impl Decoder {
             row += n;
         }
         let rows = row;
+        let recurrent: Vec<RecurrentSpan> = spans
+            .iter()
+            .zip(chunks)
+            .map(|(s, c)| RecurrentSpan { row: s.row, len: s.len, pos: s.pos, state: c.state, steps: c.steps })
+            .collect();
         let group_spans: Vec<Vec<SeqSpan>> = (0..tables)
             .map(|t| spans.iter().zip(chunks).map(|(s, c)| SeqSpan { blocks: &c.blocks[t], ..*s }).collect())
             .collect();
@@ -446,6 +480,7 @@ impl Decoder {
             rotations: &rotations,
             store,
             per_layer_inputs: per_layer_inputs.as_ref(),
+            recurrent: &recurrent,
         };
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward(x, i, &pass, &self.plan)?;
@@ -565,6 +600,11 @@ pub struct SeqChunk<'a> {
     pub seq_len: usize,
     /// The sequence's block table of each table group of layers.
     pub blocks: &'a [Vec<BlockId>],
+    /// The sequence's slot of recurrent states (models with recurrent layers).
+    pub state: Option<crate::kv::states::StateId>,
+    /// Keep the recurrent state after each row (a speculative verification; see
+    /// [`crate::kv::states::StatePool::settle`]).
+    pub steps: bool,
     pub logits: Logits,
     /// The adapters the chunk's rows run under.
     pub experts: &'a dyn Adapters,

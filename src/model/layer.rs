@@ -5,10 +5,12 @@
 use candle_core::{DType, Tensor};
 
 use super::adapt::{linear_segments, Fused, Proj, Segment, Slot};
+use super::delta_net::GatedDeltaNet;
 use super::linear::Linear;
 use super::loader::WeightSource;
 use super::moe::RoutedFfn;
-use super::plan::{Activation, FeedForward, LayerPlan, LayerSpec, Mixer, NormWeight};
+use super::plan::{Activation, AttentionSpec, FeedForward, LayerPlan, LayerSpec, Mixer, NormWeight, Recurrent};
+use super::short_conv::ShortConv;
 use crate::error::{EngineError, Result};
 use crate::kv::attention::{paged_attention, AttentionPlan, LayerAttention};
 use crate::kv::store::KvWrites;
@@ -21,7 +23,8 @@ pub(super) struct RmsNorm {
 
 impl RmsNorm {
     /// A norm whose weight is applied as `w` or, where the plan says so, as `1 + w` (the sum
-    /// taken once here, in f32, then stored in the model's dtype; a GGUF file stores the sum).
+    /// taken once here and kept in f32, the norm then computed in f32; a GGUF file stores the
+    /// sum).
     pub(super) fn load(
         src: &mut dyn WeightSource,
         name: &str,
@@ -32,8 +35,10 @@ impl RmsNorm {
     ) -> Result<Self> {
         let name = format!("{name}.weight");
         let weight = match how {
+            // As HF: `w` held in the model's dtype, `1 + w` and the product in f32, one rounding
+            // of the output (`1 + w` rounded to bf16 moved Qwen3.5's logprobs by up to 0.8).
             NormWeight::OnePlus if !src.norms_hold_one_plus() => {
-                (src.tensor(&name, &[size], DType::F32)? + 1.0)?.to_dtype(dtype)?
+                (src.tensor(&name, &[size], dtype)?.to_dtype(DType::F32)? + 1.0)?
             }
             NormWeight::Plain | NormWeight::OnePlus => src.tensor(&name, &[size], dtype)?,
         };
@@ -46,6 +51,11 @@ impl RmsNorm {
     }
 
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // An f32 weight (`1 + w`) over a half-precision row: the norm in f32.
+        if self.weight.dtype() != x.dtype() {
+            let y = candle_nn::ops::rms_norm(&x.to_dtype(DType::F32)?.contiguous()?, &self.weight, self.eps)?;
+            return Ok(y.to_dtype(x.dtype())?);
+        }
         Ok(candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps)?)
     }
 }
@@ -72,6 +82,8 @@ pub(super) struct Attention {
     pub(super) rope: Option<usize>,
     /// Its scale and sliding window, as the plan has them.
     pub(super) how: LayerAttention,
+    /// `q_proj` also yields a gate per head: the output times `sigmoid(gate)` (Qwen3.5).
+    pub(super) output_gate: bool,
 }
 
 /// The block after attention: a gated MLP, or a routed block of MoE experts.
@@ -125,7 +137,8 @@ pub(super) struct Mlp {
 /// `post_feedforward_layernorm`.
 pub(super) struct DecoderLayer {
     pub(super) input_layernorm: RmsNorm,
-    pub(super) self_attn: Attention,
+    /// Attention, or a recurrent mixer.
+    pub(super) mixer: LayerMixer,
     pub(super) post_attention_layernorm: RmsNorm,
     /// Sandwich layers only.
     pub(super) pre_feedforward_layernorm: Option<RmsNorm>,
@@ -137,6 +150,25 @@ pub(super) struct DecoderLayer {
     pub(super) per_layer: Option<PerLayer>,
     /// Gemma 4: multiplies the layer's output (`[1]`).
     pub(super) layer_scalar: Option<Tensor>,
+}
+
+/// What a layer mixes positions with.
+pub(super) enum LayerMixer {
+    Attention(Box<Attention>),
+    DeltaNet(Box<GatedDeltaNet>),
+    ShortConv(Box<ShortConv>),
+}
+
+/// One sequence's rows of a pass, as a recurrent layer runs them: `len` rows from batch row
+/// `row`, at positions from `pos`, continuing the state in slot `state`; with `steps`, the
+/// state after each row is kept (a speculative verification).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RecurrentSpan {
+    pub(super) row: usize,
+    pub(super) len: usize,
+    pub(super) pos: usize,
+    pub(super) state: Option<crate::kv::states::StateId>,
+    pub(super) steps: bool,
 }
 
 /// Gemma 4's routed FFN beside the MLP: `post_feedforward_layernorm_1(mlp(…))` plus
@@ -157,6 +189,48 @@ pub(super) struct PerLayer {
 }
 
 impl DecoderLayer {
+    /// Its attention, where its mixer is attention.
+    pub(super) fn attention(&self) -> Option<&Attention> {
+        match &self.mixer {
+            LayerMixer::Attention(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) fn attention_mut(&mut self) -> Option<&mut Attention> {
+        match &mut self.mixer {
+            LayerMixer::Attention(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Its Gated DeltaNet, where its mixer is one.
+    pub(super) fn delta_net(&self) -> Option<&GatedDeltaNet> {
+        match &self.mixer {
+            LayerMixer::DeltaNet(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// A recurrent mixer's linear modules that no adapter slot names.
+    pub(super) fn recurrent_linears(&self) -> Vec<&Linear> {
+        match &self.mixer {
+            LayerMixer::Attention(_) => Vec::new(),
+            LayerMixer::DeltaNet(d) => vec![&d.in_proj_b, &d.in_proj_a],
+            LayerMixer::ShortConv(c) => vec![&c.in_proj, &c.out_proj],
+        }
+    }
+
+    /// Bytes of a recurrent mixer's other weights (convolution, decays, norm; f32).
+    pub(super) fn recurrent_bytes(&self) -> usize {
+        match &self.mixer {
+            LayerMixer::Attention(_) => 0,
+            LayerMixer::DeltaNet(d) => d.small_weights() * 4,
+            LayerMixer::ShortConv(c) => c.small_weights() * 4,
+        }
+    }
+
     /// Its routed FFN, in place of the MLP (Qwen3-MoE) or beside it (Gemma 4).
     pub(super) fn routed(&self) -> Option<&RoutedFfn> {
         self.mlp.routed().or(self.beside.as_ref().map(|b| &b.routed))
@@ -173,60 +247,15 @@ impl DecoderLayer {
         eps: f64,
         dtype: DType,
     ) -> Result<Self> {
-        let a = match &spec.mixer {
-            Mixer::Attention(a) => a,
-            Mixer::Recurrent(r) => match *r {},
-        };
-        let (nh, nkv, hd) = (a.num_heads, a.num_kv_heads, a.head_dim);
-        let at = format!("{p}.self_attn");
         let norm_weight = spec.norms.weight;
-        let qk_norm = |src: &mut dyn WeightSource, n: &str| -> Result<Option<RmsNorm>> {
-            a.qk_norm.then(|| RmsNorm::load(src, &format!("{at}.{n}"), hd, eps, norm_weight, dtype)).transpose()
-        };
-        let shared = a.kv_from.is_some();
-        let [q_proj, k_proj, v_proj] = if shared {
-            // Its keys and values are an earlier layer's: the checkpoint has no k or v.
-            let q = src.linear(&format!("{at}.q_proj"), nh * hd, h, a.qkv_bias, dtype)?;
-            [Some(q), None, None]
-        } else if fused.qkv {
-            let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{at}.{n}"));
-            let parts = [(names[0].as_str(), nh * hd), (names[1].as_str(), nkv * hd), (names[2].as_str(), nkv * hd)];
-            let qkv = src.linear_parts(&format!("{at}.qkv_proj"), &parts, h, a.qkv_bias, dtype)?;
-            <[Linear; 3]>::try_from(qkv).map_err(|_| EngineError::Internal("qkv_proj: three parts".into()))?.map(Some)
-        } else {
-            let [q, k] = [("q_proj", nh), ("k_proj", nkv)]
-                .map(|(n, heads)| src.linear(&format!("{at}.{n}"), heads * hd, h, a.qkv_bias, dtype));
-            // (Values from the keys: the checkpoint has no v_proj.)
-            let v =
-                (!a.values_from_keys).then(|| src.linear(&format!("{at}.v_proj"), nkv * hd, h, a.qkv_bias, dtype)).transpose()?;
-            [Some(q?), Some(k?), v]
-        };
-        let q_proj = q_proj.ok_or_else(|| EngineError::Internal("a query projection".into()))?;
-        let q_norm = qk_norm(src, "q_norm")?;
-        let v_norm = match (&q_norm, a.v_norm && !shared) {
-            (_, false) => None,
-            (Some(q), true) => Some(q.unit_like()?),
-            (None, true) => return Err(EngineError::Internal("a value norm without a query norm".into())),
-        };
-        let self_attn = Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj: src.linear(&format!("{at}.o_proj"), h, nh * hd, false, dtype)?,
-            q_norm,
-            k_norm: if shared { None } else { qk_norm(src, "k_norm")? },
-            v_norm,
-            kv_from: a.kv_from,
-            values_from_keys: a.values_from_keys,
-            num_heads: nh,
-            num_kv_heads: nkv,
-            head_dim: hd,
-            rope: a.rope,
-            how: LayerAttention {
-                // The kernels' own `1/√head_dim` (in f32) where the plan has the standard scale.
-                scale: (a.scale != 1.0 / (hd as f64).sqrt()).then_some(a.scale as f32),
-                window: a.window,
-            },
+        let mixer = match &spec.mixer {
+            Mixer::Attention(a) => {
+                LayerMixer::Attention(Box::new(Attention::load(src, p, a, norm_weight, fused, (h, eps), dtype)?))
+            }
+            Mixer::Recurrent(Recurrent::GatedDeltaNet(d)) => {
+                LayerMixer::DeltaNet(Box::new(GatedDeltaNet::load(src, p, *d, h, eps, dtype)?))
+            }
+            Mixer::Recurrent(Recurrent::ShortConv(c)) => LayerMixer::ShortConv(Box::new(ShortConv::load(src, p, *c, dtype)?)),
         };
         let m = format!("{p}.mlp");
         let norm = |src: &mut dyn WeightSource, n: &str| RmsNorm::load(src, &format!("{p}.{n}"), h, eps, norm_weight, dtype);
@@ -262,7 +291,7 @@ impl DecoderLayer {
         let layer_scalar = spec.layer_scalar.then(|| src.tensor(&format!("{p}.layer_scalar"), &[1], dtype)).transpose()?;
         Ok(DecoderLayer {
             input_layernorm: norm(src, "input_layernorm")?,
-            self_attn,
+            mixer,
             post_attention_layernorm: norm(src, "post_attention_layernorm")?,
             pre_feedforward_layernorm: sandwich(src, "pre_feedforward_layernorm")?,
             post_feedforward_layernorm: sandwich(src, "post_feedforward_layernorm")?,
@@ -270,6 +299,74 @@ impl DecoderLayer {
             beside,
             per_layer,
             layer_scalar,
+        })
+    }
+}
+
+impl Attention {
+    /// Reads `{p}.self_attn.*` as `a` describes it; its projections fused where the file has
+    /// them so (`fused`).
+    fn load(
+        src: &mut dyn WeightSource,
+        p: &str,
+        a: &AttentionSpec,
+        norm_weight: NormWeight,
+        fused: Fused,
+        (h, eps): (usize, f64),
+        dtype: DType,
+    ) -> Result<Self> {
+        let (nh, nkv, hd) = (a.num_heads, a.num_kv_heads, a.head_dim);
+        let at = format!("{p}.self_attn");
+        // With an output gate, each head's queries are followed by its gate's rows.
+        let q_rows = nh * hd * if a.output_gate { 2 } else { 1 };
+        let qk_norm = |src: &mut dyn WeightSource, n: &str| -> Result<Option<RmsNorm>> {
+            a.qk_norm.then(|| RmsNorm::load(src, &format!("{at}.{n}"), hd, eps, norm_weight, dtype)).transpose()
+        };
+        let shared = a.kv_from.is_some();
+        let [q_proj, k_proj, v_proj] = if shared {
+            // Its keys and values are an earlier layer's: the checkpoint has no k or v.
+            let q = src.linear(&format!("{at}.q_proj"), q_rows, h, a.qkv_bias, dtype)?;
+            [Some(q), None, None]
+        } else if fused.qkv {
+            let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{at}.{n}"));
+            let parts = [(names[0].as_str(), q_rows), (names[1].as_str(), nkv * hd), (names[2].as_str(), nkv * hd)];
+            let qkv = src.linear_parts(&format!("{at}.qkv_proj"), &parts, h, a.qkv_bias, dtype)?;
+            <[Linear; 3]>::try_from(qkv).map_err(|_| EngineError::Internal("qkv_proj: three parts".into()))?.map(Some)
+        } else {
+            let [q, k] = [("q_proj", q_rows), ("k_proj", nkv * hd)]
+                .map(|(n, rows)| src.linear(&format!("{at}.{n}"), rows, h, a.qkv_bias, dtype));
+            // (Values from the keys: the checkpoint has no v_proj.)
+            let v =
+                (!a.values_from_keys).then(|| src.linear(&format!("{at}.v_proj"), nkv * hd, h, a.qkv_bias, dtype)).transpose()?;
+            [Some(q?), Some(k?), v]
+        };
+        let q_proj = q_proj.ok_or_else(|| EngineError::Internal("a query projection".into()))?;
+        let q_norm = qk_norm(src, "q_norm")?;
+        let v_norm = match (&q_norm, a.v_norm && !shared) {
+            (_, false) => None,
+            (Some(q), true) => Some(q.unit_like()?),
+            (None, true) => return Err(EngineError::Internal("a value norm without a query norm".into())),
+        };
+        Ok(Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj: src.linear(&format!("{at}.o_proj"), h, nh * hd, false, dtype)?,
+            q_norm,
+            k_norm: if shared { None } else { qk_norm(src, "k_norm")? },
+            v_norm,
+            kv_from: a.kv_from,
+            values_from_keys: a.values_from_keys,
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            rope: a.rope,
+            how: LayerAttention {
+                // The kernels' own `1/√head_dim` (in f32) where the plan has the standard scale.
+                scale: (a.scale != 1.0 / (hd as f64).sqrt()).then_some(a.scale as f32),
+                window: a.window,
+            },
+            output_gate: a.output_gate,
         })
     }
 }
@@ -285,6 +382,8 @@ pub(super) struct Pass<'a> {
     pub(super) store: &'a KvStore,
     /// Gemma 4: every row's per-layer inputs, `[rows, layers, size]`.
     pub(super) per_layer_inputs: Option<&'a Tensor>,
+    /// Each sequence's rows, for the recurrent layers.
+    pub(super) recurrent: &'a [RecurrentSpan],
 }
 
 impl Attention {
@@ -295,7 +394,13 @@ impl Attention {
 
         // 1. Project to per-head queries (adapters applied): [rows, heads, head_dim]; where the
         //    plan has it, per-head RMSNorm.
-        let q = proj(&self.q_proj, x, Proj::Q)?.reshape((rows, nh, hd))?;
+        let q = proj(&self.q_proj, x, Proj::Q)?;
+        let (q, gate) = if self.output_gate {
+            let qg = q.reshape((rows, nh, 2 * hd))?;
+            (qg.narrow(2, 0, hd)?.contiguous()?, Some(qg.narrow(2, hd, hd)?.contiguous()?.reshape((rows, nh * hd))?))
+        } else {
+            (q.reshape((rows, nh, hd))?, None)
+        };
         let q = match &self.q_norm {
             Some(n) => n.forward(&q)?,
             None => q,
@@ -345,6 +450,10 @@ impl Attention {
         // 3. Attend through the block tables (the backend seam), then the output projection.
         let plan = &pass.attention[pass.store.table_of(kv_layer)];
         let out = paged_attention(&q, plan, pass.store, kv_layer, nh, self.how)?;
+        let out = match gate {
+            Some(g) => (out * candle_nn::ops::sigmoid(&g)?)?,
+            None => out,
+        };
         proj(&self.o_proj, &out, Proj::O)
     }
 }
@@ -356,7 +465,12 @@ impl DecoderLayer {
             let m = plan.residual_multiplier;
             Ok(if m == 1.0 { (x + h)? } else { (x + (h * m)?)? })
         };
-        let h = self.self_attn.forward(&self.input_layernorm.forward(&x)?, layer, pass, plan)?;
+        let normed = self.input_layernorm.forward(&x)?;
+        let h = match &self.mixer {
+            LayerMixer::Attention(a) => a.forward(&normed, layer, pass, plan)?,
+            LayerMixer::DeltaNet(d) => d.forward(&normed, layer, pass)?,
+            LayerMixer::ShortConv(c) => c.forward(&normed, layer, pass)?,
+        };
         let x = match (&self.pre_feedforward_layernorm, &self.post_feedforward_layernorm) {
             (Some(pre_ffn), Some(post_ffn)) => {
                 let x = add(x, self.post_attention_layernorm.forward(&h)?)?;

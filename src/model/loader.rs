@@ -133,6 +133,9 @@ impl<'a> ModelFiles<'a> {
                 if self.config.text_of_multimodal {
                     src.keep_text_model()?;
                 }
+                if self.config.arch == super::config::Arch::Lfm2 {
+                    src.rename(LFM2_NAMES)?;
+                }
                 Box::new(src)
             }
             ModelFormat::Gguf(src) => src,
@@ -142,6 +145,19 @@ impl<'a> ModelFiles<'a> {
 }
 
 // ---------------------------------------------------------------- safetensors
+
+/// LFM2's names for the modules every decoder has (its convolution layers' `conv.*` keep theirs).
+const LFM2_NAMES: &[(&str, &str)] = &[
+    (".self_attn.out_proj.", ".self_attn.o_proj."),
+    (".self_attn.q_layernorm.", ".self_attn.q_norm."),
+    (".self_attn.k_layernorm.", ".self_attn.k_norm."),
+    (".feed_forward.w1.", ".mlp.gate_proj."),
+    (".feed_forward.w3.", ".mlp.up_proj."),
+    (".feed_forward.w2.", ".mlp.down_proj."),
+    (".operator_norm.", ".input_layernorm."),
+    (".ffn_norm.", ".post_attention_layernorm."),
+    ("model.embedding_norm.", "model.norm."),
+];
 
 /// A tensor's place in one of the mapped files.
 struct Entry {
@@ -258,6 +274,23 @@ impl<'a> SafetensorsSource<'a> {
         }
         self.total = text.values().map(|e| e.len as u64).sum();
         self.entries = text;
+        Ok(())
+    }
+
+    /// Renames tensors whose name contains a `from` of `names` to hold its `to` there instead
+    /// (a family that names the common modules its own way).
+    pub fn rename(&mut self, names: &[(&str, &str)]) -> Result<()> {
+        let mut out = HashMap::with_capacity(self.entries.len());
+        for (name, entry) in std::mem::take(&mut self.entries) {
+            let renamed =
+                names.iter().find(|(from, _)| name.contains(from)).map_or(name.clone(), |(f, t)| name.replacen(f, t, 1));
+            if out.insert(renamed.clone(), entry).is_some() {
+                return Err(EngineError::InvalidModel(format!(
+                    "tensor {renamed} is stored twice (as {name} and under another name)"
+                )));
+            }
+        }
+        self.entries = out;
         Ok(())
     }
 

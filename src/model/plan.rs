@@ -78,9 +78,39 @@ pub enum Mixer {
     Recurrent(Recurrent),
 }
 
-/// Recurrent mixers (a fixed-size state per sequence instead of positions). None yet.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Recurrent {}
+/// Recurrent mixers: a fixed-size state per sequence instead of positions (see
+/// [`super::delta_net`] and [`super::short_conv`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Recurrent {
+    /// Gated DeltaNet linear attention (Qwen3.5's `linear_attention` layers).
+    GatedDeltaNet(DeltaNetSpec),
+    /// A gated short convolution (LFM2's `conv` layers).
+    ShortConv(ShortConvSpec),
+}
+
+/// A Gated DeltaNet: per token, a causal depthwise convolution (SiLU) over the projected
+/// queries, keys and values; L2-normed queries and keys; per value head a `k_head_dim ×
+/// v_head_dim` state decayed by `exp(g)` and corrected toward each value by the delta rule
+/// with rate `β`; the output RMS-normed and gated by `silu(z)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetSpec {
+    pub num_k_heads: usize,
+    pub num_v_heads: usize,
+    pub k_head_dim: usize,
+    pub v_head_dim: usize,
+    /// Taps of the causal convolution.
+    pub conv_kernel: usize,
+}
+
+/// A gated short convolution: `out_proj(C · conv(B · x))` with `B`, `C`, `x` from `in_proj`
+/// and a causal depthwise convolution of `l_cache` taps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShortConvSpec {
+    pub l_cache: usize,
+    pub hidden: usize,
+    /// Biases on the projections and the convolution.
+    pub bias: bool,
+}
 
 /// A self-attention layer.
 #[derive(Clone, Debug, PartialEq)]
@@ -104,6 +134,9 @@ pub struct AttentionSpec {
     /// No value projection: the values are the key projection's output, before the key norm and
     /// RoPE (Gemma 4's `attention_k_eq_v` full layers).
     pub values_from_keys: bool,
+    /// The query projection also yields a gate per head (`[q, gate]` per head): the output is
+    /// multiplied by `sigmoid(gate)` before `o_proj` (Qwen3.5's gated attention).
+    pub output_gate: bool,
     /// Multiplies `q·k` before the softmax.
     pub scale: f64,
     /// `cap · tanh(s / cap)` on the attention scores.
@@ -210,6 +243,7 @@ impl LayerPlan {
             v_norm: false,
             kv_from: None,
             values_from_keys: false,
+            output_gate: false,
             scale: 1.0 / (cfg.head_dim as f64).sqrt(),
             logit_softcap: None,
         };
@@ -358,6 +392,25 @@ impl LayerPlan {
                 plan.final_logit_softcap = cfg.final_logit_softcap;
                 plan.per_layer_input = g.per_layer_input.map(|(size, vocab)| PerLayerInput { size, vocab });
             }
+            // Hybrids: recurrent mixers where the config says, attention elsewhere with q/k
+            // norms. Qwen3.5's attention is gated, its norms are `1 + w` and it rotates part of
+            // each head (the shared rotary embedding); LFM2's is plain.
+            Arch::Qwen35 | Arch::Lfm2 => {
+                let h = cfg.hybrid.as_ref().expect("read with the config");
+                let qwen = cfg.arch == Arch::Qwen35;
+                for (layer, mixer) in plan.layers.iter_mut().zip(&h.mixers) {
+                    layer.mixer = match mixer {
+                        Some(r) => Mixer::Recurrent(*r),
+                        None => Mixer::Attention(AttentionSpec { qk_norm: true, output_gate: qwen, ..attention.clone() }),
+                    };
+                    if qwen {
+                        layer.norms.weight = NormWeight::OnePlus;
+                    }
+                }
+                if qwen {
+                    plan.final_norm = NormWeight::OnePlus;
+                }
+            }
         }
         plan
     }
@@ -372,7 +425,7 @@ impl LayerPlan {
                     None => LayerCache::Full,
                     Some(window) => LayerCache::Window { window },
                 },
-                Mixer::Recurrent(r) => match *r {},
+                Mixer::Recurrent(r) => LayerCache::State { bytes: r.state_floats() * 4 },
             })
             .collect()
     }
@@ -387,7 +440,7 @@ impl LayerPlan {
                     let shape = HeadShape { kv_heads: a.num_kv_heads, head_dim: a.head_dim };
                     (shape != HeadShape { kv_heads, head_dim }).then_some(shape)
                 }
-                Mixer::Recurrent(r) => match *r {},
+                Mixer::Recurrent(_) => None,
             })
             .collect()
     }
@@ -403,7 +456,7 @@ impl LayerPlan {
                         return Some(format!("layer {i}: {}", l.mixer));
                     }
                 }
-                Mixer::Recurrent(r) => match *r {},
+                Mixer::Recurrent(_) => {}
             }
         }
         None
@@ -439,7 +492,7 @@ impl LayerPlan {
         for (i, l) in self.layers.iter().enumerate() {
             let a = match &l.mixer {
                 Mixer::Attention(a) => a,
-                Mixer::Recurrent(r) => match *r {},
+                Mixer::Recurrent(_) => return Some(format!("layer {i}: {}", l.mixer)),
             };
             let plain = Norms { sandwich: false, weight: NormWeight::Plain };
             let silu = matches!(l.ffn, FeedForward::GatedMlp { activation: Activation::Silu, .. });
@@ -449,6 +502,7 @@ impl LayerPlan {
                 && !a.v_norm
                 && a.kv_from.is_none()
                 && !a.values_from_keys
+                && !a.output_gate
                 && a.scale == 1.0 / (a.head_dim as f64).sqrt();
             if l.norms != plain || !silu || !standard || l.layer_scalar || l.per_layer_input {
                 return Some(format!("layer {i}: {l}"));
@@ -468,7 +522,7 @@ impl LayerPlan {
         self.layers.iter().position(|l| {
             let a = match &l.mixer {
                 Mixer::Attention(a) => a,
-                Mixer::Recurrent(r) => match *r {},
+                Mixer::Recurrent(_) => return false,
             };
             let shape = (a.num_heads, a.num_kv_heads, a.head_dim);
             *first.get_or_insert(shape) != shape
@@ -533,7 +587,16 @@ impl fmt::Display for Mixer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let a = match self {
             Mixer::Attention(a) => a,
-            Mixer::Recurrent(r) => match *r {},
+            Mixer::Recurrent(Recurrent::GatedDeltaNet(d)) => {
+                return write!(
+                    f,
+                    "Gated DeltaNet ({} key heads of {}, {} value heads of {}, conv {})",
+                    d.num_k_heads, d.k_head_dim, d.num_v_heads, d.v_head_dim, d.conv_kernel
+                )
+            }
+            Mixer::Recurrent(Recurrent::ShortConv(c)) => {
+                return write!(f, "short conv ({} taps{})", c.l_cache, if c.bias { ", biases" } else { "" })
+            }
         };
         match a.window {
             None => write!(f, "full attention")?,
@@ -558,6 +621,9 @@ impl fmt::Display for Mixer {
         }
         if a.values_from_keys {
             write!(f, ", values = keys")?;
+        }
+        if a.output_gate {
+            write!(f, ", output gate")?;
         }
         if a.scale != 1.0 / (a.head_dim as f64).sqrt() {
             write!(f, ", scale {}", a.scale)?;

@@ -38,7 +38,7 @@ fn each_family_is_pre_norm_attention_and_a_silu_mlp_with_its_own_attention_detai
 fn attention(plan: &mut LayerPlan, layer: usize) -> &mut AttentionSpec {
     match &mut plan.layers[layer].mixer {
         Mixer::Attention(a) => a,
-        Mixer::Recurrent(r) => match *r {},
+        Mixer::Recurrent(_) => panic!("layer {layer} is recurrent"),
     }
 }
 
@@ -202,4 +202,33 @@ fn gemma4_moe_is_values_from_keys_and_a_routed_ffn_beside_the_mlp() {
     }
     assert_eq!(plan.unsupported(), None);
     assert!(plan.fused_decode_gap().is_some());
+}
+
+/// The hybrids: recurrent layers keep a state (sized by their spec) and no positions, attention
+/// layers keep positions; Qwen3.5's attention is gated with `1 + w` norms and a quarter rotated.
+#[test]
+fn hybrid_plans_name_their_recurrent_layers() {
+    let qwen = fixture_plan("qwen35-tiny");
+    assert_eq!(
+        qwen.summary(),
+        vec![
+            "layers 0–2: Gated DeltaNet (2 key heads of 16, 4 value heads of 8, conv 4) · gated MLP (SiLU, 96) · pre-norm (1 + w)"
+                .to_string(),
+            "layer 3: full attention (4 heads, 2 kv, head dim 16, rope 0, q/k norm, output gate) · gated MLP (SiLU, 96) · pre-norm (1 + w)"
+                .into(),
+            "rope 0: theta 10000, rotary dim 4 of 16, half-split".into(),
+            "model: final norm (1 + w)".into(),
+        ]
+    );
+    // Per sequence: the convolution's last 3 inputs of 96 channels, 4 matrices of 16 × 8.
+    let state = LayerCache::State { bytes: (3 * 96 + 4 * 16 * 8) * 4 };
+    assert_eq!(qwen.kv_kinds(), vec![state, state, state, LayerCache::Full]);
+    assert_eq!(qwen.unsupported(), None);
+    assert!(qwen.fused_decode_gap().is_some());
+    let lfm2 = fixture_plan("lfm2-tiny");
+    assert_eq!(lfm2.summary()[0], "layers 0–1: short conv (3 taps) · gated MLP (SiLU, 160) · pre-norm (w)");
+    let conv = LayerCache::State { bytes: 2 * 64 * 4 };
+    assert_eq!(lfm2.kv_kinds(), vec![conv, conv, LayerCache::Full, conv]);
+    // The fused CUDA decode kernels run attention layers only.
+    assert!(lfm2.fused_decode_gap().unwrap().starts_with("layer 0: short conv"), "{:?}", lfm2.fused_decode_gap());
 }

@@ -55,6 +55,7 @@ pub fn check_hf(raw: &Value, arch: Arch, model_type: &str) -> Result<()> {
         Arch::Llama => true,
         // Gemma 3's and 4's windows and layer types are read (gemma3_config.rs, gemma4_config.rs).
         Arch::Gemma3 | Arch::Gemma4 => false,
+        Arch::Qwen35 | Arch::Lfm2 => get("sliding_window").is_some(),
     };
     let implemented: &[&str] = match (arch, model_type) {
         (Arch::Gemma3, _) => &["layer_types", "query_pre_attn_scalar", "final_logit_softcapping"],
@@ -66,6 +67,9 @@ pub fn check_hf(raw: &Value, arch: Arch, model_type: &str) -> Result<()> {
             "attn_logit_softcapping",
             "partial_rotary_factor",
         ],
+        // Their layer types (recurrent mixers) and partial rotary factor are read (hybrid_config.rs).
+        (Arch::Qwen35, _) => &["layer_types", "partial_rotary_factor"],
+        (Arch::Lfm2, _) => &["layer_types"],
         // Their window and layer types are read (window_config.rs).
         (_, "mistral") => &["sliding_window"],
         (_, "ministral") => &["sliding_window", "layer_types"],
@@ -135,6 +139,8 @@ pub fn check_gguf(md: &Metadata, arch_name: &str, arch: Arch, rotary_dim: usize)
         (_, "phi3") => &["attention.sliding_window"],
         // Its window, final soft-cap and two rotary dimensions are read (gemma4_config.rs).
         (Arch::Gemma4, _) => &["attention.sliding_window", "final_logit_softcapping", "rope.dimension_count"],
+        // Its partial rotary dimension is read (hybrid_config.rs).
+        (Arch::Qwen35, _) => &["rope.dimension_count"],
         _ => &[],
     };
     let window = gguf_meta::get_u64(md, &key("attention.sliding_window")).ok().flatten().filter(|&w| w > 0);

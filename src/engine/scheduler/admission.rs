@@ -66,6 +66,8 @@ impl Scheduler {
         let own = own.min(st.shareable).min(shareable);
         // A window group that gave back the blocks a query at `own` sees cannot continue there.
         let own = if self.kv.can_continue(&st.table, own) { own } else { 0 };
+        // A recurrent state continues only from where it stands: all of the table or nothing.
+        let own = if self.kv.has_states() && own != st.table.len() { 0 } else { own };
         if hit.tokens > shareable {
             hit = crate::kv::manager::PrefixHit::default();
         }
@@ -74,7 +76,8 @@ impl Scheduler {
         let st = self.sessions.get_mut(&id).expect("checked above");
         if own >= hit.tokens {
             let new = self.kv.prepare_resume(&mut st.table, own, need_blocks);
-            if !self.make_room(new, id) {
+            let state = self.kv.has_states() && st.table.state().is_none();
+            if !self.make_room(new, id, state) {
                 return Ok(false);
             }
             let st = self.sessions.get_mut(&id).expect("not evicted");
@@ -83,7 +86,7 @@ impl Scheduler {
             // Pin the match before anything is evicted, then drop the session's own blocks.
             let hit = self.kv.pin(hit);
             self.kv.free(&mut st.table);
-            if !self.make_room(self.kv.blocks_to_adopt(&hit, need_blocks), id) {
+            if !self.make_room(self.kv.blocks_to_adopt(&hit, need_blocks), id, self.kv.has_states()) {
                 self.kv.unpin(hit);
                 return Ok(false);
             }
@@ -109,15 +112,16 @@ impl Scheduler {
         Ok(true)
     }
 
-    /// Frees blocks until `n` can be allocated: cached blocks are recycled by the pool itself;
-    /// beyond them, idle sessions other than `except` lose their blocks, least recently used
-    /// first. False when even that is not enough.
-    fn make_room(&mut self, n: usize, except: u64) -> bool {
-        while self.kv.available() < n {
+    /// Frees blocks until `n` can be allocated (and a recurrent-state slot, with `state`):
+    /// cached blocks are recycled by the pool itself; beyond them, idle sessions other than
+    /// `except` lose their blocks and state, least recently used first. False when even that is
+    /// not enough.
+    fn make_room(&mut self, n: usize, except: u64, state: bool) -> bool {
+        while self.kv.available() < n || state && self.kv.free_states() == 0 {
             let victim = self
                 .sessions
                 .iter()
-                .filter(|(&id, s)| id != except && !s.running && !s.table.is_empty())
+                .filter(|(&id, s)| id != except && !s.running && (!s.table.is_empty() || s.table.state().is_some()))
                 .min_by_key(|(&id, s)| (s.last_used, id))
                 .map(|(&id, _)| id);
             let Some(v) = victim else { return false };
@@ -134,7 +138,8 @@ impl Scheduler {
         while let Some(mut job) = self.embeds.waiting.pop_front() {
             let need = self.kv.blocks_for(job.target());
             let new = self.kv.prepare_resume(&mut job.table, 0, need);
-            let admitted = self.make_room(new, 0) && self.kv.resume(&mut job.table, 0, need).unwrap_or(false);
+            let state = self.kv.has_states() && job.table.state().is_none();
+            let admitted = self.make_room(new, 0, state) && self.kv.resume(&mut job.table, 0, need).unwrap_or(false);
             if admitted {
                 self.embeds.running.push(job);
                 continue;

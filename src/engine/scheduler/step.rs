@@ -51,17 +51,21 @@ impl Scheduler {
             let chunks: Vec<SeqChunk> = plan
                 .iter()
                 .map(|&Planned { row, pos, n }| {
-                    let (tokens, n_virtual, blocks, target, experts): (&[u32], _, _, _, _) = match row {
+                    let (tokens, n_virtual, table, target, experts): (&[u32], _, _, _, _) = match row {
                         Row::Generate(i) => {
                             let seq = &self.running[i];
                             let st = &self.sessions[&seq.session];
-                            (&st.tokens, st.n_virtual, st.table.groups(), st.target(), &seq.experts)
+                            (&st.tokens, st.n_virtual, &st.table, st.target(), &seq.experts)
                         }
                         Row::Embed(j) => {
                             let job = &self.embeds.running[j];
-                            (&job.tokens, job.n_virtual, job.table.groups(), job.target(), &job.experts)
+                            (&job.tokens, job.n_virtual, &job.table, job.target(), &job.experts)
                         }
                     };
+                    let (blocks, state) = (table.groups(), table.state());
+                    // A verification keeps each row's recurrent state: the drafts a sample
+                    // rejects are rolled back to the last one it keeps.
+                    let steps = matches!(row, Row::Generate(i) if pos + n == target && self.running[i].drafted() > 0);
                     let logits = match row {
                         Row::Embed(_) => Logits::Hidden,
                         // A speculative step needs the pending token's row and each draft's.
@@ -72,7 +76,17 @@ impl Scheduler {
                     let virtual_rows = pos.min(n_virtual)..(pos + n).min(n_virtual);
                     let t0 = pos.max(n_virtual) - n_virtual;
                     let t1 = pos + n - n_virtual;
-                    SeqChunk { tokens: &tokens[t0..t1], virtual_rows, pos, seq_len: target, blocks, logits, experts }
+                    SeqChunk {
+                        tokens: &tokens[t0..t1],
+                        virtual_rows,
+                        pos,
+                        seq_len: target,
+                        blocks,
+                        state: state.filter(|_| self.kv.has_states()),
+                        steps: steps && state.is_some(),
+                        logits,
+                        experts,
+                    }
                 })
                 .collect();
             self.model.forward_batch(&chunks, self.kv.store())
@@ -226,6 +240,7 @@ impl Scheduler {
         let mut next_row = 0;
         let mut done = Vec::new();
         let mut failed = Vec::new();
+        let mut failed_with: Vec<(usize, EngineError)> = Vec::new();
         for &Planned { row, pos, n } in plan {
             let Row::Generate(i) = row else { continue };
             let seq = &mut self.running[i];
@@ -234,6 +249,14 @@ impl Scheduler {
             if drafted > 0 {
                 let ended = verify_drafts(seq, st, pos, &rows[next_row..next_row + 1 + drafted], &self.tokenizer);
                 next_row += 1 + drafted;
+                if let Some(slot) = st.table.state() {
+                    // The recurrent state as it stood after the last row kept.
+                    let used = st.table.len() - pos;
+                    if let Err(e) = self.kv.store().states().settle(slot, used - 1, pos + used) {
+                        failed_with.push((i, e));
+                        continue;
+                    }
+                }
                 self.kv.cache_full_blocks(&st.table, pos, st.shareable, &st.set_key, |p| st.key_at(p));
                 self.kv.roll(&mut st.table);
                 if let Some(reason) = ended {
@@ -266,17 +289,20 @@ impl Scheduler {
                 done.push((i, reason));
             }
         }
-        let mut ended: Vec<(usize, Option<FinishReason>)> =
-            done.into_iter().map(|(i, r)| (i, Some(r))).chain(failed.into_iter().map(|i| (i, None))).collect();
-        ended.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
+        let constraint = || EngineError::Internal("the output constraint failed to compute the allowed tokens".into());
+        let mut ended: Vec<(usize, std::result::Result<FinishReason, EngineError>)> = done
+            .into_iter()
+            .map(|(i, r)| (i, Ok(r)))
+            .chain(failed.into_iter().map(|i| (i, Err(constraint()))))
+            .chain(failed_with.into_iter().map(|(i, e)| (i, Err(e))))
+            .collect();
+        ended.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        ended.dedup_by_key(|(i, _)| *i);
         for (i, reason) in ended {
             let seq = self.running.remove(i);
             match reason {
-                Some(reason) => self.finish(seq, reason),
-                None => {
-                    let e = EngineError::Internal("the output constraint failed to compute the allowed tokens".into());
-                    self.fail(seq, e)
-                }
+                Ok(reason) => self.finish(seq, reason),
+                Err(e) => self.fail(seq, e),
             }
         }
     }

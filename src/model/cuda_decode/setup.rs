@@ -37,7 +37,7 @@ impl CudaDecode {
         let opt = |t: Option<&Tensor>| -> Result<u64> { t.map_or(Ok(0), |t| ptr(t, s)) };
         let mut layers = Vec::with_capacity(model.layers.len());
         for l in &model.layers {
-            let a = &l.self_attn;
+            let Some(a) = l.attention() else { return Ok(None) };
             let Some(m) = l.mlp.dense() else { return Ok(None) };
             let (Some(q), Some(k), Some(v), Some(o), Some(gate), Some(up), Some(down)) = (
                 dense(&a.q_proj, dt),

@@ -1,0 +1,92 @@
+//! The hybrid families against HF transformers: Qwen3.5 (`qwen3_5_text`: Gated DeltaNet layers
+//! and gated attention) on `qwen35-tiny` and LFM2 (`lfm2`: short convolutions and attention) on
+//! `lfm2-tiny`, both from `scripts/gen_hybrid_fixtures.py`. Besides the usual short prompt: a
+//! 150-token prompt (longer than one 64-token chunk of the delta rule's chunked form), and a
+//! second turn continuing the first turn's recurrent state.
+
+use candle_core::Tensor;
+use serde_json::Value;
+
+use crate::common::{argmax, fixture, ids, load, log_softmax, read_json};
+use crate::parity::{check_reference, hf_half_gap, BF16_TOL, F16_TOL, F32_TOL};
+use expert_runtime::engine::LoadOptions;
+use expert_runtime::kv::KvCache;
+use expert_runtime::model::decoder::Logits;
+use expert_runtime::model::Decoder;
+
+const FAMILIES: [&str; 2] = ["qwen35-tiny", "lfm2-tiny"];
+
+fn reference(name: &str) -> Value {
+    read_json(&fixture(name).join("reference.json"))
+}
+
+/// Runs `input` then each step's token, comparing every step's top-5 logprobs with `steps`
+/// (greedy tokens where the margin allows); returns the worst |Δlogprob|.
+fn run_steps(model: &Decoder, cache: &mut KvCache, input: &[u32], steps: &[Value], tol: f32, what: &str) -> f32 {
+    let mut input = input.to_vec();
+    let mut worst = 0f32;
+    for (i, step) in steps.iter().enumerate() {
+        let logits: Tensor = model.forward(&input, cache, Logits::Last).unwrap();
+        let lp = log_softmax(&logits.to_vec1::<f32>().unwrap());
+        let want = step["token"].as_u64().unwrap() as u32;
+        let top5 = step["top5"].as_array().unwrap();
+        let margin = (top5[0][1].as_f64().unwrap() - top5[1][1].as_f64().unwrap()) as f32;
+        if margin > 2.0 * tol {
+            assert_eq!(argmax(&lp), want, "{what}: greedy token differs at step {i}");
+        }
+        for pair in top5 {
+            worst = worst.max((lp[pair[0].as_u64().unwrap() as usize] - pair[1].as_f64().unwrap() as f32).abs());
+        }
+        input = vec![want];
+    }
+    assert!(worst <= tol, "{what}: max |Δlogprob| {worst} > {tol}");
+    worst
+}
+
+#[test]
+fn hybrids_f32_bf16_f16_from_safetensors() {
+    for name in FAMILIES {
+        let r = reference(name);
+        check_reference(&fixture(name), name, &r, "f32", "f32", F32_TOL, false);
+    }
+    for name in FAMILIES {
+        let r = reference(name);
+        check_reference(&fixture(name), name, &r, "f16", "f16", F16_TOL.max(2.0 * hf_half_gap(&r, "f16")), false);
+        check_reference(&fixture(name), name, &r, "bf16", "bf16", BF16_TOL.max(2.0 * hf_half_gap(&r, "bf16")), false);
+    }
+}
+
+/// 150 prompt tokens: Qwen3.5's prefill runs the chunked delta rule over three chunks (and in
+/// one pass here), then decodes token by token.
+#[test]
+fn hybrids_follow_hf_past_a_chunk() {
+    for name in FAMILIES {
+        let r = reference(name);
+        let model = load(&fixture(name), &LoadOptions::default());
+        let mut cache = model.new_cache(200).unwrap();
+        let prompt = ids(&r["long"]["prompt_ids"]);
+        assert_eq!(prompt.len(), 150);
+        let w = run_steps(&model, &mut cache, &prompt, r["long"]["f32"]["steps"].as_array().unwrap(), F32_TOL, name);
+        eprintln!("{name} long prompt: max |Δlogprob| {w:.2e}");
+    }
+}
+
+/// The second turn continues the first one's state and keys: the first turn's prompt and
+/// tokens are never evaluated again.
+#[test]
+fn hybrids_continue_a_second_turn() {
+    for name in FAMILIES {
+        let r = reference(name);
+        let model = load(&fixture(name), &LoadOptions::default());
+        let mut cache = model.new_cache(128).unwrap();
+        let first = r["f32"]["steps"].as_array().unwrap();
+        run_steps(&model, &mut cache, &ids(&r["prompt_ids"]), first, F32_TOL, name);
+        // The last generated token, then the second message, as one prompt chunk.
+        let mut input = vec![first.last().unwrap()["token"].as_u64().unwrap() as u32];
+        input.extend(ids(&r["second_turn"]["prompt_ids"]));
+        let at = cache.len();
+        let w = run_steps(&model, &mut cache, &input, r["second_turn"]["f32"]["steps"].as_array().unwrap(), F32_TOL, name);
+        assert!(at > ids(&r["prompt_ids"]).len());
+        eprintln!("{name} second turn from position {at}: max |Δlogprob| {w:.2e}");
+    }
+}

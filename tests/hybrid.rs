@@ -90,3 +90,47 @@ fn hybrids_continue_a_second_turn() {
         eprintln!("{name} second turn from position {at}: max |Δlogprob| {w:.2e}");
     }
 }
+
+/// The GGUF files as llama.cpp's converter writes them (`qwen35`: value heads in ggml's tiled
+/// order, `ssm_a` = −exp(A_log), norms stored as 1 + w; `lfm2`: `shortconv.*`, the final norm
+/// as `token_embd_norm`) give HF's logprobs.
+#[test]
+fn hybrids_from_gguf() {
+    for name in FAMILIES {
+        let r = reference(name);
+        check_reference(&fixture(name).join("model-f32.gguf"), name, &r, "f32", "f32", F32_TOL, false);
+        let model = load(&fixture(name).join("model-f32.gguf"), &LoadOptions::default());
+        let mut cache = model.new_cache(200).unwrap();
+        run_steps(
+            &model,
+            &mut cache,
+            &ids(&r["long"]["prompt_ids"]),
+            r["long"]["f32"]["steps"].as_array().unwrap(),
+            F32_TOL,
+            name,
+        );
+    }
+}
+
+/// llama.cpp's own decode of the LFM2 GGUF (node-llama-cpp), and what tells the fixtures'
+/// mechanisms apart: with the convolution an identity, or the state reset, HF's tokens change.
+/// (llama.cpp refuses `qwen35-tiny`'s GGUF: its loader sizes value heads by the key head size.)
+#[test]
+fn hybrids_llama_cpp_agrees_and_the_state_is_visible() {
+    let r = reference("lfm2-tiny");
+    let model = load(&fixture("lfm2-tiny").join("model-f32.gguf"), &LoadOptions::default());
+    let want = ids(&r["llamacpp"]["tokens"]);
+    assert_eq!(crate::common::greedy_decode(&model, &ids(&r["prompt_ids"]), want.len()), want);
+    let q = reference("qwen35-tiny");
+    assert!(q["llamacpp"]["unsupported"].as_str().unwrap().contains("attn_qkv"));
+    for name in FAMILIES {
+        let r = reference(name);
+        let tokens: Vec<u32> =
+            r["f32"]["steps"].as_array().unwrap().iter().map(|s| s["token"].as_u64().unwrap() as u32).collect();
+        let ablations = r["ablations"]["f32"].as_object().unwrap();
+        assert!(ablations.len() >= 2);
+        for (k, v) in ablations {
+            assert_ne!(ids(&v["tokens"]), tokens, "{name}: {k}");
+        }
+    }
+}

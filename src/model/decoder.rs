@@ -125,8 +125,10 @@ impl Decoder {
         let embed_tokens = src.linear("model.embed_tokens", cfg.vocab_size, h, false, dtype)?;
         // Fused projections where the file has them instead of the separate ones (all layers
         // alike: an adapter names the modules once for the whole model).
+        // (Read at the first attention layer: a recurrent layer has other projections.)
+        let first = plan.layers.iter().position(|l| matches!(l.mixer, super::plan::Mixer::Attention(_))).unwrap_or(0);
         let stores = |fused: &str, separate: &str| {
-            let name = |n: &str| format!("model.layers.0.{n}");
+            let name = |n: &str| format!("model.layers.{first}.{n}");
             !src.contains(&name(separate)) && src.contains(&name(fused))
         };
         let fused =

@@ -60,9 +60,14 @@ impl GatedDeltaNet {
         let lin = |src: &mut dyn WeightSource, n: &str, out: usize, inp: usize| {
             src.linear(&format!("{at}.{n}"), out, inp, false, dtype)
         };
-        let a_log = vector(src, &format!("{at}.A_log"), &[nv], dtype)?;
-        if let Some(a) = a_log.iter().find(|a| !a.is_finite()) {
-            return Err(EngineError::InvalidModel(format!("{at}.A_log holds {a}")));
+        // The decay's rate: `A_log` (HF), or `A = −exp(A_log)` as llama.cpp stores it.
+        let a_neg: Vec<f32> = if src.decay_as_a() {
+            vector(src, &format!("{at}.A"), &[nv], dtype)?
+        } else {
+            vector(src, &format!("{at}.A_log"), &[nv], dtype)?.iter().map(|a| -a.exp()).collect()
+        };
+        if let Some(a) = a_neg.iter().find(|a| !(a.is_finite() && **a <= 0.0)) {
+            return Err(EngineError::InvalidModel(format!("{at}: a decay rate −exp(A_log) of {a}")));
         }
         Ok(Self {
             in_proj_qkv: lin(src, "in_proj_qkv", cd, h)?,
@@ -70,7 +75,7 @@ impl GatedDeltaNet {
             in_proj_b: lin(src, "in_proj_b", nv, h)?,
             in_proj_a: lin(src, "in_proj_a", nv, h)?,
             conv1d: vector(src, &format!("{at}.conv1d.weight"), &[cd, 1, kernel], dtype)?,
-            a_neg: a_log.iter().map(|a| -a.exp()).collect(),
+            a_neg,
             dt_bias: vector(src, &format!("{at}.dt_bias"), &[nv], dtype)?,
             norm: vector(src, &format!("{at}.norm.weight"), &[dv], dtype)?,
             eps: eps as f32,
@@ -158,7 +163,7 @@ impl GatedDeltaNet {
         let (kd, scale) = (nk * dk, 1.0 / (dk as f32).sqrt());
         let ratio = nv / nk;
         let head = |h: usize| -> Head {
-            let kh = h / ratio;
+            let kh = if s.tiled_heads { h % nk } else { h / ratio };
             let (mut q, mut k, mut v) = (Vec::with_capacity(n * dk), Vec::with_capacity(n * dk), Vec::with_capacity(n * dv));
             let (mut g, mut beta) = (Vec::with_capacity(n), Vec::with_capacity(n));
             for t in 0..n {

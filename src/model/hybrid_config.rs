@@ -138,6 +138,7 @@ pub fn read_qwen35(raw: &Value, cfg: &mut ModelConfig) -> Result<()> {
         k_head_dim: size(FROM, "linear_key_head_dim", get("linear_key_head_dim"), Some(128), MAX_DIM)?,
         v_head_dim: size(FROM, "linear_value_head_dim", get("linear_value_head_dim"), Some(128), MAX_DIM)?,
         conv_kernel: kernel,
+        tiled_heads: false,
     };
     check_delta_net(FROM, &spec)?;
     // The rotated part of each head: `partial_rotary_factor` at the top level (4.x) or in
@@ -270,7 +271,23 @@ pub fn read_gguf(md: &Metadata, arch_name: &str, cfg: &mut ModelConfig) -> Resul
     let n = cfg.num_layers;
     match arch_name {
         "qwen35" => {
-            let every = req("full_attention_interval", MAX_DIM)?;
+            // Which layers are recurrent: `attention.recurrent_layers` where the converter wrote
+            // it, else every layer but each `full_attention_interval`-th.
+            let listed =
+                gguf_meta::get_array(md, &key("attention.recurrent_layers")).map_err(|e| invalid(&from, e.to_string()))?;
+            let recurrent: Vec<bool> = match listed {
+                Some(list) => {
+                    let flags: Vec<bool> = list.iter().filter_map(|v| v.to_bool().ok()).collect();
+                    if flags.len() != n || list.len() != n {
+                        return Err(invalid(&from, format!("attention.recurrent_layers must hold {n} booleans")));
+                    }
+                    flags
+                }
+                None => {
+                    let every = req("full_attention_interval", MAX_DIM)?;
+                    (0..n).map(|i| (i + 1) % every != 0).collect()
+                }
+            };
             let inner = req("ssm.inner_size", MAX_DIM)?;
             let spec = DeltaNetSpec {
                 num_k_heads: req("ssm.group_count", MAX_DIM)?,
@@ -278,6 +295,7 @@ pub fn read_gguf(md: &Metadata, arch_name: &str, cfg: &mut ModelConfig) -> Resul
                 k_head_dim: req("ssm.state_size", MAX_DIM)?,
                 v_head_dim: 0,
                 conv_kernel: req("ssm.conv_kernel", MAX_CONV_KERNEL)?,
+                tiled_heads: true,
             };
             if !inner.is_multiple_of(spec.num_v_heads) || spec.conv_kernel < 2 {
                 return Err(invalid(
@@ -293,7 +311,7 @@ pub fn read_gguf(md: &Metadata, arch_name: &str, cfg: &mut ModelConfig) -> Resul
             }
             cfg.rotary_dim = (rot < cfg.head_dim).then_some(rot);
             cfg.qk_norm = true;
-            let mixers = (0..n).map(|i| ((i + 1) % every != 0).then_some(Recurrent::GatedDeltaNet(spec))).collect();
+            let mixers = recurrent.into_iter().map(|r| r.then_some(Recurrent::GatedDeltaNet(spec))).collect();
             store(&from, cfg, mixers)
         }
         "lfm2" => {

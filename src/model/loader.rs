@@ -17,7 +17,7 @@ use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 
 use super::config::ModelConfig;
-use super::gguf_names::gguf_name;
+use super::gguf_names::{gguf_name, GgufStyle};
 use super::linear::{Linear, Weight};
 use super::mapped::Mapped;
 use super::quantize::{self, DenseType, Quantize, Role};
@@ -65,6 +65,12 @@ pub trait WeightSource {
     /// Whether norm weights that the model applies as `1 + w` are stored with the 1 added
     /// (llama.cpp's converter adds it for the Gemma families), so they are read as they are.
     fn norms_hold_one_plus(&self) -> bool {
+        false
+    }
+
+    /// Whether a Gated DeltaNet's decay is stored as `A = −exp(A_log)` (llama.cpp's `ssm_a`,
+    /// read as `linear_attn.A`) rather than as `A_log`.
+    fn decay_as_a(&self) -> bool {
         false
     }
 }
@@ -530,9 +536,8 @@ pub struct GgufSource<'a> {
     total: u64,
     progress: Option<Progress<'a>>,
     policy: WeightPolicy,
-    /// A Gemma-family file (`general.architecture` `gemma*`): sandwich norm names, and norm
-    /// weights stored as `1 + w`.
-    gemma: bool,
+    /// How the file's family names its tensors (`general.architecture`).
+    style: GgufStyle,
 }
 
 impl<'a> GgufSource<'a> {
@@ -547,10 +552,12 @@ impl<'a> GgufSource<'a> {
         let content = read_gguf_header(&mut reader, &path.display().to_string())?;
         // For progress only: a tensor whose size does not compute fails when it is read.
         let total = content.tensor_infos.values().filter_map(gguf_tensor_bytes).fold(0, u64::saturating_add);
-        let gemma =
-            matches!(content.metadata.get("general.architecture"), Some(gguf_file::Value::String(a)) if a.starts_with("gemma"));
+        let style = match content.metadata.get("general.architecture") {
+            Some(gguf_file::Value::String(a)) => GgufStyle::of(a),
+            _ => GgufStyle::Plain,
+        };
         Ok(Self {
-            gemma,
+            style,
             content,
             reader,
             device: device.clone(),
@@ -648,16 +655,24 @@ impl<'a> GgufSource<'a> {
 
 impl WeightSource for GgufSource<'_> {
     fn tensor(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let g = gguf_name(name.trim_end_matches(".weight").trim_end_matches(".bias"), self.gemma);
+        let g = gguf_name(name.trim_end_matches(".weight").trim_end_matches(".bias"), self.style);
         let suffix = if name.ends_with(".bias") { "bias" } else { "weight" };
-        // (Gemma 4's router scales are named `….scale` in full.)
-        let full = if g.ends_with(".scale") { g } else { format!("{g}.{suffix}") };
-        let q = self.read(&full, shape)?;
-        Ok(q.dequantize(&self.device)?.to_dtype(dtype)?)
+        // (Gemma 4's router scales are named `….scale` in full, Qwen3.5's `ssm_dt.bias` and
+        // `ssm_a` too.)
+        let whole = g.ends_with(".scale") || g.ends_with(".bias") || g.ends_with(".ssm_a");
+        let full = if whole { g } else { format!("{g}.{suffix}") };
+        // llama.cpp's converter drops a convolution weight's unit dimension (`[c, 1, k]`).
+        let squeezed: Vec<usize> = shape.iter().copied().filter(|&d| d != 1).collect();
+        let stored: Option<Vec<usize>> = self.content.tensor_infos.get(&full).map(|i| i.shape.dims().to_vec());
+        let q = match stored {
+            Some(dims) if dims != shape && dims == squeezed => self.read(&full, &squeezed)?,
+            _ => self.read(&full, shape)?,
+        };
+        Ok(q.dequantize(&self.device)?.to_dtype(dtype)?.reshape(shape)?)
     }
 
     fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool, dtype: DType) -> Result<Linear> {
-        let g = gguf_name(name, self.gemma);
+        let g = gguf_name(name, self.style);
         let wname = format!("{g}.weight");
         let dense = self.content.tensor_infos.get(&wname).and_then(|i| DenseType::of_ggml(i.ggml_dtype));
         let weight = match (dense, self.policy.quantize.format(Role::of(name), inp)) {
@@ -692,7 +707,7 @@ impl WeightSource for GgufSource<'_> {
         bias: bool,
         dtype: DType,
     ) -> Result<Vec<Linear>> {
-        let g = gguf_name(fused, self.gemma);
+        let g = gguf_name(fused, self.style);
         let wname = format!("{g}.weight");
         let total = parts.iter().map(|p| p.1).sum::<usize>();
         let weights = self.cut_rows(&wname, &[total, inp], parts, dtype)?;
@@ -707,17 +722,21 @@ impl WeightSource for GgufSource<'_> {
 
     fn linear_stack(&mut self, stacked: &str, shape: [usize; 3], parts: &[(&str, usize)], dtype: DType) -> Result<Vec<Linear>> {
         check_stack(stacked, shape, parts)?;
-        let wname = format!("{}.weight", gguf_name(stacked, self.gemma));
+        let wname = format!("{}.weight", gguf_name(stacked, self.style));
         let weights = self.cut_rows(&wname, &shape, parts, dtype)?;
         split_linears(weights, parts, shape[2], None)
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(&format!("{}.weight", gguf_name(name, self.gemma)))
+        self.content.tensor_infos.contains_key(&format!("{}.weight", gguf_name(name, self.style)))
     }
 
     fn norms_hold_one_plus(&self) -> bool {
-        self.gemma
+        matches!(self.style, GgufStyle::Gemma | GgufStyle::Qwen35)
+    }
+
+    fn decay_as_a(&self) -> bool {
+        true
     }
 }
 

@@ -100,6 +100,9 @@ pub struct DeltaNetSpec {
     pub v_head_dim: usize,
     /// Taps of the causal convolution.
     pub conv_kernel: usize,
+    /// Value head `j` reads key head `j mod num_k_heads` (llama.cpp's order, its value heads
+    /// permuted by the converter) rather than `j / (num_v_heads / num_k_heads)` (HF's).
+    pub tiled_heads: bool,
 }
 
 /// A gated short convolution: `out_proj(C · conv(B · x))` with `B`, `C`, `x` from `in_proj`
@@ -590,8 +593,13 @@ impl fmt::Display for Mixer {
             Mixer::Recurrent(Recurrent::GatedDeltaNet(d)) => {
                 return write!(
                     f,
-                    "Gated DeltaNet ({} key heads of {}, {} value heads of {}, conv {})",
-                    d.num_k_heads, d.k_head_dim, d.num_v_heads, d.v_head_dim, d.conv_kernel
+                    "Gated DeltaNet ({} key heads of {}, {} value heads of {}{}, conv {})",
+                    d.num_k_heads,
+                    d.k_head_dim,
+                    d.num_v_heads,
+                    d.v_head_dim,
+                    if d.tiled_heads { " tiled" } else { "" },
+                    d.conv_kernel
                 )
             }
             Mixer::Recurrent(Recurrent::ShortConv(c)) => {

@@ -34,7 +34,7 @@ const LOAD_KEYS = optionKeys<LoadOptions>({
   device: true, dtype: true, contextLength: true, ropeScaling: true, threads: true, quantize: true, mmap: true,
   onProgress: true, kvCache: true, hub: true, onDownloadProgress: true,
 })
-const KV_CACHE_KEYS = optionKeys<KvCacheOptions>({ blockSize: true, maxTokens: true, maxBytes: true, idleReleaseMs: true, prefixCache: true, dtype: true })
+const KV_CACHE_KEYS = optionKeys<KvCacheOptions>({ blockSize: true, maxTokens: true, maxBytes: true, idleReleaseMs: true, prefixCache: true, dtype: true, maxSequences: true })
 const TOKENIZE_KEYS = optionKeys<NonNullable<Parameters<Runtime['tokenize']>[1]>>({ addSpecialTokens: true, parseSpecialTokens: true })
 const SESSION_KEYS = optionKeys<SessionOptions>({ system: true, experts: true, contextShift: true })
 const LOAD_EXPERT_KEYS = optionKeys<LoadExpertOptions>({ name: true, hub: true, onDownloadProgress: true, scale: true, mmap: true })
@@ -111,6 +111,7 @@ export class Runtime {
       if (kv.idleReleaseMs !== undefined) checkInt('kvCache.idleReleaseMs', kv.idleReleaseMs, 0, Number.MAX_SAFE_INTEGER)
       if (kv.prefixCache !== undefined && typeof kv.prefixCache !== 'boolean') throw invalidArgument('kvCache.prefixCache must be a boolean')
       if (kv.dtype !== undefined && typeof kv.dtype !== 'string') throw invalidArgument('kvCache.dtype must be a string')
+      if (kv.maxSequences !== undefined) checkInt('kvCache.maxSequences', kv.maxSequences, 1, 4096)
     }
     const ropeScaling = ropeScalingJson(rest.ropeScaling)
     const device = rest.device ?? (process.env.EXPERT_RUNTIME_DEVICE as LoadOptions['device']) ?? 'auto'
@@ -145,7 +146,7 @@ export class Runtime {
           threads: rest.threads,
           quantize: rest.quantize,
           mmap: rest.mmap,
-          kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, maxBytes: kv.maxBytes, idleReleaseMs: kv.idleReleaseMs, prefixCache: kv.prefixCache, dtype: kv.dtype } : undefined,
+          kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, maxBytes: kv.maxBytes, idleReleaseMs: kv.idleReleaseMs, prefixCache: kv.prefixCache, dtype: kv.dtype, maxSequences: kv.maxSequences } : undefined,
         },
         progress,
       )

@@ -219,6 +219,15 @@ export interface KvCacheOptions {
    * default cache type) is also the faster choice at long contexts: it reads half the bytes.
    */
   dtype?: KvCacheDtype
+  /**
+   * Models with recurrent layers (Qwen3.5, LFM2): how many sequences may hold a recurrent state
+   * at once (1–4096). Each session keeps its state between turns as it keeps its blocks; a
+   * request that finds no free state takes an idle session's, least recently used first, and
+   * fails with `KV_CACHE_EXHAUSTED` when every state is held by running requests. States are
+   * f32 (`stats().kvStateBytesPerSequence` each) and come out of `maxBytes`. Default 32, fewer
+   * when half the default pool budget holds fewer. Ignored for other models.
+   */
+  maxSequences?: number
 }
 
 /** What the KV pool stores keys and values as (`KvCacheOptions.dtype`). */

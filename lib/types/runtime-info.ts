@@ -93,6 +93,14 @@ export interface RuntimeStats {
   prefixCacheHitTokens: number
   /** Blocks taken from idle sessions to make room, since load. */
   evictedBlocks: number
+  /** Recurrent-state slots (`kvCache.maxSequences`; 0 for a model without recurrent layers). */
+  kvStateSlots: number
+  /** Slots held by sessions. */
+  kvStateSlotsUsed: number
+  /** Bytes of recurrent state held by sessions. */
+  kvStateBytes: number
+  /** Bytes of one sequence's recurrent state over all recurrent layers (f32). */
+  kvStateBytesPerSequence: number
   /** Blocks whose memory the pool gave back to the OS after idle periods, in all (`kvCache.idleReleaseMs`). */
   kvBlocksReleased: number
   /**

@@ -175,6 +175,8 @@ impl Scheduler {
         let per_token = store.cache_layout().bytes_per_token(store.kv_heads, store.head_dim, store.format);
         stats.kv_bytes_per_token.store(per_token as u64, Ordering::Relaxed);
         stats.kv_block_bytes.store(store.bytes_per_block() as u64, Ordering::Relaxed);
+        stats.kv_state_slots.store(store.states().len() as u64, Ordering::Relaxed);
+        stats.kv_state_bytes_per_sequence.store(store.states().bytes_per_slot() as u64, Ordering::Relaxed);
         let mut kv = KvManager::try_new(store, cfg.prefix_cache)?;
         // A pass writes at most a step's tokens of a sequence, a block, or a decode row with
         // every draft.
@@ -247,6 +249,7 @@ impl Scheduler {
         s.kv_blocks_cached.store(self.kv.cached_blocks() as u64, Ordering::Relaxed);
         s.kv_blocks_behind_window.store(self.kv.blocks_behind_window(), Ordering::Relaxed);
         s.kv_blocks_touched.store(self.kv.touched_blocks() as u64, Ordering::Relaxed);
+        s.kv_state_slots_used.store((self.kv.total_states() - self.kv.free_states()) as u64, Ordering::Relaxed);
         s.sessions.store(self.sessions.len() as u64, Ordering::Relaxed);
         s.running_requests.store(self.running.len() as u64, Ordering::Relaxed);
         s.queued_requests.store(self.waiting.len() as u64, Ordering::Relaxed);

@@ -25,6 +25,10 @@ pub struct EngineStats {
     pub kv_blocks_released: AtomicU64,
     /// Blocks sliding-window layers gave back as their sequences moved past them (in all).
     pub kv_blocks_behind_window: AtomicU64,
+    /// Recurrent-state slots (models with recurrent layers), those held, and one's bytes.
+    pub kv_state_slots: AtomicU64,
+    pub kv_state_slots_used: AtomicU64,
+    pub kv_state_bytes_per_sequence: AtomicU64,
     /// The pool lives in GPU memory.
     pub kv_on_device: AtomicBool,
     pub device_memory_free: AtomicU64,
@@ -51,6 +55,12 @@ pub struct StatsSnapshot {
     pub kv_blocks_released: u64,
     /// Blocks sliding-window layers gave back as their sequences moved past them, in all.
     pub kv_blocks_behind_window: u64,
+    /// Recurrent-state slots in all and held by sessions (0 for a model without recurrent
+    /// layers), the bytes held, and one sequence's.
+    pub kv_state_slots: u64,
+    pub kv_state_slots_used: u64,
+    pub kv_state_bytes: u64,
+    pub kv_state_bytes_per_sequence: u64,
     /// KV bytes in use that live in GPU memory (0 on CPU).
     pub kv_device_bytes: u64,
     /// The GPU's free and total memory (`None` on CPU) as of the last step or command, read
@@ -81,6 +91,10 @@ impl EngineStats {
             evicted_blocks: r(&self.evicted_blocks),
             kv_blocks_released: r(&self.kv_blocks_released),
             kv_blocks_behind_window: r(&self.kv_blocks_behind_window),
+            kv_state_slots: r(&self.kv_state_slots),
+            kv_state_slots_used: r(&self.kv_state_slots_used),
+            kv_state_bytes: r(&self.kv_state_slots_used) * r(&self.kv_state_bytes_per_sequence),
+            kv_state_bytes_per_sequence: r(&self.kv_state_bytes_per_sequence),
             kv_device_bytes: if on_device { used * block_bytes } else { 0 },
             device_memory_free: on_device.then(|| r(&self.device_memory_free)),
             device_memory_total: on_device.then(|| r(&self.device_memory_total)),

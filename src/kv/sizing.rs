@@ -22,6 +22,9 @@ pub struct KvCacheOptions {
     /// What the pool stores keys and values as: `f32` | `f16` | `bf16` | `q8_0` | `q4_0`
     /// (default: the model's dtype).
     pub dtype: Option<String>,
+    /// Sequences that may hold a recurrent state at once, for models with recurrent layers
+    /// (default: [`DEFAULT_STATE_SLOTS`], fewer where the budget holds fewer).
+    pub max_sequences: Option<usize>,
 }
 
 /// The pool's format from the `kvCache.dtype` option; `model` when not given.
@@ -55,12 +58,17 @@ pub fn state_slots(opts: &KvCacheOptions, state_bytes: usize, memory: KvMemory) 
     if state_bytes == 0 {
         return Ok((0, memory, opts.max_bytes));
     }
-    let by_budget = (memory.budget / 2 / state_bytes).max(1);
-    let slots = DEFAULT_STATE_SLOTS.min(by_budget).min(MAX_STATE_SLOTS);
+    let slots = match opts.max_sequences {
+        Some(n) if n == 0 || n > MAX_STATE_SLOTS => {
+            return Err(EngineError::InvalidArgument(format!("kvCache.maxSequences must be in 1..={MAX_STATE_SLOTS} (got {n})")))
+        }
+        Some(n) => n,
+        None => DEFAULT_STATE_SLOTS.min((memory.budget / 2 / state_bytes).max(1)),
+    };
     let bytes = (slots as u64).saturating_mul(state_bytes as u64);
     if bytes > memory.total {
         return Err(EngineError::InvalidArgument(format!(
-            "one sequence's recurrent state takes {state_bytes} bytes, more than this device's {}",
+            "the recurrent states of {slots} sequences take {bytes} bytes ({state_bytes} each), more than this device's {}",
             memory.total
         )));
     }

@@ -77,6 +77,7 @@ pub async fn load_runtime(
             idle_release_ms: o.kv_cache.as_ref().and_then(|k| k.idle_release_ms).map(|n| n as u64),
             prefix_cache: o.kv_cache.as_ref().and_then(|k| k.prefix_cache),
             dtype: o.kv_cache.as_ref().and_then(|k| k.dtype.clone()),
+            max_sequences: o.kv_cache.as_ref().and_then(|k| k.max_sequences).map(|n| n as usize),
         },
     };
     let progress: Box<dyn Fn(u64, u64) + Send> = match on_progress {

@@ -30,6 +30,7 @@ pub struct NativeKvCacheOptions {
     pub idle_release_ms: Option<f64>,
     pub prefix_cache: Option<bool>,
     pub dtype: Option<String>,
+    pub max_sequences: Option<u32>,
 }
 
 #[napi(object)]
@@ -48,6 +49,10 @@ pub struct RuntimeStats {
     pub evicted_blocks: f64,
     pub kv_blocks_released: f64,
     pub kv_blocks_behind_window: f64,
+    pub kv_state_slots: f64,
+    pub kv_state_slots_used: f64,
+    pub kv_state_bytes: f64,
+    pub kv_state_bytes_per_sequence: f64,
     pub kv_device_bytes: f64,
     pub device_memory_free: Option<f64>,
     pub device_memory_total: Option<f64>,
@@ -70,6 +75,10 @@ impl From<engine::StatsSnapshot> for RuntimeStats {
             evicted_blocks: s.evicted_blocks as f64,
             kv_blocks_released: s.kv_blocks_released as f64,
             kv_blocks_behind_window: s.kv_blocks_behind_window as f64,
+            kv_state_slots: s.kv_state_slots as f64,
+            kv_state_slots_used: s.kv_state_slots_used as f64,
+            kv_state_bytes: s.kv_state_bytes as f64,
+            kv_state_bytes_per_sequence: s.kv_state_bytes_per_sequence as f64,
             kv_device_bytes: s.kv_device_bytes as f64,
             device_memory_free: s.device_memory_free.map(|b| b as f64),
             device_memory_total: s.device_memory_total.map(|b| b as f64),

@@ -46,7 +46,7 @@ fn load_options(k: &Kwargs<'_>) -> PyResult<LoadOptions> {
     let kv = match k.any("kv_cache")? {
         Some(v) => {
             let d = dict(&v, "kv_cache")?;
-            let keys = ["block_size", "max_tokens", "max_bytes", "idle_release_ms", "prefix_cache", "dtype"];
+            let keys = ["block_size", "max_tokens", "max_bytes", "idle_release_ms", "prefix_cache", "dtype", "max_sequences"];
             let kv = Kwargs::new(Some(&d), &keys, "kv_cache")?;
             KvCacheOptions {
                 block_size: kv.u32("block_size")?.map(|n| n as usize),
@@ -55,6 +55,7 @@ fn load_options(k: &Kwargs<'_>) -> PyResult<LoadOptions> {
                 idle_release_ms: kv.u64("idle_release_ms")?,
                 prefix_cache: kv.bool("prefix_cache")?,
                 dtype: kv.string("dtype")?,
+                max_sequences: kv.u32("max_sequences")?.map(|n| n as usize),
             }
         }
         None => KvCacheOptions::default(),

@@ -83,6 +83,25 @@ for (const [name, family, ggufFamily] of [['qwen35-tiny', 'qwen3_5_text', 'qwen3
       assert.deepEqual(next.tokens, (await fresh.complete({ tokens: [50, 60] }, { ...GREEDY, maxTokens: 8 })).tokens)
     })
 
+    it('sessions sharing a prompt prefix start from a state snapshot taken where the shared blocks end, and answer as cold', async () => {
+      const r = await Runtime.load(fixture(name))
+      try {
+        const shared = ref.long.prompt_ids.slice(0, 100)
+        const prompts = [7, 11, 13, 17].map((k) => [...shared, ...ref.long.prompt_ids.slice(100 + k, 108 + k)])
+        const runs = []
+        for (const tokens of prompts) runs.push(await r.createSession().complete({ tokens }, { ...GREEDY, maxTokens: 8 }))
+        // The first computes all; the second finds 6 shared blocks but no state there, and leaves
+        // one; the others start from it.
+        assert.deepEqual(runs.map((x) => x.usage.cachedTokens), [0, 0, 96, 96])
+        for (const [i, tokens] of prompts.entries()) {
+          const cold = await rt.createSession().complete({ tokens }, { ...GREEDY, maxTokens: 8 })
+          assert.deepEqual(runs[i].tokens, cold.tokens, `prompt ${i}`)
+        }
+      } finally {
+        await r.dispose()
+      }
+    })
+
     it('with one state slot, sessions take turns and an evicted session starts over', async () => {
       const one = await Runtime.load(fixture(name), { kvCache: { maxSequences: 1 } })
       try {

@@ -55,49 +55,60 @@ def v_grouped(t: torch.Tensor, dim: int, n_k: int, r: int, d: int) -> torch.Tens
     return t.transpose(dim, dim + 1).contiguous().reshape(shape)
 
 
-def qwen35_tensors(model):
-    """(gguf name, float32 torch tensor, hf name, how) in the converter's semantics."""
-    c = model.config
-    sd = {k: v.detach().to(torch.float32) for k, v in model.state_dict().items()}
+def qwen35_layer_map(c, lt: str):
+    """[(gguf suffix, hf suffix, transform, how)] of one qwen35 layer of type `lt`, in the
+    converter's semantics (`c`: the HF config)."""
     nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
                       c.linear_value_head_dim)
     r, kd = nv // nk, nk * dk
     tv = lambda t, dim, d: v_tiled(t, dim, nk, r, d) if r > 1 else t  # noqa: E731
-    out = [("token_embd.weight", sd["model.embed_tokens.weight"], "model.embed_tokens.weight", "=")]
+    m = [("attn_norm.weight", "input_layernorm.weight", lambda w: w + 1, "w + 1")]
+    if lt == "linear_attention":
+        m += [
+            ("attn_qkv.weight", "linear_attn.in_proj_qkv.weight",
+             lambda w: torch.cat([w[:2 * kd], tv(w[2 * kd:], 0, dv)]), "V rows tiled"),
+            ("attn_gate.weight", "linear_attn.in_proj_z.weight", lambda w: tv(w, 0, dv), "rows tiled"),
+            ("ssm_conv1d.weight", "linear_attn.conv1d.weight",
+             lambda w: torch.cat([w.squeeze()[:2 * kd], tv(w.squeeze()[2 * kd:], 0, dv)]),
+             "squeeze, V channels tiled"),
+            ("ssm_dt.bias", "linear_attn.dt_bias", lambda w: tv(w[:, None], 0, 1)[:, 0], "tiled"),
+            ("ssm_a", "linear_attn.A_log", lambda w: -torch.exp(tv(w[:, None], 0, 1)[:, 0]), "-exp(w), tiled"),
+            ("ssm_beta.weight", "linear_attn.in_proj_b.weight", lambda w: tv(w, 0, 1), "rows tiled"),
+            ("ssm_alpha.weight", "linear_attn.in_proj_a.weight", lambda w: tv(w, 0, 1), "rows tiled"),
+            ("ssm_norm.weight", "linear_attn.norm.weight", lambda w: w, "="),
+            ("ssm_out.weight", "linear_attn.out_proj.weight", lambda w: tv(w, 1, dv), "columns tiled"),
+        ]
+    else:
+        m += [("attn_q.weight", "self_attn.q_proj.weight", lambda w: w, "="),
+              ("attn_k.weight", "self_attn.k_proj.weight", lambda w: w, "="),
+              ("attn_v.weight", "self_attn.v_proj.weight", lambda w: w, "="),
+              ("attn_output.weight", "self_attn.o_proj.weight", lambda w: w, "="),
+              ("attn_q_norm.weight", "self_attn.q_norm.weight", lambda w: w + 1, "w + 1"),
+              ("attn_k_norm.weight", "self_attn.k_norm.weight", lambda w: w + 1, "w + 1")]
+    m += [("post_attention_norm.weight", "post_attention_layernorm.weight", lambda w: w + 1, "w + 1"),
+          ("ffn_gate.weight", "mlp.gate_proj.weight", lambda w: w, "="),
+          ("ffn_up.weight", "mlp.up_proj.weight", lambda w: w, "="),
+          ("ffn_down.weight", "mlp.down_proj.weight", lambda w: w, "=")]
+    return m
+
+
+def qwen35_plan(c):
+    """[(gguf name, hf name, transform, how)] of the whole model, in GGUF file order."""
+    ident = lambda w: w  # noqa: E731
+    out = [("token_embd.weight", "model.embed_tokens.weight", ident, "=")]
     for i, lt in enumerate(c.layer_types):
         p, b = f"model.layers.{i}.", f"blk.{i}."
-        m = [("attn_norm.weight", "input_layernorm.weight", lambda w: w + 1, "w + 1")]
-        if lt == "linear_attention":
-            m += [
-                ("attn_qkv.weight", "linear_attn.in_proj_qkv.weight",
-                 lambda w: torch.cat([w[:2 * kd], tv(w[2 * kd:], 0, dv)]), "V rows tiled"),
-                ("attn_gate.weight", "linear_attn.in_proj_z.weight", lambda w: tv(w, 0, dv), "rows tiled"),
-                ("ssm_conv1d.weight", "linear_attn.conv1d.weight",
-                 lambda w: torch.cat([w.squeeze()[:2 * kd], tv(w.squeeze()[2 * kd:], 0, dv)]),
-                 "squeeze, V channels tiled"),
-                ("ssm_dt.bias", "linear_attn.dt_bias", lambda w: tv(w[:, None], 0, 1)[:, 0], "tiled"),
-                ("ssm_a", "linear_attn.A_log", lambda w: -torch.exp(tv(w[:, None], 0, 1)[:, 0]), "-exp(w), tiled"),
-                ("ssm_beta.weight", "linear_attn.in_proj_b.weight", lambda w: tv(w, 0, 1), "rows tiled"),
-                ("ssm_alpha.weight", "linear_attn.in_proj_a.weight", lambda w: tv(w, 0, 1), "rows tiled"),
-                ("ssm_norm.weight", "linear_attn.norm.weight", lambda w: w, "="),
-                ("ssm_out.weight", "linear_attn.out_proj.weight", lambda w: tv(w, 1, dv), "columns tiled"),
-            ]
-        else:
-            m += [("attn_q.weight", "self_attn.q_proj.weight", lambda w: w, "="),
-                  ("attn_k.weight", "self_attn.k_proj.weight", lambda w: w, "="),
-                  ("attn_v.weight", "self_attn.v_proj.weight", lambda w: w, "="),
-                  ("attn_output.weight", "self_attn.o_proj.weight", lambda w: w, "="),
-                  ("attn_q_norm.weight", "self_attn.q_norm.weight", lambda w: w + 1, "w + 1"),
-                  ("attn_k_norm.weight", "self_attn.k_norm.weight", lambda w: w + 1, "w + 1")]
-        m += [("post_attention_norm.weight", "post_attention_layernorm.weight", lambda w: w + 1, "w + 1"),
-              ("ffn_gate.weight", "mlp.gate_proj.weight", lambda w: w, "="),
-              ("ffn_up.weight", "mlp.up_proj.weight", lambda w: w, "="),
-              ("ffn_down.weight", "mlp.down_proj.weight", lambda w: w, "=")]
-        out += [(b + g, f(sd[p + h]), p + h, how) for g, h, f, how in m]
-    out.append(("output_norm.weight", sd["model.norm.weight"] + 1, "model.norm.weight", "w + 1"))
+        out += [(b + g, p + h, f, how) for g, h, f, how in qwen35_layer_map(c, lt)]
+    out.append(("output_norm.weight", "model.norm.weight", lambda w: w + 1, "w + 1"))
     if not c.tie_word_embeddings:
-        out.append(("output.weight", sd["lm_head.weight"], "lm_head.weight", "="))
+        out.append(("output.weight", "lm_head.weight", ident, "="))
     return out
+
+
+def qwen35_tensors(model):
+    """(gguf name, float32 torch tensor, hf name, how) in the converter's semantics."""
+    sd = {k: v.detach().to(torch.float32) for k, v in model.state_dict().items()}
+    return [(g, f(sd[h]), h, how) for g, h, f, how in qwen35_plan(model.config)]
 
 
 def qwen35_inverse(name: str, t: torch.Tensor, c) -> torch.Tensor:
@@ -169,14 +180,15 @@ def gguf_tensors(arch: str, model):
     return qwen35_tensors(model) if arch == "qwen35" else lfm2_tensors(model)
 
 
-def write_gguf(path: Path, arch: str, name: str, model, tok_json: dict, ids: dict, chat_template: str):
-    """model-f32.gguf with the metadata keys the converter writes: for qwen35 its ssm.* keys,
-    attention.recurrent_layers, full_attention_interval, the partial rope dimension count and
-    the (default) M-RoPE sections, no vocab_size; for lfm2 a per-layer head_count_kv (0 on conv
-    layers), the real ffn width, shortconv.l_cache, vocab_size and no key/value_length."""
-    c = model.config
+def gguf_writer(path: Path, arch: str, qtype: GGMLQuantizationType, name: str, c, tok_json: dict,
+                ids: dict, chat_template: str) -> gguf.GGUFWriter:
+    """A GGUFWriter with the metadata keys the converter writes (the caller adds the tensors):
+    for qwen35 its ssm.* keys, attention.recurrent_layers, full_attention_interval, the partial
+    rope dimension count and the (default) M-RoPE sections, no vocab_size; for lfm2 a per-layer
+    head_count_kv (0 on conv layers), the real ffn width, shortconv.l_cache, vocab_size and no
+    key/value_length."""
     q35 = arch == "qwen35"
-    w = new_gguf_writer(path, arch, GGMLQuantizationType.F32, name, n_layer=c.num_hidden_layers,
+    w = new_gguf_writer(path, arch, qtype, name, n_layer=c.num_hidden_layers,
                         n_ctx=c.max_position_embeddings, n_embd=c.hidden_size,
                         n_ff=c.intermediate_size if q35 else lfm2_ffn_width(c), n_head=c.num_attention_heads,
                         n_kv=c.num_key_value_heads if q35 else [0 if t == "conv" else c.num_key_value_heads
@@ -188,7 +200,8 @@ def write_gguf(path: Path, arch: str, name: str, model, tok_json: dict, ids: dic
     drop = [gguf.Keys.LLM.VOCAB_SIZE] if q35 else [gguf.Keys.Attention.KEY_LENGTH, gguf.Keys.Attention.VALUE_LENGTH]
     for k in drop:
         del w.kv_data[0][k.format(arch=arch)]
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)  # the converter writes it for F32 files too
+    if qtype == GGMLQuantizationType.F32:
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)  # the converter writes it for F32 files too
     if q35:
         w.add_ssm_conv_kernel(c.linear_conv_kernel_dim)
         w.add_ssm_state_size(c.linear_key_head_dim)
@@ -201,6 +214,12 @@ def write_gguf(path: Path, arch: str, name: str, model, tok_json: dict, ids: dic
         w.add_rope_dimension_sections([11, 11, 10, 0])  # _Qwen35MRopeMixin's default (no mrope_section)
     else:
         w.add_shortconv_l_cache(c.conv_L_cache)
+    return w
+
+
+def write_gguf(path: Path, arch: str, name: str, model, tok_json: dict, ids: dict, chat_template: str):
+    """model-f32.gguf with the metadata of gguf_writer."""
+    w = gguf_writer(path, arch, GGMLQuantizationType.F32, name, model.config, tok_json, ids, chat_template)
     arrays = [(g, np.ascontiguousarray(t.numpy(), dtype=np.float32)) for g, t, _h, _ in gguf_tensors(arch, model)]
     for g, arr in arrays:
         data, raw_dtype = gguf_payload(arr, GGMLQuantizationType.F32)

@@ -110,8 +110,8 @@ class SafetensorsStream:
     def write(self, hname: str, t: torch.Tensor):
         want, n = self.order[self.next]
         assert hname == want, (hname, want)
-        b = t.to(self.dtype).contiguous().numpy().tobytes()
-        assert len(b) == n
+        b = memoryview(t.to(self.dtype).contiguous().numpy()).cast("B")  # no copy of an f32 tensor
+        assert b.nbytes == n
         self.f.write(b)
         self.next += 1
 

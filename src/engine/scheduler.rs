@@ -79,6 +79,9 @@ struct SessionState {
     /// Positions of `table` that any sequence with the same tokens may share: all of them,
     /// except under `dynamic` RoPE scaling (see `Decoder::rope_exact_until`).
     shareable: usize,
+    /// With recurrent layers: where the prefix index's blocks for this prompt end past any state
+    /// snapshot; a prompt chunk ends there so that one is taken (see `KvManager::snapshot`).
+    snapshot_at: Option<usize>,
 }
 
 impl SessionState {
@@ -130,8 +133,9 @@ pub struct SchedulerConfig {
     pub kv_dtype: crate::kv::KvFormat,
     /// Idle this long, the pool gives its unused blocks' memory back (`None`: never).
     pub idle_release: Option<std::time::Duration>,
-    /// Sequences that may hold a recurrent state at once (models with recurrent layers).
-    pub state_slots: usize,
+    /// Sequences that may hold a recurrent state at once, and snapshots of shared prefixes
+    /// (models with recurrent layers).
+    pub state_slots: (usize, usize),
 }
 
 pub struct Scheduler {
@@ -175,7 +179,7 @@ impl Scheduler {
         let per_token = store.cache_layout().bytes_per_token(store.kv_heads, store.head_dim, store.format);
         stats.kv_bytes_per_token.store(per_token as u64, Ordering::Relaxed);
         stats.kv_block_bytes.store(store.bytes_per_block() as u64, Ordering::Relaxed);
-        stats.kv_state_slots.store(store.states().len() as u64, Ordering::Relaxed);
+        stats.kv_state_slots.store(store.state_sequences() as u64, Ordering::Relaxed);
         stats.kv_state_bytes_per_sequence.store(store.states().bytes_per_slot() as u64, Ordering::Relaxed);
         let mut kv = KvManager::try_new(store, cfg.prefix_cache)?;
         // A pass writes at most a step's tokens of a sequence, a block, or a decode row with
@@ -272,6 +276,7 @@ impl Scheduler {
                     last_used: self.tick,
                     running: false,
                     shareable: usize::MAX,
+                    snapshot_at: None,
                 };
                 self.sessions.insert(id, s);
             }

@@ -216,6 +216,10 @@ impl BlockPool {
         self.index.cid(b)
     }
 
+    pub fn key(&self, b: BlockId) -> Option<&BlockKey> {
+        self.index.key(b)
+    }
+
     pub fn lookup(&self, key: &BlockKey) -> Option<BlockId> {
         self.index.lookup(key)
     }

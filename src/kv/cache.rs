@@ -64,7 +64,7 @@ impl KvCache {
         let tables = layout.tables.len().max(1);
         let store = KvStore::new(shapes.len(), n, BLOCK, kv_heads, head_dim, dtype, device)?
             .with_cache_layout(layout)?
-            .with_state_slots(1)?;
+            .with_state_slots(1, 0)?;
         Ok(Self { store, blocks: vec![(0..n as BlockId).collect(); tables], len: 0, max_len })
     }
 

@@ -31,6 +31,7 @@
 use super::block_pool::BlockPool;
 use super::block_table::{blocks_for, BlockTable, GroupRule, NO_BLOCK};
 use super::prefix::{root, BlockKey};
+use super::snapshots::Snapshots;
 use super::states::StateId;
 use super::store::KvStore;
 use super::BlockId;
@@ -52,6 +53,9 @@ pub struct PrefixHit {
     pub groups: Vec<GroupHit>,
     /// Positions covered in every group.
     pub tokens: usize,
+    /// With recurrent layers: positions of whole blocks the index matched, of which `tokens`
+    /// end at a state snapshot (a pass ending here could leave one for the next prompt).
+    pub matched: usize,
 }
 
 /// What one table group's chain holds of a prompt: whole blocks, then a partial block.
@@ -81,6 +85,11 @@ impl PinnedHit {
     pub fn tokens(&self) -> usize {
         self.0.tokens
     }
+
+    /// See [`PrefixHit::matched`].
+    pub fn matched(&self) -> usize {
+        self.0.matched
+    }
 }
 
 pub struct KvManager {
@@ -94,6 +103,8 @@ pub struct KvManager {
     behind_window: u64,
     /// Slots of the state pool no table holds (models with recurrent layers).
     free_states: Vec<StateId>,
+    /// States at the ends of registered blocks, for prefix hits ([`super::snapshots`]).
+    snapshots: Snapshots,
 }
 
 /// Each table group's rule, for passes of at most `pass` positions.
@@ -107,6 +118,12 @@ fn rules(store: &KvStore, pass: usize) -> Vec<GroupRule> {
         .collect()
 }
 
+/// The state pool's slots: free ones for sequences, the rest for snapshots.
+fn state_slots(store: &KvStore) -> (Vec<StateId>, Snapshots) {
+    let (seqs, all) = (store.state_sequences() as StateId, store.states().len() as StateId);
+    ((0..seqs).rev().collect(), Snapshots::new(seqs..all))
+}
+
 impl KvManager {
     /// A manager over `store`, whose blocks it hands out. `prefix_cache: false` never looks up
     /// or registers blocks (every prompt is computed from scratch).
@@ -118,8 +135,8 @@ impl KvManager {
     pub fn try_new(store: KvStore, prefix_cache: bool) -> crate::error::Result<Self> {
         let pool = BlockPool::try_new(store.num_blocks, store.block_size)?;
         let rules = rules(&store, DEFAULT_PASS_POSITIONS);
-        let free_states = (0..store.states().len() as StateId).rev().collect();
-        Ok(Self { pool, store, prefix_cache, rules, behind_window: 0, free_states })
+        let (free_states, snapshots) = state_slots(&store);
+        Ok(Self { pool, store, prefix_cache, rules, behind_window: 0, free_states, snapshots })
     }
 
     /// Passes write at most `positions` positions of a sequence (a window group keeps room
@@ -133,8 +150,8 @@ impl KvManager {
     pub fn with_hasher(store: KvStore, hasher: super::prefix::KeyHasher) -> Self {
         let pool = BlockPool::with_hasher(store.num_blocks, store.block_size, hasher);
         let rules = rules(&store, DEFAULT_PASS_POSITIONS);
-        let free_states = (0..store.states().len() as StateId).rev().collect();
-        Self { pool, store, prefix_cache: true, rules, behind_window: 0, free_states }
+        let (free_states, snapshots) = state_slots(&store);
+        Self { pool, store, prefix_cache: true, rules, behind_window: 0, free_states, snapshots }
     }
 
     /// See [`BlockPool::assume_cache_pays`].
@@ -234,6 +251,8 @@ impl KvManager {
         let blocks = self.pool.give_back();
         self.store.release_memory(&blocks)?;
         self.store.states().release_unused(&self.free_states);
+        let snapshots = self.snapshots.clear();
+        self.store.states().release_unused(&snapshots);
         Ok(blocks.len())
     }
 
@@ -247,12 +266,11 @@ impl KvManager {
     /// block sharing the longest start with the rest. Changes nothing.
     /// In each table group; the hit is what every group holds.
     pub fn match_prefix(&self, keys: &[u32], experts: &[u64]) -> PrefixHit {
-        // A recurrent layer's state at the end of a shared prefix is not in any block.
-        if !self.prefix_cache || self.has_states() {
+        if !self.prefix_cache {
             return PrefixHit::default();
         }
         let bs = self.pool.block_size();
-        let mut hit = PrefixHit { groups: Vec::new(), tokens: usize::MAX };
+        let mut hit = PrefixHit { groups: Vec::new(), tokens: usize::MAX, matched: 0 };
         for g in 0..self.rules.len() {
             let mut group = GroupHit::default();
             let mut parent = root(g);
@@ -273,7 +291,62 @@ impl KvManager {
         if hit.tokens == 0 || hit.groups.is_empty() {
             return PrefixHit::default();
         }
+        if self.has_states() {
+            return self.cut_to_snapshot(hit);
+        }
         hit
+    }
+
+    /// A hit for a model with recurrent layers: their states at its end are in no block, so it
+    /// ends where a snapshot does (the last whole block that ends one), or is empty.
+    fn cut_to_snapshot(&self, mut hit: PrefixHit) -> PrefixHit {
+        let whole = hit.groups.iter().map(|g| g.blocks.len()).min().unwrap_or(0).min(hit.tokens / self.pool.block_size());
+        let ends_snapshot = |k: usize| self.pool.cid(hit.groups[0].blocks[k - 1]).is_some_and(|c| self.snapshots.contains(c));
+        let matched = whole * self.pool.block_size();
+        let Some(k) = (1..=whole).rev().find(|&k| ends_snapshot(k)) else { return PrefixHit { matched, ..Default::default() } };
+        for g in &mut hit.groups {
+            g.blocks.truncate(k);
+            g.partial = None;
+        }
+        hit.tokens = k * self.pool.block_size();
+        hit.matched = matched;
+        hit
+    }
+
+    /// After a pass: where `table`'s sequence stands at the end of a registered block, keeps a
+    /// copy of its recurrent states for later prompts that share the prefix (see
+    /// [`super::snapshots`]).
+    pub fn snapshot(&mut self, table: &BlockTable) -> Result<()> {
+        let (Some(state), bs, len) = (table.state(), self.pool.block_size(), table.len()) else { return Ok(()) };
+        if !self.prefix_cache || len == 0 || !len.is_multiple_of(bs) {
+            return Ok(());
+        }
+        let Some(cid) = self.canonical_cid(table.groups().first().map_or(&[][..], |g| &g[..len / bs])) else {
+            return Ok(());
+        };
+        match self.snapshots.slot_for(cid) {
+            Some(slot) => self.store.states().copy(state, slot),
+            None => Ok(()),
+        }
+    }
+
+    /// The content id a prefix lookup reaches for the contents of `blocks` (a table's first
+    /// blocks of group 0): the same contents may be registered more than once (two sequences
+    /// computed them apart), and lookups follow the chain registered first. `None` where a block
+    /// is not registered.
+    fn canonical_cid(&self, blocks: &[BlockId]) -> Option<u64> {
+        let mut parent = root(0);
+        for &b in blocks {
+            let own = (b != NO_BLOCK).then(|| self.pool.key(b)).flatten()?;
+            let key = BlockKey { parent, experts: own.experts.clone(), tokens: own.tokens.clone() };
+            parent = self.pool.cid(self.pool.lookup(&key)?)?;
+        }
+        (!blocks.is_empty()).then_some(parent)
+    }
+
+    /// Prefix snapshots held.
+    pub fn snapshots(&self) -> usize {
+        self.snapshots.len()
     }
 
     /// Pins the hit's blocks so that evicting other tables cannot recycle them.
@@ -338,6 +411,14 @@ impl KvManager {
         }
         table.set(lists, live, parents, tokens);
         assert!(table.reserve_blocks(need_blocks, &self.rules, &mut self.pool), "availability checked");
+        if let Some(state) = table.state() {
+            // The recurrent states at the hit's end (`cut_to_snapshot` made it end at one).
+            let last = table.groups()[0][tokens / bs - 1];
+            let snap = self.pool.cid(last).and_then(|c| self.snapshots.get(c));
+            let snap =
+                snap.ok_or_else(|| crate::error::EngineError::Internal("a prefix hit without its state snapshot".into()))?;
+            self.store.states().copy(snap, state)?;
+        }
         Ok(true)
     }
 

@@ -7,7 +7,7 @@
 //! (a sequence's blocks, a table per group of layers; window groups give back the blocks
 //! behind their window), `layers` (what each layer keeps: every position, a window or a
 //! recurrent state; the layers grouped by kind into table groups), `store` (the tensors), `quant`
-//! (block-quantized rows), `states` (recurrent layers' per-sequence states), `attention` (attention through block tables: the backend seam;
+//! (block-quantized rows), `states` (recurrent layers' per-sequence states), `snapshots` (states at shared prefixes), `attention` (attention through block tables: the backend seam;
 //! `attention_x86` holds its AVX2 micro-kernels), `cache` (a single-sequence cache over a
 //! private store), `sizing` (the pool's size from the `kvCache` options).
 pub mod attention;
@@ -21,6 +21,7 @@ pub mod manager;
 pub mod prefix;
 pub mod quant;
 pub mod sizing;
+pub mod snapshots;
 pub mod states;
 pub mod store;
 mod store_cpu;

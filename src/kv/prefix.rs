@@ -87,6 +87,11 @@ impl PrefixIndex {
         self.entries[b as usize].as_ref().map(|e| e.cid)
     }
 
+    /// The key `b` is registered under.
+    pub fn key(&self, b: BlockId) -> Option<&BlockKey> {
+        self.entries[b as usize].as_ref().map(|e| &e.key)
+    }
+
     /// Registers `b` under `key` and returns its new content id. `b` must not be registered.
     /// A second block with an equal key is allowed (both stay valid); lookups return either.
     pub fn insert(&mut self, b: BlockId, key: BlockKey) -> u64 {

@@ -51,12 +51,18 @@ pub const DEFAULT_STATE_SLOTS: usize = 32;
 /// Most state slots a pool may have.
 pub const MAX_STATE_SLOTS: usize = 4096;
 
-/// Slots of recurrent state for a model whose sequences keep `state_bytes` each (0: none), and
-/// the memory left for the blocks: `memory` less what the slots take. The slots take at most
-/// half the budget by default; with `max_bytes`, they come out of it.
-pub fn state_slots(opts: &KvCacheOptions, state_bytes: usize, memory: KvMemory) -> Result<(usize, KvMemory, Option<u64>)> {
+/// Slots of recurrent state for a model whose sequences keep `state_bytes` each (0: none):
+/// `(sequences, snapshots)`, a quarter as many snapshots of shared prefixes as sequences (at
+/// least one), and the memory left for the blocks: `memory` less what the slots take. The
+/// sequences' slots take at most half the budget by default; with `max_bytes`, all come out of
+/// it.
+pub fn state_slots(
+    opts: &KvCacheOptions,
+    state_bytes: usize,
+    memory: KvMemory,
+) -> Result<((usize, usize), KvMemory, Option<u64>)> {
     if state_bytes == 0 {
-        return Ok((0, memory, opts.max_bytes));
+        return Ok(((0, 0), memory, opts.max_bytes));
     }
     let slots = match opts.max_sequences {
         Some(n) if n == 0 || n > MAX_STATE_SLOTS => {
@@ -65,7 +71,8 @@ pub fn state_slots(opts: &KvCacheOptions, state_bytes: usize, memory: KvMemory) 
         Some(n) => n,
         None => DEFAULT_STATE_SLOTS.min((memory.budget / 2 / state_bytes).max(1)),
     };
-    let bytes = (slots as u64).saturating_mul(state_bytes as u64);
+    let snapshots = (slots / 4).max(1);
+    let bytes = ((slots + snapshots) as u64).saturating_mul(state_bytes as u64);
     if bytes > memory.total {
         return Err(EngineError::InvalidArgument(format!(
             "the recurrent states of {slots} sequences take {bytes} bytes ({state_bytes} each), more than this device's {}",
@@ -86,7 +93,7 @@ pub fn state_slots(opts: &KvCacheOptions, state_bytes: usize, memory: KvMemory) 
         total: memory.total - bytes,
         limit: memory.limit.saturating_sub(bytes),
     };
-    Ok((slots, left, max_bytes))
+    Ok(((slots, snapshots), left, max_bytes))
 }
 
 /// How long the engine waits idle before the pool gives unused memory back (ms).

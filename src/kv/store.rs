@@ -124,6 +124,8 @@ pub struct KvStore {
     /// The recurrent layers' states, a slot per sequence ([`super::states`]); no slots when no
     /// layer keeps one.
     states: StatePool,
+    /// Of the state slots, how many are for sequences (the rest hold prefix snapshots).
+    state_sequences: usize,
     device: Device,
 }
 
@@ -267,6 +269,7 @@ impl KvStore {
             shapes: Vec::new(),
             cache_layout: KvLayout::all_full(num_layers),
             states: StatePool::new(&KvLayout::all_full(num_layers), 0)?,
+            state_sequences: 0,
             device: device.clone(),
         };
         store.allocate(&vec![None; num_layers])?;
@@ -338,10 +341,19 @@ impl KvStore {
         &self.cache_layout
     }
 
-    /// The pool with `slots` recurrent-state slots (none where no layer keeps a state).
-    pub fn with_state_slots(mut self, slots: usize) -> Result<Self> {
-        self.states = StatePool::new(&self.cache_layout, slots)?;
+    /// The pool with `sequences` recurrent-state slots for sequences and `snapshots` for
+    /// prefix snapshots (none where no layer keeps a state).
+    pub fn with_state_slots(mut self, sequences: usize, snapshots: usize) -> Result<Self> {
+        let total =
+            sequences.checked_add(snapshots).ok_or_else(|| EngineError::InvalidArgument("state slots overflow".into()))?;
+        self.states = StatePool::new(&self.cache_layout, total)?;
+        self.state_sequences = if self.states.is_empty() { 0 } else { sequences };
         Ok(self)
+    }
+
+    /// State slots for sequences (the rest hold prefix snapshots).
+    pub fn state_sequences(&self) -> usize {
+        self.state_sequences
     }
 
     /// The recurrent layers' states.

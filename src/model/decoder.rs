@@ -210,17 +210,17 @@ impl Decoder {
     /// Keys and values are stored as `kv_dtype` (widened or dequantized to the activation dtype
     /// when read).
     pub fn new_store(&self, num_blocks: usize, block_size: usize, kv_dtype: impl Into<KvFormat>) -> Result<KvStore> {
-        self.new_store_with_states(num_blocks, block_size, kv_dtype, 0)
+        self.new_store_with_states(num_blocks, block_size, kv_dtype, (0, 0))
     }
 
-    /// [`Self::new_store`] with `state_slots` slots of recurrent state (models with recurrent
-    /// layers: one per sequence that holds a state).
+    /// [`Self::new_store`] with slots of recurrent state (models with recurrent layers): one per
+    /// sequence that may hold a state, and `(sequences, snapshots)` for prefix snapshots.
     pub fn new_store_with_states(
         &self,
         num_blocks: usize,
         block_size: usize,
         kv_dtype: impl Into<KvFormat>,
-        state_slots: usize,
+        state_slots: (usize, usize),
     ) -> Result<KvStore> {
         KvStore::new(
             self.cfg.num_layers,
@@ -232,7 +232,7 @@ impl Decoder {
             &self.device,
         )?
         .with_cache_layout(self.kv_layout())?
-        .with_state_slots(state_slots)
+        .with_state_slots(state_slots.0, state_slots.1)
     }
 
     /// What each layer keeps in the KV cache, grouped by kind (the pool is sized by it).

@@ -64,6 +64,7 @@ impl Scheduler {
             None => usize::MAX,
         };
         let own = own.min(st.shareable).min(shareable);
+        let matched = hit.matched;
         // A window group that gave back the blocks a query at `own` sees cannot continue there.
         let own = if self.kv.can_continue(&st.table, own) { own } else { 0 };
         // A recurrent state continues only from where it stands: all of the table or nothing.
@@ -105,6 +106,7 @@ impl Scheduler {
         st.n_virtual = n_v;
         st.running = true;
         st.shareable = shareable;
+        st.snapshot_at = (matched > st.table.len()).then_some(matched);
         st.last_used = self.tick;
         seq.usage.cached_tokens = st.table.len().saturating_sub(n_v);
         seq.limit = self.context_length.min(st.table.capacity(self.kv.block_size()));

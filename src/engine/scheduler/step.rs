@@ -193,7 +193,17 @@ impl Scheduler {
             // A window group lists blocks for one pass ahead of its window (at least a decode
             // step with every draft); a prompt chunk stops there.
             let writable = st.table.writable_until(bs).saturating_sub(st.table.len());
-            let n = if left == decode_rows { left } else { left.min(budget).min(writable) };
+            let mut n = if left == decode_rows { left } else { left.min(budget).min(writable) };
+            if n < left && n > bs && self.kv.has_states() {
+                // A prompt chunk of a model with recurrent layers ends at a block boundary, where
+                // its states can be kept for prompts sharing the prefix.
+                n -= (st.table.len() + n) % bs;
+            }
+            // Or where the prefix index's blocks end past any snapshot: the next prompt sharing
+            // them starts from the state there.
+            if let Some(at) = st.snapshot_at.filter(|&at| at > st.table.len() && at < st.table.len() + n) {
+                n = at - st.table.len();
+            }
             if n == 0 {
                 continue;
             }
@@ -267,6 +277,14 @@ impl Scheduler {
             st.table.advance(pos + n);
             self.kv.cache_full_blocks(&st.table, pos, st.shareable, &st.set_key, |p| st.key_at(p));
             self.kv.roll(&mut st.table);
+            if n > 1 {
+                // A prompt chunk that ends a registered block: its recurrent states are kept
+                // for prompts that share the prefix.
+                if let Err(e) = self.kv.snapshot(&st.table) {
+                    failed_with.push((i, e));
+                    continue;
+                }
+            }
             if pos + n < st.target() {
                 continue;
             }

@@ -38,6 +38,12 @@ export function apiRuntimeCases(add) {
     add(cat, `Runtime.load dtype ${n}`, IA, ok, async (ctx) => ctx.loadAndProbe(MODEL, { dtype: v }))
   }
   for (const [n, v] of NON_OBJECTS) add(cat, `Runtime.load kvCache ${n}`, IA, false, async (ctx) => ctx.loadAndProbe(MODEL, { kvCache: v }))
+  // State slots of a model with recurrent layers (ignored by others): 1..=4096.
+  const HYBRID = fx('qwen35-tiny')
+  for (const [n, v, ok] of [['0', 0, false], ['1', 1, true], ['4096', 4096, true], ['4097', 4097, false], ['2^40', 2 ** 40, false], ['-1', -1, false], ['NaN', NaN, false], ['1.5', 1.5, false], ['string', '8', false], ['null', null, false]]) {
+    add(cat, `Runtime.load kvCache.maxSequences ${n} (qwen35-tiny)`, IA, ok, async (ctx) => ctx.loadAndProbe(HYBRID, { kvCache: { maxSequences: v } }))
+  }
+  add(cat, 'Runtime.load kvCache.maxBytes below the states (qwen35-tiny)', IA, false, async (ctx) => ctx.loadAndProbe(HYBRID, { kvCache: { maxBytes: 4096 } }))
   for (const [n, v] of [['string', 'yes'], ['number', 1], ['null', null], ['object', {}]]) add(cat, `Runtime.load kvCache.prefixCache ${n}`, IA, false, async (ctx) => ctx.loadAndProbe(MODEL, { kvCache: { prefixCache: v } }))
   for (const [n, v] of [['number', 5], ['string', 'x'], ['object', {}], ['null', null]]) add(cat, `Runtime.load onProgress ${n}`, IA, false, async (ctx) => ctx.loadAndProbe(MODEL, { onProgress: v }))
   add(cat, 'Runtime.load onProgress throws', [], true, async (ctx) => {

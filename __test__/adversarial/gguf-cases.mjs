@@ -9,7 +9,7 @@ export function ggufCases(add) {
   const cat = 'model-gguf'
   const M = ['INVALID_MODEL']
   const MA = ['INVALID_MODEL', 'UNSUPPORTED_ARCHITECTURE']
-  for (const [base, file, seed, full] of [['qwen3-tiny', 'model-q8_0.gguf', 0x66, true], ['llama-tiny', 'model-f32.gguf', 0x67, false], ['qwen3-tiny', 'model-f32.gguf', 0x68, false], ['granite-tiny', 'model-f32.gguf', 0x69, false], ['gemma3-gguf-tiny', 'model-f32.gguf', 0x6a, false], ['smollm3-tiny', 'model-f32.gguf', 0x6b, false], ['phi3-tiny', 'model-f32.gguf', 0x6c, false], ['phi4-mini-tiny', 'model-f32.gguf', 0x6d, false], ['gemma4-tiny', 'model-f32.gguf', 0x6e, false], ['qwen3moe-tiny', 'model-f32.gguf', 0x6f, false], ['gemma4-moe-tiny', 'model-f32.gguf', 0x70, false]]) {
+  for (const [base, file, seed, full] of [['qwen3-tiny', 'model-q8_0.gguf', 0x66, true], ['llama-tiny', 'model-f32.gguf', 0x67, false], ['qwen3-tiny', 'model-f32.gguf', 0x68, false], ['granite-tiny', 'model-f32.gguf', 0x69, false], ['gemma3-gguf-tiny', 'model-f32.gguf', 0x6a, false], ['smollm3-tiny', 'model-f32.gguf', 0x6b, false], ['phi3-tiny', 'model-f32.gguf', 0x6c, false], ['phi4-mini-tiny', 'model-f32.gguf', 0x6d, false], ['gemma4-tiny', 'model-f32.gguf', 0x6e, false], ['qwen3moe-tiny', 'model-f32.gguf', 0x6f, false], ['gemma4-moe-tiny', 'model-f32.gguf', 0x70, false], ['qwen35-tiny', 'model-f32.gguf', 0x71, false], ['lfm2-tiny', 'model-f32.gguf', 0x72, false]]) {
     const buf = readFileSync(fx(base, file))
     const g = parseGguf(buf)
     const rnd = prng(seed)
@@ -103,9 +103,36 @@ export function ggufCases(add) {
       // (Gemma 3 and Phi-3 run their windows: a window of 4096 is a model they load. Phi-3 reads a
       // partial rotary dimension too; phi4-mini-tiny's LongRoPE factors then have the wrong length.)
       const runs = (['gemma3', 'phi3', 'gemma4'].includes(arch) && key === 'attention.sliding_window' && name === '4096') ||
-        (base === 'phi3-tiny' && key === 'rope.dimension_count') ||
+        ((base === 'phi3-tiny' || arch === 'qwen35') && key === 'rope.dimension_count') ||
         (arch === 'gemma4' && key === 'final_logit_softcapping')
       addG(`${arch}.${key}=${name} (not implemented)`, MA, runs, setKv(`${arch}.${key}`, type, value))
+    }
+    // The recurrent layers' keys (src/model/hybrid_config.rs): typed errors, no huge state.
+    if (arch === 'qwen35') {
+      for (const [key, name, type, value] of [
+        ['ssm.conv_kernel', '0', GGUF.UINT32, 0], ['ssm.conv_kernel', '1', GGUF.UINT32, 1], ['ssm.conv_kernel', 'u32 max', GGUF.UINT32, 0xffffffff],
+        ['ssm.state_size', '2^31', GGUF.UINT32, 2 ** 31], ['ssm.group_count', '0', GGUF.UINT32, 0], ['ssm.group_count', '3', GGUF.UINT32, 3],
+        ['ssm.time_step_rank', 'u64 max', GGUF.UINT64, 2n ** 64n - 1n], ['ssm.inner_size', '33', GGUF.UINT32, 33], ['ssm.inner_size', '2^40', GGUF.UINT64, 2 ** 40],
+        ['rope.dimension_count', '3', GGUF.UINT32, 3], ['rope.dimension_count', '1000', GGUF.UINT32, 1000],
+      ]) {
+        addG(`${arch}.${key}=${name} (recurrent)`, MA, false, setKv(`${arch}.${key}`, type, value))
+      }
+      // (The file lists its recurrent layers: the interval is only read without the list.)
+      addG(`${arch}.full_attention_interval=0 beside the list (recurrent)`, MA, true, setKv(`${arch}.full_attention_interval`, GGUF.UINT32, 0))
+      addG(`${arch}.full_attention_interval=0 without the list (recurrent)`, MA, false, rewrite((m) => {
+        m.kvs = m.kvs.filter((kv) => kv.key !== `${arch}.attention.recurrent_layers`)
+        m.kvs.find((kv) => kv.key === `${arch}.full_attention_interval`).value = 0
+      }))
+      addG(`${arch}.attention.recurrent_layers all true`, MA, false, setKv(`${arch}.attention.recurrent_layers`, GGUF.ARRAY, { type: GGUF.BOOL, values: [true, true, true, true] }))
+      addG(`${arch}.attention.recurrent_layers of 2`, MA, false, setKv(`${arch}.attention.recurrent_layers`, GGUF.ARRAY, { type: GGUF.BOOL, values: [true, false] }))
+    }
+    if (arch === 'lfm2') {
+      for (const [key, name, type, value] of [['shortconv.l_cache', '0', GGUF.UINT32, 0], ['shortconv.l_cache', '1', GGUF.UINT32, 1], ['shortconv.l_cache', 'u32 max', GGUF.UINT32, 0xffffffff]]) {
+        addG(`${arch}.${key}=${name} (recurrent)`, MA, false, setKv(`${arch}.${key}`, type, value))
+      }
+      addG(`${arch}.attention.head_count_kv of 2 layers`, MA, false, setKv(`${arch}.attention.head_count_kv`, GGUF.ARRAY, { type: GGUF.UINT32, values: [0, 2] }))
+      addG(`${arch}.attention.head_count_kv all 0`, MA, false, setKv(`${arch}.attention.head_count_kv`, GGUF.ARRAY, { type: GGUF.UINT32, values: [0, 0, 0, 0] }))
+      addG(`${arch}.attention.head_count_kv scalar`, MA, false, setKv(`${arch}.attention.head_count_kv`, GGUF.UINT32, 2))
     }
     // A routed FFN's keys the decoder does not implement (src/model/moe_config.rs).
     if (arch === 'qwen3moe') {

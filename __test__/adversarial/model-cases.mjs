@@ -19,7 +19,7 @@ export function hfConfigCases(add) {
   const archField = (k) => ['architectures', 'model_type', 'rope_scaling', 'rope_parameters', 'hidden_activation', 'hidden_act', ...UNIMPLEMENTED].includes(k)
   // Texts are built when the case runs (thunks): building every case must stay cheap.
   const loadWith = (base, text) => async (ctx) => ctx.loadAndProbe(await ctx.modelDir(base, { 'config.json': text }))
-  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2], ['phi3-tiny', 2], ['phi4-mini-tiny', 3], ['gemma4-tiny', 3], ['gemma4-mm-tiny', 2], ['qwen3moe-tiny', 3], ['qwen3moe-mixed-tiny', 2], ['gemma4-moe-tiny', 2]]
+  const bases = [['qwen3-tiny', JSON_VALUES.length], ['qwen2-tiny', 6], ['llama-tiny', 6], ['qwen3-untied-mqa', 4], ['ministral-tiny', 2], ['gemma3-mm-tiny', 3], ['granite-tiny', 3], ['smollm3-tiny', 2], ['gemma3-tiny', 2], ['phi3-tiny', 2], ['phi4-mini-tiny', 3], ['gemma4-tiny', 3], ['gemma4-mm-tiny', 2], ['qwen3moe-tiny', 3], ['qwen3moe-mixed-tiny', 2], ['gemma4-moe-tiny', 2], ['qwen35-tiny', 3], ['lfm2-tiny', 3]]
   for (const [base, perField] of bases) {
     const cfg = readJson(base, 'config.json')
     const rnd = prng(0xc0f19 + base.length)
@@ -53,6 +53,8 @@ export function hfConfigCases(add) {
   const ll = readJson('llama-tiny', 'config.json')
   const g4 = readJson('gemma4-tiny', 'config.json')
   const mo = readJson('qwen3moe-tiny', 'config.json')
+  const q5 = readJson('qwen35-tiny', 'config.json')
+  const lf = readJson('lfm2-tiny', 'config.json')
   const specific = [
     // Qwen3-MoE's routed FFN (src/model/moe_config.rs).
     ['moe experts 2^40', mo, { num_experts: 2 ** 40 }, M, false],
@@ -68,6 +70,41 @@ export function hfConfigCases(add) {
     ['moe width 0', mo, { moe_intermediate_size: 0 }, M, false],
     ['moe sparse step 0', mo, { decoder_sparse_step: 0 }, M, false],
     ['moe sparse step 2^63', mo, { decoder_sparse_step: raw('9223372036854775808') }, M, false],
+    // The hybrids' recurrent layers (src/model/hybrid_config.rs): sizes bounded before anything
+    // is sized by them, the state per sequence too.
+    ['qwen35 value heads 2^40', q5, { linear_num_value_heads: 2 ** 40 }, M, false],
+    ['qwen35 value heads not a multiple of key heads', q5, { linear_num_value_heads: 3 }, M, false],
+    ['qwen35 key heads 0', q5, { linear_num_key_heads: 0 }, M, false],
+    ['qwen35 key head dim 2^40', q5, { linear_key_head_dim: 2 ** 40 }, M, false],
+    ['qwen35 value head dim 1e9', q5, { linear_value_head_dim: 1e9 }, M, false],
+    ['qwen35 state of 64k value heads of 128 x 128', q5, { linear_num_key_heads: 1, linear_num_value_heads: 65536, linear_key_head_dim: 128, linear_value_head_dim: 128 }, M, false],
+    ['qwen35 conv kernel 1', q5, { linear_conv_kernel_dim: 1 }, M, false],
+    ['qwen35 conv kernel 2^40', q5, { linear_conv_kernel_dim: 2 ** 40 }, M, false],
+    ['qwen35 conv kernel -1', q5, { linear_conv_kernel_dim: -1 }, M, false],
+    ['qwen35 conv kernel NaN', q5, { linear_conv_kernel_dim: raw('NaN') }, M, false],
+    ['qwen35 partial rotary 0', q5, { rope_parameters: { ...q5.rope_parameters, partial_rotary_factor: 0 } }, M, false],
+    ['qwen35 partial rotary 2', q5, { rope_parameters: { ...q5.rope_parameters, partial_rotary_factor: 2 } }, M, false],
+    ['qwen35 partial rotary a string', q5, { rope_parameters: { ...q5.rope_parameters, partial_rotary_factor: '0.25' } }, M, false],
+    ['qwen35 every layer linear attention', q5, { layer_types: new Array(4).fill('linear_attention') }, MA, false],
+    ['qwen35 a mamba layer', q5, { layer_types: ['linear_attention', 'mamba', 'linear_attention', 'full_attention'] }, MA, false],
+    ['qwen35 layer types of 100k', q5, { layer_types: new Array(100_000).fill('linear_attention') }, MA, false],
+    ['qwen35 no layer types, interval 0', q5, { layer_types: undefined, full_attention_interval: 0 }, M, false],
+    ['qwen35 no layer types, interval 2^63', q5, { layer_types: undefined, full_attention_interval: raw('9223372036854775808') }, M, false],
+    ['qwen35 no layer types (every 4th full)', q5, { layer_types: undefined }, M, true],
+    ['qwen35 multimodal without text_config', q5, { model_type: 'qwen3_5' }, MA, true],
+    ['lfm2 conv taps 1', lf, { conv_L_cache: 1 }, M, false],
+    ['lfm2 conv taps 2^40', lf, { conv_L_cache: 2 ** 40 }, M, false],
+    ['lfm2 conv taps NaN', lf, { conv_L_cache: raw('NaN') }, M, false],
+    ['lfm2 conv bias without biases', lf, { conv_bias: true }, M, false],
+    ['lfm2 full_attn_idxs of 1e9', lf, { layer_types: undefined, full_attn_idxs: [1e9] }, M, false],
+    ['lfm2 full_attn_idxs a string', lf, { layer_types: undefined, full_attn_idxs: '2' }, M, false],
+    ['lfm2 full_attn_idxs', lf, { layer_types: undefined, full_attn_idxs: [2] }, M, true],
+    ['lfm2 a mamba layer', lf, { layer_types: ['conv', 'mamba', 'full_attention', 'conv'] }, MA, false],
+    ['lfm2 ffn multiplier NaN', lf, { block_ffn_dim_multiplier: raw('NaN') }, M, false],
+    ['lfm2 ffn multiplier 1e300', lf, { block_ffn_dim_multiplier: 1e300 }, M, false],
+    ['lfm2 ffn multiplier -1', lf, { block_ffn_dim_multiplier: -1 }, M, false],
+    ['lfm2 ffn multiple of 0', lf, { block_multiple_of: 0 }, M, false],
+    ['lfm2 norm_eps missing', lf, { norm_eps: undefined }, M, false],
     ['moe mlp_only_layers of layer 1e9', mo, { mlp_only_layers: [1e9] }, M, false],
     ['moe mlp_only_layers of 100k', mo, { mlp_only_layers: new Array(100_000).fill(0) }, M, false],
     ['moe mlp_only_layers a string', mo, { mlp_only_layers: 'all' }, M, false],

@@ -69,6 +69,17 @@ for (const [name, family, ggufFamily] of [['qwen35-tiny', 'qwen3_5_text', 'qwen3
       assert.deepEqual(together.map((r) => r.tokens), solo)
     })
 
+    it('embeddings of texts batched together equal each alone (each text its own state)', async () => {
+      const texts = ['hello there', 'a longer text about robots and signs', 'x']
+      const together = await rt.embed(texts)
+      // (Up to f32 rounding: the products of a batch of other size sum in another order.)
+      for (const [i, t] of texts.entries()) {
+        const alone = (await rt.embed([t]))[0]
+        const worst = alone.reduce((m, v, j) => Math.max(m, Math.abs(v - together[i][j])), 0)
+        assert.ok(worst < 1e-5, `text ${i}: ${worst}`)
+      }
+    })
+
     it('speculative decoding keeps the greedy tokens: rejected drafts leave the state', async () => {
       const plain = await rt.createSession().complete({ tokens: ref.long.prompt_ids }, { ...GREEDY, maxTokens: 24 })
       const spec = await rt.createSession().complete({ tokens: ref.long.prompt_ids }, { ...GREEDY, maxTokens: 24, speculative: EAGER })

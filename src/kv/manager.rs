@@ -41,6 +41,10 @@ use crate::error::Result;
 /// ([`KvManager::set_pass_limit`]).
 const DEFAULT_PASS_POSITIONS: usize = 256;
 
+/// Bytes of per-row recurrent states one speculative verification may keep (Qwen3.5-0.8B's
+/// 19 MB a row allows 2 drafts).
+pub const STEP_STATES_BYTES: usize = 64 << 20;
+
 /// The position key standing for virtual (prompt-tuning) position `i`.
 pub fn virtual_key(i: usize) -> u32 {
     u32::MAX - i as u32
@@ -222,6 +226,15 @@ impl KvManager {
     /// Bytes of recurrent state held by sequences.
     pub fn state_bytes_used(&self) -> usize {
         (self.total_states() - self.free_states.len()) * self.store.states().bytes_per_slot()
+    }
+
+    /// Drafts a speculative step may verify: a verification keeps the recurrent states after
+    /// each of its rows (see [`super::states`]), at most [`STEP_STATES_BYTES`] of them.
+    pub fn draft_cap(&self) -> usize {
+        match self.store.states().bytes_per_slot() {
+            0 => usize::MAX,
+            b => (STEP_STATES_BYTES / b).saturating_sub(1),
+        }
     }
 
     /// Whether `table` needs a state slot that the pool cannot give now.

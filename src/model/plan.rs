@@ -566,6 +566,17 @@ impl LayerPlan {
         if self.final_norm == NormWeight::OnePlus {
             model.push("final norm (1 + w)".into());
         }
+        let state: usize = self
+            .layers
+            .iter()
+            .filter_map(|l| match &l.mixer {
+                Mixer::Recurrent(r) => Some(r.state_floats().saturating_mul(4)),
+                Mixer::Attention(_) => None,
+            })
+            .fold(0, usize::saturating_add);
+        if state > 0 {
+            model.push(format!("recurrent state {state} bytes per sequence (f32)"));
+        }
         if !model.is_empty() {
             out.push(format!("model: {}", model.join(", ")));
         }

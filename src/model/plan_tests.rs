@@ -217,7 +217,7 @@ fn hybrid_plans_name_their_recurrent_layers() {
             "layer 3: full attention (4 heads, 2 kv, head dim 16, rope 0, q/k norm, output gate) · gated MLP (SiLU, 96) · pre-norm (1 + w)"
                 .into(),
             "rope 0: theta 10000, rotary dim 4 of 16, half-split".into(),
-            "model: final norm (1 + w)".into(),
+            "model: final norm (1 + w), recurrent state 9600 bytes per sequence (f32)".into(),
         ]
     );
     // Per sequence: the convolution's last 3 inputs of 96 channels, 4 matrices of 16 × 8.

@@ -159,6 +159,7 @@ impl Scheduler {
                 // (the pass emits at most one more than it drafts).
                 let room =
                     seq.limit.saturating_sub(st.target()).min(seq.max_tokens.saturating_sub(seq.usage.completion_tokens + 1));
+                let room = room.min(self.kv.draft_cap());
                 if let Some(d) = &mut seq.drafter {
                     st.tokens.extend_from_slice(d.propose(&st.tokens, room));
                 }

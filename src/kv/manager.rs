@@ -550,3 +550,6 @@ mod tests;
 #[cfg(test)]
 #[path = "manager_window_tests.rs"]
 mod window_tests;
+#[cfg(test)]
+#[path = "manager_state_tests.rs"]
+mod state_tests;

@@ -92,30 +92,27 @@ pub struct HeadInputs<'a> {
 pub fn recurrent(h: &HeadInputs, s: &mut [f32], out: &mut [f32], mut steps: Steps) {
     let (dk, dv) = (h.dk, h.dv);
     let n = h.g.len();
-    let mut kv = vec![0f32; dv];
+    let mut delta = vec![0f32; dv];
     for t in 0..n {
         let (q, k, v) = (&h.q[t * dk..(t + 1) * dk], &h.k[t * dk..(t + 1) * dk], &h.v[t * dv..(t + 1) * dv]);
         let decay = h.g[t].exp();
-        s.iter_mut().for_each(|x| *x *= decay);
-        kv.fill(0.0);
+        // Two passes over S: its prediction of v (decayed: (e^g S)ᵀk = e^g (Sᵀk)), then the
+        // decay, the correction and the output row by row.
+        delta.fill(0.0);
         for (i, &ki) in k.iter().enumerate() {
-            for (acc, &sv) in kv.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
+            for (acc, &sv) in delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
                 *acc += sv * ki;
             }
         }
-        for (d, acc) in kv.iter_mut().enumerate() {
-            *acc = (v[d] - *acc) * h.beta[t];
-        }
-        for (i, &ki) in k.iter().enumerate() {
-            for (sv, &delta) in s[i * dv..(i + 1) * dv].iter_mut().zip(&kv) {
-                *sv += ki * delta;
-            }
+        for (d, acc) in delta.iter_mut().enumerate() {
+            *acc = (v[d] - decay * *acc) * h.beta[t];
         }
         let o = &mut out[t * dv..(t + 1) * dv];
         o.fill(0.0);
-        for (i, &qi) in q.iter().enumerate() {
-            for (acc, &sv) in o.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
-                *acc += sv * qi;
+        for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
+            for ((sv, &dl), acc) in s[i * dv..(i + 1) * dv].iter_mut().zip(&delta).zip(o.iter_mut()) {
+                *sv = *sv * decay + ki * dl;
+                *acc += *sv * qi;
             }
         }
         if let Some(f) = steps.as_mut() {

@@ -545,11 +545,11 @@ impl KvManager {
 }
 
 #[cfg(test)]
+#[path = "manager_state_tests.rs"]
+mod state_tests;
+#[cfg(test)]
 #[path = "manager_tests.rs"]
 mod tests;
 #[cfg(test)]
 #[path = "manager_window_tests.rs"]
 mod window_tests;
-#[cfg(test)]
-#[path = "manager_state_tests.rs"]
-mod state_tests;

@@ -27,6 +27,19 @@ pub const MAX_STATE_BYTES: usize = 1 << 32;
 /// Most taps a causal convolution may declare (released models use 3 and 4).
 pub const MAX_CONV_KERNEL: usize = 64;
 
+/// LFM2's names for the modules every decoder has (its convolution layers' `conv.*` keep theirs).
+pub(super) const LFM2_NAMES: &[(&str, &str)] = &[
+    (".self_attn.out_proj.", ".self_attn.o_proj."),
+    (".self_attn.q_layernorm.", ".self_attn.q_norm."),
+    (".self_attn.k_layernorm.", ".self_attn.k_norm."),
+    (".feed_forward.w1.", ".mlp.gate_proj."),
+    (".feed_forward.w3.", ".mlp.up_proj."),
+    (".feed_forward.w2.", ".mlp.down_proj."),
+    (".operator_norm.", ".input_layernorm."),
+    (".ffn_norm.", ".post_attention_layernorm."),
+    ("model.embedding_norm.", "model.norm."),
+];
+
 /// Per layer, its recurrent mixer (`None`: attention).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hybrid {

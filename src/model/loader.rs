@@ -140,7 +140,7 @@ impl<'a> ModelFiles<'a> {
                     src.keep_text_model()?;
                 }
                 if self.config.arch == super::config::Arch::Lfm2 {
-                    src.rename(LFM2_NAMES)?;
+                    src.rename(super::hybrid_config::LFM2_NAMES)?;
                 }
                 Box::new(src)
             }
@@ -151,19 +151,6 @@ impl<'a> ModelFiles<'a> {
 }
 
 // ---------------------------------------------------------------- safetensors
-
-/// LFM2's names for the modules every decoder has (its convolution layers' `conv.*` keep theirs).
-const LFM2_NAMES: &[(&str, &str)] = &[
-    (".self_attn.out_proj.", ".self_attn.o_proj."),
-    (".self_attn.q_layernorm.", ".self_attn.q_norm."),
-    (".self_attn.k_layernorm.", ".self_attn.k_norm."),
-    (".feed_forward.w1.", ".mlp.gate_proj."),
-    (".feed_forward.w3.", ".mlp.up_proj."),
-    (".feed_forward.w2.", ".mlp.down_proj."),
-    (".operator_norm.", ".input_layernorm."),
-    (".ffn_norm.", ".post_attention_layernorm."),
-    ("model.embedding_norm.", "model.norm."),
-];
 
 /// A tensor's place in one of the mapped files.
 struct Entry {

@@ -17,6 +17,24 @@ function assertSteps(chunks, steps, what) {
 }
 
 /**
+ * Quantize-on-load's greedy run on `q` against HF's f32 reference `ref`: Q8_0 weights move
+ * logprobs by up to ~0.2 on these tiny random models, so the run follows HF's until a step where
+ * HF's own top two are that close, and stays near HF's logprobs on the way.
+ */
+export async function assertQ8FollowsHf(q, ref) {
+  const { chunks } = await collect(q.createSession().generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: ref.f32.steps.length }))
+  for (const [i, c] of chunks.entries()) {
+    const step = ref.f32.steps[i]
+    if (c.tokenId !== step.token) {
+      const margin = step.top5[0][1] - step.top5[1][1]
+      assert.ok(margin < 0.3 && i > 0, `step ${i}: ${c.tokenId} vs HF's ${step.token}, whose margin is ${margin}`)
+      break
+    }
+    assert.ok(Math.abs(c.logprob - step.logprob) < 0.3, `step ${i}: ${c.logprob} vs ${step.logprob}`)
+  }
+}
+
+/**
  * The suite for fixture `name`, whose info says `[architecture, family]`. `gguf: false` where
  * the fixture's GGUF is not read yet, `ggufFamily` the GGUF's own name for the family (its
  * `general.architecture`); `experts`: the experts/ it has; `quantized`: what
@@ -107,19 +125,7 @@ export function describeFamily(name, architecture, family, { gguf = true, ggufFa
           }
           return
         }
-        // Q8_0 weights move logprobs by up to ~0.2 on these tiny random models: the greedy run
-        // follows HF's until a step where HF's own top two are that close, and stays near HF's
-        // logprobs on the way.
-        const { chunks } = await collect(q.createSession().generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: ref.f32.steps.length }))
-        for (const [i, c] of chunks.entries()) {
-          const step = ref.f32.steps[i]
-          if (c.tokenId !== step.token) {
-            const margin = step.top5[0][1] - step.top5[1][1]
-            assert.ok(margin < 0.3 && i > 0, `step ${i}: ${c.tokenId} vs HF's ${step.token}, whose margin is ${margin}`)
-            break
-          }
-          assert.ok(Math.abs(c.logprob - step.logprob) < 0.3, `step ${i}: ${c.logprob} vs ${step.logprob}`)
-        }
+        await assertQ8FollowsHf(q, ref)
       } finally {
         await q.dispose()
       }

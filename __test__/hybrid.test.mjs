@@ -7,6 +7,7 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
+import { assertQ8FollowsHf } from './family-suite.mjs'
 import { collect, fixture, fixtureJson, GREEDY, LOGPROB_TOL, reference } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
@@ -148,16 +149,7 @@ for (const [name, family, ggufFamily] of [['qwen35-tiny', 'qwen3_5_text', 'qwen3
     it('quantize-on-load (q8_0) follows HF until a near-tie', async () => {
       const q = await Runtime.load(fixture(name), { quantize: 'q8_0' })
       try {
-        const { chunks } = await collect(q.createSession().generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: ref.f32.steps.length }))
-        for (const [i, c] of chunks.entries()) {
-          const step = ref.f32.steps[i]
-          if (c.tokenId !== step.token) {
-            const margin = step.top5[0][1] - step.top5[1][1]
-            assert.ok(margin < 0.3 && i > 0, `step ${i}: ${c.tokenId} vs HF's ${step.token}, whose margin is ${margin}`)
-            break
-          }
-          assert.ok(Math.abs(c.logprob - step.logprob) < 0.3, `step ${i}: ${c.logprob} vs ${step.logprob}`)
-        }
+        await assertQ8FollowsHf(q, ref)
       } finally {
         await q.dispose()
       }

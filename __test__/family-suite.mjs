@@ -17,9 +17,10 @@ function assertSteps(chunks, steps, what) {
 }
 
 /**
- * Quantize-on-load's greedy run on `q` against HF's f32 reference `ref`: Q8_0 weights move
- * logprobs by up to ~0.2 on these tiny random models, so the run follows HF's until a step where
- * HF's own top two are that close, and stays near HF's logprobs on the way.
+ * A lossy runtime's greedy run on `q` (quantize-on-load, a half-precision KV cache) against HF's
+ * f32 reference `ref`: Q8_0 weights move logprobs by up to ~0.2 on these tiny random models, so
+ * the run follows HF's until a step where HF's own top two are that close, and stays near HF's
+ * logprobs on the way.
  */
 export async function assertQ8FollowsHf(q, ref) {
   const { chunks } = await collect(q.createSession().generate({ tokens: ref.prompt_ids }, { ...GREEDY, maxTokens: ref.f32.steps.length }))

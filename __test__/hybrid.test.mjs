@@ -146,6 +146,34 @@ for (const [name, family, ggufFamily] of [['qwen35-tiny', 'qwen3_5_text', 'qwen3
       })
     }
 
+    it("contextShift 'drop-oldest' re-evaluates what is kept: a shifted turn runs as the kept conversation in a fresh session", async () => {
+      const small = await Runtime.load(fixture(name), { contextLength: 192 })
+      try {
+        const turn = { ...GREEDY, maxTokens: 16 }
+        const s = small.createSession({ system: 'You answer in one short sentence.', contextShift: 'drop-oldest' })
+        let last
+        for (let i = 0; i < 10; i++) last = await s.complete(`Question ${i}: what is the weather like today?`, turn)
+        const kept = s.history.slice(0, -1)
+        assert.ok(kept.length < 1 + 2 * 10, 'turns were dropped')
+        const fresh = small.createSession()
+        fresh.setHistory(kept.slice(0, -1))
+        const again = await fresh.complete(kept.at(-1).content, turn)
+        assert.deepEqual(again.tokens, last.tokens)
+        assert.equal(again.usage.promptTokens, last.usage.promptTokens)
+      } finally {
+        await small.dispose()
+      }
+    })
+
+    it('a KV cache of f16 for the attention layers (the states stay f32) follows HF until a near-tie', async () => {
+      const h = await Runtime.load(fixture(name), { kvCache: { dtype: 'f16' } })
+      try {
+        await assertQ8FollowsHf(h, ref)
+      } finally {
+        await h.dispose()
+      }
+    })
+
     it('quantize-on-load (q8_0) follows HF until a near-tie', async () => {
       const q = await Runtime.load(fixture(name), { quantize: 'q8_0' })
       try {

@@ -61,6 +61,8 @@ export class Metrics {
     stat('expert_runtime_kv_blocks_released', 'KV blocks whose memory went back to the OS after idle periods (since load)', (s) => s.kvBlocksReleased)
     stat('expert_runtime_kv_blocks_behind_window', 'KV blocks sliding-window layers gave back as their sequences moved past them (since load)', (s) => s.kvBlocksBehindWindow)
     stat('expert_runtime_kv_bytes_per_token', 'KV cache bytes per token of context', (s) => s.kvBytesPerToken)
+    stat('expert_runtime_kv_state_slots_used', 'Recurrent-state slots held by sessions (models with recurrent layers)', (s) => s.kvStateSlotsUsed)
+    stat('expert_runtime_kv_state_bytes', 'Bytes of recurrent state held by sessions', (s) => s.kvStateBytes)
     stat('expert_runtime_prefix_cache_hit_tokens', 'Prompt tokens served from shared prefix blocks (since load)', (s) => s.prefixCacheHitTokens)
     stat('expert_runtime_evicted_blocks', 'KV blocks taken from idle sessions (since load)', (s) => s.evictedBlocks)
     stat('expert_runtime_loaded_experts', 'Experts resident', (_s, rt) => rt.experts.length)

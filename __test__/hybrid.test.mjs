@@ -143,6 +143,13 @@ for (const [name, family, ggufFamily] of [['qwen35-tiny', 'qwen3_5_text', 'qwen3
         const both = await Promise.all([['lora'], []].map((experts) => rt.createSession().complete({ tokens: c.prompt_ids }, { ...GREEDY, maxTokens: c.steps.length, experts })))
         assert.deepEqual(both[0].tokens, c.steps.map((s) => s.token))
         assert.deepEqual(both[1].tokens, cases.base.steps.map((s) => s.token))
+        // A GGUF base keeps the value heads in llama.cpp's order: the same adapter is refused.
+        const g = await Runtime.load(fixture(name, 'model-f32.gguf'))
+        try {
+          await assert.rejects(g.loadExpert(fixture(name, 'experts', 'lora')), (e) => e.code === 'UNSUPPORTED_ADAPTER' && /linear_attn/.test(e.message))
+        } finally {
+          await g.dispose()
+        }
       })
     }
 

@@ -332,6 +332,19 @@ fn targeted_slots(cfg: &AdapterConfig, model: &Decoder) -> Result<Vec<Slot>> {
         .flat_map(|l| Proj::ALL.into_iter().map(move |p| Slot::new(l, p)))
         .filter(|s| model.linear(*s).is_some() && cfg.targets(*s))
         .collect();
+    // A GGUF Qwen3.5 stores a Gated DeltaNet's value heads in ggml's order, not the order the
+    // adapter was trained on: its rows would land on other heads.
+    let tiled = |l: usize| {
+        use crate::model::plan::{Mixer, Recurrent};
+        matches!(model.plan.layers[l].mixer, Mixer::Recurrent(Recurrent::GatedDeltaNet(d)) if d.tiled_heads)
+    };
+    if let Some(s) = targeted.iter().find(|s| matches!(s.proj, Proj::LinQkv | Proj::LinZ | Proj::LinOut) && tiled(s.layer)) {
+        return Err(EngineError::UnsupportedAdapter(format!(
+            "{}: an adapter on a Gated DeltaNet of a GGUF base (its value heads are stored in llama.cpp's order); load the \
+             safetensors checkpoint to use it",
+            s.path()
+        )));
+    }
     if targeted.is_empty() {
         let foreign = cfg.target_modules.as_ref().map(|t| t.unadaptable_names()).unwrap_or_default();
         if !foreign.is_empty() {

@@ -1,6 +1,7 @@
-"""GGUF side of scripts/gen_hybrid_fixtures.py: qwen35-tiny's and lfm2-tiny's model-f32.gguf as
-llama.cpp's convert_hf_to_gguf.py writes a `qwen35` (Qwen3_5TextModel, --no-mtp) and an `lfm2`
-(LFM2Model) file, and an independent float64 numpy forward over a GGUF with llama.cpp's semantics.
+"""GGUF side of scripts/gen_hybrid_fixtures.py: the model-f32.gguf of qwen35-tiny,
+qwen35-llamacpp-tiny and lfm2-tiny as llama.cpp's convert_hf_to_gguf.py writes a `qwen35`
+(Qwen3_5TextModel, --no-mtp) and an `lfm2` (LFM2Model) file, and an independent float64 numpy
+forward over a GGUF with llama.cpp's semantics.
 
 qwen35 (conversion/qwen.py: Qwen3NextModel + _LinearAttentionVReorderBase):
   * every `*norm.weight` except `linear_attn.norm.weight` is stored as w + 1 (Qwen3.5's norms
@@ -184,7 +185,7 @@ def gguf_writer(path: Path, arch: str, qtype: GGMLQuantizationType, name: str, c
                 ids: dict, chat_template: str) -> gguf.GGUFWriter:
     """A GGUFWriter with the metadata keys the converter writes (the caller adds the tensors):
     for qwen35 its ssm.* keys, attention.recurrent_layers, full_attention_interval, the partial
-    rope dimension count and the (default) M-RoPE sections, no vocab_size; for lfm2 a per-layer
+    rope dimension count and the M-RoPE sections (rope_sections), no vocab_size; for lfm2 a per-layer
     head_count_kv (0 on conv layers), the real ffn width, shortconv.l_cache, vocab_size and no
     key/value_length."""
     q35 = arch == "qwen35"
@@ -211,10 +212,17 @@ def gguf_writer(path: Path, arch: str, qtype: GGMLQuantizationType, name: str, c
         w.add_array(f"{arch}.attention.recurrent_layers", [t == "linear_attention" for t in c.layer_types])
         w.add_full_attention_interval(4)  # hparams.get("full_attention_interval", 4): not in config.json
         w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
-        w.add_rope_dimension_sections([11, 11, 10, 0])  # _Qwen35MRopeMixin's default (no mrope_section)
+        w.add_rope_dimension_sections(rope_sections(c))
     else:
         w.add_shortconv_l_cache(c.conv_L_cache)
     return w
+
+
+def rope_sections(c) -> list[int]:
+    """qwen35.rope.dimension_sections as the converter writes it: rope_parameters' `mrope_section`
+    padded with zeros to 4 (TextModel.set_gguf_parameters), else _Qwen35MRopeMixin's default."""
+    sec = c.rope_parameters.get("mrope_section")
+    return [11, 11, 10, 0] if sec is None else (list(sec) + [0] * 4)[:4]
 
 
 def write_gguf(path: Path, arch: str, name: str, model, tok_json: dict, ids: dict, chat_template: str):

@@ -134,3 +134,26 @@ fn hybrids_llama_cpp_agrees_and_the_state_is_visible() {
         }
     }
 }
+
+/// `qwen35-llamacpp-tiny`: Qwen3.5 with key and value heads of one size and RoPE sections that
+/// llama.cpp's loader accepts, so its decode of the GGUF is a second, independent reader of the
+/// format: ours gives its tokens, on the short and the 150-token prompt, and HF's logprobs.
+/// (On the long prompt HF's own chunked prefill in f32 is 3.2e-4 from a float64 evaluation, so
+/// the bound there is 5e-4.)
+#[test]
+fn qwen35_gguf_as_llama_cpp_reads_it() {
+    let name = "qwen35-llamacpp-tiny";
+    let r = reference(name);
+    check_reference(&fixture(name), name, &r, "f32", "f32", F32_TOL, false);
+    let gguf = fixture(name).join("model-f32.gguf");
+    check_reference(&gguf, name, &r, "f32", "f32", F32_TOL, false);
+    let model = load(&gguf, &LoadOptions::default());
+    let mut cache = model.new_cache(200).unwrap();
+    run_steps(&model, &mut cache, &ids(&r["long"]["prompt_ids"]), r["long"]["f32"]["steps"].as_array().unwrap(), 5e-4, name);
+    for (prompt, want) in
+        [(&r["prompt_ids"], &r["llamacpp"]["tokens"]), (&r["long"]["prompt_ids"], &r["long"]["llamacpp"]["tokens"])]
+    {
+        let want = ids(want);
+        assert_eq!(crate::common::greedy_decode_in(&model, &ids(prompt), want.len(), 200), want);
+    }
+}

@@ -40,7 +40,12 @@ pub fn argmax(lp: &[f32]) -> u32 {
 /// `model`'s own greedy decode of `n` tokens after `prompt` (each step fed its own pick), from a
 /// fresh cache: what a GGUF's decode is compared with llama.cpp's by.
 pub fn greedy_decode(model: &Decoder, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut cache = model.new_cache(64).unwrap();
+    greedy_decode_in(model, prompt, n, 64)
+}
+
+/// [`greedy_decode`] in a cache of `max_len` positions.
+pub fn greedy_decode_in(model: &Decoder, prompt: &[u32], n: usize, max_len: usize) -> Vec<u32> {
+    let mut cache = model.new_cache(max_len).unwrap();
     let mut input = prompt.to_vec();
     let mut tokens = Vec::with_capacity(n);
     for _ in 0..n {

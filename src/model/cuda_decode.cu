@@ -683,7 +683,7 @@ __device__ void gemv_gate_up(const T* x, int ldx, const T* gate, const T* up, T*
 #define LORA_RANK 64 // rank at most
 
 // One adapter of a module in a set's LoRA table (src/model/cuda_decode.rs writes them): per module
-// slot (layer · 7 + projection), LORA_MAX entries, unused ones of rank 0.
+// slot (layer · Proj::ALL.len() + projection), LORA_MAX entries, unused ones of rank 0.
 struct LoraEntry {
   unsigned long long a, b; // A [rank, in], B [out, rank], in the model dtype
   int rank;

@@ -30,6 +30,9 @@ impl CudaDecode {
                     Proj::O => (nq, hid),
                     Proj::Gate | Proj::Up => (hid, inter),
                     Proj::Down => (inter, hid),
+                    // A Gated DeltaNet's modules: a plan with them never decodes here.
+                    Proj::LinQkv | Proj::LinZ | Proj::LinOut if list.is_empty() => continue,
+                    Proj::LinQkv | Proj::LinZ | Proj::LinOut => return Ok(None),
                 };
                 for (e, (a, b, scale)) in list.into_iter().enumerate() {
                     let Ok((rank, a_in)) = a.dims2() else { return Ok(None) };

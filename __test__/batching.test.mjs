@@ -198,11 +198,9 @@ describe('a KV pool smaller than the sessions need', () => {
     const specs = Array.from({ length: 8 }, (_, i) => ({ prompt: ids(300 + i, 40), more: ids(400 + i, 6) }))
     const opts = { ...GREEDY, maxTokens: 24 }
     let maxUsed = 0
-    let maxQueued = 0
     const watch = () => {
       const s = rt.stats()
       maxUsed = Math.max(maxUsed, s.kvBlocksUsed)
-      maxQueued = Math.max(maxQueued, s.queuedRequests)
     }
     const sessions = specs.map(() => rt.createSession())
     const first = await Promise.all(specs.map((sp, i) => stream(sessions[i], { tokens: sp.prompt }, opts, watch)))
@@ -211,7 +209,9 @@ describe('a KV pool smaller than the sessions need', () => {
       assert.deepEqual(first[i].tokens, want.tokens, `session ${i}, turn 1`)
       assertSame(first[i], want, `session ${i}, turn 1`)
     }
-    assert.ok(maxQueued > 0, 'some requests waited for blocks')
+    // (Counted by the engine: a sample of `queuedRequests` taken as chunks arrive can miss the
+    // waiting under load.)
+    assert.ok(rt.stats().waitedRequests > 0, `some requests waited for blocks: ${JSON.stringify(rt.stats())}`)
     // Second turns: the sessions' earlier blocks were partly evicted by the others.
     const second = await Promise.all(specs.map((sp, i) => stream(sessions[i], { tokens: sp.more }, opts, watch)))
     for (const [i, sp] of specs.entries()) {

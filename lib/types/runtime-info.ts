@@ -93,6 +93,8 @@ export interface RuntimeStats {
   prefixCacheHitTokens: number
   /** Blocks taken from idle sessions to make room, since load. */
   evictedBlocks: number
+  /** Requests that waited for KV room (blocks, or a recurrent-state slot) at least once, since load. */
+  waitedRequests: number
   /** Recurrent-state slots (`kvCache.maxSequences`; 0 for a model without recurrent layers). */
   kvStateSlots: number
   /** Slots held by sessions. */

@@ -71,6 +71,8 @@ pub struct Sequence {
     pub limit: usize,
     /// Whether the request holds its blocks and runs (otherwise it waits for room).
     pub admitted: bool,
+    /// Whether it has waited for room at least once (counted once in the stats).
+    pub waited: bool,
     /// The last sampled token, fed to the model in the next decode step.
     pub last_token: Option<u32>,
     pub sampler: Sampler,
@@ -124,6 +126,7 @@ impl Sequence {
             n_virtual: experts.num_virtual_tokens(),
             limit: 0,
             admitted: false,
+            waited: false,
             last_token: None,
             want_top: sampler.params().top_logprobs > 0,
             sampler,

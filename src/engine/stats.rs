@@ -21,6 +21,8 @@ pub struct EngineStats {
     pub queued_requests: AtomicU64,
     pub prefix_cache_hit_tokens: AtomicU64,
     pub evicted_blocks: AtomicU64,
+    /// Requests that waited for room at least once (in all).
+    pub waited_requests: AtomicU64,
     /// Blocks whose memory was given back to the OS after idle periods (in all).
     pub kv_blocks_released: AtomicU64,
     /// Blocks sliding-window layers gave back as their sequences moved past them (in all).
@@ -51,6 +53,8 @@ pub struct StatsSnapshot {
     pub queued_requests: u64,
     pub prefix_cache_hit_tokens: u64,
     pub evicted_blocks: u64,
+    /// Requests that waited for KV room (blocks or a state slot) at least once, since load.
+    pub waited_requests: u64,
     /// Blocks whose memory the pool gave back to the OS after idle periods, in all.
     pub kv_blocks_released: u64,
     /// Blocks sliding-window layers gave back as their sequences moved past them, in all.
@@ -89,6 +93,7 @@ impl EngineStats {
             queued_requests: queued,
             prefix_cache_hit_tokens: r(&self.prefix_cache_hit_tokens),
             evicted_blocks: r(&self.evicted_blocks),
+            waited_requests: r(&self.waited_requests),
             kv_blocks_released: r(&self.kv_blocks_released),
             kv_blocks_behind_window: r(&self.kv_blocks_behind_window),
             kv_state_slots: r(&self.kv_state_slots),

@@ -23,6 +23,13 @@ impl Scheduler {
                         continue;
                     }
                     self.waiting.push_front(seq);
+                    // It and every request behind it wait for this round.
+                    let mut newly = 0u64;
+                    for s in self.waiting.iter_mut().filter(|s| !s.waited) {
+                        s.waited = true;
+                        newly += 1;
+                    }
+                    self.stats.waited_requests.fetch_add(newly, Ordering::Relaxed);
                     return;
                 }
                 Ok(Err(e)) => self.fail(seq, e),

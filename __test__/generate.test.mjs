@@ -45,7 +45,7 @@ for (const name of MODELS) {
       for (const c of chunks) assert.equal(c.topLogprobs, undefined, 'no topLogprobs unless asked for')
       assert.deepEqual(result.tokens, ref.f32.steps.map((s) => s.token))
       assert.equal(result.finishReason, 'length')
-      assert.deepEqual(result.usage, { promptTokens: ref.prompt_ids.length, completionTokens: n, cachedTokens: 0, draftTokens: 0, acceptedDraftTokens: 0 })
+      assert.deepEqual(result.usage, { promptTokens: ref.prompt_ids.length, completionTokens: n, cachedTokens: 0, draftTokens: 0, acceptedDraftTokens: 0, reasoningTokens: 0 })
     })
 
     it('topLogprobs: 5 returns the reference top-5 ids in order', async () => {
@@ -135,7 +135,7 @@ describe('generation (qwen3-tiny)', () => {
     assert.deepEqual(r.tokens, ref.f32.steps.slice(0, 7).map((x) => x.token))
     assert.equal(typeof r.text, 'string')
     assert.equal(r.text, rt.detokenize(r.tokens))
-    assert.deepEqual(r.usage, { promptTokens: ref.prompt_ids.length, completionTokens: 7, cachedTokens: 0, draftTokens: 0, acceptedDraftTokens: 0 })
+    assert.deepEqual(r.usage, { promptTokens: ref.prompt_ids.length, completionTokens: 7, cachedTokens: 0, draftTokens: 0, acceptedDraftTokens: 0, reasoningTokens: 0 })
     for (const k of ['ttftMs', 'tokensPerSecond', 'prefillTokensPerSecond']) {
       assert.equal(typeof r.timings[k], 'number', k)
       assert.ok(r.timings[k] >= 0, k)

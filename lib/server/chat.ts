@@ -6,6 +6,7 @@ import type { Context } from './context'
 import { samplingOptions } from './params'
 import { type ExpertRun, expertRun } from './models'
 import { assistantMessage, structuredOptions, toolCalls } from './structured'
+import { messageReasoning, thinkingOptions } from './reasoning'
 
 /** OpenAI message content: a string, or text parts. */
 function content(v: unknown, i: number): string {
@@ -26,7 +27,7 @@ function messages(v: unknown): ChatMessage[] {
   if (!Array.isArray(v) || v.length === 0) throw badRequest('messages must be a non-empty array', 'messages')
   return v.map((m, i) => {
     if (!m || typeof m !== 'object') throw badRequest(`messages[${i}] must be an object`, `messages[${i}]`)
-    const msg = m as { role?: unknown; content?: unknown; tool_calls?: unknown; tool_call_id?: unknown }
+    const msg = m as { role?: unknown; content?: unknown; tool_calls?: unknown; tool_call_id?: unknown; reasoning_content?: unknown; reasoning?: unknown }
     const role = msg.role
     if (role !== 'system' && role !== 'developer' && role !== 'user' && role !== 'assistant' && role !== 'tool') {
       throw badRequest(`messages[${i}].role must be system, developer, user, assistant or tool`, `messages[${i}].role`)
@@ -35,6 +36,8 @@ function messages(v: unknown): ChatMessage[] {
     if (role === 'assistant') {
       const calls = toolCalls(msg.tool_calls, i)
       if (calls) out.toolCalls = calls
+      const reasoning = messageReasoning(msg, i)
+      if (reasoning !== undefined) out.reasoning = reasoning
     }
     if (role === 'tool') {
       if (typeof msg.tool_call_id !== 'string') throw badRequest(`messages[${i}].tool_call_id must be a string`, `messages[${i}].tool_call_id`)
@@ -47,7 +50,7 @@ function messages(v: unknown): ChatMessage[] {
 /** `POST /v1/chat/completions`. */
 export async function chatCompletions(ctx: Context, body: Record<string, unknown>, res: ServerResponse, model: string): Promise<void> {
   const msgs = messages(body.messages)
-  const options = { ...samplingOptions(body, ['max_tokens', 'max_completion_tokens']), ...structuredOptions(body, true) }
+  const options = { ...samplingOptions(body, ['max_tokens', 'max_completion_tokens']), ...structuredOptions(body, true), ...thinkingOptions(body) }
   const logprobs = body.logprobs
   if (logprobs !== undefined && logprobs !== null && typeof logprobs !== 'boolean') throw badRequest('logprobs must be a boolean', 'logprobs')
   const top = body.top_logprobs
@@ -80,8 +83,8 @@ export async function chatCompletions(ctx: Context, body: Record<string, unknown
       {
         ...base,
         object: 'chat.completion',
-        choices: [{ index: 0, message: assistantMessage(r.text, r.toolCalls), logprobs: logprobs === true ? { content } : null, finish_reason: r.finishReason }],
-        usage: usage(r),
+        choices: [{ index: 0, message: assistantMessage(r.text, r.toolCalls, r.reasoning), logprobs: logprobs === true ? { content } : null, finish_reason: r.finishReason }],
+        usage: usage(r, true),
         expert_runtime: expertRun(r),
       },
       expertsHeader(r.experts),
@@ -105,6 +108,11 @@ export async function chatCompletions(ctx: Context, body: Record<string, unknown
     first(c)
     const extra = logprobs === true ? { logprobs: { content: [lp(c)] } } : {}
     const deltas = c.toolCallDeltas ?? (c.toolCallDelta ? [c.toolCallDelta] : [])
+    if (c.reasoning !== undefined) {
+      // A thought's text, in vLLM's and DeepSeek's field; an answer this token began follows.
+      chunk({ reasoning_content: c.reasoning }, null, c.text || deltas.length > 0 ? {} : extra)
+      if (!c.text && deltas.length === 0) return
+    }
     if (deltas.length > 0) {
       if (c.text) chunk({ content: c.text }, null)
       chunk({ tool_calls: deltas }, null, extra)
@@ -114,7 +122,7 @@ export async function chatCompletions(ctx: Context, body: Record<string, unknown
   })
   first(r)
   chunk({}, r.finishReason)
-  if (includeUsage) send({ ...base, object: 'chat.completion.chunk', choices: [], usage: usage(r) })
+  if (includeUsage) send({ ...base, object: 'chat.completion.chunk', choices: [], usage: usage(r, true) })
   send('[DONE]')
   res.end()
 }

@@ -53,12 +53,13 @@ export async function runGeneration(
   }
 }
 
-/** OpenAI's usage block. */
-export const usage = (r: CompletionResult) => ({
+/** OpenAI's usage block; `chat`: with `completion_tokens_details.reasoning_tokens`. */
+export const usage = (r: CompletionResult, chat = false) => ({
   prompt_tokens: r.usage.promptTokens,
   completion_tokens: r.usage.completionTokens,
   total_tokens: r.usage.promptTokens + r.usage.completionTokens,
   prompt_tokens_details: { cached_tokens: r.usage.cachedTokens },
+  ...(chat ? { completion_tokens_details: { reasoning_tokens: r.usage.reasoningTokens } } : {}),
 })
 
 /**

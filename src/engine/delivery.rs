@@ -18,21 +18,23 @@ pub struct Delivery {
     session: u64,
     shared: Arc<SessionShared>,
     tx: Sender<Command>,
-    /// The summary's text length after each chunk that passed.
-    chunk_ends: Vec<usize>,
+    /// The summary's text and thought lengths after each chunk that passed.
+    chunk_ends: Vec<(usize, usize)>,
     text_len: usize,
+    reasoning_len: usize,
     delivered: Option<usize>,
 }
 
 impl Delivery {
     pub(super) fn new(session: u64, shared: Arc<SessionShared>, tx: Sender<Command>) -> Self {
-        Self { session, shared, tx, chunk_ends: Vec::new(), text_len: 0, delivered: None }
+        Self { session, shared, tx, chunk_ends: Vec::new(), text_len: 0, reasoning_len: 0, delivered: None }
     }
 
     /// A chunk passed on its way to the consumer.
     pub fn passed(&mut self, chunk: &TokenChunk) {
         self.text_len += chunk.text.len();
-        self.chunk_ends.push(self.text_len);
+        self.reasoning_len += chunk.reasoning.len();
+        self.chunk_ends.push((self.text_len, self.reasoning_len));
     }
 
     /// The consumer left after `n` chunks (the smallest count given wins).
@@ -46,9 +48,13 @@ impl Delivery {
     pub fn settle(&mut self, c: &mut Completion) {
         let produced = c.tokens.len();
         let Some(kept) = self.delivered.filter(|&n| n < produced) else { return };
-        let text_len = kept.checked_sub(1).map_or(0, |i| self.chunk_ends.get(i).copied().unwrap_or(c.text.len()));
+        let full = (c.text.len(), c.reasoning.as_ref().map_or(0, String::len));
+        let (text_len, reasoning_len) = kept.checked_sub(1).map_or((0, 0), |i| self.chunk_ends.get(i).copied().unwrap_or(full));
         if c.text.is_char_boundary(text_len) {
             c.text.truncate(text_len);
+        }
+        if let Some(r) = c.reasoning.as_mut().filter(|r| r.is_char_boundary(reasoning_len)) {
+            r.truncate(reasoning_len);
         }
         c.tokens.truncate(kept);
         c.usage.completion_tokens = kept;
@@ -61,6 +67,7 @@ impl Delivery {
         if let Some(i) = c.history_index {
             if let Some(m) = self.shared.history.lock().unwrap().get_mut(i) {
                 m.content.clone_from(&c.text);
+                m.reasoning = c.reasoning.clone().filter(|r| !r.is_empty());
                 m.tool_calls.clear();
             }
         }

@@ -18,6 +18,7 @@ pub mod sequence;
 pub mod speculative;
 pub mod stats;
 pub mod structured;
+pub mod thinking;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -364,6 +365,7 @@ impl Engine {
             events: events_tx,
             cancel: cancel.clone(),
             structured: Default::default(),
+            thinking: None,
         };
         let pending = Pending { input, shared: session.shared.clone(), request, tx, context_length: self.info.context_length };
         match choice {

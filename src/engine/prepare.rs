@@ -20,7 +20,9 @@ use std::sync::{Arc, OnceLock};
 use super::context_shift::{self, answer_room, ContextShift, Window};
 use super::request::{Command, Event, GenerateOptions, GenerateRequest, Input, Prompt, SessionShared};
 use super::structured::{Formats, Structured};
+use super::thinking::{self, ThinkingPlan};
 use crate::error::{panic_message, EngineError, Result};
+use crate::tokenizer::reasoning::ReasoningSyntax;
 use crate::tokenizer::{ChatMessage, Tokenizer, ToolSpec};
 
 /// Most messages one request may carry.
@@ -69,7 +71,9 @@ pub fn check_text_bytes(bytes: usize, context_length: usize) -> Result<()> {
 /// Text bytes of one message: what the chat template renders of it.
 pub fn message_bytes(m: &ChatMessage) -> usize {
     let calls = m.tool_calls.iter().map(|c| c.id.len() + c.name.len() + c.arguments.len()).fold(0usize, usize::saturating_add);
-    (m.role.len() + m.content.len() + m.tool_call_id.as_ref().map_or(0, String::len)).saturating_add(calls)
+    (m.role.len() + m.content.len() + m.tool_call_id.as_ref().map_or(0, String::len))
+        .saturating_add(m.reasoning.as_ref().map_or(0, String::len))
+        .saturating_add(calls)
 }
 
 /// Threads that prepare requests: enough that one huge prompt does not hold up the rest.
@@ -131,7 +135,10 @@ pub fn submit(formats: Arc<Formats>, p: Pending) -> Result<()> {
                 let budget = context_length
                     .saturating_sub(request.experts.num_virtual_tokens())
                     .saturating_sub(answer_room(request.options.max_tokens, context_length));
-                Ok((tokenize(&formats.tokenizer, &shared, input, &request.options, tools, budget)?, structured))
+                let syntax = super::thinking::syntax_for(&formats.tokenizer, &request.experts);
+                let (prompt, thinking) = tokenize(&formats.tokenizer, &shared, input, &request.options, tools, budget, syntax)?;
+                request.thinking = thinking;
+                Ok((prompt, structured))
             }))
             .unwrap_or_else(|p| Err(EngineError::Internal(format!("panic while preparing the prompt: {}", panic_message(&*p)))))
         };
@@ -154,7 +161,8 @@ pub fn submit(formats: Arc<Formats>, p: Pending) -> Result<()> {
 }
 
 /// The tokens of `input` for a session whose history is `shared.history`. A chat turn of a
-/// `drop-oldest` session is fitted into `budget` tokens.
+/// `drop-oldest` session is fitted into `budget` tokens. A chat turn of a model that thinks
+/// (`syntax`) gets its thinking plan.
 fn tokenize(
     tok: &Tokenizer,
     shared: &SessionShared,
@@ -162,20 +170,32 @@ fn tokenize(
     options: &GenerateOptions,
     tools: &[ToolSpec],
     budget: usize,
-) -> Result<Prompt> {
+    syntax: Option<ReasoningSyntax>,
+) -> Result<(Prompt, Option<ThinkingPlan>)> {
+    let (enabled, thought_budget) = thinking::requested(options)?;
     Ok(match input {
         Input::Chat(messages) => {
             let history = shared.history.lock().unwrap().clone();
-            let encode = |c: &[ChatMessage]| tok.encode_chat(c, true, options.enable_thinking, tools);
+            let encode = |c: &[ChatMessage]| {
+                let mut ids = tok.encode_chat(c, true, enabled, tools)?;
+                if let Some(s) = &syntax {
+                    thinking::settle_prompt(tok, s, enabled, &mut ids)?;
+                }
+                Ok(ids)
+            };
             // Without a shift, nothing is dropped however long the conversation (the engine
             // reports the overflow).
             let budget = if shared.context_shift == ContextShift::DropOldest { budget } else { usize::MAX };
             let Window { ids, dropped } = context_shift::fit(&history, &messages, budget, encode)?;
-            Prompt::Chat { ids, messages, dropped }
+            let plan = syntax.map(|s| thinking::plan(tok, s, thought_budget, &ids)).transpose()?;
+            (Prompt::Chat { ids, messages, dropped }, plan)
         }
-        Input::Text(text) => Prompt::Text(Box::new(
-            tok.encode_continuation(&text, options.parse_special_tokens).map_err(EngineError::InvalidModel)?,
-        )),
-        Input::Tokens(ids) => Prompt::Tokens(ids),
+        Input::Text(text) => (
+            Prompt::Text(Box::new(
+                tok.encode_continuation(&text, options.parse_special_tokens).map_err(EngineError::InvalidModel)?,
+            )),
+            None,
+        ),
+        Input::Tokens(ids) => (Prompt::Tokens(ids), None),
     })
 }

@@ -58,7 +58,10 @@ pub struct GenerateOptions {
     /// Sampling settings this request sets (resolved over the model's defaults).
     pub sampling: SamplingOverrides,
     pub stop: Vec<String>,
+    /// Whether a thinking model thinks (`None`: the chat template's default).
     pub enable_thinking: Option<bool>,
+    /// Most thought tokens (`Some(0)`: no thought), see `engine::thinking`.
+    pub thinking_budget: Option<usize>,
     /// Experts for this request; `None` uses the session's default.
     pub experts: Option<ExpertChoice>,
     /// Raw text input only: special-token spellings in it become control tokens. Chat
@@ -95,6 +98,8 @@ pub enum Prompt {
 pub struct TokenChunk {
     pub token_id: u32,
     pub text: String,
+    /// The thought text this token wrote (empty outside a thought).
+    pub reasoning: String,
     pub logprob: f32,
     pub top_logprobs: Option<Vec<(u32, f32)>>,
     /// Pieces of tool calls this token wrote (its call markup is not in `text`).
@@ -141,6 +146,9 @@ pub struct Usage {
     pub draft_tokens: usize,
     /// Of `draft_tokens`, those the model agreed with (each saved a decode step).
     pub accepted_draft_tokens: usize,
+    /// Of `completion_tokens`, those of the thought: its markers and the closing tokens forced
+    /// at a budget included (thinking models; 0 otherwise).
+    pub reasoning_tokens: usize,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -161,6 +169,8 @@ pub struct Timings {
 #[derive(Clone, Debug)]
 pub struct Completion {
     pub text: String,
+    /// The thought before the answer (`None`: the model does not think).
+    pub reasoning: Option<String>,
     pub tokens: Vec<u32>,
     pub finish_reason: FinishReason,
     pub usage: Usage,
@@ -180,6 +190,7 @@ impl Completion {
     pub fn cancelled_unstarted() -> Self {
         Self {
             text: String::new(),
+            reasoning: None,
             tokens: Vec::new(),
             finish_reason: FinishReason::Cancelled,
             usage: Usage::default(),
@@ -224,6 +235,8 @@ pub struct GenerateRequest {
     pub cancel: Arc<AtomicBool>,
     /// The grammar and tool-call splitter (set when the request is prepared).
     pub structured: super::structured::Structured,
+    /// How a thinking model's thought runs (set when a chat request is prepared).
+    pub thinking: Option<super::thinking::ThinkingPlan>,
 }
 
 /// How an embedding pools the final hidden states of a text's tokens.

@@ -446,6 +446,7 @@ impl Scheduler {
                 let mut history = s.shared.history.lock().unwrap();
                 let mut turn = ChatMessage::new("assistant", done.text.clone());
                 turn.tool_calls.clone_from(&done.tool_calls);
+                turn.reasoning = done.reasoning.clone().filter(|r| !r.is_empty());
                 history.push(turn);
                 done.history_index = Some(history.len() - 1);
             }

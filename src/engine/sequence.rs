@@ -89,6 +89,10 @@ pub struct Sequence {
     /// Proposes draft tokens when the request asked for speculative decoding (never with a
     /// grammar: its mask is computed one token at a time).
     pub drafter: Option<super::speculative::Drafter>,
+    /// A grammar that waits for the answer while the model thinks.
+    deferred: Option<Box<Constraint>>,
+    /// Splits a thinking model's thought from its answer.
+    thinking: Option<super::thinking::Thinking>,
     /// Splits the text into plain text and tool calls, when the request offers tools.
     tools: Option<ToolStream>,
     tool_calls: Vec<ToolCall>,
@@ -118,7 +122,13 @@ impl Sequence {
         eos: Vec<u32>,
         started: Instant,
     ) -> Self {
-        let GenerateRequest { session, prompt: _, options, experts, routing, events, cancel, structured } = req;
+        let GenerateRequest { session, prompt: _, options, experts, routing, events, cancel, structured, thinking } = req;
+        let constrained = structured.constraint.is_some();
+        let thinking = thinking.map(|plan| super::thinking::Thinking::new(plan, constrained));
+        let (constraint, deferred) = match &thinking {
+            Some(t) if !t.answering() => (None, structured.constraint),
+            _ => (structured.constraint, None),
+        };
         Self {
             session,
             usage: Usage { prompt_tokens: prompt.len(), ..Usage::default() },
@@ -137,8 +147,10 @@ impl Sequence {
             is_chat,
             experts,
             routing,
-            drafter: options.speculative.filter(|_| structured.constraint.is_none()).map(super::speculative::Drafter::new),
-            constraint: structured.constraint,
+            drafter: options.speculative.filter(|_| !constrained).map(super::speculative::Drafter::new),
+            constraint,
+            deferred,
+            thinking,
             tools: structured.tools,
             tool_calls: Vec::new(),
             prepared: (structured.prepare_ms, structured.compile_ms),
@@ -156,6 +168,12 @@ impl Sequence {
     /// Cancelled by the caller, or nobody listens any more (the JS stream was dropped).
     pub fn is_cancelled(&self) -> bool {
         self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
+    }
+
+    /// The token this request must emit next whatever the model prefers (closing a thought at
+    /// its budget, see `engine::thinking`).
+    pub fn forced_token(&self) -> Option<u32> {
+        self.thinking.as_ref().and_then(|t| t.forced())
     }
 
     /// Draft tokens appended to the session's stream for this step (0: plain decoding).
@@ -201,6 +219,7 @@ impl Sequence {
         if reason.is_some() && !stopped {
             text.push_str(&self.release_held(tok));
         }
+        let (text, reasoning) = self.split_thought(&text, reason.is_some());
         let (mut text, tool_call_deltas) = match &mut self.tools {
             Some(t) => t.push(&text),
             None => (text, Vec::new()),
@@ -220,6 +239,7 @@ impl Sequence {
         let chunk = TokenChunk {
             token_id: s.token,
             text,
+            reasoning,
             logprob: s.logprob,
             top_logprobs: self.want_top.then_some(s.top_logprobs),
             tool_call_deltas,
@@ -228,6 +248,23 @@ impl Sequence {
         let _ = self.events.send(Event::Token(chunk));
         self.last_token = Some(s.token);
         reason
+    }
+
+    /// Splits a token's text into answer and thought (all answer for a model that does not
+    /// think); `last`: the output ends with it. Once the answer starts, its grammar applies.
+    fn split_thought(&mut self, text: &str, last: bool) -> (String, String) {
+        let Some(t) = &mut self.thinking else { return (text.to_string(), String::new()) };
+        let (mut out, thought) = t.push(text);
+        self.usage.reasoning_tokens += thought as usize;
+        if last {
+            let rest = t.finish("");
+            out.answer.push_str(&rest.answer);
+            out.thought.push_str(&rest.thought);
+        }
+        if self.deferred.is_some() && t.answering() {
+            self.constraint = self.deferred.take();
+        }
+        (out.answer, out.thought)
     }
 
     /// Ends the tool-call splitter (once): records the calls and returns the text it still
@@ -258,6 +295,10 @@ impl Sequence {
         // in a chunk, and the summary is what the chunks delivered.
         if reason != FinishReason::Cancelled && !self.stopped_by_string {
             let out = self.release_held(tok);
+            let out = match &mut self.thinking {
+                Some(t) => t.finish(&out).answer,
+                None => out,
+            };
             let out = match &mut self.tools {
                 Some(t) => t.push(&out).0,
                 None => out,
@@ -288,6 +329,7 @@ impl Sequence {
         };
         let done = Completion {
             text: self.text,
+            reasoning: self.thinking.map(|t| t.thought),
             tokens: self.tokens,
             finish_reason: reason,
             usage: self.usage,

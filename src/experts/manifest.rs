@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::router::Keyword;
 use crate::error::{EngineError, Result};
 use crate::model::config::{Arch, ModelConfig};
+use crate::tokenizer::reasoning::ReasoningSyntax;
 
 /// Routing hints for the router (`experts::router`).
 #[derive(Clone, Debug, Default)]
@@ -52,6 +53,9 @@ pub struct Manifest {
     pub load_order: i64,
     pub routing: Routing,
     pub base_model: Option<Value>,
+    /// The markers the expert makes the model think between (`reasoning: { open, close }`),
+    /// for a base whose chat template knows no thoughts.
+    pub reasoning: Option<ReasoningSyntax>,
     /// The whole file, for JS (`expert.manifest`).
     pub raw: Value,
 }
@@ -66,6 +70,25 @@ fn strings(v: Option<&Value>, field: &str) -> Result<Vec<String>> {
             .ok_or_else(|| EngineError::InvalidAdapter(format!("manifest.json: {field} must list strings"))),
         Some(_) => Err(EngineError::InvalidAdapter(format!("manifest.json: {field} must be a list of strings"))),
     }
+}
+
+/// `reasoning: { "open": "<think>", "close": "</think>" }` (both strings, checked by
+/// [`ReasoningSyntax::new`]); any other field is refused, since it would be ignored.
+fn reasoning(v: Option<&Value>) -> Result<Option<ReasoningSyntax>> {
+    let bad = |m: String| EngineError::InvalidAdapter(format!("manifest.json: {m}"));
+    let o = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(bad("reasoning must be an object { open, close }".into())),
+    };
+    if let Some(k) = o.keys().find(|k| !matches!(k.as_str(), "open" | "close")) {
+        return Err(bad(format!(
+            "reasoning has an unknown field {:?} (it takes open and close)",
+            k.chars().take(40).collect::<String>()
+        )));
+    }
+    let marker = |k: &str| o.get(k).and_then(Value::as_str).ok_or_else(|| bad(format!("reasoning.{k} must be a string")));
+    ReasoningSyntax::new(marker("open")?, marker("close")?).map(Some).map_err(bad)
 }
 
 impl Manifest {
@@ -115,6 +138,7 @@ impl Manifest {
             load_order,
             routing,
             base_model: raw.get("base_model").filter(|v| !v.is_null()).cloned(),
+            reasoning: reasoning(raw.get("reasoning"))?,
             raw,
         })
     }
@@ -238,6 +262,22 @@ mod tests {
         assert_eq!(family("Qwen/Qwen2.5-Coder-0.5B"), Some(Arch::Qwen2));
         assert_eq!(family("HuggingFaceTB/SmolLM2-135M-Instruct"), Some(Arch::Llama));
         assert_eq!(family("Qwen3ForCausalLM"), Some(Arch::Qwen3));
+    }
+
+    #[test]
+    fn reasoning_markers() {
+        let m = Manifest::parse(r#"{"reasoning":{"open":"<think>","close":"</think>"}}"#).unwrap();
+        assert_eq!(m.reasoning, Some(ReasoningSyntax::think()));
+        assert_eq!(Manifest::parse("{}").unwrap().reasoning, None);
+        for bad in [
+            r#"{"reasoning":"think"}"#,
+            r#"{"reasoning":{"open":"<think>"}}"#,
+            r#"{"reasoning":{"open":"<think>","close":"</think>","budget":5}}"#,
+            r#"{"reasoning":{"open":"","close":"</think>"}}"#,
+            r#"{"reasoning":{"open":7,"close":"</think>"}}"#,
+        ] {
+            assert_eq!(Manifest::parse(bad).unwrap_err().code(), "INVALID_ADAPTER", "{bad}");
+        }
     }
 
     #[test]

@@ -133,6 +133,8 @@ pub struct JsChatMessage {
     pub tool_calls: Option<Vec<JsToolCall>>,
     /// For a `tool` message: the id of the call it answers.
     pub tool_call_id: Option<String>,
+    /// An assistant turn's thought.
+    pub reasoning: Option<String>,
 }
 
 /// The normalised input: exactly one of the fields is set (lib/session.ts builds it).
@@ -158,6 +160,8 @@ pub struct NativeGenerateOptions {
     pub stop: Option<Vec<String>>,
     pub top_logprobs: Option<u32>,
     pub enable_thinking: Option<bool>,
+    /// `thinking: { budgetTokens }` (0: no thought).
+    pub thinking_budget: Option<u32>,
     pub experts: Option<Vec<String>>,
     /// `experts: 'auto'` (then `experts` is unset): the router picks the set.
     pub experts_auto: Option<bool>,
@@ -199,6 +203,8 @@ pub struct TopLogprob {
 pub struct JsTokenChunk {
     pub token_id: u32,
     pub text: String,
+    /// The thought text this token wrote (set only when it wrote some).
+    pub reasoning: Option<String>,
     pub logprob: f64,
     pub top_logprobs: Option<Vec<TopLogprob>>,
     /// The first piece of a tool call this token wrote (`toolCallDeltas` has them all).
@@ -220,6 +226,8 @@ pub struct JsUsage {
     pub draft_tokens: u32,
     /// Of `draftTokens`, those the model agreed with.
     pub accepted_draft_tokens: u32,
+    /// Of `completionTokens`, those of the thought (thinking models).
+    pub reasoning_tokens: u32,
 }
 
 #[napi(object)]
@@ -236,6 +244,8 @@ pub struct JsTimings {
 #[napi(object)]
 pub struct JsCompletion {
     pub text: String,
+    /// The thought before the answer (thinking models only).
+    pub reasoning: Option<String>,
     pub tokens: Vec<u32>,
     pub finish_reason: String,
     pub usage: JsUsage,
@@ -348,6 +358,7 @@ impl From<ChatMessage> for JsChatMessage {
             content: m.content,
             tool_calls: (!m.tool_calls.is_empty()).then(|| m.tool_calls.into_iter().map(Into::into).collect()),
             tool_call_id: m.tool_call_id,
+            reasoning: m.reasoning,
         }
     }
 }
@@ -359,6 +370,7 @@ impl From<JsChatMessage> for ChatMessage {
             content: m.content,
             tool_calls: m.tool_calls.unwrap_or_default().into_iter().map(Into::into).collect(),
             tool_call_id: m.tool_call_id,
+            reasoning: m.reasoning,
         }
     }
 }
@@ -368,6 +380,7 @@ impl From<TokenChunk> for JsTokenChunk {
         Self {
             token_id: c.token_id,
             text: c.text,
+            reasoning: (!c.reasoning.is_empty()).then_some(c.reasoning),
             logprob: c.logprob as f64,
             top_logprobs: c
                 .top_logprobs
@@ -384,6 +397,7 @@ impl From<Completion> for JsCompletion {
     fn from(c: Completion) -> Self {
         Self {
             text: c.text,
+            reasoning: c.reasoning,
             tokens: c.tokens,
             finish_reason: c.finish_reason.as_str().into(),
             usage: JsUsage {
@@ -392,6 +406,7 @@ impl From<Completion> for JsCompletion {
                 cached_tokens: c.usage.cached_tokens as u32,
                 draft_tokens: c.usage.draft_tokens as u32,
                 accepted_draft_tokens: c.usage.accepted_draft_tokens as u32,
+                reasoning_tokens: c.usage.reasoning_tokens as u32,
             },
             timings: JsTimings {
                 ttft_ms: c.timings.ttft_ms,
@@ -440,6 +455,7 @@ impl NativeGenerateOptions {
             },
             stop: self.stop.unwrap_or_default(),
             enable_thinking: self.enable_thinking,
+            thinking_budget: self.thinking_budget.map(|n| n as usize),
             experts: match (self.experts_auto, self.experts) {
                 (Some(true), None) => Some(engine::ExpertChoice::Auto),
                 (Some(true), Some(_)) => return Err(invalid("experts is either 'auto' or a list of names")),

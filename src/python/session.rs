@@ -112,7 +112,7 @@ impl Session {
     }
 
     /// The conversation so far: `[{"role", "content"}, …]`; an assistant turn that called
-    /// tools has `tool_calls`, a tool answer `tool_call_id`.
+    /// tools has `tool_calls`, a tool answer `tool_call_id`, a thinking model's turn `reasoning`.
     #[getter]
     fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.settle(py);
@@ -131,6 +131,9 @@ impl Session {
             }
             if let Some(id) = &m.tool_call_id {
                 d.set_item("tool_call_id", id)?;
+            }
+            if let Some(r) = &m.reasoning {
+                d.set_item("reasoning", r)?;
             }
             out.append(d)?;
         }

@@ -96,6 +96,9 @@ pub struct TokenChunk {
     /// never here).
     #[pyo3(get)]
     pub text: String,
+    /// The thought text this token wrote (thinking models), else `None`.
+    #[pyo3(get)]
+    pub reasoning: Option<String>,
     /// The model's own log-probability of the token (before any format mask).
     #[pyo3(get)]
     pub logprob: f64,
@@ -133,6 +136,7 @@ impl From<engine::TokenChunk> for TokenChunk {
         Self {
             token_id: c.token_id,
             text: c.text,
+            reasoning: (!c.reasoning.is_empty()).then_some(c.reasoning),
             logprob: c.logprob as f64,
             top_logprobs: c.top_logprobs.map(|v| v.into_iter().map(|(t, lp)| (t, lp as f64)).collect()),
             tool_call_delta: deltas.first().cloned(),
@@ -154,6 +158,8 @@ pub struct Usage {
     pub draft_tokens: usize,
     /// Of `draft_tokens`, those the model agreed with.
     pub accepted_draft_tokens: usize,
+    /// Of `completion_tokens`, those of the thought (thinking models).
+    pub reasoning_tokens: usize,
 }
 
 #[pyclass(module = "expert_runtime", frozen, get_all)]
@@ -171,6 +177,9 @@ pub struct Timings {
 pub struct Completion {
     #[pyo3(get)]
     pub text: String,
+    /// The thought before the answer (thinking models), else `None`.
+    #[pyo3(get)]
+    pub reasoning: Option<String>,
     #[pyo3(get)]
     pub tokens: Vec<u32>,
     /// `"stop"` | `"length"` | `"cancelled"` | `"tool_calls"`.
@@ -208,6 +217,7 @@ impl From<engine::Completion> for Completion {
     fn from(c: engine::Completion) -> Self {
         Self {
             text: c.text,
+            reasoning: c.reasoning,
             tokens: c.tokens,
             finish_reason: c.finish_reason.as_str(),
             usage: Usage {
@@ -216,6 +226,7 @@ impl From<engine::Completion> for Completion {
                 cached_tokens: c.usage.cached_tokens,
                 draft_tokens: c.usage.draft_tokens,
                 accepted_draft_tokens: c.usage.accepted_draft_tokens,
+                reasoning_tokens: c.usage.reasoning_tokens,
             },
             timings: Timings {
                 ttft_ms: c.timings.ttft_ms,

@@ -17,6 +17,7 @@
 
 pub mod detok;
 pub mod gguf;
+pub mod reasoning;
 pub mod specials;
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
 mod stack_tests;
@@ -52,6 +53,10 @@ pub struct ChatMessage {
     /// For a `tool` message: the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's thought, apart from `content` (the template reads it as
+    /// `reasoning_content` and decides what of it to render).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 impl ChatMessage {
@@ -295,6 +300,7 @@ impl Tokenizer {
                     .map(|c| ToolCall { id: esc(&c.id), name: esc(&c.name), arguments: esc(&c.arguments) })
                     .collect(),
                 tool_call_id: m.tool_call_id.as_deref().map(esc),
+                reasoning: m.reasoning.as_deref().map(esc),
             })
             .collect();
         let tools_json = (format.native && !tools.is_empty())

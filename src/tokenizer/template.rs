@@ -231,7 +231,11 @@ fn input_bytes(messages: &[ChatMessage], args: &RenderArgs<'_>) -> usize {
     }
     let strings = messages.iter().map(|m| {
         let calls: usize = m.tool_calls.iter().map(|c| c.id.len() + c.name.len() + c.arguments.len()).sum();
-        m.role.len() + m.content.len() + calls + m.tool_call_id.as_ref().map_or(0, String::len)
+        m.role.len()
+            + m.content.len()
+            + calls
+            + m.tool_call_id.as_ref().map_or(0, String::len)
+            + m.reasoning.as_ref().map_or(0, String::len)
     });
     strings.fold(n.0, usize::saturating_add)
 }
@@ -264,7 +268,8 @@ fn context(messages: &[ChatMessage], args: &RenderArgs<'_>) -> Value {
 }
 
 /// `{role, content}`, plus `tool_calls` (`[{id, type: 'function', function: {name,
-/// arguments}}]`, arguments as an object, as HF templates expect) and `tool_call_id` when set.
+/// arguments}}]`, arguments as an object, as HF templates expect), `tool_call_id` and
+/// `reasoning_content` (the turn's thought) when set.
 fn message_value(m: &ChatMessage) -> Value {
     let mut pairs = vec![("role", Value::from(m.role.as_str())), ("content", Value::from(m.content.as_str()))];
     if !m.tool_calls.is_empty() {
@@ -283,6 +288,9 @@ fn message_value(m: &ChatMessage) -> Value {
     }
     if let Some(id) = &m.tool_call_id {
         pairs.push(("tool_call_id", Value::from(id.as_str())));
+    }
+    if let Some(r) = &m.reasoning {
+        pairs.push(("reasoning_content", Value::from(r.as_str())));
     }
     Value::from_pairs(pairs)
 }

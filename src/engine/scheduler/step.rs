@@ -139,7 +139,7 @@ impl Scheduler {
             let Row::Generate(i) = row else { continue };
             let seq = &self.running[i];
             if pos + n == self.sessions[&seq.session].target() {
-                let greedy = seq.constraint.is_none() && seq.sampler.greedy_only();
+                let greedy = seq.constraint.is_none() && seq.forced_token().is_none() && seq.sampler.greedy_only();
                 out.extend(std::iter::repeat_n(greedy, 1 + seq.drafted()));
             }
         }
@@ -160,7 +160,8 @@ impl Scheduler {
                 let room =
                     seq.limit.saturating_sub(st.target()).min(seq.max_tokens.saturating_sub(seq.usage.completion_tokens + 1));
                 let room = room.min(self.kv.draft_cap());
-                if let Some(d) = &mut seq.drafter {
+                let forcing = seq.forced_token().is_some();
+                if let Some(d) = seq.drafter.as_mut().filter(|_| !forcing) {
                     st.tokens.extend_from_slice(d.propose(&st.tokens, room));
                 }
             }
@@ -294,13 +295,17 @@ impl Scheduler {
             if seq.last_token.is_none() {
                 seq.mark_prefill_done();
             }
-            let mask = match &seq.constraint {
-                Some(c) if !c.has_mask() => {
+            // A forced token (closing a thought at its budget) is sampled under a mask that
+            // allows only it: its logprob is the model's own.
+            let only = seq.forced_token().map(|t| only_token(t, row));
+            let mask = match (&only, &seq.constraint) {
+                (Some(only), _) => Some(only),
+                (None, Some(c)) if !c.has_mask() => {
                     failed.push(i);
                     continue;
                 }
-                Some(c) => c.mask(),
-                None => None,
+                (None, Some(c)) => c.mask(),
+                (None, None) => None,
             };
             let sampled = sample_row(&mut seq.sampler, row, &st.tokens, mask);
             let room_left = st.table.len() < seq.limit;
@@ -325,6 +330,17 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// A mask over `row`'s vocabulary that allows only `token`.
+fn only_token(token: u32, row: &RowLogits) -> SimpleVob {
+    let n = match row {
+        RowLogits::Full(r) => r.len(),
+        RowLogits::Greedy { .. } => 0,
+    };
+    let mut v = SimpleVob::alloc(n.max(token as usize + 1));
+    v.allow_token(token);
+    v
 }
 
 /// Samples one row of logits with `context` as the tokens before it (for penalties).
@@ -360,7 +376,8 @@ fn verify_drafts(
         used = r + 1;
         ended = seq.on_token(tok, sampled, pos + used < seq.limit);
         accepted += hit as usize;
-        if ended.is_some() || !hit {
+        // A thought that reached its budget is closed by forced tokens, not by the drafts.
+        if ended.is_some() || !hit || seq.forced_token().is_some() {
             break;
         }
     }

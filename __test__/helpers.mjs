@@ -55,3 +55,32 @@ export function runCli(args, { input = '', env } = {}) {
     child.stdin.end(input)
   })
 }
+
+/**
+ * The first member name that appears twice in one object of the JSON `text` (already known to
+ * parse), or null. JSON.parse keeps the last of duplicates silently, so ajv never sees them;
+ * other parsers keep the first, so an answer with duplicates means different things to each.
+ */
+export function duplicateKey(text) {
+  const stack = [] // a Set of the names seen per open object, null per open array
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i]
+    if (c === '{') stack.push(new Set())
+    else if (c === '[') stack.push(null)
+    else if (c === '}' || c === ']') stack.pop()
+    else if (c === '"') {
+      let j = i + 1
+      while (text[j] !== '"') j += text[j] === '\\' ? 2 : 1
+      const raw = text.slice(i, j + 1)
+      i = j
+      while (/\s/.test(text[j + 1] ?? '')) j++
+      const keys = stack.at(-1)
+      if (text[j + 1] === ':' && keys) {
+        const name = JSON.parse(raw)
+        if (keys.has(name)) return name
+        keys.add(name)
+      }
+    }
+  }
+  return null
+}

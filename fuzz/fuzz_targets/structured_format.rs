@@ -3,7 +3,8 @@
 //! producing masks (or stop) for every token it allows.
 //!
 //! Input layout: one kind byte (0 JSON schema, 1 regex, 2 Lark grammar, 3 forced tool call
-//! whose parameters are the JSON), then the format text. The vocabulary is the 256 single
+//! whose parameters are the JSON; a JSON text goes through `json_schema::prepare` first, strict
+//! when the byte's bit 2 is clear), then the format text. The vocabulary is the 256 single
 //! bytes, a few JSON-ish words and an end-of-sequence token; the tokens fed back are the
 //! allowed ids chosen round-robin by the input's own bytes.
 
@@ -12,6 +13,7 @@
 mod common;
 
 use expert_runtime::sampling::constraint::{GrammarCompiler, ResponseFormat, TokenVocab};
+use expert_runtime::sampling::json_schema;
 use expert_runtime::sampling::tool_grammar::{tool_call_grammar, CallLayout};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
@@ -36,9 +38,10 @@ fn run(data: &[u8]) {
     let Some((&kind, rest)) = data.split_first() else { return };
     let Some(text) = common::text(rest) else { return };
     let format = match kind % 4 {
-        0 | 3 => match serde_json::from_str::<serde_json::Value>(text) {
-            Ok(schema) if kind % 4 == 0 => ResponseFormat::JsonSchema { schema },
-            Ok(params) => {
+        0 | 3 => match serde_json::from_str::<serde_json::Value>(text).map(|v| json_schema::prepare(v, kind & 4 == 0)) {
+            Ok(Err(_)) => return,
+            Ok(Ok(schema)) if kind % 4 == 0 => ResponseFormat::JsonSchema { schema },
+            Ok(Ok(params)) => {
                 let layout = CallLayout { open: "<tool_call>\n", close: "\n</tool_call>", separator: "\n", args_key: "arguments", parallel: true };
                 ResponseFormat::Compiled(tool_call_grammar(&layout, &[("f", &params)]))
             }

@@ -23,7 +23,7 @@ fuzz_target!(init: common::report_panics_once(), |data: &[u8]| {
     let syntax = if syntax % 2 == 0 { &HERMES } else { &LLAMA3_JSON };
     let tools: Vec<ToolSpec> = ["get_weather", "f"]
         .iter()
-        .map(|n| ToolSpec { name: n.to_string(), description: None, parameters: serde_json::json!({ "type": "object" }) })
+        .map(|n| ToolSpec { name: n.to_string(), description: None, parameters: serde_json::json!({ "type": "object" }), strict: None })
         .collect();
     let mut s = ToolStream::new(syntax, &tools);
     let mut out = String::new();

@@ -21,7 +21,8 @@ function responseFormat(v: unknown): ResponseFormat | undefined {
     case 'json_schema': {
       const js = v.json_schema
       if (!isObject(js) || js.schema === undefined) throw badRequest('response_format.json_schema must be { name, schema, strict? }', 'response_format')
-      return { type: 'json_schema', schema: js.schema as Record<string, unknown> }
+      if (js.strict !== undefined && js.strict !== null && typeof js.strict !== 'boolean') throw badRequest('response_format.json_schema.strict must be a boolean', 'response_format')
+      return { type: 'json_schema', schema: js.schema as Record<string, unknown>, ...(typeof js.strict === 'boolean' ? { strict: js.strict } : {}) }
     }
     case 'regex':
       if (typeof v.pattern !== 'string') throw badRequest('response_format.pattern must be a string', 'response_format')
@@ -47,7 +48,10 @@ function tools(v: unknown): Tool[] | undefined {
     const out: Tool = { type: 'function', function: { name: f.name as string } }
     if (f.description !== undefined) out.function.description = f.description as string
     if (f.parameters !== undefined) out.function.parameters = f.parameters as Tool['function']['parameters']
-    if (f.strict !== undefined) out.function.strict = f.strict as boolean
+    if (f.strict !== undefined && f.strict !== null) {
+      if (typeof f.strict !== 'boolean') throw badRequest(`tools[${i}].function.strict must be a boolean`, `tools[${i}]`)
+      out.function.strict = f.strict
+    }
     return out
   })
 }
@@ -96,8 +100,12 @@ export function toolCalls(v: unknown, i: number): ToolCall[] | undefined {
   })
 }
 
-/** The assistant message of a finished answer (`content` is null when the answer is only tool calls). */
-export function assistantMessage(text: string, calls: ToolCall[] | undefined): Record<string, unknown> {
-  if (!calls) return { role: 'assistant', content: text, refusal: null }
-  return { role: 'assistant', content: text.length > 0 ? text : null, refusal: null, tool_calls: calls }
+/**
+ * The assistant message of a finished answer (`content` is null when the answer is only tool
+ * calls); a thinking model's thought is `reasoning_content` (null when it did not think).
+ */
+export function assistantMessage(text: string, calls: ToolCall[] | undefined, reasoning?: string): Record<string, unknown> {
+  const thought = reasoning === undefined ? {} : { reasoning_content: reasoning || null }
+  if (!calls) return { role: 'assistant', content: text, refusal: null, ...thought }
+  return { role: 'assistant', content: text.length > 0 ? text : null, refusal: null, ...thought, tool_calls: calls }
 }

@@ -90,7 +90,17 @@ impl Formats {
                         && o.parallel_tool_calls.unwrap_or(true)
                         && !matches!(o.tool_choice, ToolChoice::Named(_)),
                 };
-                let specs: Vec<(&str, &serde_json::Value)> = tools.iter().map(|t| (t.name.as_str(), &t.parameters)).collect();
+                // Each tool's parameters, closed unless the tool says `strict: false`.
+                let params = tools
+                    .iter()
+                    .map(|t| {
+                        crate::sampling::json_schema::prepare(t.parameters.clone(), t.strict.unwrap_or(true)).map_err(|e| {
+                            EngineError::InvalidArgument(format!("the parameters of tool {:?} cannot be used: {e}", t.name))
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let specs: Vec<(&str, &serde_json::Value)> =
+                    tools.iter().zip(&params).map(|(t, p)| (t.name.as_str(), p)).collect();
                 Some(ResponseFormat::Compiled(tool_call_grammar(&layout, &specs)))
             }
             (None, None) => None,
@@ -173,12 +183,15 @@ pub fn parse_json_text(what: &str, text: &str) -> Result<serde_json::Value> {
 }
 
 /// A response format from the parts a binding received: `kind` is 'text' | 'json_object' |
-/// 'json_schema' (with `schema`) | 'regex' (with `pattern`) | 'grammar' (with `grammar`).
-/// `what` names the option in messages (`responseFormat` in Node, `response_format` in Python).
+/// 'json_schema' (with `schema`, and `strict`: `Some(false)` keeps objects that do not say
+/// `additionalProperties` open, see `sampling::json_schema`) | 'regex' (with `pattern`) |
+/// 'grammar' (with `grammar`). `what` names the option in messages (`responseFormat` in Node,
+/// `response_format` in Python).
 pub fn response_format(
     what: &str,
     kind: &str,
     schema: Option<serde_json::Value>,
+    strict: Option<bool>,
     pattern: Option<String>,
     grammar: Option<String>,
 ) -> Result<ResponseFormat> {
@@ -191,6 +204,8 @@ pub fn response_format(
             if !(schema.is_object() || schema.is_boolean()) {
                 return Err(EngineError::InvalidArgument(format!("{what}.schema must be a JSON schema object")));
             }
+            let schema = crate::sampling::json_schema::prepare(schema, strict.unwrap_or(true))
+                .map_err(|e| EngineError::InvalidArgument(format!("the JSON schema cannot be used: {e}")))?;
             ResponseFormat::JsonSchema { schema }
         }
         "regex" => ResponseFormat::Regex(pattern.ok_or_else(|| need("a pattern"))?),

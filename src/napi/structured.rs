@@ -16,6 +16,8 @@ pub struct NativeResponseFormat {
     pub kind: String,
     /// JSON text of the schema (`json_schema`).
     pub schema: Option<String>,
+    /// `json_schema`: false keeps objects that do not say `additionalProperties` open.
+    pub strict: Option<bool>,
     pub pattern: Option<String>,
     pub grammar: Option<String>,
 }
@@ -26,6 +28,8 @@ pub struct NativeTool {
     pub description: Option<String>,
     /// JSON text of the parameters schema.
     pub parameters: Option<String>,
+    /// false keeps objects of `parameters` that do not say `additionalProperties` open.
+    pub strict: Option<bool>,
 }
 
 #[napi(object)]
@@ -66,7 +70,8 @@ impl NativeResponseFormat {
     pub fn into_engine(self) -> napi::Result<ResponseFormat> {
         let schema = self.schema.as_deref().map(|t| structured::parse_json_text("responseFormat.schema", t)).transpose();
         let schema = schema.map_err(to_napi)?;
-        structured::response_format("responseFormat", &self.kind, schema, self.pattern, self.grammar).map_err(to_napi)
+        structured::response_format("responseFormat", &self.kind, schema, self.strict, self.pattern, self.grammar)
+            .map_err(to_napi)
     }
 }
 
@@ -76,7 +81,7 @@ impl NativeTool {
             Some(p) => structured::parse_json_text(&format!("the parameters of tool {:?}", self.name), p).map_err(to_napi)?,
             None => serde_json::json!({ "type": "object", "properties": {} }),
         };
-        Ok(ToolSpec { name: self.name, description: self.description, parameters })
+        Ok(ToolSpec { name: self.name, description: self.description, parameters, strict: self.strict })
     }
 }
 

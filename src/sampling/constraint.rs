@@ -15,6 +15,9 @@
 //!   stops and the request ends (`finishReason: 'stop'`) without waiting for an EOS token.
 //! * Ids the model has beyond the tokenizer's vocabulary (padded embedding rows) are never
 //!   allowed. The end-of-sequence tokens are allowed exactly when the grammar is complete.
+//! * A JSON schema is first made ready ([`super::json_schema`]: objects that do not say
+//!   `additionalProperties` are closed unless `strict: false`), and a JSON constraint ends a
+//!   degenerate repetition by closing what it can ([`super::loop_guard`]).
 //! * Everything llguidance does runs under its own panic guard and fuel limits
 //!   ([`ParserLimits`]); a schema larger than [`MAX_FORMAT_BYTES`] is refused before parsing,
 //!   and one whose compilation would recurse too deeply before compiling
@@ -28,6 +31,7 @@ use llguidance::toktrie::{SimpleVob, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
+use super::loop_guard::LoopGuard;
 use crate::error::panic_message;
 
 /// Largest schema, regex or grammar text a request may give.
@@ -81,6 +85,8 @@ impl TokenizerEnv for Env {
 /// Compiles response formats into per-request constraints. One per model.
 pub struct GrammarCompiler {
     factory: ParserFactory,
+    /// The tokens that close a JSON value (`super::loop_guard`).
+    closers: Arc<super::loop_guard::Closers>,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -99,6 +105,7 @@ fn limits() -> ParserLimits {
 impl GrammarCompiler {
     pub fn new(vocab: TokenVocab) -> Result<Self, String> {
         let TokenVocab { bytes, eos, tokenize } = vocab;
+        let closers = Arc::new(super::loop_guard::closers(&bytes));
         let n = u32::try_from(bytes.len()).map_err(|_| "the vocabulary is too large".to_string())?;
         let eos: Vec<u32> = eos.into_iter().filter(|&e| e < n).collect();
         let Some(&first_eos) = eos.first() else {
@@ -115,7 +122,7 @@ impl GrammarCompiler {
         }))
         .map_err(|p| format!("cannot build the token trie: {}", panic_message(&*p)))?;
         let factory = built.map_err(|e| format!("cannot build the token trie: {e}"))?;
-        Ok(Self { factory })
+        Ok(Self { factory, closers })
     }
 
     /// The constraint for `format`; `None` for free text. Fails with the reason when the format
@@ -141,7 +148,10 @@ impl GrammarCompiler {
             }
             ResponseFormat::Compiled(g) => g.clone(),
         };
-        self.build(grammar).map(Some)
+        let json = matches!(format, ResponseFormat::JsonObject | ResponseFormat::JsonSchema { .. } | ResponseFormat::Compiled(_));
+        let mut c = self.build(grammar)?;
+        c.guard = json.then(|| LoopGuard::new(self.closers.clone()));
+        Ok(Some(c))
     }
 
     fn build(&self, grammar: TopLevelGrammar) -> Result<Constraint, String> {
@@ -160,7 +170,7 @@ impl GrammarCompiler {
         if first.is_zero() {
             return Err("the format allows no output at all".into());
         }
-        Ok(Constraint { matcher, mask: Some(first) })
+        Ok(Constraint { matcher, mask: Some(first), guard: None })
     }
 }
 
@@ -202,6 +212,8 @@ pub struct Constraint {
     matcher: Matcher,
     /// The tokens allowed next, once computed for this step.
     mask: Option<SimpleVob>,
+    /// Ends a degenerate repetition (JSON formats only).
+    guard: Option<LoopGuard>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -217,6 +229,10 @@ impl Constraint {
             let m = catch_unwind(AssertUnwindSafe(|| self.matcher.compute_mask_or_eos()))
                 .map_err(|p| format!("the output constraint failed: {}", panic_message(&*p)))?
                 .map_err(|e| format!("the output constraint failed: {}", clean_error(&e.to_string())))?;
+            let mut m = m;
+            if let Some(g) = &self.guard {
+                g.narrow(&mut m);
+            }
             self.mask = Some(m);
         }
         Ok(())
@@ -231,6 +247,9 @@ impl Constraint {
     /// may follow.
     pub fn commit(&mut self, token: u32) -> Result<bool, String> {
         self.mask = None;
+        if let Some(g) = &mut self.guard {
+            g.push(token);
+        }
         catch_unwind(AssertUnwindSafe(|| self.matcher.consume_token(token)))
             .map_err(|p| format!("the output constraint failed: {}", panic_message(&*p)))?
             .map_err(|e| format!("the output constraint failed: {}", clean_error(&e.to_string())))?;

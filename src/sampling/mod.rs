@@ -22,6 +22,8 @@
 
 pub mod constraint;
 pub mod format_depth;
+pub mod json_schema;
+pub mod loop_guard;
 mod math;
 mod overrides;
 mod penalties;

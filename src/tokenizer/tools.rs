@@ -81,6 +81,9 @@ pub struct ToolSpec {
     pub description: Option<String>,
     /// JSON schema of the arguments object.
     pub parameters: Value,
+    /// OpenAI's `strict`: `Some(false)` keeps objects of `parameters` that do not say
+    /// `additionalProperties` open when a call is forced (see `sampling::json_schema`).
+    pub strict: Option<bool>,
 }
 
 impl ToolSpec {

@@ -3,7 +3,12 @@ use super::*;
 fn tools() -> Vec<ToolSpec> {
     ["get_weather", "search"]
         .iter()
-        .map(|n| ToolSpec { name: n.to_string(), description: None, parameters: serde_json::json!({ "type": "object" }) })
+        .map(|n| ToolSpec {
+            name: n.to_string(),
+            description: None,
+            parameters: serde_json::json!({ "type": "object" }),
+            strict: None,
+        })
         .collect()
 }
 

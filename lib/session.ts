@@ -15,6 +15,7 @@ import type {
   ResponseFormat,
   RouteDecision,
   SpeculativeOptions,
+  ThinkingOptions,
   TokenChunk,
   Tool,
   ToolCall,
@@ -25,7 +26,7 @@ import type {
 // types). Chat messages and JSON schemas are the caller's data and are not checked.
 const GENERATE_KEYS = optionKeys<GenerateOptions>({
   maxTokens: true, temperature: true, topK: true, topP: true, minP: true, repetitionPenalty: true, frequencyPenalty: true,
-  presencePenalty: true, seed: true, stop: true, topLogprobs: true, signal: true, enableThinking: true, experts: true,
+  presencePenalty: true, seed: true, stop: true, topLogprobs: true, signal: true, thinking: true, enableThinking: true, experts: true,
   parseSpecialTokens: true, responseFormat: true, tools: true, toolChoice: true, parallelToolCalls: true, speculative: true,
 })
 /** Either kind's keys: which go with which `type` is the engine's to say (as the Python binding does). */
@@ -43,6 +44,7 @@ const FORMAT_KEYS: { [T in ResponseFormat['type']]: readonly string[] } = {
   regex: optionKeys<Extract<ResponseFormat, { type: 'regex' }>>({ type: true, pattern: true }),
   grammar: optionKeys<Extract<ResponseFormat, { type: 'grammar' }>>({ type: true, grammar: true }),
 }
+const THINKING_KEYS = optionKeys<ThinkingOptions>({ budgetTokens: true })
 const TOOL_KEYS = optionKeys<Tool>({ type: true, function: true })
 const TOOL_FUNCTION_KEYS = optionKeys<Tool['function']>({ name: true, description: true, parameters: true, strict: true })
 type NamedToolChoice = Extract<ToolChoice, object>
@@ -79,6 +81,10 @@ function toNativeMessage(m: ChatMessage): N.JsChatMessage {
     if (typeof m.toolCallId !== 'string') throw invalidArgument('toolCallId must be a string')
     out.toolCallId = m.toolCallId
   }
+  if (m.reasoning !== undefined) {
+    if (typeof m.reasoning !== 'string') throw invalidArgument('reasoning must be a string')
+    out.reasoning = m.reasoning
+  }
   if (m.toolCalls !== undefined) {
     if (!Array.isArray(m.toolCalls)) throw invalidArgument('toolCalls must be an array of tool calls')
     out.toolCalls = m.toolCalls.map((c) => {
@@ -111,7 +117,13 @@ function toNativeFormat(f: unknown): N.NativeResponseFormat {
   // An unknown type is the engine's to refuse, naming the types there are.
   if (Object.hasOwn(FORMAT_KEYS, r.type)) onlyKeys(r, FORMAT_KEYS[r.type as ResponseFormat['type']], 'responseFormat', 'field')
   const out: N.NativeResponseFormat = { type: r.type }
-  if (r.type === 'json_schema') out.schema = schemaText('responseFormat.schema', r.schema)
+  if (r.type === 'json_schema') {
+    out.schema = schemaText('responseFormat.schema', r.schema)
+    if (r.strict !== undefined) {
+      if (typeof r.strict !== 'boolean') throw invalidArgument('responseFormat.strict must be a boolean')
+      out.strict = r.strict
+    }
+  }
   if (r.type === 'regex') {
     if (typeof r.pattern !== 'string') throw invalidArgument('responseFormat.pattern must be a string')
     out.pattern = r.pattern
@@ -136,6 +148,10 @@ function toNativeTools(tools: unknown): N.NativeTool[] {
     const out: N.NativeTool = { name: f.name }
     if (f.description !== undefined) out.description = f.description
     if (f.parameters !== undefined) out.parameters = schemaText(`the parameters of tool ${JSON.stringify(f.name)}`, f.parameters)
+    if (f.strict !== undefined) {
+      if (typeof f.strict !== 'boolean') throw invalidArgument('a tool\'s strict must be a boolean')
+      out.strict = f.strict
+    }
     return out
   })
 }
@@ -187,6 +203,8 @@ const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
   stop: shaped((v) => Array.isArray(v) && v.every((s) => typeof s === 'string'), 'an array of strings'),
   topLogprobs: integer(0),
   enableThinking: boolean,
+  // Converted by thinkingFields before the checks.
+  thinkingBudget: integer(0, 2 ** 31 - 1),
   experts: shaped((v) => Array.isArray(v) && v.every((n) => typeof n === 'string'), "an array of expert names or 'auto'"),
   expertsAuto: boolean,
   parseSpecialTokens: boolean,
@@ -197,6 +215,28 @@ const OPTION_TYPES: { [K in keyof N.NativeGenerateOptions]-?: Check } = {
   toolChoiceName: text,
   parallelToolCalls: boolean,
   speculative: shaped((v) => typeof v === 'object' && v !== null, 'an object'),
+}
+
+/**
+ * `thinking` and its alias `enableThinking` as the engine takes them: whether to think, and
+ * the budget (`{ budgetTokens: 0 }` is no thought).
+ */
+function thinkingFields(o: GenerateOptions): Pick<N.NativeGenerateOptions, 'enableThinking' | 'thinkingBudget'> {
+  const t: unknown = o.thinking
+  let on: unknown = o.enableThinking
+  let budget: unknown
+  if (typeof t === 'boolean') {
+    if (on !== undefined && on !== t) throw invalidArgument('thinking and enableThinking disagree; give one of them')
+    on = t
+  } else if (t !== undefined) {
+    if (typeof t !== 'object' || t === null || Array.isArray(t)) throw invalidArgument('thinking must be a boolean or { budgetTokens }')
+    onlyKeys(t, THINKING_KEYS, 'thinking', 'field')
+    budget = (t as { budgetTokens?: unknown }).budgetTokens
+    checkInt('thinking.budgetTokens', budget, 0, 2 ** 31 - 1)
+    if (on === false && (budget as number) > 0) throw invalidArgument('thinking.budgetTokens was given with enableThinking: false')
+    on = (budget as number) > 0
+  }
+  return { enableThinking: on as boolean | undefined, thinkingBudget: budget as number | undefined }
 }
 
 /** The native handle of `speculative.model` (a draft model's Runtime), when one is given. */
@@ -228,6 +268,8 @@ function toNativeOptions(o: GenerateOptions, what: string): N.NativeGenerateOpti
   if (o.responseFormat !== undefined) given.responseFormat = toNativeFormat(o.responseFormat)
   if (o.tools !== undefined) given.tools = toNativeTools(o.tools)
   if (o.speculative !== undefined) given.speculative = toNativeSpeculative(o.speculative)
+  delete given.thinking
+  Object.assign(given, thinkingFields(o))
   Object.assign(given, { toolChoice: undefined }, toolChoiceFields(o.toolChoice))
   for (const [k, check] of Object.entries(OPTION_TYPES) as [keyof N.NativeGenerateOptions, Check][]) {
     const v = given[k]
@@ -313,9 +355,10 @@ export class GenerationStream implements AsyncIterable<TokenChunk> {
   get result(): CompletionResult | undefined {
     const s = this.#state?.native.summary()
     if (!s) return undefined
-    const { routing, toolCalls, ...rest } = s
+    const { routing, toolCalls, reasoning, ...rest } = s
     return {
       ...rest,
+      ...(reasoning != null ? { reasoning } : {}),
       finishReason: s.finishReason as FinishReason,
       ...(routing ? { routing: toDecision(routing) } : {}),
       ...(toolCalls ? { toolCalls: toolCalls as ToolCall[] } : {}),
@@ -445,8 +488,9 @@ export class Session {
   /** The chat so far (system prompt first, if any). */
   get history(): ChatMessage[] {
     this.#check()
-    return this.#native.history.map(({ toolCalls, toolCallId, ...m }) => ({
+    return this.#native.history.map(({ toolCalls, toolCallId, reasoning, ...m }) => ({
       ...m,
+      ...(reasoning != null ? { reasoning } : {}),
       ...(toolCalls ? { toolCalls: toolCalls as ToolCall[] } : {}),
       ...(toolCallId != null ? { toolCallId } : {}),
     }))

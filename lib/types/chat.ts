@@ -10,6 +10,12 @@ export interface ChatMessage {
   toolCalls?: ToolCall[]
   /** For a `role: 'tool'` message: the `id` of the call this is the result of. */
   toolCallId?: string
+  /**
+   * An assistant turn's thought (`CompletionResult.reasoning`), kept apart from `content`. It
+   * reaches the chat template as `reasoning_content`; the template decides what of it the model
+   * reads again (Qwen3's drops the thoughts of turns before the last user message).
+   */
+  reasoning?: string
 }
 
 /** A JSON schema (a plain JSON object; `$ref`/`$defs`, `anyOf`, formats… as llguidance reads them). */
@@ -30,7 +36,12 @@ export type ResponseFormat =
       schema: JsonSchema
       /** Accepted for OpenAI compatibility, not read. */
       name?: string
-      /** Accepted for OpenAI compatibility, not read: the answer always follows the schema. */
+      /**
+       * What an object that does not say `additionalProperties` allows. Default `true`: no
+       * members beyond its `properties` (vLLM's default; what OpenAI's `strict: true`
+       * requires). `false`: any other members too, as JSON Schema reads it. An explicit
+       * `additionalProperties` is always honoured. The answer always follows the schema.
+       */
       strict?: boolean
     }
   | {
@@ -57,8 +68,9 @@ export interface Tool {
     /** A JSON schema of its arguments (an object schema). */
     parameters?: JsonSchema
     /**
-     * Accepted for OpenAI compatibility, not read: calls forced by `toolChoice` always validate
-     * against `parameters`; with `'auto'` a call that does not parse comes back as text.
+     * As `responseFormat.strict`, for a call forced by `toolChoice` (which always validates
+     * against `parameters`): default `true` closes objects that do not say
+     * `additionalProperties`. With `'auto'` a call that does not parse comes back as text.
      */
     strict?: boolean
   }

@@ -46,7 +46,17 @@ export interface GenerateOptions {
   topLogprobs?: number
   /** Stops generation within one step; the stream ends with finishReason 'cancelled'. */
   signal?: AbortSignal
-  /** Passed to the chat template (Qwen3 thinking mode). */
+  /**
+   * Whether a model that thinks before it answers (Qwen3, Qwen3.5, SmolLM3, an expert whose
+   * manifest declares `reasoning`) does so: `false` (or `{ budgetTokens: 0 }`) answers at once;
+   * `true` thinks as long as it wants; `{ budgetTokens: n }` closes the thought with the
+   * template's own closing marker after `n` thought tokens and lets the answer follow.
+   * Default: the chat template's default (thinking, for Qwen3). The thought arrives in
+   * `TokenChunk.reasoning` and `CompletionResult.reasoning`, never in `text`. Ignored by a
+   * model that does not think.
+   */
+  thinking?: boolean | ThinkingOptions
+  /** Alias of `thinking: boolean` (passed to the chat template as `enable_thinking`). */
   enableThinking?: boolean
   /**
    * Experts (by name) for this request, overriding the session's set; `[]` runs the base
@@ -91,6 +101,12 @@ export interface GenerateOptions {
   speculative?: SpeculativeOptions
 }
 
+/** `GenerateOptions.thinking` with a budget. */
+export interface ThinkingOptions {
+  /** Most thought tokens (0–2^31-1); 0 means no thought. The closing marker's tokens are not counted. */
+  budgetTokens: number
+}
+
 /** `GenerateOptions.speculative`: prompt lookup, or a smaller model with the same tokenizer. */
 export type SpeculativeOptions =
   | {
@@ -120,8 +136,13 @@ export type SpeculativeOptions =
 export interface TokenChunk {
   /** The token's id in the model's vocabulary. */
   tokenId: number
-  /** May be '' while a UTF-8 character is incomplete or text may become a stop string. */
+  /**
+   * The answer text this token wrote. May be '' while a UTF-8 character is incomplete or text
+   * may become a stop string, and while the model thinks.
+   */
   text: string
+  /** The thought text this token wrote (markers left out), while a thinking model thinks. */
+  reasoning?: string
   /** Log-probability of this token under the model (before sampling filters). */
   logprob: number
   /** The `topLogprobs` most likely tokens at this step, most likely first (when asked for). */
@@ -163,6 +184,8 @@ export interface CompletionUsage {
   draftTokens: number
   /** Of `draftTokens`, those the model agreed with: each saved a decode step. */
   acceptedDraftTokens: number
+  /** Of `completionTokens`, those of the thought, its markers included (thinking models; 0 otherwise). */
+  reasoningTokens: number
 }
 
 /** Where one request's time went. Times in milliseconds, rates in tokens per second. */
@@ -181,8 +204,10 @@ export interface CompletionTimings {
 
 /** What one request produced (`Session.complete`, `GenerationStream.result`). */
 export interface CompletionResult {
-  /** The answer's text (tool-call markup left out). */
+  /** The answer's text (tool-call markup and the thought left out). */
   text: string
+  /** The model's thought before the answer, without its markers (thinking models only). */
+  reasoning?: string
   /** The generated token ids. */
   tokens: number[]
   /** Why it ended. */

@@ -49,6 +49,7 @@ class Message(TypedDict):
     content: Optional[str]
     tool_calls: NotRequired[List[Union[ToolCallDict, "ToolCall"]]]
     tool_call_id: NotRequired[str]
+    reasoning: NotRequired[str]  # an assistant turn's thought
 
 class TextInput(TypedDict):
     text: str
@@ -98,6 +99,9 @@ class SpeculativeDraft(_SpeculativeDraftRequired, total=False):
     """A second, smaller model proposes the drafts (greedily)."""
     max_draft: int  # draft tokens per step at most, 1..64 (default 4)
 
+class ThinkingBudget(TypedDict):
+    budget_tokens: int  # most thought tokens; 0 is no thought
+
 class GenerateOptions(TypedDict, total=False):
     max_tokens: int
     temperature: float  # 0 = greedy
@@ -110,7 +114,8 @@ class GenerateOptions(TypedDict, total=False):
     seed: int
     stop: Union[str, Sequence[str]]
     top_logprobs: int
-    enable_thinking: bool
+    thinking: Union[bool, ThinkingBudget]  # thinking models: think, answer at once, or think under a budget
+    enable_thinking: bool  # alias of thinking: bool
     experts: Union[Sequence[str], Literal["auto"]]
     parse_special_tokens: bool
     response_format: ResponseFormat
@@ -207,7 +212,8 @@ class ToolCallDelta:
 
 class TokenChunk:
     token_id: int
-    text: str
+    text: str  # answer text only
+    reasoning: Optional[str]  # the thought text this token wrote (thinking models)
     logprob: float  # the model's own, before any response-format mask
     top_logprobs: Optional[List[Tuple[int, float]]]
     tool_call_delta: Optional[ToolCallDelta]
@@ -221,6 +227,7 @@ class Usage:
     cached_tokens: int
     draft_tokens: int
     accepted_draft_tokens: int
+    reasoning_tokens: int  # of completion_tokens, those of the thought (thinking models)
 
 class Timings:
     ttft_ms: float
@@ -230,7 +237,8 @@ class Timings:
     prefill_tokens_per_second: float
 
 class Completion:
-    text: str
+    text: str  # the answer (tool-call markup and the thought left out)
+    reasoning: Optional[str]  # the thought (thinking models; '' when it did not think), else None
     tokens: List[int]
     finish_reason: Literal["stop", "length", "cancelled", "tool_calls"]
     usage: Usage

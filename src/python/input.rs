@@ -23,6 +23,7 @@ pub const GENERATE_OPTIONS: &[&str] = &[
     "seed",
     "stop",
     "top_logprobs",
+    "thinking",
     "enable_thinking",
     "experts",
     "parse_special_tokens",
@@ -60,7 +61,7 @@ pub fn input(v: &Bound<'_, PyAny>) -> PyResult<engine::Input> {
 /// `tool_call_id` (a `tool` turn's answer).
 pub fn message(v: &Bound<'_, PyAny>) -> PyResult<ChatMessage> {
     let d = dict(v, "each message")?;
-    let k = Kwargs::new(Some(&d), &["role", "content", "tool_calls", "tool_call_id"], "a message")?;
+    let k = Kwargs::new(Some(&d), &["role", "content", "tool_calls", "tool_call_id", "reasoning"], "a message")?;
     let role = k.string("role")?.ok_or_else(|| invalid("each message needs a string role"))?;
     // An assistant turn that only called tools may have `content: None`, as OpenAI's does.
     if !d.contains("content")? {
@@ -71,7 +72,7 @@ pub fn message(v: &Bound<'_, PyAny>) -> PyResult<ChatMessage> {
         Some(calls) => seq(&calls, "tool_calls")?.iter().map(tool_call).collect::<PyResult<_>>()?,
         None => Vec::new(),
     };
-    Ok(ChatMessage { role, content, tool_calls, tool_call_id: k.string("tool_call_id")? })
+    Ok(ChatMessage { role, content, tool_calls, tool_call_id: k.string("tool_call_id")?, reasoning: k.string("reasoning")? })
 }
 
 /// `{"id", "type": "function", "function": {"name", "arguments"}}` (arguments: JSON text, or a
@@ -140,6 +141,7 @@ pub fn generate_options(kw: Option<&Bound<'_, PyDict>>) -> PyResult<engine::Gene
             ToolChoice::Named(name)
         }
     };
+    let (enable_thinking, thinking_budget) = thinking(k.any("thinking")?, k.bool("enable_thinking")?)?;
     Ok(engine::GenerateOptions {
         max_tokens: k.positive_u32("max_tokens")?.map(|n| n as usize),
         sampling: SamplingOverrides {
@@ -154,7 +156,8 @@ pub fn generate_options(kw: Option<&Bound<'_, PyDict>>) -> PyResult<engine::Gene
             top_logprobs: k.u32("top_logprobs")?.map(|n| n as usize),
         },
         stop,
-        enable_thinking: k.bool("enable_thinking")?,
+        enable_thinking,
+        thinking_budget,
         experts: k.any("experts")?.map(|v| expert_choice(&v)).transpose()?,
         parse_special_tokens: k.bool("parse_special_tokens")?.unwrap_or(false),
         response_format: k.any("response_format")?.map(|v| response_format(&v)).transpose()?,
@@ -166,6 +169,25 @@ pub fn generate_options(kw: Option<&Bound<'_, PyDict>>) -> PyResult<engine::Gene
         parallel_tool_calls: k.bool("parallel_tool_calls")?,
         speculative: k.any("speculative")?.map(|v| speculative(&v)).transpose()?,
     })
+}
+
+/// `thinking`: `True` / `False`, or `{"budget_tokens": int}` (0: no thought); `enable_thinking`
+/// is its boolean alias (both given must agree).
+fn thinking(v: Option<Bound<'_, PyAny>>, alias: Option<bool>) -> PyResult<(Option<bool>, Option<usize>)> {
+    let (on, budget) = match v {
+        None => (None, None),
+        Some(v) if v.is_instance_of::<pyo3::types::PyBool>() => (Some(args::boolean(&v, "thinking")?), None),
+        Some(v) => {
+            let d = dict(&v, "thinking").map_err(|_| invalid("thinking must be True, False or {\"budget_tokens\": int}"))?;
+            let k = Kwargs::new(Some(&d), &["budget_tokens"], "thinking")?;
+            let b = k.u32("budget_tokens")?.ok_or_else(|| invalid("thinking needs an integer 'budget_tokens'"))?;
+            (Some(b > 0), Some(b as usize))
+        }
+    };
+    match (on, alias) {
+        (Some(a), Some(b)) if a != b => Err(invalid("thinking and enable_thinking disagree; give one of them")),
+        (on, alias) => Ok((on.or(alias), budget)),
+    }
 }
 
 /// `{"type": "ngram", "max_draft"?: int, "ngram"?: int, "min_ngram"?: int}` or `{"type":
@@ -195,13 +217,16 @@ fn response_format(v: &Bound<'_, PyAny>) -> PyResult<ResponseFormat> {
     let k = Kwargs::new(Some(&d), &["type", "schema", "json_schema", "name", "strict", "pattern", "grammar"], "response_format")?;
     let kind = k.string("type")?.ok_or_else(|| invalid("response_format needs a string 'type'"))?;
     let mut schema = k.any("schema")?;
+    let mut strict = k.bool("strict")?;
     if let Some(js) = k.any("json_schema")? {
         let js = dict(&js, "response_format['json_schema']")?;
         let jk = Kwargs::new(Some(&js), &["name", "schema", "strict", "description"], "response_format['json_schema']")?;
         schema = schema.or(jk.any("schema")?);
+        strict = strict.or(jk.bool("strict")?);
     }
     let schema = schema.map(|s| to_json(&s, "response_format['schema']")).transpose()?;
-    structured::response_format("response_format", &kind, schema, k.string("pattern")?, k.string("grammar")?).map_err(to_py)
+    structured::response_format("response_format", &kind, schema, strict, k.string("pattern")?, k.string("grammar")?)
+        .map_err(to_py)
 }
 
 /// `{"type": "function", "function": {"name", "description", "parameters"}}`.
@@ -220,5 +245,5 @@ fn tool(v: &Bound<'_, PyAny>) -> PyResult<ToolSpec> {
         Some(p) => to_json(&p, &format!("the parameters of tool {name:?}"))?,
         None => serde_json::json!({ "type": "object", "properties": {} }),
     };
-    Ok(ToolSpec { name, description: f.string("description")?, parameters })
+    Ok(ToolSpec { name, description: f.string("description")?, parameters, strict: f.bool("strict")? })
 }

@@ -41,7 +41,7 @@ pub(super) struct GatedDeltaNet {
 }
 
 /// Reads a small vector as the model's dtype holds it, widened to f32.
-fn vector(src: &mut dyn WeightSource, name: &str, shape: &[usize], dtype: DType) -> Result<Vec<f32>> {
+pub(super) fn vector(src: &mut dyn WeightSource, name: &str, shape: &[usize], dtype: DType) -> Result<Vec<f32>> {
     Ok(src.tensor(name, shape, dtype)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
 }
 
@@ -146,13 +146,8 @@ impl GatedDeltaNet {
 
         // 1. The causal convolution (SiLU) over queries, keys and values.
         let mut mixed = vec![0f32; n * cd];
-        match steps.as_deref_mut() {
-            Some(buf) => {
-                let mut rec = |r: usize, st: &[f32]| buf[r * region..r * region + st.len()].copy_from_slice(st);
-                delta_rule::causal_conv(x.qkv, (n, cd, kernel), &self.conv1d, None, conv_state, &mut mixed, Some(&mut rec));
-            }
-            None => delta_rule::causal_conv(x.qkv, (n, cd, kernel), &self.conv1d, None, conv_state, &mut mixed, None),
-        }
+        let record = steps.as_deref_mut().map(|buf| (buf, region));
+        delta_rule::causal_conv_recorded(x.qkv, (n, cd, kernel), &self.conv1d, None, conv_state, &mut mixed, record);
         let r = self.round;
         mixed.iter_mut().for_each(|v| {
             let c = r(*v);

@@ -33,6 +33,26 @@ pub type Steps<'a> = Option<&'a mut dyn FnMut(usize, &[f32])>;
 /// Tokens per chunk of the chunked form (HF's `chunk_size`).
 pub const CHUNK: usize = 64;
 
+/// [`causal_conv`], recording the state after each row into `steps`' buffer, row `r` at
+/// `r * stride` (a row's region may hold more than the convolution's state).
+pub fn causal_conv_recorded(
+    x: &[f32],
+    dims: (usize, usize, usize),
+    w: &[f32],
+    bias: Option<&[f32]>,
+    state: &mut [f32],
+    out: &mut [f32],
+    steps: Option<(&mut [f32], usize)>,
+) {
+    match steps {
+        Some((buf, stride)) => {
+            let mut rec = |r: usize, st: &[f32]| buf[r * stride..r * stride + st.len()].copy_from_slice(st);
+            causal_conv(x, dims, w, bias, state, out, Some(&mut rec));
+        }
+        None => causal_conv(x, dims, w, bias, state, out, None),
+    }
+}
+
 /// A causal depthwise convolution of `k` taps over `rows` rows of `ch` channels: `x[r · ch + c]`
 /// in, `out` likewise; `w[c · k + j]` multiplies the input `k − 1 − j` rows back. `state` holds
 /// the `k − 1` inputs before the first row (time-major, `[k − 1][ch]`) and is left holding the

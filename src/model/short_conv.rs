@@ -6,6 +6,7 @@
 
 use candle_core::{DType, Tensor};
 
+use super::delta_net::vector;
 use super::delta_rule;
 use super::layer::Pass;
 use super::linear::Linear;
@@ -29,9 +30,7 @@ impl ShortConv {
     pub(super) fn load(src: &mut dyn WeightSource, p: &str, spec: ShortConvSpec, dtype: DType) -> Result<Self> {
         let at = format!("{p}.conv");
         let h = spec.hidden;
-        let read = |src: &mut dyn WeightSource, name: &str, shape: &[usize]| -> Result<Vec<f32>> {
-            Ok(src.tensor(&format!("{at}.{name}"), shape, dtype)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
-        };
+        let read = |src: &mut dyn WeightSource, name: &str, shape: &[usize]| vector(src, &format!("{at}.{name}"), shape, dtype);
         Ok(Self {
             in_proj: src.linear(&format!("{at}.in_proj"), 3 * h, h, spec.bias, dtype)?,
             conv: read(src, "conv.weight", &[h, 1, spec.l_cache])?,
@@ -67,13 +66,8 @@ impl ShortConv {
             pass.store.states().with_layer(slot, layer, (span.pos, span.len), span.steps, |state, steps| {
                 let region = state.len();
                 let (l, bias) = (self.spec.l_cache, self.conv_bias.as_deref());
-                match steps {
-                    Some(buf) => {
-                        let mut rec = |i: usize, st: &[f32]| buf[i * region..(i + 1) * region].copy_from_slice(st);
-                        delta_rule::causal_conv(input, (span.len, h, l), &self.conv, bias, state, out, Some(&mut rec));
-                    }
-                    None => delta_rule::causal_conv(input, (span.len, h, l), &self.conv, bias, state, out, None),
-                }
+                let record = steps.map(|buf| (buf, region));
+                delta_rule::causal_conv_recorded(input, (span.len, h, l), &self.conv, bias, state, out, record);
                 Ok(())
             })?;
         }

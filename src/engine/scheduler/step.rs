@@ -82,7 +82,7 @@ impl Scheduler {
                         pos,
                         seq_len: target,
                         blocks,
-                        state: state.filter(|_| self.kv.has_states()),
+                        state,
                         steps: steps && state.is_some(),
                         logits,
                         experts,

@@ -84,3 +84,17 @@ export function duplicateKey(text) {
   }
   return null
 }
+
+/** Runs `fn` over `items`, at most `n` at a time, and returns the results in order. */
+export async function pool(items, n, fn) {
+  const out = new Array(items.length)
+  let next = 0
+  const worker = async () => {
+    while (next < items.length) {
+      const i = next++
+      out[i] = await fn(items[i], i)
+    }
+  }
+  await Promise.all(Array.from({ length: Math.min(n, items.length) }, worker))
+  return out
+}

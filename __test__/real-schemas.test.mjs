@@ -20,7 +20,7 @@ import Ajv from 'ajv'
 import Ajv2019 from 'ajv/dist/2019.js'
 import Ajv2020 from 'ajv/dist/2020.js'
 import addFormats from 'ajv-formats'
-import { duplicateKey, fixtureJson } from './helpers.mjs'
+import { duplicateKey, fixtureJson, pool } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const draft06 = require('ajv/dist/refs/json-schema-draft-06.json')
@@ -102,7 +102,6 @@ function ajvFor(schema) {
   return { ajv, compiled }
 }
 
-
 /** `(text) => null | reason` for an answer to `schema`. */
 function jsonVerdict(schema) {
   const { ajv, compiled } = ajvFor(schema)
@@ -118,20 +117,6 @@ function jsonVerdict(schema) {
     if (dup !== null) return `duplicate member name ${JSON.stringify(dup)}`
     return validate(v) ? null : `ajv: ${ajv.errorsText(validate.errors, { separator: '; ' })}`
   }
-}
-
-/** Runs `fn` over `items`, at most `n` at a time, and returns the results in order. */
-async function pool(items, n, fn) {
-  const out = new Array(items.length)
-  let next = 0
-  const worker = async () => {
-    while (next < items.length) {
-      const i = next++
-      out[i] = await fn(items[i], i)
-    }
-  }
-  await Promise.all(Array.from({ length: Math.min(n, items.length) }, worker))
-  return out
 }
 
 /** The outcome table, one line per entry. */

@@ -13,7 +13,7 @@ import { createRequire } from 'node:module'
 import Ajv2020 from 'ajv/dist/2020.js'
 import addFormats from 'ajv-formats'
 import { smolLM2OrSkip } from '../scripts/assets.mjs'
-import { duplicateKey, fixtureJson } from './helpers.mjs'
+import { duplicateKey, fixtureJson, pool } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
@@ -37,21 +37,6 @@ function makeAjv() {
 
 /** Full-match test with JS regex semantics (`u` flag); the corpus only uses constructs on which JS and Rust `regex` agree. */
 const fullMatch = (pattern) => new RegExp(`^(?:${pattern})$`, 'u')
-
-/** Runs `fn` over `items`, at most `n` at a time, and returns the results in order. */
-async function pool(items, n, fn) {
-  const out = new Array(items.length)
-  let next = 0
-  const worker = async () => {
-    while (next < items.length) {
-      const i = next++
-      out[i] = await fn(items[i], i)
-    }
-  }
-  await Promise.all(Array.from({ length: Math.min(n, items.length) }, worker))
-  return out
-}
-
 
 /** `(text) => null | reason` for JSON text that must parse, have unique member names and validate against `schema`. */
 function jsonVerdict(ajv, schema, { duplicates = true } = {}) {

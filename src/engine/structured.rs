@@ -94,9 +94,17 @@ impl Formats {
                 let params = tools
                     .iter()
                     .map(|t| {
-                        crate::sampling::json_schema::prepare(t.parameters.clone(), t.strict.unwrap_or(true)).map_err(|e| {
+                        let bad = |e: String| {
                             EngineError::InvalidArgument(format!("the parameters of tool {:?} cannot be used: {e}", t.name))
-                        })
+                        };
+                        let p =
+                            crate::sampling::json_schema::prepare(t.parameters.clone(), t.strict.unwrap_or(true)).map_err(bad)?;
+                        if crate::sampling::unique_items::marked(&p) {
+                            return Err(bad("uniqueItems is not enforced in tool parameters; \
+                                 drop it, or ask for the value with responseFormat instead"
+                                .into()));
+                        }
+                        Ok(p)
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let specs: Vec<(&str, &serde_json::Value)> =

@@ -17,7 +17,8 @@
 //!   allowed. The end-of-sequence tokens are allowed exactly when the grammar is complete.
 //! * A JSON schema is first made ready ([`super::json_schema`]: objects that do not say
 //!   `additionalProperties` are closed unless `strict: false`), and a JSON constraint ends a
-//!   degenerate repetition by closing what it can ([`super::loop_guard`]).
+//!   degenerate repetition by closing what it can ([`super::loop_guard`]) and refuses a repeated
+//!   member name or a repeated item of a `uniqueItems` array ([`super::json_watch`]).
 //! * Everything llguidance does runs under its own panic guard and fuel limits
 //!   ([`ParserLimits`]); a schema larger than [`MAX_FORMAT_BYTES`] is refused before parsing,
 //!   and one whose compilation would recurse too deeply before compiling
@@ -31,6 +32,7 @@ use llguidance::toktrie::{SimpleVob, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
+use super::json_watch::{JsonWatch, Outcome, WatchVocab};
 use super::loop_guard::LoopGuard;
 use crate::error::panic_message;
 
@@ -87,6 +89,8 @@ pub struct GrammarCompiler {
     factory: ParserFactory,
     /// The tokens that close a JSON value (`super::loop_guard`).
     closers: Arc<super::loop_guard::Closers>,
+    /// What a JSON watch reads (`super::json_watch`).
+    watch_vocab: Arc<WatchVocab>,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -122,7 +126,7 @@ impl GrammarCompiler {
         }))
         .map_err(|p| format!("cannot build the token trie: {}", panic_message(&*p)))?;
         let factory = built.map_err(|e| format!("cannot build the token trie: {e}"))?;
-        Ok(Self { factory, closers })
+        Ok(Self { factory, closers, watch_vocab: Arc::new(WatchVocab::new(bytes)) })
     }
 
     /// The constraint for `format`; `None` for free text. Fails with the reason when the format
@@ -149,8 +153,13 @@ impl GrammarCompiler {
             ResponseFormat::Compiled(g) => g.clone(),
         };
         let json = matches!(format, ResponseFormat::JsonObject | ResponseFormat::JsonSchema { .. } | ResponseFormat::Compiled(_));
+        let places = match format {
+            ResponseFormat::JsonSchema { schema } => super::unique_items::places(schema)?,
+            _ => Vec::new(),
+        };
         let mut c = self.build(grammar)?;
         c.guard = json.then(|| LoopGuard::new(self.closers.clone()));
+        c.watch = json.then(|| JsonWatch::new(self.watch_vocab.clone(), Arc::new(places)));
         Ok(Some(c))
     }
 
@@ -170,7 +179,7 @@ impl GrammarCompiler {
         if first.is_zero() {
             return Err("the format allows no output at all".into());
         }
-        Ok(Constraint { matcher, mask: Some(first), guard: None })
+        Ok(Constraint { matcher, mask: Some(first), guard: None, watch: None })
     }
 }
 
@@ -214,6 +223,8 @@ pub struct Constraint {
     mask: Option<SimpleVob>,
     /// Ends a degenerate repetition (JSON formats only).
     guard: Option<LoopGuard>,
+    /// Refuses repeated member names and unique items (JSON formats only).
+    watch: Option<JsonWatch>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -230,12 +241,63 @@ impl Constraint {
                 .map_err(|p| format!("the output constraint failed: {}", panic_message(&*p)))?
                 .map_err(|e| format!("the output constraint failed: {}", clean_error(&e.to_string())))?;
             let mut m = m;
+            let refused = catch_unwind(AssertUnwindSafe(|| self.repeats(&m)))
+                .map_err(|p| format!("the output constraint failed: {}", panic_message(&*p)))?;
+            if !refused.is_empty() && refused.len() < m.num_set() {
+                refused.into_iter().for_each(|t| m.disallow_token(t));
+            }
             if let Some(g) = &self.guard {
                 g.narrow(&mut m);
             }
             self.mask = Some(m);
         }
         Ok(())
+    }
+
+    /// The tokens of `mask` that would repeat a member name or a unique item, now or (where
+    /// the mask is narrow) because every way on from them leads to a repeat; see
+    /// `super::json_watch`.
+    fn repeats(&mut self, mask: &SimpleVob) -> Vec<u32> {
+        let Some(watch) = self.watch.clone().filter(JsonWatch::guarded) else { return Vec::new() };
+        if mask.num_set() > NARROW_MASK {
+            return watch.repeats_in(mask);
+        }
+        let mut budget = LOOKAHEAD_MASKS;
+        let mut refused = Vec::new();
+        for t in set_tokens(mask) {
+            let out = match watch.outcome(t) {
+                Outcome::Repeats => true,
+                Outcome::Safe => false,
+                Outcome::Open => !self.leads_on(&watch, t, 1, &mut budget),
+            };
+            if out {
+                refused.push(t);
+            }
+        }
+        refused
+    }
+
+    /// Whether, after `token`, the grammar still allows a way on that does not repeat; `true`
+    /// where that cannot be told within the depth and the budget of masks.
+    fn leads_on(&mut self, watch: &JsonWatch, token: u32, depth: usize, budget: &mut usize) -> bool {
+        if depth > LOOKAHEAD_DEPTH || *budget == 0 || self.matcher.consume_token(token).is_err() {
+            return true;
+        }
+        *budget -= 1;
+        let mut after = watch.clone();
+        after.push(token);
+        let on = match self.matcher.compute_mask() {
+            Err(_) => true,
+            Ok(m) if m.num_set() > NARROW_MASK => true,
+            Ok(m) => {
+                let next = set_tokens(&m);
+                next.iter().any(|&u| after.outcome(u) == Outcome::Safe)
+                    || next.iter().any(|&u| after.outcome(u) == Outcome::Open && self.leads_on(&after, u, depth + 1, budget))
+            }
+        };
+        // The matcher was fine before the token; going back one token cannot fail.
+        let _ = self.matcher.rollback(1);
+        on
     }
 
     /// The tokens allowed next (after [`Self::compute_mask`]).
@@ -249,6 +311,9 @@ impl Constraint {
         self.mask = None;
         if let Some(g) = &mut self.guard {
             g.push(token);
+        }
+        if let Some(w) = &mut self.watch {
+            w.push(token);
         }
         catch_unwind(AssertUnwindSafe(|| self.matcher.consume_token(token)))
             .map_err(|p| format!("the output constraint failed: {}", panic_message(&*p)))?
@@ -265,6 +330,28 @@ impl Constraint {
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
     }
+}
+
+/// A mask of at most this many tokens is narrow: a string there is an enum's or a pattern's,
+/// and a repeat may be the only way on from a start (see `Constraint::repeats`). A wider one
+/// lets a string go on freely.
+const NARROW_MASK: usize = 256;
+/// Deepest look ahead, in tokens, for a way on that does not repeat.
+const LOOKAHEAD_DEPTH: usize = 16;
+/// Most masks computed in one step's look ahead.
+const LOOKAHEAD_MASKS: usize = 64;
+
+/// The ids `mask` allows.
+fn set_tokens(mask: &SimpleVob) -> Vec<u32> {
+    let mut out = Vec::new();
+    for (w, &bits) in mask.as_slice().iter().enumerate() {
+        let mut bits = bits;
+        while bits != 0 {
+            out.push((w * 32) as u32 + bits.trailing_zeros());
+            bits &= bits - 1;
+        }
+    }
+    out
 }
 
 /// Sets every logit the mask disallows (and every id beyond it) to `-inf`.

@@ -71,6 +71,38 @@ fn json_schema_output_parses_and_matches() {
 }
 
 #[test]
+fn sampling_never_repeats_a_member_name_or_an_item_of_a_unique_array() {
+    // Names "x" and "y" only, and a set of "a" / "b" / "c": random logits would repeat both.
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": { "tags": { "type": "array", "items": { "enum": ["a", "b", "c"] }, "uniqueItems": true } },
+        "required": ["tags"],
+        "patternProperties": { "^[xy]$": { "type": "integer", "minimum": 0, "maximum": 9 } },
+        "additionalProperties": false
+    });
+    let schema = crate::sampling::json_schema::prepare(schema, true).unwrap();
+    let comp = compiler();
+    let mut repeated_without_watch = 0;
+    for seed in 0..64 {
+        let mut c = comp.compile(&ResponseFormat::JsonSchema { schema: schema.clone() }).unwrap().unwrap();
+        let (out, done) = run(&mut c, seed, 1.0, 300);
+        let text = String::from_utf8(out).unwrap();
+        assert!(done, "seed {seed}: did not finish: {text:?}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap();
+        for needle in ["\"x\"", "\"y\"", "\"tags\"", "\"a\"", "\"b\"", "\"c\""] {
+            assert!(text.matches(needle).count() <= 1, "seed {seed}: {needle} twice in {text}");
+        }
+        // The same draws without the watch (shows the test can fail).
+        let mut c = comp.compile(&ResponseFormat::JsonSchema { schema: schema.clone() }).unwrap().unwrap();
+        c.watch = None;
+        let (out, _) = run(&mut c, seed, 1.0, 300);
+        let text = String::from_utf8(out).unwrap();
+        repeated_without_watch += ["\"x\"", "\"a\"", "\"b\""].iter().any(|n| text.matches(n).count() > 1) as usize;
+    }
+    assert!(repeated_without_watch > 0);
+}
+
+#[test]
 fn regex_and_lark_outputs_match() {
     let comp = compiler();
     let rx = regex::Regex::new(r"^[0-9]{3}-[a-z]{2,4}$").unwrap();

@@ -19,10 +19,18 @@
 //!   become an `anyOf` over which optional members are required (minimum) or absent
 //!   (maximum), up to [`MAX_BRANCHES`]; bounds every closed object meets are dropped. What
 //!   cannot be rewritten exactly is left to llguidance, which refuses it naming the keyword.
+//! * `propertyNames` listing names, and `oneOf` over branches of different types, become their
+//!   exact equivalents ([`super::schema_exact`]).
 //! * **Formats a model can run on in** (`date-time` and `time` fractional seconds, `duration`
 //!   fields, an `email` or `hostname` part) get a `maxLength` when strict and the schema gives
 //!   none ([`FORMAT_MAX_LENGTH`]): every real value fits (the email and hostname bounds are
 //!   RFC 5321's and RFC 1035's).
+//!   A strict `email` without a `pattern` also gets [`EMAIL_PATTERN`]: a local part as long as
+//!   RFC 5321 allows and a domain with a dot, which is what validators accept.
+//! * Formats the grammar compiler does not know but a pattern defines (`uri-reference`,
+//!   `json-pointer`, `relative-json-pointer`) become that pattern ([`FORMAT_PATTERNS`]).
+//! * `uniqueItems: true` is marked for our own layer to enforce ([`super::unique_items`]);
+//!   a schema where it cannot be is refused naming it.
 //! * Only schema positions are rewritten: `enum`, `const`, `default` and `examples` hold data
 //!   that merely looks like schemas.
 
@@ -35,6 +43,32 @@ pub const MAX_BRANCHES: usize = 64;
 /// than any real value (`2024-01-31T23:59:59.123456789+05:30` is 35 characters).
 pub const FORMAT_MAX_LENGTH: &[(&str, u64)] =
     &[("date-time", 40), ("time", 32), ("duration", 40), ("email", 254), ("hostname", 253)];
+
+/// What a strict schema's `email` string must also match when it gives no `pattern` (the
+/// grammar compiler takes both): a local part of at most 64 characters (RFC 5321) and a domain
+/// with a dot, as validators read addresses (ajv's `email`, Pydantic's `EmailStr`).
+pub const EMAIL_PATTERN: &str = r"^[^@]{1,64}@[^@]+\.[A-Za-z]{2,63}$";
+
+/// Formats of JSON Schema the grammar compiler does not know, as the patterns that define
+/// them (written from RFC 3986's URI-reference and RFC 6901's JSON pointer grammars). A schema
+/// that gives its own `pattern` as well keeps the format, and is refused naming it.
+pub const FORMAT_PATTERNS: &[(&str, &str)] = &[
+    ("uri-reference", URI_REFERENCE),
+    ("json-pointer", r"^(/([^/~]|~[01])*)*$"),
+    ("relative-json-pointer", r"^(0|[1-9][0-9]*)(#|(/([^/~]|~[01])*)*)$"),
+];
+
+/// RFC 3986 `URI-reference`: an optional scheme, then `//` authority and an absolute path, an
+/// absolute path, a relative one or none, an optional query and an optional fragment.
+const URI_REFERENCE: &str = concat!(
+    r"^(?:[A-Za-z][A-Za-z0-9+.\-]*:)?",
+    r"(?://(?:(?:[A-Za-z0-9._~!$&'()*+,;=:\-]|%[0-9A-Fa-f]{2})*@)?",
+    r"(?:\[[0-9A-Fa-f:.]+\]|(?:[A-Za-z0-9._~!$&'()*+,;=\-]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?",
+    r"(?:/(?:[A-Za-z0-9._~!$&'()*+,;=:@\-]|%[0-9A-Fa-f]{2})*)*",
+    r"|/?(?:(?:[A-Za-z0-9._~!$&'()*+,;=:@\-]|%[0-9A-Fa-f]{2})+(?:/(?:[A-Za-z0-9._~!$&'()*+,;=:@\-]|%[0-9A-Fa-f]{2})*)*)?)",
+    r"(?:\?(?:[A-Za-z0-9._~!$&'()*+,;=:@/?\-]|%[0-9A-Fa-f]{2})*)?",
+    r"(?:#(?:[A-Za-z0-9._~!$&'()*+,;=:@/?\-]|%[0-9A-Fa-f]{2})*)?$"
+);
 
 /// Keys whose value is one schema.
 const SCHEMA_KEYS: &[&str] = &[
@@ -64,6 +98,7 @@ pub fn prepare(mut schema: Value, strict: bool) -> Result<Value, String> {
     collect_all_of_refs(&schema, &mut parts);
     let defs = ["$defs", "definitions"].map(|k| (k, schema.get(k).cloned().unwrap_or(Value::Null)));
     Walk { strict, all_of_refs: parts, defs }.schema(&mut schema, false)?;
+    super::unique_items::places(&schema)?;
     Ok(schema)
 }
 
@@ -121,8 +156,26 @@ impl Walk {
         if o.get("propertyNames").is_some_and(any_name) {
             o.remove("propertyNames");
         }
-        if o.get("uniqueItems") == Some(&Value::Bool(false)) {
-            o.remove("uniqueItems");
+        super::schema_exact::property_names(o);
+        super::schema_exact::one_of(o, &|r| self.definition(r).map(|d| Value::Object(d.clone())));
+        match o.get("uniqueItems") {
+            Some(Value::Bool(false)) => {
+                o.remove("uniqueItems");
+            }
+            Some(Value::Bool(true)) => {
+                o.remove("uniqueItems");
+                o.insert(super::unique_items::MARKER.into(), Value::Bool(true));
+            }
+            _ => {}
+        }
+        if let Some(&(_, rx)) = FORMAT_PATTERNS.iter().find(|(f, _)| o.get("format").and_then(Value::as_str) == Some(*f)) {
+            if !o.contains_key("pattern") {
+                o.remove("format");
+                o.insert("pattern".into(), Value::from(rx));
+            }
+        }
+        if self.strict && o.get("format").and_then(Value::as_str) == Some("email") && !o.contains_key("pattern") {
+            o.insert("pattern".into(), Value::from(EMAIL_PATTERN));
         }
         if self.strict && !o.contains_key("maxLength") {
             let format = o.get("format").and_then(Value::as_str);

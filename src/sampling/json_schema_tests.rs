@@ -55,10 +55,26 @@ fn keywords_that_say_nothing_are_dropped() {
     assert_eq!(prepare(s, true).unwrap().get("propertyNames"), None);
     let s = json!({"type": "array", "items": {"type": "string"}, "uniqueItems": false});
     assert_eq!(prepare(s, true).unwrap().get("uniqueItems"), None);
-    // Ones that constrain stay, for llguidance to take or refuse by name.
+    // One that constrains stays, for llguidance to take or refuse by name; `uniqueItems: true`
+    // is marked for our own layer.
     let s = json!({"type": "object", "propertyNames": {"pattern": "^a"}, "uniqueItems": true});
     let p = prepare(s, true).unwrap();
-    assert!(p.get("propertyNames").is_some() && p.get("uniqueItems").is_some());
+    assert!(p.get("propertyNames").is_some() && p.get("uniqueItems").is_none());
+    assert_eq!(p[crate::sampling::unique_items::MARKER], json!(true));
+}
+
+#[test]
+fn a_strict_email_gets_a_bounded_local_part_and_a_dotted_domain() {
+    let p = prepare(json!({"type": "string", "format": "email"}), true).unwrap();
+    assert_eq!(p["pattern"], json!(super::EMAIL_PATTERN));
+    assert_eq!(p["maxLength"], json!(254));
+    let rx = regex::Regex::new(super::EMAIL_PATTERN).unwrap();
+    assert!(rx.is_match("lead@example.com") && rx.is_match(&format!("{}@a.io", "x".repeat(64))));
+    assert!(!rx.is_match("lead@example") && !rx.is_match(&format!("{}@a.io", "x".repeat(65))));
+    // A pattern of the schema's own is kept; not strict, nothing is added.
+    let p = prepare(json!({"type": "string", "format": "email", "pattern": "@corp\\.com$"}), true).unwrap();
+    assert_eq!(p["pattern"], json!("@corp\\.com$"));
+    assert_eq!(prepare(json!({"type": "string", "format": "email"}), false).unwrap().get("pattern"), None);
 }
 
 #[test]
@@ -108,4 +124,27 @@ fn formats_with_unbounded_digits_get_a_length_when_strict() {
     assert_eq!(p["properties"]["at"]["maxLength"], json!(40));
     assert_eq!(p["properties"]["d"]["maxLength"], json!(90));
     assert_eq!(prepare(s, false).unwrap()["properties"]["at"].get("maxLength"), None);
+}
+
+#[test]
+fn formats_the_compiler_lacks_become_their_patterns() {
+    let rx = |f: &str| {
+        let p = prepare(json!({"type": "string", "format": f}), true).unwrap();
+        assert_eq!(p.get("format"), None, "{f}");
+        regex::Regex::new(p["pattern"].as_str().unwrap()).unwrap()
+    };
+    let uri_ref = rx("uri-reference");
+    for ok in ["https://example.com/a?b=c#d", "../up/one", "/abs", "", "#frag", "mailto:a@b.c", "//host:80/p", "a%20b"] {
+        assert!(uri_ref.is_match(ok), "{ok:?}");
+    }
+    for bad in ["has space", "http://a/\"q\"", "100%", "a<b>"] {
+        assert!(!uri_ref.is_match(bad), "{bad:?}");
+    }
+    let ptr = rx("json-pointer");
+    assert!(ptr.is_match("") && ptr.is_match("/a~1b/0") && !ptr.is_match("a") && !ptr.is_match("/~2"));
+    let rel = rx("relative-json-pointer");
+    assert!(rel.is_match("0") && rel.is_match("1/a") && rel.is_match("2#") && !rel.is_match("01") && !rel.is_match("/a"));
+    // With a pattern of its own the format stays, for the compiler to refuse by name.
+    let p = prepare(json!({"type": "string", "format": "uri-reference", "pattern": "^/"}), true).unwrap();
+    assert_eq!(p["format"], json!("uri-reference"));
 }

@@ -23,12 +23,15 @@
 pub mod constraint;
 pub mod format_depth;
 pub mod json_schema;
+pub mod json_watch;
 pub mod loop_guard;
 mod math;
 mod overrides;
 mod penalties;
 mod sampler;
+pub mod schema_exact;
 pub mod tool_grammar;
+pub mod unique_items;
 
 pub use constraint::{Constraint, GrammarCompiler, ResponseFormat, TokenVocab};
 pub(crate) use math::argmax;

@@ -8,9 +8,10 @@
 //   message names a keyword of the schema (so a user knows what to change);
 // * failed: anything else (cut off at maxTokens, invalid, an error naming no keyword, ...).
 // Target (issue 51): at least 90% valid, the rest refused up front, none failed; not met yet
-// (28 of 38 valid, 5 refused, 5 failed when this was written), so it runs as a `todo` that
-// prints a table of every outcome, beside a test of what holds: every refusal names its
-// keyword, and at least VALID_FLOOR answers are valid (sampling under batching varies a little). It needs EXPERT_RUNTIME_SMOLLM2 (the GGUF's path) and is skipped without it:
+// (34 of 38 valid, 1 refused, 3 cut off at maxTokens: arrays of objects SmolLM2 keeps adding
+// items to), so it runs as a `todo` that prints a table of every outcome, beside a test of
+// what holds: every refusal names its keyword, and at least VALID_FLOOR answers are valid
+// (sampling under batching varies a little). It needs EXPERT_RUNTIME_SMOLLM2 (the GGUF's path) and is skipped without it:
 //   EXPERT_RUNTIME_SMOLLM2=$(ls ~/.cache/expert-runtime/*SmolLM2*.gguf) node --test __test__/real-schemas.test.mjs
 // REAL_SCHEMAS_CONCURRENCY (default 4) sets how many requests run at once on the one Runtime.
 import { describe, it, before, after } from 'node:test'
@@ -33,8 +34,8 @@ const SAMPLING = { temperature: 0.7, maxTokens: 512 }
 const CONCURRENCY = Number(process.env.REAL_SCHEMAS_CONCURRENCY || 4)
 /** Share of the corpus that must come back valid; the rest must be refused up front. */
 const VALID_TARGET = 0.9
-/** Valid answers the engine must keep giving (28 of 38 when it was set; some slack for batching). */
-const VALID_FLOOR = 25
+/** Valid answers the engine must keep giving (34 of 38 when it was set; some slack for batching). */
+const VALID_FLOOR = 31
 
 /** The seed of an entry: FNV-1a of its name, so it stays put when entries are added or moved. */
 function seedOf(name) {

@@ -9,7 +9,8 @@
 //      greedy tokens, tok/s from the first to the last token; free vs constrained by SCHEMA (an
 //      object holding an array of at least 500 strings, so it cannot end within the run). The
 //      overhead is 1 − constrained/free: what the masks cost a decode step (they are computed on
-//      a worker while the forward pass runs).
+//      a worker while the forward pass runs). Also at batch 1: WATCHED, the same array with
+//      `uniqueItems: true` (each item checked against the earlier ones).
 //   2. aggregate decode tok/s at batch 16: 16 sessions (different prompts), 65 tokens each, free
 //      vs all constrained (window method of benches/common.mjs `aggregate`).
 //   3. compile time: `timings.formatMs` of 1-token requests (median over the 12 schemas of
@@ -38,6 +39,19 @@ const TOKEN_RANGE = [1000, 30000]
 const SCHEMA = {
   type: 'object',
   properties: { items: { type: 'array', items: { type: 'string' }, minItems: 500 } },
+  required: ['items'],
+  additionalProperties: false,
+}
+
+/**
+ * The same array with `uniqueItems: true`: every item is checked against the earlier ones (the
+ * JSON watch), and each boundary between two items looks ahead one mask.
+ */
+const WATCHED = {
+  type: 'object',
+  properties: {
+    items: { type: 'array', items: { type: 'string' }, minItems: 500, uniqueItems: true },
+  },
   required: ['items'],
   additionalProperties: false,
 }
@@ -84,7 +98,8 @@ async function childOurs(spec) {
   out.compileMsAll = compiled
 
   // 1. batch 1, free and constrained.
-  for (const [key, opts] of [['free', {}], ['constrained', format]]) {
+  const watched = { responseFormat: { type: 'json_schema', schema: WATCHED } }
+  for (const [key, opts] of [['free', {}], ['constrained', format], ['watched', watched]]) {
     const s = rt.createSession()
     const times = []
     const stream = s.generate({ tokens: tokens(1, PROMPT_LEN) }, { temperature: 0, maxTokens: DECODE + 1, ...opts })
@@ -173,6 +188,8 @@ async function parent(args) {
     const c16 = best(ours, (r) => r.constrained16.tps)
     const pct = (a, b) => `${fmt((1 - b / a) * 100, 1)}%`
     console.log(`${m.label.padEnd(35)} | 1     | ${fmt(f1).padStart(10)} | ${fmt(c1).padStart(11)} | ${pct(f1, c1).padStart(13)} | ${fmt(lf).padStart(14)} | ${fmt(lc).padStart(17)} | ${fmt(c1 / lc, 2)}x`)
+    const w1 = best(ours, (r) => r.watched1?.tps)
+    console.log(`${''.padEnd(35)} | 1     | unique items ${fmt(w1)} tok/s: overhead ${pct(f1, w1)} over free`)
     console.log(`${''.padEnd(35)} | ${BATCH}    | ${fmt(f16).padStart(10)} | ${fmt(c16).padStart(11)} | ${pct(f16, c16).padStart(13)} |`)
     console.log(`${''.padEnd(35)}   schema compile ${fmt(least(ours, (r) => r.compileMs), 2)} ms (median of ${COMPILE_SCHEMAS.length}); first constrained request after load ${fmt(least(ours, (r) => r.firstConstrainedMs), 1)} ms (with the token trie)`)
   }

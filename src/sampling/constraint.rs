@@ -258,10 +258,11 @@ impl Constraint {
     /// the mask is narrow) because every way on from them leads to a repeat; see
     /// `super::json_watch`.
     fn repeats(&mut self, mask: &SimpleVob) -> Vec<u32> {
-        let Some(watch) = self.watch.clone().filter(JsonWatch::guarded) else { return Vec::new() };
+        let Some(watch) = self.watch.as_ref().filter(|w| w.guarded()) else { return Vec::new() };
         if mask.num_set() > NARROW_MASK {
             return watch.repeats_in(mask);
         }
+        let watch = watch.clone();
         let mut budget = LOOKAHEAD_MASKS;
         let mut refused = Vec::new();
         for t in set_tokens(mask) {

@@ -70,12 +70,17 @@ fn value_bit(v: &Value) -> u8 {
     1 << i
 }
 
-/// The types a value valid against `s` can have; `None` when any type may.
-fn types(s: &Value, resolve: &dyn Fn(&str) -> Option<Value>, depth: usize) -> Option<u8> {
+/// Most schemas [`types`] reads for one `oneOf` (references can fan out).
+const MAX_READS: usize = 4096;
+
+/// The types a value valid against `s` can have; `None` when any type may, or when that
+/// takes more than `budget` more reads to tell.
+fn types(s: &Value, resolve: &dyn Fn(&str) -> Option<Value>, depth: usize, budget: &mut usize) -> Option<u8> {
     let o = s.as_object()?;
-    if depth > 16 {
+    if depth > 16 || *budget == 0 {
         return None;
     }
+    *budget -= 1;
     let mut known: Option<u8> = None;
     let mut meet = |bits: u8| known = Some(known.map_or(bits, |k| k & bits));
     match o.get("type") {
@@ -90,20 +95,20 @@ fn types(s: &Value, resolve: &dyn Fn(&str) -> Option<Value>, depth: usize) -> Op
         meet(value_bit(v));
     }
     if let Some(r) = o.get("$ref").and_then(Value::as_str) {
-        if let Some(bits) = resolve(r).and_then(|t| types(&t, resolve, depth + 1)) {
+        if let Some(bits) = resolve(r).and_then(|t| types(&t, resolve, depth + 1, budget)) {
             meet(bits);
         }
     }
     for k in ["anyOf", "oneOf"] {
         if let Some(Value::Array(parts)) = o.get(k) {
-            let union = parts.iter().map(|p| types(p, resolve, depth + 1)).try_fold(0, |acc, b| Some(acc | b?));
+            let union = parts.iter().try_fold(0, |acc, p| Some(acc | types(p, resolve, depth + 1, budget)?));
             if let Some(bits) = union {
                 meet(bits);
             }
         }
     }
     for part in o.get("allOf").and_then(Value::as_array).into_iter().flatten() {
-        if let Some(bits) = types(part, resolve, depth + 1) {
+        if let Some(bits) = types(part, resolve, depth + 1, budget) {
             meet(bits);
         }
     }
@@ -118,8 +123,9 @@ pub fn one_of(o: &mut Map<String, Value>, resolve: &dyn Fn(&str) -> Option<Value
         return;
     }
     let mut seen = 0u8;
+    let mut budget = MAX_READS;
     for p in parts {
-        match types(p, resolve, 0) {
+        match types(p, resolve, 0, &mut budget) {
             Some(bits) if bits & seen == 0 => seen |= bits,
             _ => return,
         }

@@ -16,8 +16,8 @@
 //!   applies there would depend on the branch the output takes.
 //! * Paths are read through local references (`#/...`), `allOf` / `anyOf` / `oneOf`, `then` /
 //!   `else`, `properties`, `additionalProperties`, `patternProperties`, `items`,
-//!   `prefixItems`, `additionalItems` and `contains`, at most [`MAX_DEPTH`] levels deep and at
-//!   most [`MAX_PLACES`] places.
+//!   `prefixItems`, `additionalItems` and `contains`, at most [`MAX_DEPTH`] levels deep, at
+//!   most [`MAX_PLACES`] places and [`MAX_VISITS`] schemas read (references can fan out).
 
 use serde_json::{Map, Value};
 
@@ -26,7 +26,9 @@ pub const MARKER: &str = "x-expert-runtime-unique-items";
 /// Deepest schema nesting followed.
 pub const MAX_DEPTH: usize = 64;
 /// Most array places recorded.
-pub const MAX_PLACES: usize = 4096;
+pub const MAX_PLACES: usize = 1024;
+/// Most schema nodes read (references can make a small schema a large tree).
+pub const MAX_VISITS: usize = 100_000;
 
 /// One step of a path in the output.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +70,7 @@ pub fn places(schema: &Value) -> Result<Vec<Place>, String> {
     if !marked(schema) {
         return Ok(Vec::new());
     }
-    let mut r = Reader { root: schema, unique: Vec::new(), plain: Vec::new(), refs: Vec::new() };
+    let mut r = Reader { root: schema, unique: Vec::new(), plain: Vec::new(), refs: Vec::new(), visits: 0 };
     r.read(schema, &mut Vec::new(), 0)?;
     for u in &r.unique {
         if let Some(p) = r.plain.iter().find(|p| overlap(u, p)) {
@@ -104,14 +106,18 @@ struct Reader<'a> {
     plain: Vec<Place>,
     /// The references being followed (a repeat is a recursion).
     refs: Vec<&'a str>,
+    /// Schema nodes read so far.
+    visits: usize,
 }
 
 impl<'a> Reader<'a> {
     fn read(&mut self, s: &'a Value, path: &mut Place, depth: usize) -> Result<(), String> {
         let Value::Object(o) = s else { return Ok(()) };
-        if depth > MAX_DEPTH || self.unique.len() + self.plain.len() > MAX_PLACES {
+        self.visits += 1;
+        if depth > MAX_DEPTH || self.unique.len() + self.plain.len() > MAX_PLACES || self.visits > MAX_VISITS {
             return Err(format!(
-                "uniqueItems: the schema is too deep or too wide to place its arrays (at most {MAX_DEPTH} levels, {MAX_PLACES} arrays)"
+                "uniqueItems: the schema is too deep or too wide to place its arrays (at most {MAX_DEPTH} levels, \
+                 {MAX_PLACES} arrays, {MAX_VISITS} schemas read through references)"
             ));
         }
         if let Some(r) = o.get("$ref").and_then(Value::as_str) {

@@ -99,3 +99,21 @@ fn very_deep_schemas_are_refused_not_overflowed() {
     let e = prepare(s, true).unwrap_err();
     assert!(e.contains("uniqueItems") && e.contains("too deep"), "{e}");
 }
+
+#[test]
+fn references_that_fan_out_are_read_within_a_budget() {
+    // Each definition refers to the next twice: 2^40 paths to the unique array at the end.
+    let mut defs = serde_json::Map::new();
+    for i in 0..40 {
+        defs.insert(
+            format!("d{i}"),
+            json!({"anyOf": [{"$ref": format!("#/$defs/d{}", i + 1)}, {"$ref": format!("#/$defs/d{}", i + 1)}]}),
+        );
+    }
+    defs.insert("d40".into(), json!({"type": "array", "items": {"type": "string"}, "uniqueItems": true}));
+    let s = json!({"$defs": defs, "$ref": "#/$defs/d0"});
+    let t = std::time::Instant::now();
+    let e = prepare(s, true).unwrap_err();
+    assert!(e.contains("uniqueItems") && e.contains("too deep or too wide"), "{e}");
+    assert!(t.elapsed().as_secs() < 5);
+}

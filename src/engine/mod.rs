@@ -15,6 +15,7 @@ pub mod request;
 pub mod routing;
 pub mod scheduler;
 pub mod sequence;
+pub mod session_file;
 pub mod speculative;
 pub mod stats;
 pub mod structured;

@@ -164,6 +164,11 @@ impl KvManager {
         self.pool.assume_cache_pays();
     }
 
+    /// How each table group keeps blocks.
+    pub(super) fn rules(&self) -> &[GroupRule] {
+        &self.rules
+    }
+
     pub fn store(&self) -> &KvStore {
         &self.store
     }

@@ -16,6 +16,7 @@ mod attention_x86;
 pub mod block_pool;
 pub mod block_table;
 pub mod cache;
+pub mod image;
 pub mod layers;
 pub mod manager;
 pub mod prefix;

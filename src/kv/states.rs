@@ -169,6 +169,41 @@ impl StatePool {
         Ok(())
     }
 
+    /// `slot`'s states, every recurrent layer's standing at `pos` (a saved session's). Fails
+    /// when a layer's state is elsewhere.
+    pub fn export(&self, slot: StateId, pos: usize) -> Result<Vec<f32>> {
+        let cell = self.slots.get(slot as usize).ok_or_else(|| EngineError::Internal(format!("no state slot {slot}")))?;
+        let s = cell.lock().unwrap_or_else(|e| e.into_inner());
+        let stands = |layer: usize| s.pos.get(layer).copied().unwrap_or(0);
+        if let Some(layer) = (0..self.regions.len()).find(|&l| self.regions[l].is_some() && stands(l) != pos) {
+            return Err(EngineError::Internal(format!(
+                "the recurrent state of layer {layer} stands at {} positions, not {pos}",
+                stands(layer)
+            )));
+        }
+        Ok(if s.data.is_empty() { vec![0.0; self.floats] } else { s.data.clone() })
+    }
+
+    /// Sets `slot`'s states to `data` (made by [`Self::export`]), standing at `pos`.
+    pub fn import(&self, slot: StateId, data: &[f32], pos: usize) -> Result<()> {
+        if data.len() != self.floats {
+            return Err(EngineError::InvalidArgument(format!(
+                "a recurrent state of {} values does not fit this model's {}",
+                data.len(),
+                self.floats
+            )));
+        }
+        let cell = self.slots.get(slot as usize).ok_or_else(|| EngineError::Internal(format!("no state slot {slot}")))?;
+        let mut s = cell.lock().unwrap_or_else(|e| e.into_inner());
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(data.len()).map_err(|_| EngineError::OutOfMemory("a recurrent state".into()))?;
+        buf.extend_from_slice(data);
+        s.data = buf;
+        s.pos = self.regions.iter().map(|r| if r.is_some() { pos } else { 0 }).collect();
+        s.steps.clear();
+        Ok(())
+    }
+
     /// Gives back the memory of the slots `free` lists (no sequence holds them).
     pub fn release_unused(&self, free: &[StateId]) {
         for &i in free {

@@ -362,7 +362,7 @@ impl KvStore {
     }
 
     /// Token slots per layer (`num_blocks · block_size`, checked at construction).
-    fn slots(&self) -> usize {
+    pub(super) fn slots(&self) -> usize {
         self.num_blocks * self.block_size
     }
 
@@ -484,7 +484,7 @@ impl KvStore {
     }
 
     /// Every tensor of the pool (K, V and their scales) with the heads it holds.
-    fn tensors_with_heads(&self) -> impl Iterator<Item = (&Tensor, usize)> {
+    pub(super) fn tensors_with_heads(&self) -> impl Iterator<Item = (&Tensor, usize)> {
         let heads = self.shapes.iter().map(|s| s.kv_heads);
         [&self.k, &self.v, &self.ks, &self.vs].into_iter().flat_map(move |ts| ts.iter().zip(heads.clone()))
     }

@@ -226,6 +226,28 @@ export class Runtime {
   }
 
   /**
+   * A session from a file `session.save(path)` wrote with this model (the same model files,
+   * loaded with the same dtype, quantization, RoPE and `kvCache` options): its history is
+   * back, and its next turn continues from the saved cache without evaluating the
+   * conversation again (`usage.cachedTokens` counts it). `contextShift` as for
+   * `createSession`. Errors: `INVALID_ARGUMENT` (not a session file, a damaged or truncated
+   * one, one from another model or KV cache format, a cache computed under experts),
+   * `KV_CACHE_EXHAUSTED` (running requests hold the blocks it needs), `CONTEXT_OVERFLOW`.
+   */
+  async restoreSession(path: string, sessionOptions?: Pick<SessionOptions, 'contextShift'>): Promise<Session> {
+    this.#check()
+    if (typeof path !== 'string' || path.length === 0) throw invalidArgument('path must be a non-empty string')
+    const options = optionsObject(sessionOptions)
+    onlyKeys(options, ['contextShift'], 'restoreSession')
+    if (options.contextShift != null && typeof options.contextShift !== 'string') throw invalidArgument('contextShift must be a string')
+    try {
+      return new Session(await this.#native.restoreSession(path, options.contextShift))
+    } catch (e) {
+      throw toError(e)
+    }
+  }
+
+  /**
    * Loads a PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`, as
    * `save_pretrained` writes it, plus an optional `manifest.json`): LoRA, rsLoRA, DoRA, IA³,
    * LoKr or prompt tuning. It is validated against this base model and made resident, off the

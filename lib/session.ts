@@ -536,6 +536,24 @@ export class Session {
     }
   }
 
+  /**
+   * Writes the session to `path`: its history, the cache of its conversation (in the pool's
+   * own format) and any recurrent state, with the model's fingerprint, checksummed and
+   * atomically (a crash mid-save leaves the old file or the new one). `rt.restoreSession(path)`
+   * brings it back, in this process or a later one, with no prefill. Off the JS thread.
+   * Errors: `SESSION_BUSY` while generating, `INVALID_ARGUMENT` (the file cannot be written,
+   * a cache computed under experts, a model with sliding-window layers).
+   */
+  async save(path: string): Promise<void> {
+    this.#check()
+    if (typeof path !== 'string' || path.length === 0) throw invalidArgument('path must be a non-empty string')
+    try {
+      await this.#native.save(path)
+    } catch (e) {
+      throw toError(e)
+    }
+  }
+
   /** Forgets the conversation (keeps the system prompt) and its cache. */
   reset(): void {
     this.#check()

@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${FUZZ_SECONDS:-20}"
-all_targets="gguf config_json safetensors_header peft_config chat_template structured_format tool_stream"
+all_targets="gguf config_json safetensors_header peft_config chat_template structured_format tool_stream session_file"
 read -r -a targets <<<"${FUZZ_TARGETS:-$all_targets}"
 sanitizer="${FUZZ_SANITIZER:-address}"
 cargo=(cargo)

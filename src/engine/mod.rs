@@ -8,6 +8,7 @@ pub mod delivery;
 pub mod device;
 pub mod embedding;
 pub mod load;
+pub mod persist;
 pub mod prepare;
 pub mod profile;
 pub mod readback;
@@ -104,6 +105,9 @@ pub struct Engine {
     generic_reference: GenericReference,
     /// The resident experts' keyword index, with the registry generation it was built for.
     route_index: routing::IndexCache,
+    /// Where the model was loaded from, and its fingerprint once computed (`persist`).
+    model_path: std::path::PathBuf,
+    fingerprint: std::sync::OnceLock<std::result::Result<String, String>>,
 }
 
 type GenericReference = Arc<Mutex<Option<Arc<Vec<Vec<f32>>>>>>;
@@ -268,6 +272,8 @@ impl Engine {
             router: RwLock::new(Arc::new(crate::experts::router::Router::new(Default::default())?)),
             generic_reference: GenericReference::default(),
             route_index: routing::IndexCache::default(),
+            model_path: path.to_path_buf(),
+            fingerprint: std::sync::OnceLock::new(),
         });
         Ok((engine, scheduler, rx))
     }

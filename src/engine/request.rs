@@ -262,7 +262,38 @@ pub struct EmbedRequest {
     pub reply: EmbedReply,
 }
 
+/// What the engine thread hands out of a session to save, or takes in to restore one.
+#[derive(Clone, Debug)]
+pub struct SessionSnapshot {
+    /// The stream (cached, then any not yet cached) and the pending token.
+    pub tokens: Vec<u32>,
+    pub pending: Option<u32>,
+    /// The cached positions' blocks and recurrent state.
+    pub cache: crate::kv::image::TableImage,
+    /// The pool's format name and block size, and one block's image size.
+    pub kv_format: String,
+    pub block_size: usize,
+    pub block_bytes: usize,
+}
+
+/// Called once, on the engine thread, with a session's snapshot (or the error).
+pub type SaveReply = Box<dyn FnOnce(Result<SessionSnapshot, EngineError>) + Send>;
+/// Called once, on the engine thread, when a restored session is in place (or failed).
+pub type RestoreReply = Box<dyn FnOnce(Result<(), EngineError>) + Send>;
+
 pub enum Command {
+    /// Snapshot a session (it must not be running).
+    SaveSession {
+        id: u64,
+        reply: SaveReply,
+    },
+    /// A new session `id` from a snapshot.
+    RestoreSession {
+        id: u64,
+        shared: Arc<SessionShared>,
+        snapshot: Box<SessionSnapshot>,
+        reply: RestoreReply,
+    },
     CreateSession {
         id: u64,
         shared: Arc<SessionShared>,

@@ -33,6 +33,7 @@ use std::time::Instant;
 mod admission;
 #[path = "scheduler_idle.rs"]
 mod idle;
+mod persist;
 mod step;
 
 use super::embedding::Embeddings;
@@ -322,6 +323,8 @@ impl Scheduler {
                     super::embedding::call(reply, Err(e));
                 }
             }
+            Command::SaveSession { id, reply } => reply(self.save_session(id)),
+            Command::RestoreSession { id, shared, snapshot, reply } => reply(self.restore_session(id, shared, *snapshot)),
             Command::Shutdown { .. } => unreachable!("handled by run"),
         }
     }

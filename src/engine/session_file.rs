@@ -48,7 +48,7 @@ pub struct SessionHeader {
     pub block_size: usize,
     /// Bytes of one block's image.
     pub block_bytes: usize,
-    /// Positions the cache holds (virtual tokens, then the stream).
+    /// Positions the cache holds (virtual tokens, then the stream; at most all of them).
     pub positions: usize,
     /// Tokens of the stream (cached, in order).
     pub tokens: usize,
@@ -205,9 +205,9 @@ fn check_prefix(head: &[u8; 16], name: &str) -> Result<usize> {
 
 fn parse_header(bytes: &[u8], name: &str) -> Result<SessionHeader> {
     let h: SessionHeader = serde_json::from_slice(bytes).map_err(|e| invalid(format!("{name}: the header is not valid: {e}")))?;
-    if h.positions != h.virtual_tokens.checked_add(h.tokens).ok_or_else(|| invalid("header sizes overflow"))? {
+    if h.positions > h.virtual_tokens.checked_add(h.tokens).ok_or_else(|| invalid("header sizes overflow"))? {
         return Err(invalid(format!(
-            "{name}: the header gives {} positions for {} virtual and {} stream tokens",
+            "{name}: the header gives {} cached positions for {} virtual and {} stream tokens",
             h.positions, h.virtual_tokens, h.tokens
         )));
     }

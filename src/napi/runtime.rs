@@ -160,6 +160,17 @@ impl NativeRuntime {
         Ok(NativeSession::new(e, handle))
     }
 
+    /// A session from a file `NativeSession.save` wrote with this model: its next turn
+    /// continues from the saved cache. `context_shift` as for `create_session`.
+    #[napi]
+    pub async fn restore_session(&self, path: String, context_shift: Option<String>) -> Result<NativeSession> {
+        let e = self.engine()?;
+        let shift = context_shift.as_deref().map(ContextShift::parse).transpose().map_err(to_napi)?.unwrap_or_default();
+        let rx = e.restore_session(Path::new(&path), shift);
+        let handle = rx.await.map_err(|_| disposed("runtime"))?.map_err(to_napi)?;
+        Ok(NativeSession::new(e, handle))
+    }
+
     /// One vector per text: the final hidden state (after the final norm) pooled over the
     /// text's tokens, computed as rows of the engine's passes.
     #[napi]

@@ -97,6 +97,15 @@ impl NativeSession {
         self.engine.set_history(&self.handle, messages).map_err(to_napi)
     }
 
+    /// Writes the session (history, cache, recurrent state) to `path`, atomically; off the JS
+    /// thread. `SESSION_BUSY` while generating.
+    #[napi]
+    pub async fn save(&self, path: String) -> Result<()> {
+        self.check()?;
+        let rx = self.engine.save_session(&self.handle, std::path::Path::new(&path));
+        rx.await.map_err(|_| disposed("runtime"))?.map_err(to_napi)
+    }
+
     #[napi]
     pub fn reset(&self) -> Result<()> {
         self.check()?;

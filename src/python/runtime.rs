@@ -27,7 +27,7 @@ pub struct Runtime {
 }
 
 /// A path: `str` or `os.PathLike` (bytes paths are refused).
-fn path(v: &Bound<'_, PyAny>, what: &str) -> PyResult<PathBuf> {
+pub(super) fn path(v: &Bound<'_, PyAny>, what: &str) -> PyResult<PathBuf> {
     let p =
         v.py().import("os")?.call_method1("fspath", (v,)).map_err(|_| invalid(format!("{what} must be a str or os.PathLike")))?;
     Ok(PathBuf::from(string(&p, what)?))
@@ -35,7 +35,7 @@ fn path(v: &Bound<'_, PyAny>, what: &str) -> PyResult<PathBuf> {
 
 /// Waits for a reply from the engine with the GIL released; Ctrl-C raises `KeyboardInterrupt`
 /// (the work finishes and is dropped).
-fn wait<T: Send>(py: Python<'_>, rx: tokio::sync::oneshot::Receiver<EngineResult<T>>, what: &str) -> PyResult<T> {
+pub(super) fn wait<T: Send>(py: Python<'_>, rx: tokio::sync::oneshot::Receiver<EngineResult<T>>, what: &str) -> PyResult<T> {
     match block_on_interruptible(py, rx)? {
         Ok(v) => v.map_err(to_py),
         Err(_) => Err(to_py(EngineError::Internal(format!("{what} exited")))),
@@ -197,6 +197,25 @@ impl Runtime {
             None => ContextShift::None,
         };
         let handle = e.create_session_with(system, choice, shift).map_err(to_py)?;
+        Ok(Session::new(e, handle))
+    }
+
+    /// A session from a file `Session.save` wrote with this model: its history is back and its
+    /// next turn continues from the saved cache without evaluating the conversation again.
+    #[pyo3(signature = (path, context_shift=None))]
+    fn restore_session(
+        &self,
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        context_shift: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Session> {
+        let e = self.engine()?;
+        let p = self::path(path, "path")?;
+        let shift = match context_shift.filter(|x| !x.is_none()) {
+            Some(x) => ContextShift::parse(&string(x, "context_shift")?).map_err(to_py)?,
+            None => ContextShift::None,
+        };
+        let handle = wait(py, e.restore_session(&p, shift), "the session reader")?;
         Ok(Session::new(e, handle))
     }
 

@@ -173,6 +173,15 @@ impl Session {
     }
 
     /// Forgets the conversation (the system prompt stays).
+    /// Writes the session (history, cache, recurrent state) to `path`, atomically, with the GIL
+    /// released; `Runtime.restore_session(path)` brings it back.
+    fn save(&self, py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.check()?;
+        let p = super::runtime::path(path, "path")?;
+        self.settle(py);
+        super::runtime::wait(py, self.engine.save_session(&self.handle, &p), "the session writer")
+    }
+
     fn reset(&self, py: Python<'_>) -> PyResult<()> {
         self.check()?;
         self.settle(py);

@@ -125,7 +125,7 @@ impl Scheduler {
     /// cached blocks are recycled by the pool itself; beyond them, idle sessions other than
     /// `except` lose their blocks and state, least recently used first. False when even that is
     /// not enough.
-    fn make_room(&mut self, n: usize, except: u64, state: bool) -> bool {
+    pub(super) fn make_room(&mut self, n: usize, except: u64, state: bool) -> bool {
         while self.kv.available() < n || state && self.kv.free_states() == 0 {
             let victim = self
                 .sessions

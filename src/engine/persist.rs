@@ -1,0 +1,221 @@
+//! Sessions saved to a file and restored from one (issue 52, part 1).
+//!
+//! Design note
+//! -----------
+//! * Saving: the engine thread hands out the session's snapshot (`Command::SaveSession`: its
+//!   stream, the images of the blocks its cache holds, its recurrent state), then a thread of
+//!   its own encodes it with the session's history and writes the file atomically
+//!   (`session_file`). Generation goes on meanwhile.
+//! * Restoring: a thread of its own reads and checks the file (format, checksum, limits), checks
+//!   it was made by this model ([`Engine::model_fingerprint`]), then the engine thread writes
+//!   the blocks into a new session (`Command::RestoreSession`), evicting idle sessions for room
+//!   as a request would. The session's next turn continues from the cache: nothing is
+//!   evaluated again.
+//! * The model fingerprint is a SHA-256 over the model's files (the GGUF, or a directory's
+//!   config and weights) and the load options that change what the cache holds (device kind,
+//!   compute dtype, quantization, RoPE scaling), computed once per runtime on first use.
+//! * Not yet: sessions whose cache was computed under experts or prompt tuning are refused;
+//!   models with sliding-window layers are refused (`kv::image`).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+
+use super::catch_panic;
+use super::request::{Command, SessionShared, SessionSnapshot};
+use super::session_file::{self, SessionFile, SessionHeader};
+use super::{ContextShift, Engine, ExpertChoice, SessionHandle};
+use crate::error::{EngineError, Result};
+use crate::tokenizer::ChatMessage;
+
+/// The session's own data a file keeps beside its cache.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SessionData {
+    history: Vec<ChatMessage>,
+    system: Option<String>,
+}
+
+/// The files whose bytes make a model at `path`: the file itself, or a directory's
+/// `config.json` and weight files, in name order.
+fn model_files(path: &Path) -> Result<Vec<PathBuf>> {
+    if path.is_file() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| EngineError::Internal(format!("cannot list the model directory {}: {e}", path.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            p.is_file() && (name == "config.json" || name.ends_with(".safetensors") || name.ends_with(".gguf"))
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+impl Engine {
+    /// A fingerprint of the model and of the load options that shape its cache (see the module
+    /// note). Reads the model's files once per runtime.
+    pub fn model_fingerprint(&self) -> Result<String> {
+        self.fingerprint
+            .get_or_init(|| {
+                let mut h = Sha256::new();
+                let i = &self.info;
+                let options = format!(
+                    "{}|{}|{}|{}|{:?}|{}|{}|{}",
+                    i.architecture, i.device, i.dtype, i.quantization, i.rope_scaling, i.vocab_size, i.num_layers, i.hidden_size
+                );
+                h.update(options.as_bytes());
+                let files = model_files(&self.model_path).map_err(|e| e.to_string())?;
+                let mut buf = vec![0u8; 1 << 20];
+                for f in files {
+                    let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    h.update(name.as_bytes());
+                    let mut file = std::fs::File::open(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+                    loop {
+                        let n = file.read(&mut buf).map_err(|e| format!("{}: {e}", f.display()))?;
+                        if n == 0 {
+                            break;
+                        }
+                        h.update(&buf[..n]);
+                    }
+                }
+                Ok(format!("sha256:{:x}", h.finalize()))
+            })
+            .clone()
+            .map_err(|e| EngineError::Internal(format!("cannot fingerprint the model: {e}")))
+    }
+
+    /// Saves `session` (idle) to `path`; resolves when the file is in place.
+    pub fn save_session(self: &Arc<Self>, session: &SessionHandle, path: &Path) -> tokio::sync::oneshot::Receiver<Result<()>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if session.shared.busy.load(Ordering::Acquire) {
+            let _ = tx.send(Err(EngineError::SessionBusy("the session is generating; save it when the request ends".into())));
+            return rx;
+        }
+        let (engine, session, path) = (self.clone(), session.clone(), path.to_path_buf());
+        let spawned = crate::stack::untrusted_thread("expert-runtime-save").spawn(move || {
+            let _ = tx.send(catch_panic(|| engine.save_blocking(&session, &path)));
+        });
+        if let Err(e) = spawned {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let _ = tx.send(Err(EngineError::Internal(format!("cannot start the session writer: {e}"))));
+            return rx;
+        }
+        rx
+    }
+
+    fn save_blocking(&self, session: &SessionHandle, path: &Path) -> Result<()> {
+        let model = self.model_fingerprint()?;
+        let (stx, srx) = std::sync::mpsc::channel();
+        self.send(Command::SaveSession {
+            id: session.id,
+            reply: Box::new(move |r| {
+                let _ = stx.send(r);
+            }),
+        })?;
+        let snap = srx.recv().map_err(|_| EngineError::Disposed("runtime".into()))??;
+        let history = session.shared.history.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let data = SessionData { history, system: session.shared.system.clone() };
+        let header = SessionHeader {
+            model,
+            kv_format: snap.kv_format,
+            block_size: snap.block_size,
+            block_bytes: snap.block_bytes,
+            positions: snap.cache.len,
+            tokens: snap.tokens.len(),
+            pending: snap.pending,
+            virtual_tokens: 0,
+            state_values: snap.cache.state.as_ref().map_or(0, Vec::len),
+            experts: Vec::new(),
+            session: serde_json::to_value(data).map_err(|e| EngineError::Internal(format!("session data: {e}")))?,
+        };
+        let bytes = session_file::encode(&SessionFile { header, tokens: snap.tokens, cache: snap.cache })?;
+        session_file::write_atomic(path, &bytes)
+    }
+
+    /// A new session from the file at `path` (see the module note).
+    pub fn restore_session(
+        self: &Arc<Self>,
+        path: &Path,
+        context_shift: ContextShift,
+    ) -> tokio::sync::oneshot::Receiver<Result<SessionHandle>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (engine, path) = (self.clone(), path.to_path_buf());
+        let spawned = crate::stack::untrusted_thread("expert-runtime-restore").spawn(move || {
+            let _ = tx.send(catch_panic(|| engine.restore_blocking(&path, context_shift)));
+        });
+        if let Err(e) = spawned {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let _ = tx.send(Err(EngineError::Internal(format!("cannot start the session reader: {e}"))));
+            return rx;
+        }
+        rx
+    }
+
+    fn restore_blocking(&self, path: &Path, context_shift: ContextShift) -> Result<SessionHandle> {
+        let file = session_file::read(path)?;
+        let h = &file.header;
+        let model = self.model_fingerprint()?;
+        if h.model != model {
+            return Err(EngineError::InvalidArgument(format!(
+                "the session file {} was saved by another model (or the same model loaded with other dtype, \
+                 quantization or RoPE options): {} here, {} in the file",
+                path.display(),
+                model,
+                h.model
+            )));
+        }
+        if !h.experts.is_empty() || h.virtual_tokens > 0 {
+            return Err(EngineError::InvalidArgument(
+                "the session file holds a cache computed under experts, which this build does not restore".into(),
+            ));
+        }
+        let vocab = self.info.vocab_size as u32;
+        if let Some(t) = file.tokens.iter().chain(&h.pending).find(|&&t| t >= vocab) {
+            return Err(EngineError::InvalidArgument(format!(
+                "the session file holds token {t}, outside this model's vocabulary of {vocab}"
+            )));
+        }
+        let data: SessionData = serde_json::from_value(h.session.clone())
+            .map_err(|e| EngineError::InvalidArgument(format!("the session file's session data is not valid: {e}")))?;
+        if data.history.len() > super::prepare::MAX_MESSAGES {
+            return Err(EngineError::InvalidArgument(format!(
+                "the session file holds {} messages; at most {} are taken",
+                data.history.len(),
+                super::prepare::MAX_MESSAGES
+            )));
+        }
+        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::new(SessionShared {
+            busy: AtomicBool::new(false),
+            history: Mutex::new(data.history),
+            system: data.system,
+            experts: Mutex::new(ExpertChoice::Named(Vec::new())),
+            context_shift,
+        });
+        let snapshot = SessionSnapshot {
+            tokens: file.tokens,
+            pending: h.pending,
+            kv_format: h.kv_format.clone(),
+            block_size: h.block_size,
+            block_bytes: h.block_bytes,
+            cache: file.cache,
+        };
+        let (rtx, rrx) = std::sync::mpsc::channel();
+        self.send(Command::RestoreSession {
+            id,
+            shared: shared.clone(),
+            snapshot: Box::new(snapshot),
+            reply: Box::new(move |r| {
+                let _ = rtx.send(r);
+            }),
+        })?;
+        rrx.recv().map_err(|_| EngineError::Disposed("runtime".into()))??;
+        Ok(SessionHandle { id, shared })
+    }
+}

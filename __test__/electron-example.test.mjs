@@ -7,7 +7,9 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { EventEmitter } from 'node:events'
-import { readFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
 import { createRequire } from 'node:module'
 import { fixture } from './helpers.mjs'
 
@@ -84,9 +86,9 @@ async function statsAfterCommands(rt) {
   return rt.stats()
 }
 
-function service(generateOptions, loadRuntime = (onProgress) => Runtime.load(MODEL, { onProgress })) {
+function service(generateOptions, loadRuntime = (onProgress) => Runtime.load(MODEL, { onProgress }), sessionFile = undefined) {
   const ipc = new FakeIpcMain()
-  return { ipc, chat: createChatService({ ipcMain: ipc, loadRuntime, system: SYSTEM, generateOptions }) }
+  return { ipc, chat: createChatService({ ipcMain: ipc, loadRuntime, system: SYSTEM, generateOptions, sessionFile }) }
 }
 
 describe('examples/electron chat service (qwen3-tiny, real engine, fake IPC)', () => {
@@ -97,6 +99,38 @@ describe('examples/electron chat service (qwen3-tiny, real engine, fake IPC)', (
     const rt = await Runtime.load(MODEL)
     expected = await rt.createSession({ system: SYSTEM }).complete('Hello robot', GREEDY_8)
     await rt.dispose()
+  })
+
+  it('keeps the conversation across restarts through sessionFile: saved on dispose, continued on the next start', async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'er-electron-'))
+    const file = path.join(dir, 'chat.session')
+    try {
+      // First start: no file yet, a new conversation; quitting saves it.
+      let { ipc, chat } = service(GREEDY_8, undefined, file)
+      const win = new FakeWebContents()
+      const r1 = await ipc.invoke(win, CHANNELS.send, { id: 'a', text: 'Hello robot' })
+      assert.equal(r1.error, undefined, JSON.stringify(r1.error))
+      assert.equal(r1.usage.cachedTokens, 0)
+      win.destroy()
+      await chat.dispose()
+      assert.ok(existsSync(file), 'saved on dispose')
+      // Next start: the first window continues it; the conversation is cached, not evaluated again.
+      ;({ ipc, chat } = service(GREEDY_8, undefined, file))
+      const again = new FakeWebContents()
+      const r2 = await ipc.invoke(again, CHANNELS.send, { id: 'b', text: 'And then?' })
+      assert.equal(r2.error, undefined, JSON.stringify(r2.error))
+      assert.ok(r2.usage.cachedTokens > 10, `cached ${r2.usage.cachedTokens}`)
+      await chat.dispose()
+      // A damaged file starts a new conversation instead of failing.
+      writeFileSync(file, 'not a session')
+      ;({ ipc, chat } = service(GREEDY_8, undefined, file))
+      const r3 = await ipc.invoke(new FakeWebContents(), CHANNELS.send, { id: 'c', text: 'Hello robot' })
+      assert.equal(r3.error, undefined, JSON.stringify(r3.error))
+      assert.equal(r3.usage.cachedTokens, 0)
+      await chat.dispose()
+    } finally {
+      rmSync(dir, { recursive: true, force: true })
+    }
   })
 
   it('reports loading then ready to a window that asked, and streams an answer as chat:token messages', async () => {

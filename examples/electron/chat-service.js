@@ -35,8 +35,12 @@ function errorData(e) {
  * @param {(onProgress: (p: { loadedBytes: number, totalBytes: number }) => void) => Promise<import('expert-runtime').Runtime>} o.loadRuntime
  * @param {string} [o.system] the system prompt of every conversation
  * @param {import('expert-runtime').GenerateOptions} [o.generateOptions] options of every answer (`signal` is set here)
+ * @param {string} [o.sessionFile] where the conversation is kept across restarts: `dispose()`
+ *   saves the last window's conversation there, and the first window of the next start
+ *   continues it (`rt.restoreSession`: no prompt is evaluated again). A missing or unusable
+ *   file (another model, damaged) starts a new conversation.
  */
-function createChatService({ ipcMain, loadRuntime, system, generateOptions = {} }) {
+function createChatService({ ipcMain, loadRuntime, system, generateOptions = {}, sessionFile }) {
   /** @type {any} */
   let status = { state: 'loading', loadedBytes: 0, totalBytes: 0 }
   /** @type {import('expert-runtime').Runtime | undefined} */
@@ -44,6 +48,16 @@ function createChatService({ ipcMain, loadRuntime, system, generateOptions = {} 
   let disposed = false
   /** Windows (webContents) that asked for the status, and each one's conversation. */
   const windows = new Map()
+  /** The saved conversation is offered once, to the first window that sends. */
+  let restorable = Boolean(sessionFile)
+  /** The conversation `dispose()` saves: the one that answered last (kept when its window closes). */
+  let lastSession
+  let lastWindowClosed = false
+  const setLast = (session) => {
+    if (lastSession && lastSession !== session && lastWindowClosed) lastSession.dispose()
+    lastSession = session
+    lastWindowClosed = false
+  }
 
   const setStatus = (s) => {
     status = s
@@ -87,8 +101,24 @@ function createChatService({ ipcMain, loadRuntime, system, generateOptions = {} 
     w.closed = true
     windows.delete(w.sender.id)
     await stopRequests(w)
-    w.session?.dispose()
+    // Without a sessionFile a closed window's conversation is freed at once; with one, the
+    // conversation that answered last stays for `dispose()` to save.
+    if (sessionFile && w.session && w.session === lastSession) lastWindowClosed = true
+    else w.session?.dispose()
     w.session = undefined
+  }
+
+  /** The saved conversation for the first window, else a new one. */
+  async function openSession(rt) {
+    if (restorable) {
+      restorable = false
+      try {
+        return await rt.restoreSession(sessionFile)
+      } catch {
+        // No file yet, or one this model cannot continue: start over.
+      }
+    }
+    return rt.createSession({ system })
   }
 
   async function send(event, request) {
@@ -109,7 +139,8 @@ function createChatService({ ipcMain, loadRuntime, system, generateOptions = {} 
       const rt = await ready
       if (!rt || disposed) return { id, error: status.state === 'error' ? status.error : { code: 'DISPOSED', message: 'the chat service was disposed' } }
       if (w.closed) return { id, finishReason: 'cancelled', text: '' }
-      w.session ??= rt.createSession({ system })
+      w.session ??= await openSession(rt)
+      if (sessionFile) setLast(w.session)
       const stream = w.session.generate(text, { ...generateOptions, signal: controller.signal })
       for await (const chunk of stream) {
         // '' while a character is incomplete: nothing to show yet.
@@ -150,14 +181,20 @@ function createChatService({ ipcMain, loadRuntime, system, generateOptions = {} 
     /** Resolves with the Runtime once it is loaded (undefined if loading failed). */
     ready,
     /**
-     * Stops every answer, frees every conversation and the model, and removes the handlers.
-     * Call it before the app quits (see main.js). Idempotent.
+     * Stops every answer, saves the last conversation to `sessionFile` (when given), frees
+     * every conversation and the model, and removes the handlers. Call it before the app
+     * quits (see main.js). Idempotent.
      */
     async dispose() {
       if (disposed) return
       disposed = true
       for (const c of [CHANNELS.status, CHANNELS.send, CHANNELS.cancel, CHANNELS.reset]) ipcMain.removeHandler(c)
       await Promise.all([...windows.values()].map(closeWindow))
+      if (sessionFile && lastSession) {
+        // Best effort: a quit must not fail because the disk is full.
+        await lastSession.save(sessionFile).catch(() => {})
+      }
+      lastSession?.dispose()
       const rt = await ready
       await rt?.dispose()
     },

@@ -37,6 +37,8 @@ app.whenReady().then(() => {
     ipcMain,
     system: 'You are a helpful assistant.',
     generateOptions: { maxTokens: 512 },
+    // The conversation survives a restart: saved on quit, continued on the next start.
+    sessionFile: path.join(app.getPath('userData'), 'chat.session'),
     loadRuntime: (onProgress) => Runtime.load(model, { onProgress }),
   })
   createWindow()

@@ -5,6 +5,7 @@
 import { bindingFor, type Variant } from './binding'
 import type * as N from '../native'
 import { checkInt, onlyKeys, optionKeys, optionsObject } from './checks'
+import { LOAD_KEYS, nativeLoadOptions, type EngineLoadOptions } from './load-options'
 import { disposedError, invalidArgument, toError } from './errors'
 import { Expert } from './expert'
 import { runtimeHandles } from './handles'
@@ -17,6 +18,8 @@ import type {
   HubOptions,
   KvCacheOptions,
   LoadExpertOptions,
+  KvCacheDtype,
+  LoadEstimate,
   LoadOptions,
   RouteDecision,
   RouteOptions,
@@ -30,11 +33,7 @@ import type {
 
 // The keys each options object of the API takes (checked complete against its type): any other
 // key is refused with INVALID_ARGUMENT naming the nearest of them.
-const LOAD_KEYS = optionKeys<LoadOptions>({
-  device: true, dtype: true, contextLength: true, ropeScaling: true, threads: true, quantize: true, mmap: true,
-  onProgress: true, kvCache: true, hub: true, onDownloadProgress: true,
-})
-const KV_CACHE_KEYS = optionKeys<KvCacheOptions>({ blockSize: true, maxTokens: true, maxBytes: true, idleReleaseMs: true, prefixCache: true, dtype: true, maxSequences: true })
+const ESTIMATE_KEYS = LOAD_KEYS.filter((k) => k !== 'onProgress' && k !== 'hub' && k !== 'onDownloadProgress')
 const TOKENIZE_KEYS = optionKeys<NonNullable<Parameters<Runtime['tokenize']>[1]>>({ addSpecialTokens: true, parseSpecialTokens: true })
 const SESSION_KEYS = optionKeys<SessionOptions>({ system: true, experts: true, contextShift: true })
 const LOAD_EXPERT_KEYS = optionKeys<LoadExpertOptions>({ name: true, hub: true, onDownloadProgress: true, scale: true, mmap: true })
@@ -44,21 +43,6 @@ const ROUTER_KEYS = optionKeys<RouterSettings>({
   threshold: true, maxExperts: true, genericPatterns: true, weights: true, historyTurns: true, genericMinKeywordHits: true,
 })
 const ROUTER_WEIGHT_KEYS = optionKeys<RouterSettings['weights']>({ keywords: true, similarity: true })
-/** Every member's keys of a union type. */
-type KeysOfUnion<T> = T extends unknown ? keyof T : never
-/**
- * `ropeScaling`'s keys as the types spell them, then HF's snake_case spellings, which the engine
- * also reads (src/model/rope.rs, OPTION_KEYS), with `rope_type` / `ropeType` for `type`.
- */
-const ROPE_KEYS = [
-  ...optionKeys<{ [K in KeysOfUnion<RopeScaling>]: unknown }>({
-    type: true, factor: true, originalMaxPositionEmbeddings: true, attentionFactor: true, betaFast: true, betaSlow: true,
-    mscale: true, mscaleAllDim: true, truncate: true, lowFreqFactor: true, highFreqFactor: true,
-  }),
-  'rope_type', 'ropeType', 'original_max_position_embeddings', 'attention_factor', 'beta_fast', 'beta_slow',
-  'mscale_all_dim', 'low_freq_factor', 'high_freq_factor',
-]
-
 /** A loaded base model. Everything heavy runs on its own engine thread. */
 export class Runtime {
   #native: N.NativeRuntime
@@ -93,32 +77,10 @@ export class Runtime {
     const o = optionsObject(options)
     onlyKeys(o, LOAD_KEYS, 'Runtime.load')
     const { onProgress, onDownloadProgress, hub, ...rest } = o
-    for (const k of ['contextLength', 'threads'] as const) {
-      if (rest[k] !== undefined) checkInt(k, rest[k], 1)
-    }
     // Checked whatever the path: a misspelt hub option is refused before a local load too.
     if (hub !== undefined) checkHubOptions(hub)
     if (onProgress !== undefined && typeof onProgress !== 'function') throw invalidArgument('onProgress must be a function')
-    if (rest.quantize !== undefined && typeof rest.quantize !== 'string') throw invalidArgument('quantize must be a string')
-    if (rest.mmap !== undefined && typeof rest.mmap !== 'boolean') throw invalidArgument('mmap must be a boolean')
-    const kv = rest.kvCache
-    if (kv !== undefined) {
-      if (kv === null || typeof kv !== 'object' || Array.isArray(kv)) throw invalidArgument('kvCache must be an object')
-      onlyKeys(kv, KV_CACHE_KEYS, 'kvCache')
-      if (kv.blockSize !== undefined) checkInt('kvCache.blockSize', kv.blockSize, 1)
-      if (kv.maxTokens !== undefined) checkInt('kvCache.maxTokens', kv.maxTokens, 1, Number.MAX_SAFE_INTEGER)
-      if (kv.maxBytes !== undefined) checkInt('kvCache.maxBytes', kv.maxBytes, 1, Number.MAX_SAFE_INTEGER)
-      if (kv.idleReleaseMs !== undefined) checkInt('kvCache.idleReleaseMs', kv.idleReleaseMs, 0, Number.MAX_SAFE_INTEGER)
-      if (kv.prefixCache !== undefined && typeof kv.prefixCache !== 'boolean') throw invalidArgument('kvCache.prefixCache must be a boolean')
-      if (kv.dtype !== undefined && typeof kv.dtype !== 'string') throw invalidArgument('kvCache.dtype must be a string')
-      if (kv.maxSequences !== undefined) checkInt('kvCache.maxSequences', kv.maxSequences, 1, 4096)
-    }
-    const ropeScaling = ropeScalingJson(rest.ropeScaling)
-    const device = rest.device ?? (process.env.EXPERT_RUNTIME_DEVICE as LoadOptions['device']) ?? 'auto'
-    const dtype = rest.dtype ?? (process.env.EXPERT_RUNTIME_DTYPE as LoadOptions['dtype'])
-    if (typeof device !== 'string' || !/^(auto|cpu|cuda(:\d+)?)$/.test(device)) {
-      throw invalidArgument(`unknown device '${String(device)}' (auto, cpu, cuda, cuda:N)`)
-    }
+    const { device, native } = nativeLoadOptions(rest)
     const { binding, variant } = bindingFor(device)
     const modelPath = path.startsWith('hf:') ? await fetchModel(path.slice(3), hub, onDownloadProgress) : path
     // A throwing onProgress must not reach the native callback (an exception there would end
@@ -138,16 +100,7 @@ export class Runtime {
     try {
       n = await binding.loadRuntime(
         modelPath,
-        {
-          device,
-          dtype,
-          contextLength: rest.contextLength,
-          ropeScaling,
-          threads: rest.threads,
-          quantize: rest.quantize,
-          mmap: rest.mmap,
-          kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, maxBytes: kv.maxBytes, idleReleaseMs: kv.idleReleaseMs, prefixCache: kv.prefixCache, dtype: kv.dtype, maxSequences: kv.maxSequences } : undefined,
-        },
+        native,
         progress,
       )
     } catch (e) {
@@ -158,6 +111,52 @@ export class Runtime {
       throw progressError.error
     }
     return new Runtime(n, variant, hub)
+  }
+
+  /**
+   * What `Runtime.load(path, options)` would take, read from the model's headers: no weight is
+   * loaded. The weights by format, KV bytes per position in each `kvCache.dtype`, recurrent
+   * state, RoPE tables and scratch; the budget (`memoryLimit`, default: what the device has
+   * free less a margin) and the longest context that fits it. The options are `load`'s and
+   * are checked as a load checks them; a load that would not fit the budget is described
+   * (`doesNotFit`: what the load's `OUT_OF_MEMORY` would say), not refused. Runs off the JS
+   * thread. `expert-runtime inspect <model> --fit`
+   * prints the same numbers.
+   */
+  static async estimate(path: string, options?: EngineLoadOptions): Promise<LoadEstimate> {
+    if (typeof path !== 'string' || path.length === 0) throw invalidArgument('path must be a non-empty string')
+    if (path.startsWith('hf:')) throw invalidArgument('Runtime.estimate reads local files: fetch the model first (expert-runtime pull)')
+    const o = optionsObject(options)
+    onlyKeys(o, ESTIMATE_KEYS, 'Runtime.estimate')
+    const { device, native } = nativeLoadOptions(o)
+    const { binding } = bindingFor(device)
+    let e: N.JsEstimate
+    try {
+      e = await binding.estimateModel(path, native)
+    } catch (err) {
+      throw toError(err)
+    }
+    const byFormat = (l: N.JsFormatBytes[]) => l.map((f) => ({ format: f.format, bytes: f.bytes }))
+    return {
+      weights: { bytes: e.weightBytes, mappedBytes: e.weightMappedBytes, formats: byFormat(e.weightFormats) },
+      kv: {
+        dtype: e.kvDtype as KvCacheDtype,
+        bytesPerToken: Object.fromEntries(e.kvBytesPerToken.map((f) => [f.format, f.bytes])) as LoadEstimate['kv']['bytesPerToken'],
+        blockSize: e.kvBlockSize,
+        bytes: e.kvBytes,
+      },
+      state: { bytesPerSequence: e.stateBytesPerSequence, slots: e.stateSlots, bytes: e.stateBytes },
+      ropeBytes: e.ropeBytes,
+      scratchBytes: e.scratchBytes,
+      tokenizerBytes: e.tokenizerBytes,
+      memoryLimit: e.memoryLimit,
+      memoryLimitIsDefault: e.memoryLimitIsDefault,
+      modelContextLength: e.modelContextLength,
+      fitContextLength: e.fitContextLength,
+      contextLength: e.contextLength,
+      totalBytes: e.totalBytes,
+      doesNotFit: e.doesNotFit ?? null,
+    }
   }
 
   /** What was loaded and how it runs (a fresh copy each time). */
@@ -316,7 +315,7 @@ export class Runtime {
     this.#check()
     try {
       const s = this.#native.stats()
-      return { ...s, deviceMemoryFree: s.deviceMemoryFree ?? null, deviceMemoryTotal: s.deviceMemoryTotal ?? null }
+      return { ...s, deviceMemoryFree: s.deviceMemoryFree ?? null, deviceMemoryTotal: s.deviceMemoryTotal ?? null, memory: { ...s.memory } }
     } catch (e) {
       throw toError(e)
     }
@@ -426,20 +425,4 @@ export class Runtime {
   async [Symbol.asyncDispose](): Promise<void> {
     await this.dispose()
   }
-}
-
-/**
- * The `ropeScaling` option as JSON text for the engine (which checks the keys and values):
- * a plain object of strings, booleans and finite numbers, or `null` (scaling off).
- */
-function ropeScalingJson(v: unknown): string | undefined {
-  if (v === undefined) return undefined
-  if (v === null) return 'null'
-  if (typeof v !== 'object' || Array.isArray(v)) throw invalidArgument('ropeScaling must be an object or null')
-  onlyKeys(v, ROPE_KEYS, 'ropeScaling')
-  for (const [k, x] of Object.entries(v)) {
-    const ok = typeof x === 'string' || typeof x === 'boolean' || (typeof x === 'number' && Number.isFinite(x))
-    if (!ok) throw invalidArgument(`ropeScaling.${k} must be a string, a boolean or a finite number`)
-  }
-  return JSON.stringify(v)
 }

@@ -64,6 +64,15 @@ pub fn total_memory() -> Option<u64> {
     kb.checked_mul(1024)
 }
 
+/// The machine's available memory (`MemAvailable`: free, plus caches it can reclaim), where
+/// the system says.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

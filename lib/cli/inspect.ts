@@ -1,11 +1,12 @@
-// `expert-runtime inspect <model | adapter> [--base MODEL] [--json]`: what a model or an adapter
-// is, read from its files without loading weights (lib/inspect.ts); with --base, whether the
-// adapter loads onto that base model.
+// `expert-runtime inspect <model | adapter> [--base MODEL] [--fit …] [--json]`: what a model or
+// an adapter is, read from its files without loading weights (lib/inspect.ts); with --base,
+// whether the adapter loads onto that base model; with --fit, what a load would take (./fit.ts).
 import { ExpertRuntimeError, toError } from '../errors'
 import { inspect } from '../inspect'
 import { Runtime } from '../runtime'
-import type { AdapterInspection, ModelInspection, WeightFilesInfo } from '../types'
+import type { AdapterInspection, LoadEstimate, ModelInspection, WeightFilesInfo } from '../types'
 import { intOption, onePositional, parseArgs, stringOption, UsageError } from './args'
+import { describeFit, estimate, FIT_USAGE, FIT_VALUES } from './fit'
 
 export const USAGE = `usage: expert-runtime inspect <model.gguf | model-dir | adapter-dir> [options]
 
@@ -15,8 +16,10 @@ files, without loading weights.
 
   --base MODEL           adapters: load MODEL and check that the adapter loads onto it
                          (exit code 1 when it does not)
-  --json                 print the description as JSON (the full chat template included)
-  --threads N            engine threads for --base (default: all cores)`
+  --json                 print the description as JSON (the full chat template included; --fit's
+                         numbers as \`fit\`)
+  --threads N            engine threads for --base (default: all cores)
+${FIT_USAGE}`
 
 /** How a `--base` check went. */
 export interface Compatibility {
@@ -63,7 +66,7 @@ function token(t: { id: number; text: string | null }): string {
   return t.text === null ? String(t.id) : `${JSON.stringify(t.text)} (${t.id})`
 }
 
-function describeModel(m: ModelInspection): string {
+function describeModel(m: ModelInspection, fit: LoadEstimate | undefined): string {
   const w = m.weights
   const t = m.tokenizer
   const rows: [string, string][] = [
@@ -99,7 +102,7 @@ function describeModel(m: ModelInspection): string {
     rows.push(['chat template', 'none (ChatML is used)'])
   }
   const shown = (lines ?? []).slice(0, TEMPLATE_LINES).map((l) => `  | ${l}`)
-  return [table(rows), ...shown, ...m.warnings.map((x) => `warning: ${x}`)].join('\n')
+  return [table(rows), ...shown, ...(fit ? [table(describeFit(fit))] : []), ...m.warnings.map((x) => `warning: ${x}`)].join('\n')
 }
 
 function describeAdapter(a: AdapterInspection, c: Compatibility | undefined): string {
@@ -135,18 +138,22 @@ async function checkBase(adapterPath: string, base: string, threads: number | un
 }
 
 export async function inspectCommand(argv: string[]): Promise<void> {
-  const p = parseArgs(argv, { values: ['base', 'threads'], flags: ['json'] })
+  const p = parseArgs(argv, { values: ['base', 'threads', ...FIT_VALUES], flags: ['json', 'fit'] })
   const path = onePositional(p, 'inspect needs a model or adapter path')
   const base = stringOption(p, 'base')
   const threads = intOption(p, 'threads', 1)
   const json = p.options.has('json')
+  const fitting = p.options.has('fit')
+  if (!fitting && FIT_VALUES.some((k) => p.options.has(k))) throw new UsageError(`--${FIT_VALUES.find((k) => p.options.has(k))} applies with --fit`)
   try {
     const info = await inspect(path)
     if (info.type === 'model') {
       if (base !== undefined) throw new UsageError('--base applies to adapters; this is a model')
-      process.stdout.write((json ? JSON.stringify(info, null, 2) : describeModel(info)) + '\n')
+      const fit = fitting ? await estimate(path, p) : undefined
+      process.stdout.write((json ? JSON.stringify(fit ? { ...info, fit } : info, null, 2) : describeModel(info, fit)) + '\n')
       return
     }
+    if (fitting) throw new UsageError('--fit applies to models; this is an adapter')
     const compatibility = base === undefined ? undefined : await checkBase(path, base, threads)
     process.stdout.write((json ? JSON.stringify(compatibility ? { ...info, compatibility } : info, null, 2) : describeAdapter(info, compatibility)) + '\n')
     if (compatibility && !compatibility.compatible) process.exitCode = 1

@@ -25,8 +25,21 @@ export interface LoadOptions {
    * Positions a session may hold. Defaults to the model's maximum (`max_position_embeddings` /
    * GGUF `context_length`), or to the scaled length when `ropeScaling` is given. A length past
    * what the model supports loads, with a note in `info.warnings` (quality degrades there).
+   * `'auto'`: the longest context (up to the model's) whose KV cache fits `memoryLimit` next
+   * to the weights, state, RoPE tables and scratch, in whole blocks; the pool then takes what
+   * the limit leaves. Fewer than 512 positions (or the model's, when shorter) fail the load
+   * with `OUT_OF_MEMORY` before any weight is read. `Runtime.estimate` shows the numbers.
    */
-  contextLength?: number
+  contextLength?: number | 'auto'
+  /**
+   * Bytes the runtime may take in all: weights, KV cache, recurrent state, RoPE tables and
+   * the activations of one prefill chunk (an approximation). A model that cannot fit is
+   * refused with `OUT_OF_MEMORY` before any weight is read, and the KV pool is bounded by
+   * what the rest leaves. Default: no bound, except for `contextLength: 'auto'`, where it is
+   * what the device has free now (the machine's available memory on CPU, less a tenth and
+   * 256 MiB; the GPU's free memory, less a tenth).
+   */
+  memoryLimit?: number
   /**
    * Replaces the model's own RoPE scaling (read from `config.json` / GGUF). `null` turns it
    * off. An unknown `type` is `UNSUPPORTED_ARCHITECTURE`.
@@ -232,3 +245,38 @@ export interface KvCacheOptions {
 
 /** What the KV pool stores keys and values as (`KvCacheOptions.dtype`). */
 export type KvCacheDtype = 'f32' | 'f16' | 'bf16' | 'q8_0' | 'q4_0'
+
+/** `Runtime.estimate`: what a load with the same options would take, from the model's headers. */
+export interface LoadEstimate {
+  /** The weights as the load would hold them: in all, read in place from a memory map, by format. */
+  weights: { bytes: number; mappedBytes: number; formats: { format: string; bytes: number }[] }
+  /** The KV cache: the pool's dtype, bytes per position in each `kvCache.dtype`, and positions per block. */
+  kv: {
+    dtype: KvCacheDtype
+    bytesPerToken: Record<KvCacheDtype, number>
+    blockSize: number
+    /** One sequence's KV at `contextLength`. */
+    bytes: number
+  }
+  /** Recurrent state (zeros for a model without recurrent layers): one sequence's, the slots the pool reserves, their bytes. */
+  state: { bytesPerSequence: number; slots: number; bytes: number }
+  /** RoPE tables over the model's context. */
+  ropeBytes: number
+  /** Activations of one prefill chunk (an approximation). */
+  scratchBytes: number
+  /** The tokenizer and the engine's token tables (an approximation: 640 bytes per vocabulary entry, as measured). */
+  tokenizerBytes: number
+  /** The budget: `memoryLimit`, or what the device has free less the margin (`memoryLimitIsDefault`). */
+  memoryLimit: number
+  memoryLimitIsDefault: boolean
+  /** The longest context the model supports (with its RoPE scaling). */
+  modelContextLength: number
+  /** The longest context whose KV fits `memoryLimit` next to everything else (whole blocks, at most the model's). */
+  fitContextLength: number
+  /** The context the load would use: `contextLength`, `'auto'`'s pick, or the model's. */
+  contextLength: number
+  /** weights + state + tables + scratch + tokenizer + KV at `contextLength`. */
+  totalBytes: number
+  /** Why a load with these options would fail with `OUT_OF_MEMORY` (its message); `null` when it fits. */
+  doesNotFit: string | null
+}

@@ -117,6 +117,12 @@ export interface RuntimeStats {
   deviceMemoryFree: number | null
   /** The GPU's total memory in bytes; `null` on CPU. */
   deviceMemoryTotal: number | null
+  /**
+   * Resident bytes by kind: the weights (those read in place from a memory map included), the
+   * KV pool's resident part (on CPU the blocks ever used and not given back; on a GPU the whole
+   * pool), the recurrent state sequences hold, and the resident experts.
+   */
+  memory: { weights: number; kv: number; state: number; experts: number }
 }
 
 /** `Runtime.info`: what was loaded and how it runs. */

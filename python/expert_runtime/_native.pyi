@@ -25,7 +25,13 @@ class KvCacheOptions(TypedDict, total=False):
 class LoadOptions(TypedDict, total=False):
     device: str  # 'auto' | 'cpu' | 'cuda' | 'cuda:N'
     dtype: str  # 'auto' | 'f32' | 'f16' | 'bf16'
-    context_length: int  # past what the model supports: loads, with a note in info["warnings"]
+    # past what the model supports: loads, with a note in info["warnings"]; "auto": the longest
+    # context whose KV cache fits memory_limit next to everything else (OUT_OF_MEMORY below 512)
+    context_length: Union[int, Literal["auto"]]
+    # Bytes the runtime may take in all (weights, KV, state, tables, scratch); a model that
+    # cannot fit is refused with OUT_OF_MEMORY before its weights are read. Default: no bound;
+    # for context_length="auto", the free memory less a margin.
+    memory_limit: int
     # Replaces the model's own RoPE scaling: {"type": "linear" | "dynamic" | "yarn" | "llama3",
     # "factor", "original_max_position_embeddings", ...} (HF's keys); {"type": "default"}: none.
     rope_scaling: Dict[str, Any]
@@ -189,6 +195,13 @@ class RuntimeStats(TypedDict):
     kv_device_bytes: int
     device_memory_free: Optional[int]
     device_memory_total: Optional[int]
+    memory: MemoryByKind  # resident bytes by kind
+
+class MemoryByKind(TypedDict):
+    weights: int  # the weights (those read in place from a memory-mapped file included)
+    kv: int  # the KV pool's resident part (CPU: blocks ever used and not given back)
+    state: int  # recurrent state held by sequences
+    experts: int  # the resident experts' weights
 
 class FunctionCall:
     name: str

@@ -37,6 +37,12 @@ pub struct LoadOptions {
     /// model's (CPU); `Some(false)` copies them. Default: on.
     pub mmap: Option<bool>,
     pub kv_cache: KvCacheOptions,
+    /// `contextLength: 'auto'`: the longest context that fits `memory_limit` ([`super::fit`]).
+    pub context_auto: bool,
+    /// Bytes the runtime may take in all (weights, KV, state, tables, scratch): a load that
+    /// cannot fit is refused, and the KV pool is bounded by what the rest leaves. Default for
+    /// `contextLength: 'auto'`: what the device has free, less a margin; otherwise no bound.
+    pub memory_limit: Option<u64>,
 }
 
 /// Defaults from `generation_config.json`.
@@ -53,6 +59,9 @@ pub struct Loaded {
     pub defaults: GenerationDefaults,
     /// What the caller should know about how the model runs (`rt.info.warnings`).
     pub warnings: Vec<String>,
+    /// With `memoryLimit` or `contextLength: 'auto'`: the bytes the KV pool and the states may
+    /// take (the budget less the weights, tables and scratch).
+    pub kv_room: Option<u64>,
 }
 
 pub fn dtype_name(d: DType) -> &'static str {
@@ -66,7 +75,7 @@ pub fn dtype_name(d: DType) -> &'static str {
 
 /// `auto` on CPU is f32: candle's CPU matmuls are fastest in f32 (f16 and especially bf16
 /// go through slower conversion paths) and f32 is exact. On CUDA it is bf16.
-fn select_dtype(name: Option<&str>, device: &Device) -> Result<DType> {
+pub(crate) fn select_dtype(name: Option<&str>, device: &Device) -> Result<DType> {
     Ok(match name.unwrap_or("auto") {
         "auto" => {
             if device.is_cpu() {
@@ -86,7 +95,7 @@ fn select_dtype(name: Option<&str>, device: &Device) -> Result<DType> {
 /// scaling): past that length the load succeeds but says so in `warnings`, since quality
 /// degrades there. Without the option: the model's declared length, or the scaled length when
 /// the caller chose the scaling or the config's scaling is `dynamic`.
-fn context_length(opts: &LoadOptions, cfg: &ModelConfig, warnings: &mut Vec<String>) -> Result<usize> {
+pub(crate) fn context_length(opts: &LoadOptions, cfg: &ModelConfig, warnings: &mut Vec<String>) -> Result<usize> {
     let max_pos = cfg.max_position_embeddings;
     let scaling = cfg.rope_scaling.as_ref();
     let supported = scaling.map_or(max_pos, |s| s.scaled_length(max_pos));
@@ -169,8 +178,8 @@ fn check_tokenizer(tokenizer: &Tokenizer, cfg: &ModelConfig) -> Result<()> {
     tokenizer.check_chat_template().map_err(EngineError::InvalidModel)
 }
 
-/// Reads a model directory or GGUF file (used by the engine thread and by tests/benches).
-pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &dyn Fn(u64, u64)) -> Result<Loaded> {
+/// The weight policy of the load options.
+pub(crate) fn weight_policy(opts: &LoadOptions) -> Result<WeightPolicy> {
     let policy = WeightPolicy {
         dequantize: opts.dequantize,
         quantize: Quantize::parse(opts.quantize.as_deref())?,
@@ -179,15 +188,36 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
     if opts.dequantize && policy.quantize != Quantize::None {
         return Err(EngineError::InvalidArgument("dequantize and quantize cannot be combined".into()));
     }
-    let files = loader::open(path, device, progress, policy)?;
-    let dtype = select_dtype(opts.dtype.as_deref(), device)?;
-    let mut files = files;
+    Ok(policy)
+}
+
+/// The `ropeScaling` option, replacing the config's own.
+pub(crate) fn apply_rope_option(opts: &LoadOptions, config: &mut ModelConfig) -> Result<()> {
     if let Some(v) = &opts.rope_scaling {
-        let cfg = &files.config;
-        files.config.rope_scaling = RopeScaling::parse(v, Source::Option, cfg.max_position_embeddings, None)?;
+        config.rope_scaling = RopeScaling::parse(v, Source::Option, config.max_position_embeddings, None)?;
     }
+    Ok(())
+}
+
+/// Reads a model directory or GGUF file (used by the engine thread and by tests/benches).
+pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &dyn Fn(u64, u64)) -> Result<Loaded> {
+    let policy = weight_policy(opts)?;
+    let mut files = loader::open(path, device, progress, policy)?;
+    let dtype = select_dtype(opts.dtype.as_deref(), device)?;
+    apply_rope_option(opts, &mut files.config)?;
     let mut warnings = Vec::new();
-    let n = context_length(opts, &files.config, &mut warnings)?;
+    // A budget is checked before any weight is read: a model that cannot fit is refused now.
+    let (n, kv_room) = if opts.context_auto || opts.memory_limit.is_some() {
+        let fit = super::fit::plan(&files.config, &files.format, opts, device, policy)?;
+        if let Some(why) = fit.does_not_fit {
+            return Err(EngineError::OutOfMemory(why));
+        }
+        let fixed = fit.total_bytes.saturating_sub(fit.kv_bytes).saturating_sub(fit.state_bytes);
+        let n = if opts.context_auto { fit.context_length } else { context_length(opts, &files.config, &mut warnings)? };
+        (n, Some(fit.memory_limit.saturating_sub(fixed)))
+    } else {
+        (context_length(opts, &files.config, &mut warnings)?, None)
+    };
     let config = files.config.clone();
     let ((tokenizer, defaults), model) = match &files.format {
         ModelFormat::Gguf(src) => {
@@ -216,7 +246,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions, device: &Device, progress: &d
             })?
         }
     };
-    Ok(Loaded { model, tokenizer, defaults, warnings })
+    Ok(Loaded { model, tokenizer, defaults, warnings, kv_room })
 }
 
 /// The decoder from the opened files' weights.

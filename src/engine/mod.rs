@@ -7,6 +7,7 @@ pub mod context_shift;
 pub mod delivery;
 pub mod device;
 pub mod embedding;
+pub mod fit;
 pub mod load;
 pub mod persist;
 pub mod prepare;
@@ -197,7 +198,7 @@ impl Engine {
         // Release the progress callback now: a JS callback held past the load would keep the
         // event loop alive.
         drop(progress);
-        let Loaded { model, tokenizer, defaults, warnings } = loaded?;
+        let Loaded { model, tokenizer, defaults, warnings, kv_room } = loaded?;
         let eos = load::end_of_generation_ids(&model.cfg, &defaults, Some(&tokenizer));
         let context_length = model.max_positions();
         let kv_dtype = crate::kv::sizing::kv_dtype(opts.kv_cache.dtype.as_deref(), model.dtype)?;
@@ -225,8 +226,15 @@ impl Engine {
         // per table group per `blockSize` positions (a group's unused slots included).
         let layout = model.kv_layout();
         let tables = layout.tables.len().max(1);
-        let bytes_per_token = tables * layout.block_bytes_per_position(model.cfg.num_kv_heads, model.cfg.head_dim, kv_dtype);
-        let memory = load::kv_memory(&model.device);
+        let bytes_per_token = layout.pool_bytes_per_token(model.cfg.num_kv_heads, model.cfg.head_dim, kv_dtype);
+        let mut memory = load::kv_memory(&model.device);
+        // Under a budget the pool takes what the weights leave of it: all of it for
+        // `contextLength: 'auto'` (whose context was chosen to fit there), at most that otherwise.
+        if let Some(room) = kv_room {
+            let room_usize = usize::try_from(room).unwrap_or(usize::MAX);
+            memory.budget = if opts.context_auto { room_usize } else { memory.budget.min(room_usize) };
+            memory.limit = memory.limit.min(room);
+        }
         // Recurrent layers' states come first: a slot per sequence that may hold one.
         let (state_slots, memory, max_bytes) =
             crate::kv::sizing::state_slots(&opts.kv_cache, layout.state_bytes_per_sequence(), memory)?;
@@ -501,7 +509,11 @@ impl Engine {
 
     /// KV pool and scheduler counters, as of the engine's last step.
     pub fn stats(&self) -> StatsSnapshot {
-        self.stats.snapshot()
+        let mut s = self.stats.snapshot();
+        s.memory.weights = self.info.weight_bytes;
+        s.memory.experts =
+            self.with_live(|l| l.experts.list().iter().fold(0u64, |n, e| n.saturating_add(e.bytes as u64))).unwrap_or(0);
+        s
     }
 
     pub fn is_disposed(&self) -> bool {

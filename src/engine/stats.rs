@@ -71,6 +71,23 @@ pub struct StatsSnapshot {
     /// from the driver at most every 100 ms.
     pub device_memory_free: Option<u64>,
     pub device_memory_total: Option<u64>,
+    /// Resident bytes by kind.
+    pub memory: MemoryByKind,
+}
+
+/// What the runtime holds, by kind, in bytes.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct MemoryByKind {
+    /// The model's weights (those read in place from a memory-mapped file included: resident
+    /// once read).
+    pub weights: u64,
+    /// The KV pool's resident part: on CPU the blocks ever used and not given back, on a GPU
+    /// the whole pool (allocated at load).
+    pub kv: u64,
+    /// Recurrent state held by sequences.
+    pub state: u64,
+    /// The resident experts' weights.
+    pub experts: u64,
 }
 
 impl EngineStats {
@@ -103,6 +120,13 @@ impl EngineStats {
             kv_device_bytes: if on_device { used * block_bytes } else { 0 },
             device_memory_free: on_device.then(|| r(&self.device_memory_free)),
             device_memory_total: on_device.then(|| r(&self.device_memory_total)),
+            memory: MemoryByKind {
+                // The engine fills in the weights and the experts, which it holds.
+                weights: 0,
+                kv: if on_device { r(&self.kv_blocks_total) } else { r(&self.kv_blocks_touched) }.saturating_mul(block_bytes),
+                state: r(&self.kv_state_slots_used).saturating_mul(r(&self.kv_state_bytes_per_sequence)),
+                experts: 0,
+            },
         }
     }
 

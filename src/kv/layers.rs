@@ -189,6 +189,12 @@ impl KvLayout {
             .sum()
     }
 
+    /// Bytes one position takes in the pool: a block per table group, each block's row as
+    /// [`Self::block_bytes_per_position`] reserves it (what the pool is sized by).
+    pub fn pool_bytes_per_token(&self, kv_heads: usize, head_dim: usize, format: impl Into<KvFormat>) -> usize {
+        self.tables.len().max(1).saturating_mul(self.block_bytes_per_position(kv_heads, head_dim, format))
+    }
+
     /// Bytes of recurrent state one sequence takes over all recurrent layers.
     pub fn state_bytes_per_sequence(&self) -> usize {
         self.groups

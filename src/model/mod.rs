@@ -7,6 +7,7 @@ pub mod config;
 pub mod decoder;
 mod delta_net;
 mod delta_rule;
+pub mod footprint;
 mod gemma3_config;
 pub mod gemma4_config;
 mod gguf_names;

@@ -36,31 +36,18 @@ impl NativeRuntime {
     }
 }
 
-/// Loads a model on a new engine thread; resolves once it is ready. Progress callbacks are
-/// queued to the JS thread without blocking the loader.
-#[napi]
-pub async fn load_runtime(
-    path: String,
-    options: Option<NativeLoadOptions>,
-    #[napi(ts_arg_type = "((progress: LoadProgress) => void) | undefined | null")] on_progress: Option<ProgressFn>,
-) -> Result<NativeRuntime> {
-    let o = options.unwrap_or(NativeLoadOptions {
-        device: None,
-        dtype: None,
-        context_length: None,
-        rope_scaling: None,
-        threads: None,
-        kv_cache: None,
-        quantize: None,
-        mmap: None,
-    });
+/// The engine's load options from the binding's (their numbers checked by the TypeScript
+/// layer: whole and non-negative).
+pub(crate) fn load_options(options: Option<NativeLoadOptions>) -> Result<LoadOptions> {
+    let o = options.unwrap_or_default();
     let rope_scaling = o
         .rope_scaling
         .as_deref()
         .map(|t| crate::engine::structured::parse_json_text("ropeScaling", t))
         .transpose()
         .map_err(to_napi)?;
-    let opts = LoadOptions {
+    let kv = o.kv_cache.unwrap_or_default();
+    Ok(LoadOptions {
         device: o.device,
         dtype: o.dtype,
         context_length: o.context_length.map(|n| n as usize),
@@ -70,16 +57,28 @@ pub async fn load_runtime(
         quantize: o.quantize,
         mmap: o.mmap,
         kv_cache: KvCacheOptions {
-            block_size: o.kv_cache.as_ref().and_then(|k| k.block_size).map(|n| n as usize),
-            max_tokens: o.kv_cache.as_ref().and_then(|k| k.max_tokens).map(|n| n as usize),
-            // Whole, non-negative numbers: checked by the TypeScript layer.
-            max_bytes: o.kv_cache.as_ref().and_then(|k| k.max_bytes).map(|n| n as u64),
-            idle_release_ms: o.kv_cache.as_ref().and_then(|k| k.idle_release_ms).map(|n| n as u64),
-            prefix_cache: o.kv_cache.as_ref().and_then(|k| k.prefix_cache),
-            dtype: o.kv_cache.as_ref().and_then(|k| k.dtype.clone()),
-            max_sequences: o.kv_cache.as_ref().and_then(|k| k.max_sequences).map(|n| n as usize),
+            block_size: kv.block_size.map(|n| n as usize),
+            max_tokens: kv.max_tokens.map(|n| n as usize),
+            max_bytes: kv.max_bytes.map(|n| n as u64),
+            idle_release_ms: kv.idle_release_ms.map(|n| n as u64),
+            prefix_cache: kv.prefix_cache,
+            dtype: kv.dtype,
+            max_sequences: kv.max_sequences.map(|n| n as usize),
         },
-    };
+        context_auto: o.context_length_auto.unwrap_or(false),
+        memory_limit: o.memory_limit.map(|n| n as u64),
+    })
+}
+
+/// Loads a model on a new engine thread; resolves once it is ready. Progress callbacks are
+/// queued to the JS thread without blocking the loader.
+#[napi]
+pub async fn load_runtime(
+    path: String,
+    options: Option<NativeLoadOptions>,
+    #[napi(ts_arg_type = "((progress: LoadProgress) => void) | undefined | null")] on_progress: Option<ProgressFn>,
+) -> Result<NativeRuntime> {
+    let opts = load_options(options)?;
     let progress: Box<dyn Fn(u64, u64) + Send> = match on_progress {
         Some(f) => Box::new(move |loaded, total| {
             f.call(

@@ -10,6 +10,7 @@ use crate::sampling::SamplingOverrides;
 use crate::tokenizer::ChatMessage;
 
 #[napi(object)]
+#[derive(Default)]
 pub struct NativeLoadOptions {
     pub device: Option<String>,
     pub dtype: Option<String>,
@@ -20,9 +21,13 @@ pub struct NativeLoadOptions {
     pub kv_cache: Option<NativeKvCacheOptions>,
     pub quantize: Option<String>,
     pub mmap: Option<bool>,
+    /// `contextLength: 'auto'`.
+    pub context_length_auto: Option<bool>,
+    pub memory_limit: Option<f64>,
 }
 
 #[napi(object)]
+#[derive(Default)]
 pub struct NativeKvCacheOptions {
     pub block_size: Option<u32>,
     pub max_tokens: Option<f64>,
@@ -57,6 +62,16 @@ pub struct RuntimeStats {
     pub kv_device_bytes: f64,
     pub device_memory_free: Option<f64>,
     pub device_memory_total: Option<f64>,
+    pub memory: NativeMemoryByKind,
+}
+
+/// Resident bytes by kind (`stats().memory`).
+#[napi(object)]
+pub struct NativeMemoryByKind {
+    pub weights: f64,
+    pub kv: f64,
+    pub state: f64,
+    pub experts: f64,
 }
 
 impl From<engine::StatsSnapshot> for RuntimeStats {
@@ -84,6 +99,12 @@ impl From<engine::StatsSnapshot> for RuntimeStats {
             kv_device_bytes: s.kv_device_bytes as f64,
             device_memory_free: s.device_memory_free.map(|b| b as f64),
             device_memory_total: s.device_memory_total.map(|b| b as f64),
+            memory: NativeMemoryByKind {
+                weights: s.memory.weights as f64,
+                kv: s.memory.kv as f64,
+                state: s.memory.state as f64,
+                experts: s.memory.experts as f64,
+            },
         }
     }
 }

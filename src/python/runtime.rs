@@ -18,8 +18,18 @@ use crate::error::{EngineError, Result as EngineResult};
 use crate::experts::router::RouterSettings;
 use crate::experts::ExpertLoadOptions;
 
-const LOAD_OPTIONS: &[&str] =
-    &["device", "dtype", "context_length", "rope_scaling", "threads", "kv_cache", "quantize", "mmap", "on_progress"];
+const LOAD_OPTIONS: &[&str] = &[
+    "device",
+    "dtype",
+    "context_length",
+    "rope_scaling",
+    "threads",
+    "kv_cache",
+    "quantize",
+    "mmap",
+    "memory_limit",
+    "on_progress",
+];
 
 #[pyclass(module = "expert_runtime", frozen)]
 pub struct Runtime {
@@ -60,10 +70,20 @@ fn load_options(k: &Kwargs<'_>) -> PyResult<LoadOptions> {
         }
         None => KvCacheOptions::default(),
     };
+    // `context_length`: a number of positions, or "auto" (the longest that fits memory_limit).
+    let auto = match k.any("context_length")? {
+        Some(v) if v.is_instance_of::<PyString>() => match string(&v, "context_length")?.as_str() {
+            "auto" => true,
+            other => return Err(invalid(format!("context_length must be an integer or 'auto', got '{other}'"))),
+        },
+        _ => false,
+    };
     Ok(LoadOptions {
         device: k.string("device")?,
         dtype: k.string("dtype")?,
-        context_length: k.u32("context_length")?.map(|n| n as usize),
+        context_length: if auto { None } else { k.u32("context_length")?.map(|n| n as usize) },
+        context_auto: auto,
+        memory_limit: k.u64("memory_limit")?,
         rope_scaling: k.any("rope_scaling")?.map(|v| super::json::to_json(&v, "rope_scaling")).transpose()?,
         threads: k.u32("threads")?.map(|n| n as usize),
         dequantize: false,

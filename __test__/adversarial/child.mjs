@@ -115,6 +115,18 @@ class Ctx {
   }
 
   async load(p, options) {
+    // Runtime.estimate reads what a load reads before the weights: on every hostile model and
+    // option it must answer or fail with a typed error, and it never decides the case.
+    const plain = options === undefined || (options !== null && typeof options === 'object' && !Array.isArray(options))
+    if (typeof p === 'string' && plain) {
+      this.stage = 'estimate'
+      const { onProgress, hub, onDownloadProgress, ...engineOptions } = options ?? {}
+      try {
+        await Runtime.estimate(p, engineOptions)
+      } catch (e) {
+        if (!(e instanceof ExpertRuntimeError) || e.code === 'INTERNAL') throw e
+      }
+    }
     this.stage = 'load'
     const rt = await (arguments.length < 2 ? Runtime.load(p) : Runtime.load(p, options))
     this.runtimes.push(rt)

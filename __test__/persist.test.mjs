@@ -149,9 +149,17 @@ describe('session files that do not fit are refused', () => {
 
   it('saving while generating, where nothing can be written, or a disposed session', async () => {
     const s = rt.createSession()
-    const stream = s.generate('Hello', { ...GREEDY, maxTokens: 4 })
+    // A generation long enough that it is still running when the save arrives, however
+    // loaded the machine; aborted once the save was refused.
+    const ac = new AbortController()
+    const stream = s.generate('Hello', { ...GREEDY, maxTokens: 400, signal: ac.signal })
     await rejects(s.save(path.join(dir, 'busy.session')), 'SESSION_BUSY')
-    for await (const _ of stream);
+    ac.abort()
+    try {
+      for await (const _ of stream);
+    } catch (e) {
+      if (e.name !== 'AbortError' && e.code !== 'ABORTED') throw e
+    }
     await rejects(s.save(path.join(dir, 'no', 'such', 'dir', 'x.session')), 'INVALID_ARGUMENT', /cannot save/)
     mkdirSync(path.join(dir, 'adir'), { recursive: true })
     await rejects(s.save(path.join(dir, 'adir')), 'INVALID_ARGUMENT', /directory/)

@@ -14,6 +14,8 @@ export type ErrorCode =
   | 'INVALID_ADAPTER'
   | 'KV_CACHE_EXHAUSTED'
   | 'OUT_OF_MEMORY'
+  /** A file could not be written or read for a reason of the file system (a full disk, a read-only directory, permissions). */
+  | 'IO_ERROR'
   /** A Hub download failed (network, HTTP status, a malformed response); a partial file is kept and resumes. */
   | 'DOWNLOAD_FAILED'
   /** A downloaded file's sha256 or size differs from what the Hub announced; nothing was kept. */

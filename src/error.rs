@@ -30,6 +30,10 @@ pub enum EngineError {
     /// A device allocation failed. The request that needed it fails; the runtime stays usable.
     #[error("out of memory: {0}")]
     OutOfMemory(String),
+    /// A file the caller named could not be written or read for a reason of the file system
+    /// (a full disk, a read-only directory, permissions); nothing half-written is left.
+    #[error("I/O error: {0}")]
+    Io(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -52,6 +56,7 @@ impl EngineError {
             | Self::InvalidAdapter(m)
             | Self::KvCacheExhausted(m)
             | Self::OutOfMemory(m)
+            | Self::Io(m)
             | Self::Internal(m) => m,
         }
     }
@@ -72,6 +77,7 @@ impl EngineError {
             Self::InvalidAdapter(_) => "INVALID_ADAPTER",
             Self::KvCacheExhausted(_) => "KV_CACHE_EXHAUSTED",
             Self::OutOfMemory(_) => "OUT_OF_MEMORY",
+            Self::Io(_) => "IO_ERROR",
             Self::Internal(_) => "INTERNAL",
         }
     }

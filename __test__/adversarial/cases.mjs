@@ -17,6 +17,7 @@
 // together in one list, in that order.
 import { adapterCases } from './adapter-cases.mjs'
 import { apiExpertCases } from './api-expert-cases.mjs'
+import { apiPersistCases } from './api-persist-cases.mjs'
 import { apiRequestCases } from './api-request-cases.mjs'
 import { apiRuntimeCases } from './api-runtime-cases.mjs'
 import { ggufCases } from './gguf-cases.mjs'
@@ -38,6 +39,7 @@ export function buildCases() {
   ggufCases(add)
   adapterCases(add)
   apiRuntimeCases(add)
+  apiPersistCases(add)
   apiRequestCases(add)
   apiExpertCases(add)
   recursionCases(add)

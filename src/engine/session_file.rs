@@ -231,7 +231,15 @@ fn split_body(h: SessionHeader, body: &[u8]) -> SessionFile {
 
 /// Writes `bytes` to `path` atomically (see the module note). The directory must exist.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let fail = |what: &str, e: std::io::Error| invalid(format!("cannot save the session to {}: {what}: {e}", path.display()));
+    // A path that cannot be a file is the caller's argument; the rest (a full disk, a
+    // read-only or unwritable directory) is the file system's.
+    let fail = |what: &str, e: std::io::Error| {
+        let m = format!("cannot save the session to {}: {what}: {e}", path.display());
+        match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidFilename => invalid(m),
+            _ => EngineError::Io(m),
+        }
+    };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),

@@ -67,6 +67,9 @@ impl Weight {
     /// CPU for any device (quantized on load): it is moved to `device` here.
     pub fn from_qtensor(q: QTensor, device: &Device) -> Result<Self> {
         if cpu_kernels(device) {
+            if let Some(packed) = super::repack::packed_q8_0(&q)? {
+                return Ok(Weight::Packed32(packed));
+            }
             let q = super::repack::for_cpu(q, device)?;
             return Ok(if q8::Format::of(q.dtype()).is_some() && q.shape().dims().len() == 2 {
                 Weight::Packed32(Packed32::from_qtensor(&q)?)

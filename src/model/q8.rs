@@ -310,12 +310,17 @@ impl Packed32 {
         let (qs, ss) = tile.split_at_mut(nb * tq);
         ss[b * TILE_S + lane * 2..][..2].copy_from_slice(&d.to_le_bytes());
         let blk = &mut qs[b * tq..][..tq];
-        for (i, &v) in u.iter().enumerate() {
-            match format {
-                Format::Q8_0 => blk[quant_at(lane, i)] = v,
-                Format::Q5_0 | Format::Q4_0 => {
-                    let (lines, fifth) = blk.split_at_mut(nibbles::GROUP);
-                    nibbles::put(lines, (format == Format::Q5_0).then_some(fifth), lane, i, v);
+        match format {
+            // Line `j` holds values 4j..4j+4 of each row ([`quant_at`]): 8 copies of 4 bytes.
+            Format::Q8_0 => {
+                for (j, four) in u.chunks_exact(4).enumerate() {
+                    blk[quant_at(lane, 4 * j)..][..4].copy_from_slice(four);
+                }
+            }
+            Format::Q5_0 | Format::Q4_0 => {
+                let (lines, fifth) = blk.split_at_mut(nibbles::GROUP);
+                for (i, &v) in u.iter().enumerate() {
+                    nibbles::put(lines, (format == Format::Q5_0).then_some(&mut *fifth), lane, i, v);
                 }
             }
         }
@@ -401,6 +406,12 @@ impl Packed32 {
     /// Bytes held (the tiles, with their padding rows).
     pub fn size_in_bytes(&self) -> usize {
         self.tiles.size_in_bytes()
+    }
+
+    /// The packed tiles, for tests that compare two packings byte for byte.
+    #[cfg(test)]
+    pub(super) fn tile_bytes(&self) -> Vec<u8> {
+        (0..self.tiles.count()).flat_map(|t| self.tiles.get(t).to_vec()).collect()
     }
 
     fn matmul_at(&self, path: Path, x: &[f32], rows: usize, out: &mut [f32]) {

@@ -190,6 +190,12 @@ impl Tiles {
         Ok(Self { data, off, count, tile_bytes })
     }
 
+    /// How many tiles.
+    #[cfg(test)]
+    pub(super) fn count(&self) -> usize {
+        self.count
+    }
+
     /// Tile `t`.
     pub(super) fn get(&self, t: usize) -> &[u8] {
         &self.data[self.off + t * self.tile_bytes..][..self.tile_bytes]

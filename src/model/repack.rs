@@ -42,7 +42,7 @@ pub fn for_cpu(q: QTensor, device: &Device) -> Result<QTensor> {
 pub fn packed_q8_0(q: &QTensor) -> Result<Option<Packed32>> {
     fn rows<T: GgmlType + Sync>(bytes: &[u8], n: usize, k: usize) -> Result<Option<Packed32>> {
         let per_row = k / T::BLCK_SIZE;
-        if k % T::BLCK_SIZE != 0
+        if !k.is_multiple_of(T::BLCK_SIZE)
             || n.checked_mul(per_row).and_then(|b| b.checked_mul(std::mem::size_of::<T>())) != Some(bytes.len())
             || bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0
         {

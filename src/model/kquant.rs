@@ -163,11 +163,13 @@ impl Super {
                 let (qh, qs) = if kind == Kind::Q5K { (&b[16..48], &b[48..176]) } else { (&b[16..16], &b[16..144]) };
                 // Chunk `c` of 64 values: low nibbles of `qs[32c..32c+32]`, then high nibbles;
                 // Q5_K's fifth bit of value `64c + 32h + l` is bit `2c + h` of `qh[l]`.
-                for (v, q) in self.q.iter_mut().enumerate() {
-                    let (c, h, l) = (v / 64, (v / 32) % 2, v % 32);
-                    let low = (qs[32 * c + l] >> (4 * h)) & 0x0F;
-                    let high = if kind == Kind::Q5K { ((qh[l] >> (2 * c + h)) & 1) << 4 } else { 0 };
-                    *q = low | high;
+                let qh: &[u8; 32] = if kind == Kind::Q5K { qh.try_into().expect("32 bytes") } else { &[0; 32] };
+                for (c, (out, qs)) in self.q.chunks_exact_mut(64).zip(qs.chunks_exact(32)).enumerate() {
+                    let (lo, hi) = out.split_at_mut(32);
+                    for l in 0..32 {
+                        lo[l] = (qs[l] & 0x0F) | (((qh[l] >> (2 * c)) & 1) << 4);
+                        hi[l] = (qs[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);
+                    }
                 }
             }
             Kind::Q6K => {
@@ -176,11 +178,14 @@ impl Super {
                 self.sc.copy_from_slice(scales);
                 // Value `128n + 32i + l`: nibble `i / 2` of `ql[64n + 32(i % 2) + l]`, bits 4–5
                 // from bits `2i` of `qh[32n + l]`.
-                for (v, q) in self.q.iter_mut().enumerate() {
-                    let (n, i, l) = (v / 128, (v / 32) % 4, v % 32);
-                    let low = (ql[64 * n + 32 * (i % 2) + l] >> (4 * (i / 2))) & 0x0F;
-                    let high = (qh[32 * n + l] >> (2 * i)) & 3;
-                    *q = low | (high << 4);
+                for (n, out) in self.q.chunks_exact_mut(128).enumerate() {
+                    let (ql, qh) = (&ql[64 * n..][..64], &qh[32 * n..][..32]);
+                    for (i, out) in out.chunks_exact_mut(32).enumerate() {
+                        let ql = &ql[32 * (i % 2)..][..32];
+                        for l in 0..32 {
+                            out[l] = ((ql[l] >> (4 * (i / 2))) & 0x0F) | (((qh[l] >> (2 * i)) & 3) << 4);
+                        }
+                    }
                 }
             }
         }
@@ -189,13 +194,14 @@ impl Super {
     /// Writes this super-block as row `lane` of a tile super-block (see the module note).
     fn put(&self, kind: Kind, blk: &mut [u8], lane: usize) {
         let (lines, high) = blk.split_at_mut(NIBBLES);
-        for (v, &q) in self.q.iter().enumerate() {
-            // Group `g` of 32 values in the nibble layout; Q5_K's fifth bits in line `g`.
-            let (g, w) = (v / 32, v % 32);
+        // Group `g` of 32 values in the nibble layout; Q5_K's fifth bits in line `g`.
+        for (g, q) in self.q.chunks_exact(32).enumerate() {
             let group = &mut lines[g * nibbles::GROUP..][..nibbles::GROUP];
             let fifth = (kind == Kind::Q5K).then(|| &mut high[g * LINE..][..LINE]);
-            nibbles::put(group, fifth, lane, w, q);
-            if kind == Kind::Q6K {
+            nibbles::put_block(group, fifth, lane, q);
+        }
+        if kind == Kind::Q6K {
+            for (v, &q) in self.q.iter().enumerate() {
                 let (j, p, h, i) = q6_high_at(v);
                 high[j * LINE + lane * 4 + i] |= ((q >> 4) & 3) << (2 * (2 * p + h));
             }

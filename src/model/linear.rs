@@ -3,7 +3,7 @@
 //! The weight stays in its stored form (dense tensor or `QMatMul` blocks); adapters add their
 //! own contribution on top of `forward` later and never touch `w`.
 
-use candle_core::quantized::{QMatMul, QStorage, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use super::kquant::{self, PackedK};
@@ -85,6 +85,25 @@ impl Weight {
             QTensor::new(QStorage::from_data(q.data()?, device, q.dtype())?, q.shape().clone())?
         };
         Ok(Weight::Quantized(QMatMul::from_qtensor(q)?))
+    }
+
+    /// Whether a 2-D matrix of block type `dtype` goes straight into one of our packed
+    /// layouts on `device` ([`Self::from_ggml_bytes`]).
+    pub fn packs_from_bytes(dtype: GgmlDType, device: &Device) -> bool {
+        cpu_kernels(device) && (q8::Format::of(dtype).is_some() || kquant::Kind::of(dtype).is_some())
+    }
+
+    /// A `[n, k]` matrix of a type [`Self::packs_from_bytes`] accepts, from its ggml blocks as a
+    /// GGUF stores them (row-major): what [`Self::from_qtensor`] makes of the same blocks,
+    /// without the `QTensor` copy in between.
+    pub fn from_ggml_bytes(dtype: GgmlDType, bytes: &[u8], n: usize, k: usize) -> Result<Self> {
+        if let Some(format) = q8::Format::of(dtype) {
+            return Ok(Weight::Packed32(Packed32::from_ggml_bytes(format, bytes, n, k)?));
+        }
+        match kquant::Kind::of(dtype) {
+            Some(kind) => Ok(Weight::KPacked(PackedK::from_ggml_bytes(kind, bytes, n, k)?)),
+            None => Err(crate::error::EngineError::Internal(format!("no packed layout for {dtype:?}"))),
+        }
     }
 
     /// Bytes the weight occupies (mapped weights: the bytes of the file they read).

@@ -11,6 +11,7 @@ pub mod footprint;
 mod gemma3_config;
 pub mod gemma4_config;
 mod gguf_names;
+mod gguf_source;
 pub mod granite_config;
 pub mod hybrid_config;
 pub mod inspect;

@@ -19,12 +19,34 @@ fn place(lane: usize, v: usize) -> (usize, usize, usize) {
 }
 
 /// Writes the low 4 bits of `u` as value `v` of row `lane` into a zeroed group (`lines`:
-/// `GROUP` bytes) and, with `fifth` (`LINE` bytes), its bit 4.
+/// `GROUP` bytes) and, with `fifth` (`LINE` bytes), its bit 4: the definition [`put_block`]
+/// is tested against.
+#[cfg(test)]
 pub(super) fn put(lines: &mut [u8], fifth: Option<&mut [u8]>, lane: usize, v: usize, u: u8) {
     let (p, h, i) = place(lane, v);
     lines[p * LINE + i] |= (u & 0x0F) << (4 * h);
     if let Some(f) = fifth {
         f[i] |= ((u >> 4) & 1) << (2 * p + h);
+    }
+}
+
+/// Writes the 32 values `u` (their low 4 bits, and bit 4 with `fifth`) as row `lane` of a
+/// group, a byte at a time: what [`put`] of each value does to a zeroed group, in the
+/// time a load can afford (one call per block instead of 32).
+#[inline]
+pub(super) fn put_block(lines: &mut [u8], fifth: Option<&mut [u8]>, lane: usize, u: &[u8]) {
+    let u: &[u8; 32] = u.try_into().expect("a block of 32 values");
+    let mut bits = [0u8; 4];
+    for p in 0..4 {
+        let line = &mut lines[p * LINE + lane * 4..][..4];
+        for i in 0..4 {
+            let (lo, hi) = (u[8 * p + i], u[8 * p + 4 + i]);
+            line[i] = (lo & 0x0F) | ((hi & 0x0F) << 4);
+            bits[i] |= (((lo >> 4) & 1) << (2 * p)) | (((hi >> 4) & 1) << (2 * p + 1));
+        }
+    }
+    if let Some(f) = fifth {
+        f[lane * 4..][..4].copy_from_slice(&bits);
     }
 }
 
@@ -109,6 +131,35 @@ pub(super) mod neon {
             let bl = vandq_u8(vshlq_u8(qh, vdupq_n_s8(4 - 2 * p as i8)), bit4);
             let bh = vandq_u8(vshlq_u8(qh, vdupq_n_s8(3 - 2 * p as i8)), bit4);
             (vreinterpretq_s8_u8(vorrq_u8(lo, bl)), vreinterpretq_s8_u8(vorrq_u8(hi, bh)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block written at once equals its 32 values written one by one, with and without
+    /// fifth bits, in every lane.
+    #[test]
+    fn put_block_equals_put_of_each_value() {
+        let mut seed = 7u32;
+        for lane in 0..16 {
+            let u: Vec<u8> = (0..32)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 24) as u8 & 0x1F
+                })
+                .collect();
+            for with_fifth in [false, true] {
+                let (mut a, mut b) = (vec![0u8; GROUP], vec![0u8; GROUP]);
+                let (mut fa, mut fb) = (vec![0u8; LINE], vec![0u8; LINE]);
+                for (v, &x) in u.iter().enumerate() {
+                    put(&mut a, with_fifth.then_some(&mut fa[..]), lane, v, x);
+                }
+                put_block(&mut b, with_fifth.then_some(&mut fb[..]), lane, &u);
+                assert_eq!((a, fa), (b, fb), "lane {lane}, fifth {with_fifth}");
+            }
         }
     }
 }

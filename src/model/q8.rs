@@ -265,14 +265,22 @@ impl Format {
         let d = u16::from_le_bytes([b[0], b[1]]);
         match self {
             Format::Q8_0 => u.iter_mut().zip(&b[2..]).for_each(|(o, &v)| *o = v ^ 0x80),
+            // Value `j < 16`: the low nibble of byte `j`; `j + 16`: its high nibble.
             Format::Q5_0 => {
                 let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                for j in 0..QK {
-                    let nibble = (b[6 + j % 16] >> (4 * (j / 16))) & 0x0F;
-                    u[j] = nibble | (((qh >> j) & 1) << 4) as u8;
+                let qs = &b[6..22];
+                for j in 0..16 {
+                    u[j] = (qs[j] & 0x0F) | (((qh >> j) & 1) << 4) as u8;
+                    u[j + 16] = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8;
                 }
             }
-            Format::Q4_0 => (0..QK).for_each(|j| u[j] = (b[2 + j % 16] >> (4 * (j / 16))) & 0x0F),
+            Format::Q4_0 => {
+                let qs = &b[2..18];
+                for j in 0..16 {
+                    u[j] = qs[j] & 0x0F;
+                    u[j + 16] = qs[j] >> 4;
+                }
+            }
         }
         d
     }
@@ -319,9 +327,7 @@ impl Packed32 {
             }
             Format::Q5_0 | Format::Q4_0 => {
                 let (lines, fifth) = blk.split_at_mut(nibbles::GROUP);
-                for (i, &v) in u.iter().enumerate() {
-                    nibbles::put(lines, (format == Format::Q5_0).then_some(&mut *fifth), lane, i, v);
-                }
+                nibbles::put_block(lines, (format == Format::Q5_0).then_some(fifth), lane, u);
             }
         }
     }

@@ -176,9 +176,9 @@ impl<'a> GgufSource<'a> {
         Ok(weights)
     }
 
-    /// Tensor `name`'s type and bytes as the file stores them, checked as [`Self::read_onto`]
-    /// checks them (its shape, its extent inside the file), read without zero-filling first.
-    fn read_bytes(&mut self, name: &str, shape: &[usize]) -> Result<(candle_core::quantized::GgmlDType, Vec<u8>)> {
+    /// Tensor `name`'s type and `(start, bytes)` in the file, its declared shape checked to be
+    /// `shape` and its extent to lie inside the file.
+    fn checked(&self, name: &str, shape: &[usize]) -> Result<(candle_core::quantized::GgmlDType, u64, u64)> {
         let info =
             self.content.tensor_infos.get(name).ok_or_else(|| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
         if info.shape.dims() != shape {
@@ -187,8 +187,22 @@ impl<'a> GgufSource<'a> {
                 info.shape.dims()
             )));
         }
-        let dtype = info.ggml_dtype;
         let (start, bytes) = gguf_tensor_extent(&self.content, name, self.file_len)?;
+        Ok((info.ggml_dtype, start, bytes))
+    }
+
+    /// Counts `bytes` as read and reports the progress.
+    fn advance(&mut self, bytes: u64) {
+        self.loaded += bytes;
+        if let Some(p) = self.progress {
+            p(self.loaded, self.total);
+        }
+    }
+
+    /// Tensor `name`'s type and bytes as the file stores them, checked as [`Self::read_onto`]
+    /// checks them, read without zero-filling first.
+    fn read_bytes(&mut self, name: &str, shape: &[usize]) -> Result<(candle_core::quantized::GgmlDType, Vec<u8>)> {
+        let (dtype, start, bytes) = self.checked(name, shape)?;
         let len = usize::try_from(bytes).map_err(|_| EngineError::OutOfMemory(format!("tensor {name} has {bytes} bytes")))?;
         let mut buf = Vec::new();
         buf.try_reserve_exact(len)
@@ -202,31 +216,17 @@ impl<'a> GgufSource<'a> {
                 buf.len()
             )));
         }
-        self.loaded += bytes;
-        if let Some(p) = self.progress {
-            p(self.loaded, self.total);
-        }
+        self.advance(bytes);
         Ok((dtype, buf))
     }
 
     fn read_onto(&mut self, name: &str, shape: &[usize], device: &Device) -> Result<QTensor> {
-        let info =
-            self.content.tensor_infos.get(name).ok_or_else(|| EngineError::InvalidModel(format!("tensor {name} is missing")))?;
-        if info.shape.dims() != shape {
-            return Err(EngineError::InvalidModel(format!(
-                "tensor {name} has shape {:?}, expected {shape:?}",
-                info.shape.dims()
-            )));
-        }
-        let (_, bytes) = gguf_tensor_extent(&self.content, name, self.file_len)?;
+        let (_, _, bytes) = self.checked(name, shape)?;
         let q = self
             .content
             .tensor(&mut self.reader, name, device)
             .map_err(|e| EngineError::invalid_model(format!("tensor {name}"), e))?;
-        self.loaded += bytes;
-        if let Some(p) = self.progress {
-            p(self.loaded, self.total);
-        }
+        self.advance(bytes);
         Ok(q)
     }
 }

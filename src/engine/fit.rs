@@ -19,13 +19,12 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 
 use super::load::{self, LoadOptions};
 use crate::error::Result;
 use crate::kv::sizing::{self, KvMemory};
 use crate::kv::store::KvFormat;
-use crate::kv::KvLayout;
 use crate::model::footprint::{weight_footprint, WeightFootprint};
 use crate::model::loader::{self, ModelFormat, WeightPolicy};
 use crate::model::plan::LayerPlan;
@@ -79,11 +78,6 @@ pub struct Estimate {
     pub does_not_fit: Option<String>,
 }
 
-/// The model's dtype as a load would choose it.
-fn model_dtype(opts: &LoadOptions, device: &Device) -> Result<DType> {
-    load::select_dtype(opts.dtype.as_deref(), device)
-}
-
 /// The budget: `memoryLimit`, or what the device has free less the margin.
 pub fn memory_limit(opts: &LoadOptions, device: &Device) -> (u64, bool) {
     if let Some(b) = opts.memory_limit {
@@ -105,11 +99,6 @@ fn scratch_bytes(cfg: &ModelConfig, step_tokens: usize) -> u64 {
     (step_tokens as u64).saturating_mul(row as u64).saturating_add(2 * cfg.vocab_size as u64).saturating_mul(4)
 }
 
-/// The pool's layout for `cfg`, as the decoder builds it.
-pub fn kv_layout(plan: &LayerPlan, cfg: &ModelConfig) -> KvLayout {
-    KvLayout::from_shaped(&plan.kv_kinds(), &plan.kv_shapes(cfg.num_kv_heads, cfg.head_dim))
-}
-
 /// The estimate for a model already opened (`cfg` with the load's RoPE scaling applied). A
 /// load that would not fit the budget is described (`does_not_fit`), not refused: the load
 /// refuses it.
@@ -120,10 +109,10 @@ pub fn plan(
     device: &Device,
     policy: WeightPolicy,
 ) -> Result<Estimate> {
-    let dtype = model_dtype(opts, device)?;
+    let dtype = load::select_dtype(opts.dtype.as_deref(), device)?;
     let weights = weight_footprint(format, policy, dtype, device.is_cpu())?;
     let layer_plan = LayerPlan::build(cfg);
-    let layout = kv_layout(&layer_plan, cfg);
+    let layout = layer_plan.kv_layout(cfg.num_kv_heads, cfg.head_dim);
     let kv_format = sizing::kv_dtype(opts.kv_cache.dtype.as_deref(), dtype)?;
     let per_token = |f: KvFormat| layout.pool_bytes_per_token(cfg.num_kv_heads, cfg.head_dim, f) as u64;
     let kv_bytes_per_token: Vec<(&'static str, u64)> =

@@ -237,7 +237,7 @@ impl Decoder {
 
     /// What each layer keeps in the KV cache, grouped by kind (the pool is sized by it).
     pub fn kv_layout(&self) -> KvLayout {
-        KvLayout::from_shaped(&self.plan.kv_kinds(), &self.plan.kv_shapes(self.cfg.num_kv_heads, self.cfg.head_dim))
+        self.plan.kv_layout(self.cfg.num_kv_heads, self.cfg.head_dim)
     }
 
     pub fn max_positions(&self) -> usize {

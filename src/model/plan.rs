@@ -25,7 +25,7 @@ use std::fmt;
 
 use super::config::{Arch, ModelConfig};
 use super::rope::RopeScaling;
-use crate::kv::layers::{HeadShape, LayerCache};
+use crate::kv::layers::{HeadShape, KvLayout, LayerCache};
 
 /// What every layer of a model runs, and the settings the whole model shares.
 #[derive(Clone, Debug, PartialEq)]
@@ -446,6 +446,11 @@ impl LayerPlan {
                 Mixer::Recurrent(_) => None,
             })
             .collect()
+    }
+
+    /// The pool's layout for this plan, the model's heads being `kv_heads` of `head_dim`.
+    pub fn kv_layout(&self, kv_heads: usize, head_dim: usize) -> KvLayout {
+        KvLayout::from_shaped(&self.kv_kinds(), &self.kv_shapes(kv_heads, head_dim))
     }
 
     /// The first thing in the plan that the generic decoder does not run yet, named; `None`

@@ -12,6 +12,7 @@ fn main() {
 fn cuda_ptx() {
     let src = "src/model/cuda_decode.cu";
     println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rerun-if-changed=src/model/cuda_prefill.cuh");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");

@@ -13,26 +13,16 @@
 //   - device memory in `info` and `stats()`, KV bytes on the device while a request runs;
 //   - a KV pool larger than the whole GPU is INVALID_ARGUMENT; one that fits the GPU but not its
 //     free memory (another runtime holds most of it) is OUT_OF_MEMORY; the GPU runtime stays usable.
-import { describe, it, before, after } from 'node:test'
+import { describe, it, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
-import { collect, fixture, reference } from './helpers.mjs'
+import { collect, fixture } from './helpers.mjs'
+import { BF16_TOL, bf16Parity, compareRuns, f32Parity, probeCuda, withEnv } from './cuda-parity.mjs'
 
 const require = createRequire(import.meta.url)
 const { Runtime } = require('../dist/index.js')
 
 const MODELS = ['qwen3-tiny', 'qwen3-untied-mqa', 'qwen2-tiny', 'llama-tiny']
-const BF16_TOL = 0.3
-
-/** A runtime on the GPU, or the NO_CUDA_DEVICE error that says why there is none. */
-async function probeCuda() {
-  try {
-    return { rt: await Runtime.load(fixture('qwen3-tiny'), { device: 'cuda', dtype: 'f32' }) }
-  } catch (e) {
-    if (e.code !== 'NO_CUDA_DEVICE') throw e
-    return { error: e }
-  }
-}
 
 const probe = await probeCuda()
 const gpu = probe.rt
@@ -70,49 +60,8 @@ describe('device selection', () => {
 
 describe('CUDA backend', { skip: !gpu && `no usable GPU (${probe.error?.message.slice(0, 160)})` }, () => {
   for (const name of MODELS) {
-    it(`${name}: f32 greedy tokens identical to the CPU path and to HF, logprobs within 1e-4`, async () => {
-      const ref = reference(name)
-      const n = ref.f32.steps.length
-      const run = async (device) => {
-        const rt = await Runtime.load(fixture(name), { device, dtype: 'f32' })
-        try {
-          assert.equal(rt.info.device, device)
-          return (await collect(rt.createSession().generate({ tokens: ref.prompt_ids }, { maxTokens: n, temperature: 0 }))).chunks
-        } finally {
-          await rt.dispose()
-        }
-      }
-      const [cuda, cpu] = [await run('cuda'), await run('cpu')]
-      assert.deepEqual(cuda.map((c) => c.tokenId), cpu.map((c) => c.tokenId), 'CUDA vs CPU')
-      assert.deepEqual(cuda.map((c) => c.tokenId), ref.f32.steps.map((s) => s.token), 'CUDA vs HF')
-      cuda.forEach((c, i) => assert.ok(Math.abs(c.logprob - ref.f32.steps[i].logprob) <= 1e-4, `step ${i}: ${c.logprob} vs ${ref.f32.steps[i].logprob}`))
-    })
-
-    it(`${name}: bf16 within ${BF16_TOL} of HF's bf16 run (teacher-forced top-5)`, async () => {
-      const ref = reference(name)
-      const rt = await Runtime.load(fixture(name), { device: 'cuda', dtype: 'bf16' })
-      try {
-        assert.equal(rt.info.dtype, 'bf16')
-        let worst = 0
-        for (const [i, step] of ref.bf16.steps.entries()) {
-          // `{ tokens }` on a used session would continue its conversation: a fresh one per step
-          // (the prefix cache still shares the prompt's blocks).
-          const forced = [...ref.prompt_ids, ...ref.bf16.steps.slice(0, i).map((x) => x.token)]
-          const { chunks: [c] } = await collect(rt.createSession().generate({ tokens: forced }, { maxTokens: 1, temperature: 0, topLogprobs: 20 }))
-          const margin = step.top5[0][1] - step.top5[1][1]
-          if (margin > 2 * BF16_TOL) assert.equal(c.tokenId, step.token, `step ${i} (margin ${margin})`)
-          for (const [id, lp] of step.top5) {
-            const ours = c.topLogprobs.find((t) => t.tokenId === id)
-            assert.ok(ours, `step ${i}: HF top-5 token ${id} is not in our top 20`)
-            worst = Math.max(worst, Math.abs(ours.logprob - lp))
-          }
-        }
-        assert.ok(worst <= BF16_TOL, `max |Δlogprob| ${worst}`)
-        console.error(`${name} bf16 on CUDA: max |Δlogprob| vs HF = ${worst.toFixed(4)}`)
-      } finally {
-        await rt.dispose()
-      }
-    })
+    it(`${name}: f32 greedy tokens identical to the CPU path and to HF, logprobs within 1e-4`, () => f32Parity(name))
+    it(`${name}: bf16 within ${BF16_TOL} of HF's bf16 run (teacher-forced top-5)`, () => bf16Parity(name))
   }
 
   // The decode path (src/model/cuda_decode.rs: its own kernels, replayed as CUDA graphs) against
@@ -124,38 +73,11 @@ describe('CUDA backend', { skip: !gpu && `no usable GPU (${probe.error?.message.
     for (const [dtype, tol] of [['f32', 1e-4], ['bf16', BF16_TOL]]) {
       it(`${name} ${dtype}: the CUDA decode path gives the generic path's tokens and logprobs (within ${tol})`, async () => {
         const prompts = [0, 1, 2].map((s) => Array.from({ length: 300 - 40 * s }, (_, i) => (i * 7919 + s * 31) % 300 + 3))
-        const run = async (env) => {
-          const saved = { ...process.env }
-          Object.assign(process.env, env)
-          try {
-            const rt = await Runtime.load(fixture(name), { device: 'cuda', dtype })
-            try {
-              return await Promise.all(prompts.map(async (tokens, s) =>
-                (await collect(rt.createSession().generate({ tokens }, { maxTokens: 100 - 20 * s, temperature: 0 }))).chunks))
-            } finally {
-              await rt.dispose()
-            }
-          } finally {
-            for (const k of Object.keys(env)) {
-              if (saved[k] === undefined) delete process.env[k]
-              else process.env[k] = saved[k]
-            }
-          }
-        }
+        const run = (env) => withEnv(env, name, { device: 'cuda', dtype }, (rt) => Promise.all(prompts.map(async (tokens, s) =>
+          (await collect(rt.createSession().generate({ tokens }, { maxTokens: 100 - 20 * s, temperature: 0 }))).chunks)))
         const generic = await run({ EXPERT_RUNTIME_CUDA_DECODE: '0' })
         for (const mode of [{}, { EXPERT_RUNTIME_CUDA_GRAPHS: '0' }]) {
-          const fast = await run(mode)
-          let worst = 0
-          for (const [s, chunks] of fast.entries()) {
-            // bf16 may take the other side of a near tie (and then end elsewhere): compare up
-            // to the first difference; f32 must agree on every token.
-            const n = Math.min(chunks.length, generic[s].length)
-            const first = chunks.slice(0, n).findIndex((c, i) => c.tokenId !== generic[s][i].tokenId)
-            if (first === -1) assert.equal(chunks.length, generic[s].length, `${JSON.stringify(mode)} session ${s}: lengths`)
-            else assert.ok(dtype === 'bf16' && first > 0, `${JSON.stringify(mode)} session ${s} step ${first}: ${chunks[first].tokenId} vs ${generic[s][first].tokenId}`)
-            for (let i = 0; i < (first === -1 ? n : first); i++) worst = Math.max(worst, Math.abs(chunks[i].logprob - generic[s][i].logprob))
-          }
-          assert.ok(worst <= tol, `${JSON.stringify(mode)}: max |Δlogprob| ${worst}`)
+          const worst = compareRuns(JSON.stringify(mode), await run(mode), generic, { exact: dtype === 'f32', tol })
           console.error(`${name} ${dtype} ${JSON.stringify(mode)}: CUDA decode path vs generic, max |Δlogprob| ${worst.toExponential(2)}`)
         }
       })

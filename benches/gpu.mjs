@@ -16,7 +16,8 @@
 //   lora_load_s            loading the LoRAs one after another (HF: PeftModel.from_pretrained + load_adapter)
 //   expert_attach_ms       loadExpert of one LoRA whose files are in the page cache, and unload: medians of 5
 //   device memory          deviceMemoryTotal − deviceMemoryFree after load and at the peak of the
-//                          session runs, and the KV bytes on the device then
+//                          session runs, and the KV bytes on the device then; the KV pool holds
+//                          what the sessions need (16 + decode tokens + 16 positions each)
 // Decode lengths: 128 tokens (--quick 32), as in gpu_reference.py.
 import { readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
@@ -79,7 +80,10 @@ async function sessionsRun(rt, n, experts) {
 }
 
 const t = performance.now()
-const rt = await Runtime.load(args.model, { device: args.device, dtype: args.dtype, kvCache: { maxTokens: Math.max(sessions, 8) * 256 } })
+// The pool holds what the workload needs, as HF's cache does: every session's 16-token prompt and
+// its decode tokens, a 16-position block of slack each (the prefill runs need less).
+const poolTokens = Math.max(sessions, 8) * (16 + decodeTokens + 16)
+const rt = await Runtime.load(args.model, { device: args.device, dtype: args.dtype, kvCache: { maxTokens: poolTokens } })
 const loadS = (performance.now() - t) / 1000
 const info = rt.info
 const afterLoad = memUsed(rt)
@@ -132,6 +136,7 @@ const ours = {
   scaling_sessions_over_batch1: many.tokS / decode, scaling_mixed_over_batch1: mixed ? mixed.tokS / decode : null,
   device_memory_total: info.deviceMemoryTotal, device_memory_after_load: afterLoad,
   device_memory_peak: Math.max(many.peakMem, mixed?.peakMem ?? 0) || null, kv_device_bytes_peak: Math.max(many.peakKv, mixed?.peakKv ?? 0),
+  kv_pool_tokens: poolTokens, memory_account: rt.stats().memory,
 }
 await rt.dispose()
 
@@ -152,5 +157,9 @@ for (const [name, a, b, better] of rows) {
   console.log(`| ${name} | ${f(a)} | ${f(b)} | ${ratio ? `${ratio.toFixed(2)}×` : '—'} |`)
 }
 console.log(`attach one rank-16 LoRA: ${f(ours.expert_attach_ms)} ms, detach: ${f(ours.expert_detach_ms)} ms (median of 5)`)
+const gb = (x) => f(x == null ? null : x / 1e9)
+console.log(`device memory: after load ${gb(ours.device_memory_after_load)} GB, at peak ${gb(ours.device_memory_peak)} GB ` +
+  `(engine account ${JSON.stringify(ours.memory_account)}, KV pool ${poolTokens} positions); HF: max allocated ` +
+  `${gb(hf?.device_memory_bytes)} GB, held on the device ${gb(hf?.device_used_after)} GB of which ${gb(hf?.device_used_before_load)} GB before the load`)
 console.log(`${sessions}-session scaling over batch 1: ${f(ours.scaling_sessions_over_batch1)}× (mixed experts: ${f(ours.scaling_mixed_over_batch1)}×)`)
 if (args.out) writeFileSync(args.out, JSON.stringify({ ours, hf }, null, 2) + '\n')

@@ -3,9 +3,9 @@
 // `expert-runtime.linux-x64-gnu-cuda.node` beside the CPU one; the JS loader picks between them.
 // 15–22 minutes on 2 cores the first time, most of it candle's CUDA kernels. A separate target
 // folder keeps the CPU build's artifacts intact. CI runs it (.ci/run) so the feature cannot rot.
-// It also compiles the GPU kernel harness (benches/cuda/kernels.cu, run on a GPU machine by
-// `scripts/gpu-check.sh --kernels`) with the same nvcc, so the harness and the kernel variants
-// it checks build before device time is spent on them.
+// It also compiles the GPU kernel harnesses (benches/cuda/kernels.cu and prefill.cu, run on a GPU
+// machine by `scripts/gpu-check.sh --kernels`) with the same nvcc, so the harnesses and the kernel
+// variants they check build before device time is spent on them.
 import { copyFileSync, mkdirSync } from 'node:fs'
 import { join } from 'node:path'
 import { ensureCudaToolchain } from './cuda-toolchain.mjs'
@@ -23,6 +23,8 @@ run(npm, ['exec', '--', 'napi', 'build', '--platform', '--release', '--features'
 copyFileSync(join(out, 'expert-runtime.linux-x64-gnu.node'), join(root, CUDA_NATIVE))
 console.error(`built ${CUDA_NATIVE}`)
 const cap = env.CUDA_COMPUTE_CAP
-run(join(env.CUDA_ROOT, 'bin', 'nvcc'), ['-O3', `-arch=sm_${cap}`, '-std=c++17', join('benches', 'cuda', 'kernels.cu'),
-  '-o', join(targetDir, 'kernels')], { env: { ...process.env, ...env } })
-console.error('built the kernel harness (benches/cuda/kernels.cu)')
+for (const harness of ['kernels', 'prefill']) {
+  run(join(env.CUDA_ROOT, 'bin', 'nvcc'), ['-O3', `-arch=sm_${cap}`, '-std=c++17', join('benches', 'cuda', `${harness}.cu`),
+    '-o', join(targetDir, harness)], { env: { ...process.env, ...env } })
+  console.error(`built the kernel harness benches/cuda/${harness}.cu`)
+}

@@ -4,7 +4,16 @@
 # Node. Everything built comes from `target/gpu-bundle/` (made on a build machine by
 # `npm run build && npm run build:cuda && node scripts/gpu-bundle.mjs`).
 #
-#   bash scripts/gpu-check.sh [--quick] [--tests-only | --bench-only] [--no-hf] [--profile] [--decode-paths] [--timing] [--kernels | --kernels-only]
+#   bash scripts/gpu-check.sh [--quick] [--tests-only | --bench-only] [--cuda-suites-only] [--no-hf] [--no-loras]
+#                             [--profile] [--decode-paths] [--timing] [--kernels | --kernels-only]
+#
+# Tests: the CUDA suites (cuda.test.mjs; cuda-prefill.test.mjs, the prefill path against the
+# generic one; cuda-families.test.mjs, every family against HF in f32 and bf16), then the
+# HF-parity, expert and batching suites on the GPU in f32 (--cuda-suites-only skips those three).
+# Benchmark: benches/gpu.mjs (load, decode, prefill 512, sessions, LoRAs; --no-loras skips the
+# LoRA rows on both sides) and benches/gpu-prefill.mjs (prefill at 512, 2,048 and 8,192 tokens
+# on the prefill path, on the generic path and in HF with sdpa and eager attention:
+# prefill.md, prefill.json), each next to HF transformers run on the same model first.
 #
 # --no-hf skips the HF transformers side of the benchmark (ours alone, faster); --profile runs
 # ours with EXPERT_RUNTIME_PROFILE=1 and writes the engine's per-step phase times to profile.log.
@@ -15,7 +24,9 @@
 # (timing.log). --kernels first
 # builds and runs benches/cuda/kernels.cu with the machine's nvcc: each decode kernel alone on the
 # Qwen3-0.6B shape, in variants, and the kernels of benches/cuda/experiments.cuh checked against
-# the ones they would replace (kernels.md); --kernels-only runs that and nothing else.
+# the ones they would replace (kernels.md); before it, benches/cuda/prefill.cu checks the prefill
+# attention kernel against a plain f32 reference and times it (prefill-kernel.md); --kernels-only
+# runs those two and nothing else.
 #
 # With this project's `device` tool: run it with carry ["target/gpu-bundle"]; the results come
 # back through $OUT, which that tool sets. Otherwise they go to ./gpu-results: tests.log,
@@ -23,13 +34,15 @@
 # The exit status is the test run's (the benchmark reports, it does not judge).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-QUICK=""; TESTS=1; BENCH=1; HF=1; PROFILE=0; PATHS=0; TIMING=0; KERNELS=0
+QUICK=""; TESTS=1; BENCH=1; HF=1; PROFILE=0; PATHS=0; TIMING=0; KERNELS=0; F32_SUITES=1; LORAS=1
 for a in "$@"; do
   case "$a" in
     --quick) QUICK=--quick ;;
     --tests-only) BENCH=0 ;;
     --bench-only) TESTS=0 ;;
     --no-hf) HF=0 ;;
+    --no-loras) LORAS=0 ;;
+    --cuda-suites-only) F32_SUITES=0 ;;
     --profile) PROFILE=1 ;;
     --decode-paths) PATHS=1 ;;
     --timing) TIMING=1 ;;
@@ -43,6 +56,7 @@ OUT=${OUT:-$PWD/gpu-results}
 WORK=${GPU_CHECK_WORK:-/tmp/expert-runtime-gpu}
 mkdir -p "$OUT" "$WORK"
 if [ "$KERNELS" = 1 ]; then
+  nvcc -O3 -arch=sm_90 -std=c++17 benches/cuda/prefill.cu -o "$WORK/prefill" && "$WORK/prefill" | tee "$OUT/prefill-kernel.md"
   nvcc -O3 -arch=sm_90 -std=c++17 benches/cuda/kernels.cu -o "$WORK/kernels" && "$WORK/kernels" | tee "$OUT/kernels.md"
   [ "$TESTS$BENCH" = 00 ] && exit 0
 fi
@@ -91,11 +105,14 @@ export LD_LIBRARY_PATH="${LIBS#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 #    (their HF references and the 1e-4 bound are f32).
 STATUS=0
 if [ "$TESTS" = 1 ]; then
-  "$NODE" --test --test-concurrency=1 __test__/cuda.test.mjs 2>&1 | tee "$OUT/tests.log"
+  "$NODE" --test --test-concurrency=1 __test__/cuda.test.mjs __test__/cuda-prefill.test.mjs __test__/cuda-families.test.mjs \
+    2>&1 | tee "$OUT/tests.log"
   STATUS=${PIPESTATUS[0]}
-  EXPERT_RUNTIME_DEVICE=cuda EXPERT_RUNTIME_DTYPE=f32 "$NODE" --test --test-concurrency=1 \
-    __test__/generate.test.mjs __test__/experts.test.mjs __test__/batching.test.mjs 2>&1 | tee -a "$OUT/tests.log"
-  S2=${PIPESTATUS[0]}; [ "$S2" = 0 ] || STATUS=$S2
+  if [ "$F32_SUITES" = 1 ]; then
+    EXPERT_RUNTIME_DEVICE=cuda EXPERT_RUNTIME_DTYPE=f32 "$NODE" --test --test-concurrency=1 \
+      __test__/generate.test.mjs __test__/experts.test.mjs __test__/batching.test.mjs 2>&1 | tee -a "$OUT/tests.log"
+    S2=${PIPESTATUS[0]}; [ "$S2" = 0 ] || STATUS=$S2
+  fi
   echo "tests: $(grep -E '^# (pass|fail|skipped)' "$OUT/tests.log" | tr '\n' ' ') (exit $STATUS)" | tee -a "$OUT/summary.md"
 fi
 
@@ -103,13 +120,19 @@ fi
 if [ "$BENCH" = 1 ]; then
   MODEL="$WORK/qwen3-0.6b-random-bf16"
   "$PY" scripts/gpu_reference.py make-model --out "$MODEL" --dtype bfloat16 --tokenizer-dir "$WORK/tokenizer"
-  "$NODE" benches/gpu.mjs --model "$MODEL" --write-loras "$WORK/loras" --lora-count 4 > "$WORK/loras.txt"
-  LORAS=$(cat "$WORK/loras.txt")
+  LORA_DIRS=""
+  if [ "$LORAS" = 1 ]; then
+    "$NODE" benches/gpu.mjs --model "$MODEL" --write-loras "$WORK/loras" --lora-count 4 > "$WORK/loras.txt"
+    LORA_DIRS=$(cat "$WORK/loras.txt")
+  fi
+  LORAS=$LORA_DIRS
   HF_ARGS=()
   if [ "$HF" = 1 ]; then
-    "$PY" scripts/gpu_reference.py bench --model "$MODEL" --device cuda --dtype bfloat16 --lora-dirs "$LORAS" $QUICK --out "$OUT/hf.json" 2>&1 | tail -20
+    "$PY" scripts/gpu_reference.py bench --model "$MODEL" --device cuda --dtype bfloat16 --lora-dirs "$LORAS" $QUICK \
+      --prefill-lengths 512,2048,8192 --out "$OUT/hf.json" 2>&1 | tail -20
     HF_ARGS=(--hf "$OUT/hf.json")
   fi
+  "$NODE" benches/gpu-prefill.mjs --model "$MODEL" "${HF_ARGS[@]}" --out "$OUT/prefill.json" 2>&1 | tee "$OUT/prefill.md" | tee -a "$OUT/summary.md"
   if [ "$PROFILE" = 1 ]; then
     EXPERT_RUNTIME_PROFILE=1 "$NODE" benches/gpu.mjs --model "$MODEL" "${HF_ARGS[@]}" --loras "$LORAS" $QUICK --out "$OUT/gpu.json" \
       2> >(tee "$OUT/profile.log" | grep -v '^expert-runtime profile' >&2) | tee -a "$OUT/summary.md"

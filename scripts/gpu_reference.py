@@ -16,8 +16,9 @@ transformers, peft, safetensors and numpy (no gguf, no network, no Node).
 
   bench --model DIR --out results.json [--device cuda|cpu] [--dtype bfloat16|float32]
         [--decode-tokens 128] [--prefill-tokens 512] [--sessions 64]
-        [--lora-dirs D1,D2,...] [--seed 0] [--quick]
-      Times load, batch-1 greedy decode, one prefill forward, batched decode of
+        [--lora-dirs D1,D2,...] [--seed 0] [--quick] [--prefill-lengths 512,2048,8192]
+      Times load, batch-1 greedy decode, one prefill forward (and with --prefill-lengths,
+      one per length with sdpa and with eager attention), batched decode of
       --sessions prompts and (with --lora-dirs) the same batch with PEFT's mixed-adapter
       inference, and writes the figures as JSON. Prompts are random token ids: no text
       is ever tokenized. Decode rates subtract a 1-new-token generate from an
@@ -177,6 +178,9 @@ def bench(args) -> None:
     }
     if timer.cuda:
         torch.cuda.reset_peak_memory_stats(device)
+        torch.zeros(1, device=device)  # the context, so that what follows counts only the model's work
+        free, total = torch.cuda.mem_get_info(device)
+        res["device_used_before_load"] = total - free
 
     res["load_s"], model = timer(lambda: load_model(args.model, dtype, device))
     model.eval()
@@ -227,6 +231,17 @@ def bench(args) -> None:
     res["prefill_tok_s"] = rate(args.prefill_tokens, statistics.median(times))
     log(f"prefill {args.prefill_tokens} tokens: {fmt(res['prefill_tok_s'])} tok/s")
 
+    lengths = [int(x) for x in (args.prefill_lengths or "").split(",") if x]
+    if lengths:
+        # The sweep's own peak (eager attention at 8k holds a 16 × L × L score matrix) stays out
+        # of device_memory_bytes: the peak before it is kept, and counting starts again after.
+        peak = torch.cuda.max_memory_allocated(device) if timer.cuda else None
+        res["prefill_by_len"] = prefill_sweep(model, timer, ids, lengths, res["attn_implementation"])
+        res["peak_before_sweep"] = peak
+        if timer.cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+
     batch = ids(args.sessions, PROMPT_LEN)
     res["sessions_generate_tok_s"], res["sessions_tok_s"] = decode_rate(model, batch)
     log(f"{args.sessions} sessions: {fmt(res['sessions_tok_s'])} tok/s aggregate decode")
@@ -251,10 +266,45 @@ def bench(args) -> None:
             log(f"mixed-adapter batch failed: {res['sessions_mixed_error']}")
 
     res["device_memory_bytes"] = torch.cuda.max_memory_allocated(device) if timer.cuda else None
+    if timer.cuda:
+        # What the process holds on the device (the context and PyTorch's cached blocks), as
+        # benches/gpu.mjs reads its own: deviceMemoryTotal − deviceMemoryFree.
+        free, total = torch.cuda.mem_get_info(device)
+        res["device_used_after"] = total - free
+    if res.get("peak_before_sweep") is not None:
+        res["device_memory_bytes"] = max(res["device_memory_bytes"], res.pop("peak_before_sweep"))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     log(f"wrote {out}")
+
+
+def prefill_sweep(model, timer, ids, lengths, default_impl):
+    """Prefill tok/s of one forward (use_cache=True) per prompt length, the median of 3 after a
+    warm-up, with sdpa attention and with eager attention: {"sdpa:512": tok/s, ...}; a failure
+    (an implementation this transformers cannot switch to) is recorded, not raised."""
+    out = {}
+    for impl in ("sdpa", "eager"):
+        try:
+            model.set_attn_implementation(impl)
+        except Exception as e:  # noqa: BLE001 - recorded in the results
+            out[f"{impl}:error"] = f"{type(e).__name__}: {e}"
+            continue
+        for n in lengths:
+            x = ids(1, n)
+
+            def forward():
+                with torch.inference_mode():
+                    return model(x, use_cache=True)
+
+            forward()  # warm-up
+            times = [timer(forward)[0] for _ in range(3)]
+            out[f"{impl}:{n}"] = rate(n, statistics.median(times))
+            log(f"prefill {n} tokens, {impl} attention: {fmt(out[f'{impl}:{n}'])} tok/s")
+            if timer.cuda:
+                torch.cuda.empty_cache()
+    model.set_attn_implementation(default_impl or "sdpa")
+    return out
 
 
 def load_adapters(model, dirs):
@@ -291,6 +341,8 @@ def main() -> None:
     b.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
     b.add_argument("--decode-tokens", type=int, default=128)
     b.add_argument("--prefill-tokens", type=int, default=512)
+    b.add_argument("--prefill-lengths", default="",
+                   help="comma-separated prompt lengths: prefill tok/s each, sdpa and eager attention")
     b.add_argument("--sessions", type=int, default=64)
     b.add_argument("--lora-dirs", help="comma-separated PEFT LoRA adapter directories")
     b.add_argument("--seed", type=int, default=0, help="seed of the random prompt ids")

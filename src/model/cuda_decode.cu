@@ -775,3 +775,5 @@ __device__ void lora_expand(const unsigned long long* sets, int slot, const floa
 
 KERNELS(float, f32)
 KERNELS(bf16, bf16)
+
+#include "cuda_prefill.cuh"

@@ -43,6 +43,8 @@ mod issue;
 mod launch;
 #[path = "cuda_decode/lora.rs"]
 mod lora;
+#[path = "cuda_decode/prefill.rs"]
+mod prefill;
 #[path = "cuda_decode/setup.rs"]
 mod setup;
 
@@ -225,6 +227,10 @@ pub struct CudaDecode {
     /// Per expert set (its key): its LoRA table on the device, or `None` when this path cannot
     /// run the set.
     lora_sets: HashMap<Vec<u64>, Option<CudaSlice<u8>>>,
+    /// The prefill path's kernels (bf16, head_dim 16 to 128; else prompt chunks run generic),
+    /// and its buffers once a prefill pass has run.
+    prefill_kernels: Option<prefill::PrefillKernels>,
+    prefill_buffers: Option<prefill::PrefillBuffers>,
 }
 
 /// Device time per kind of kernel (`EXPERT_RUNTIME_CUDA_TIMING=1`).
@@ -293,19 +299,8 @@ impl CudaDecode {
         // 0. Each row's LoRA table (built once per expert set).
         let mut sets = [0u64; MAX_ROWS];
         for (r, c) in chunks.iter().enumerate() {
-            let key = c.experts.key();
-            if key.is_empty() {
-                continue;
-            }
-            if !self.lora_sets.contains_key(&key) {
-                if self.lora_sets.len() >= LORA_SETS {
-                    self.lora_sets.clear();
-                }
-                let table = self.lora_table(c.experts)?;
-                self.lora_sets.insert(key.clone(), table);
-            }
-            match &self.lora_sets[&key] {
-                Some(t) => sets[r] = slice_ptr(t, &self.stream),
+            match self.set_table(c)? {
+                Some(p) => sets[r] = p,
                 None => return Ok(None),
             }
         }
@@ -343,20 +338,7 @@ impl CudaDecode {
         let want = ATTN_BLOCKS.div_ceil(rows * self.nkv);
         let split = (bucket / want).clamp(MIN_SPLIT, MAX_SPLIT).max(bucket / MAX_SPLITS);
         let shape = (rows, split, bucket.div_ceil(split), lora);
-        let pool = ptr(store.layer(0).0, &self.stream)?;
-        if pool != self.pool {
-            self.graphs.clear();
-            self.seen.clear();
-            self.pool = pool;
-            // The attention kernel reads keys 16 bytes at a time.
-            let mut aligned = true;
-            for i in 0..self.layers.len() {
-                let (k, v) = store.layer(i);
-                aligned &= ptr(k, &self.stream)? % 16 == 0 && ptr(v, &self.stream)? % 16 == 0;
-            }
-            self.pool_aligned = aligned;
-        }
-        if !self.pool_aligned {
+        if !self.check_pool(store)? {
             return Ok(None);
         }
         if self.graphs.len() >= MAX_GRAPHS {
@@ -383,6 +365,42 @@ impl CudaDecode {
 
         // 4. The logits and their reduction, copied out of the static buffers.
         Ok(Some((self.copy_out(&self.b.logits, rows, self.vocab)?, self.copy_out(&self.b.reduced, rows, 3)?)))
+    }
+
+    /// The address of the LoRA table of `c`'s expert set (built once per set; 0: the base model),
+    /// or `None` when the set holds adapters this path does not run.
+    fn set_table(&mut self, c: &SeqChunk) -> Result<Option<u64>> {
+        let key = c.experts.key();
+        if key.is_empty() {
+            return Ok(Some(0));
+        }
+        if !self.lora_sets.contains_key(&key) {
+            if self.lora_sets.len() >= LORA_SETS {
+                self.lora_sets.clear();
+            }
+            let table = self.lora_table(c.experts)?;
+            self.lora_sets.insert(key.clone(), table);
+        }
+        Ok(self.lora_sets[&key].as_ref().map(|t| slice_ptr(t, &self.stream)))
+    }
+
+    /// Whether this path can run over `store`'s pool: every layer's keys and values start on a
+    /// 16-byte boundary (the attention kernels read them 16 bytes at a time). A new pool drops
+    /// the graphs, which hold the old one's addresses.
+    fn check_pool(&mut self, store: &KvStore) -> Result<bool> {
+        let pool = ptr(store.layer(0).0, &self.stream)?;
+        if pool != self.pool {
+            self.graphs.clear();
+            self.seen.clear();
+            self.pool = pool;
+            let mut aligned = true;
+            for i in 0..self.layers.len() {
+                let (k, v) = store.layer(i);
+                aligned &= ptr(k, &self.stream)? % 16 == 0 && ptr(v, &self.stream)? % 16 == 0;
+            }
+            self.pool_aligned = aligned;
+        }
+        Ok(self.pool_aligned)
     }
 
     /// The first `rows` rows of `src` (`[MAX_ROWS, cols]`) as a new tensor.

@@ -548,14 +548,14 @@ impl Decoder {
             };
         }
         let CudaPath::On(d) = &mut *path else { return Ok(None) };
-        if !d.accepts(self, chunks, store) {
+        let out = if d.accepts(self, chunks, store) {
+            d.forward(chunks, store)?.map(|(logits, greedy)| (Some(logits), Some(greedy)))
+        } else if d.accepts_prefill(self, chunks, store) {
+            d.prefill(chunks, store)?
+        } else {
             return Ok(None);
-        }
-        Ok(d.forward(chunks, store)?.map(|(logits, greedy)| PassOutput {
-            logits: Some(logits),
-            hidden: None,
-            greedy: Some(greedy),
-        }))
+        };
+        Ok(out.map(|(logits, greedy)| PassOutput { logits, hidden: None, greedy }))
     }
 
     /// The token rows' embeddings, times the plan's embedding scale (in the model's dtype, as

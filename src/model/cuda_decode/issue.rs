@@ -5,7 +5,7 @@
 use candle_core::cuda_backend::cudarc::driver::{self, CudaSlice};
 use candle_core::DType;
 
-use super::{err, ptr, slice_ptr, CudaDecode, Shape, ATTN_THREADS, GREEDY_PARTS, IDS, LENS, POS, SLOT, TABLES, TOFF};
+use super::{err, ptr, slice_ptr, CudaDecode, Shape, ATTN_THREADS, IDS, LENS, POS, SLOT, TABLES, TOFF};
 use crate::error::Result;
 use crate::kv::KvStore;
 use crate::model::adapt::{Proj, Slot};
@@ -162,6 +162,17 @@ impl CudaDecode {
             }
         }
         self.launch("add_rmsnorm", &self.k.add_rmsnorm, (r, 1, 1), norm_threads, &[&x, &delta, &self.norm, &hn, &h, &eps])?;
+        self.issue_head(hn, rows)
+    }
+
+    /// The head over `rows` final-normed rows at `hn` (`[rows, hidden]`): f32 logits into
+    /// `b.logits` and each row's greedy reduction into `b.reduced`.
+    pub(super) fn issue_head(&self, hn: u64, rows: usize) -> Result<()> {
+        let s = self.stream.as_ref();
+        let b = &self.b;
+        let hid = self.h;
+        let r = rows as u32;
+        let elementwise = |n: usize| (((n as u32).div_ceil(256)).min(4096), 256u32);
         let logits = slice_ptr(&b.logits, s);
         let vocab = self.vocab;
         if self.dtype == DType::F32 {
@@ -174,7 +185,7 @@ impl CudaDecode {
             self.launch("widen", &self.k.widen, (grid, 1, 1), threads, &[&lt, &logits, &(n as i32)])?;
         }
         let (reduced, part, done) = (slice_ptr(&b.reduced, s), slice_ptr(&b.greedy_part, s), slice_ptr(&b.greedy_done, s));
-        let parts = vocab.div_ceil(4096).clamp(1, GREEDY_PARTS) as u32;
+        let parts = super::prefill::greedy_parts(vocab);
         self.launch(
             "greedy_reduce",
             &self.k.greedy_reduce,

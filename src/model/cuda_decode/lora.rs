@@ -78,6 +78,25 @@ impl CudaDecode {
         let s = self.stream.as_ref();
         let sets = slice_ptr(&self.b.input, s) + (SETS * 4) as u64;
         let t = slice_ptr(&self.b.lora_t, s);
+        self.lora_at(sets, t, rows, slot, x, ldx, inp, y, ldy, out)
+    }
+
+    /// [`Self::lora`] with the rows' set addresses at `sets` (a `u64` per row) and the workspace
+    /// `t` (`[rows, LORA_MAX, LORA_RANK]` f32) of the caller's buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn lora_at(
+        &self,
+        sets: u64,
+        t: u64,
+        rows: usize,
+        slot: Slot,
+        x: u64,
+        ldx: usize,
+        inp: usize,
+        y: u64,
+        ldy: usize,
+        out: usize,
+    ) -> Result<()> {
         let (slot_i, ldx, inp, ldy, out_i) = (i32n(slot.index())?, i32n(ldx)?, i32n(inp)?, i32n(ldy)?, i32n(out)?);
         let r = rows as u32;
         self.launch(

@@ -91,6 +91,11 @@ impl CudaDecode {
         let f = |name: &str| -> Result<CudaFunction> {
             Ok(dev.get_or_load_custom_func(&format!("{name}_{suffix}"), MODULE, PTX)?.into_cuda_function())
         };
+        let prefill_kernels = super::prefill::PrefillKernels::load(
+            |name| Ok(dev.get_or_load_custom_func(name, MODULE, PTX)?.into_cuda_function()),
+            dt,
+            hd,
+        )?;
         let k = Kernels {
             embed: f("embed")?,
             add_rmsnorm: f("add_rmsnorm")?,
@@ -157,6 +162,8 @@ impl CudaDecode {
             use_gemv: !env_off("EXPERT_RUNTIME_CUDA_GEMV"),
             use_pdl: !env_off("EXPERT_RUNTIME_CUDA_PDL"),
             lora_sets: HashMap::new(),
+            prefill_kernels,
+            prefill_buffers: None,
             timing: std::env::var("EXPERT_RUNTIME_CUDA_TIMING").is_ok_and(|v| v == "1").then(Timing::default),
             stream,
         }))

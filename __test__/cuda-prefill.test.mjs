@@ -1,0 +1,50 @@
+// The CUDA prefill path (src/model/cuda_decode/prefill.rs: prompt chunks in bf16 as cuBLAS
+// products and its own kernels, attention flash-style on the tensor cores from the paged pool)
+// against the generic candle path, which EXPERT_RUNTIME_CUDA_PREFILL=0 selects for runtimes
+// loaded while it is set. Skipped without a usable GPU; scripts/gpu-check.sh runs it there.
+//
+// Workloads: three sessions whose prompts (300, 260, 220 tokens) are read in one pass and
+// cross the kernel's 64-row tiles; each then continues with a second turn, a prompt chunk
+// that starts at a position > 0 and attends to the first turn's keys in the pool; and the same
+// with two plain LoRAs and the base model mixed in one pass (qwen3-tiny's adapters).
+// Both runs are bf16, rounding at different points (the attention's probabilities are rounded to
+// bf16 before they weigh the values): tokens must agree at least at the first step of each turn
+// and logprobs within BF16_TOL up to the first difference.
+import { describe, it, after } from 'node:test'
+import path from 'node:path'
+import { collect, fixture } from './helpers.mjs'
+import { BF16_TOL, compareRuns, probeCuda, withEnv } from './cuda-parity.mjs'
+
+const MODELS = ['qwen3-tiny', 'qwen3-untied-mqa', 'qwen2-tiny', 'llama-tiny']
+const probe = await probeCuda()
+after(() => probe.rt?.dispose())
+
+const prompt = (s, n) => Array.from({ length: n }, (_, i) => (i * 7919 + s * 31) % 300 + 3)
+
+/** Two turns of three concurrent sessions; per session and turn, its chunks. */
+async function twoTurns(rt, experts = () => []) {
+  const sessions = [0, 1, 2].map(() => rt.createSession())
+  const turn = (n, len) => Promise.all(sessions.map(async (s, i) =>
+    (await collect(s.generate({ tokens: prompt(10 * n + i, len - 40 * i) }, { maxTokens: 24, temperature: 0, experts: experts(i) }))).chunks))
+  return [...(await turn(1, 300)), ...(await turn(2, 150))]
+}
+
+describe('CUDA prefill path', { skip: !probe.rt && `no usable GPU (${probe.error?.message.slice(0, 160)})` }, () => {
+  for (const name of MODELS) {
+    it(`${name} bf16: prompt chunks give the generic path's tokens and logprobs (within ${BF16_TOL})`, async () => {
+      const run = (env) => withEnv(env, name, { device: 'cuda', dtype: 'bf16' }, (rt) => twoTurns(rt))
+      const worst = compareRuns(name, await run({}), await run({ EXPERT_RUNTIME_CUDA_PREFILL: '0' }), { exact: false, tol: BF16_TOL })
+      console.error(`${name} bf16: CUDA prefill path vs generic, max |Δlogprob| ${worst.toExponential(2)}`)
+    })
+  }
+
+  it(`qwen3-tiny bf16 with two LoRAs and the base mixed in one pass: the generic path's tokens and logprobs (within ${BF16_TOL})`, async () => {
+    const experts = (i) => [[], ['lora'], ['lora2']][i]
+    const run = (env) => withEnv(env, 'qwen3-tiny', { device: 'cuda', dtype: 'bf16' }, async (rt) => {
+      for (const name of ['lora', 'lora2']) await rt.loadExpert(path.join(fixture('adapters'), name), { name })
+      return twoTurns(rt, experts)
+    })
+    const worst = compareRuns('lora', await run({}), await run({ EXPERT_RUNTIME_CUDA_PREFILL: '0' }), { exact: false, tol: BF16_TOL })
+    console.error(`qwen3-tiny bf16 + LoRAs: CUDA prefill path vs generic, max |Δlogprob| ${worst.toExponential(2)}`)
+  })
+})

@@ -6,7 +6,9 @@
 // (scripts/gpu_reference.py bench --prefill-lengths, sdpa and eager attention, the same run):
 //   prefill_tok_s[L]      a random L-token prompt, maxTokens 1: L / TTFT, the median of 3 after a
 //                         warm-up (every prompt distinct, so the prefix cache serves none of it;
-//                         the engine reads up to 2,048 prompt rows a pass)
+//                         the engine reads up to 2,048 prompt rows a pass); on the prefill path as
+//                         shipped, with its attention's key split forced to 1 and to 2 warps per
+//                         row group (EXPERT_RUNTIME_CUDA_PREFILL_SPLIT), and on the generic path
 //   check                 one 512-token prompt on both paths: the first token's greedy pick on
 //                         each, and the largest |Δlogprob| over the generic path's top 5 (bf16 on
 //                         both: they round at different points)
@@ -70,6 +72,8 @@ async function measure(label, env) {
 }
 
 const fast = await measure('prefill path', {})
+const split1 = await measure('prefill path, key split 1', { EXPERT_RUNTIME_CUDA_PREFILL_SPLIT: '1' })
+const split2 = await measure('prefill path, key split 2', { EXPERT_RUNTIME_CUDA_PREFILL_SPLIT: '2' })
 const generic = await measure('generic path', { EXPERT_RUNTIME_CUDA_PREFILL: '0' })
 let worst = 0
 for (const t of generic.first.topLogprobs.slice(0, 5)) {
@@ -81,12 +85,12 @@ const hf = args.hf ? JSON.parse(readFileSync(args.hf, 'utf8')) : null
 const hfAt = (impl, n) => hf?.prefill_by_len?.[`${impl}:${n}`] ?? null
 const f = (x) => (x === null || x === undefined ? '—' : x.toFixed(0))
 const r = (a, b) => (a && b ? `${(a / b).toFixed(2)}×` : '—')
-console.log('| prompt tokens | prefill path (tok/s) | generic path (tok/s) | HF sdpa (tok/s) | HF eager (tok/s) | ours / generic | ours / HF sdpa | ours / HF eager |')
-console.log('|---:|---:|---:|---:|---:|---:|---:|---:|')
+console.log('| prompt tokens | prefill path (tok/s) | key split 1 | key split 2 | generic path | HF sdpa | HF eager | ours / generic | ours / HF sdpa | ours / HF eager |')
+console.log('|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
 for (const n of lengths) {
   const [a, g, s, e] = [fast.tokS[n], generic.tokS[n], hfAt('sdpa', n), hfAt('eager', n)]
-  console.log(`| ${n} | ${f(a)} | ${f(g)} | ${f(s)} | ${f(e)} | ${r(a, g)} | ${r(a, s)} | ${r(a, e)} |`)
+  console.log(`| ${n} | ${f(a)} | ${f(split1.tokS[n])} | ${f(split2.tokS[n])} | ${f(g)} | ${f(s)} | ${f(e)} | ${r(a, g)} | ${r(a, s)} | ${r(a, e)} |`)
 }
 console.log(`512-token prompt, first token: same greedy pick on both paths: ${check.same_greedy}; max |Δlogprob| over the top 5: ${worst.toFixed(4)}`)
 console.log(`device memory after load: ${((fast.afterLoad ?? 0) / 1e9).toFixed(2)} GB; engine account: ${JSON.stringify(fast.memory)}`)
-if (args.out) writeFileSync(args.out, JSON.stringify({ ours: { prefill: fast.tokS, generic: generic.tokS, check, memory: fast.memory, after_load: fast.afterLoad }, hf }, null, 2) + '\n')
+if (args.out) writeFileSync(args.out, JSON.stringify({ ours: { prefill: fast.tokS, split1: split1.tokS, split2: split2.tokS, generic: generic.tokS, check, memory: fast.memory, after_load: fast.afterLoad }, hf }, null, 2) + '\n')

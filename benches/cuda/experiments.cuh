@@ -64,8 +64,7 @@ extern "C" __global__ void gemv_add_rmsnorm_bf16(const bf16* xin, int ldx, const
   gemv_add_rmsnorm<bf16>(xin, ldx, w, y, ldy, rows, n, k, parts, res, nw, out, eps, vthreads, done);
 }
 
-// attn_decode's variants (cuda_decode.cu): head_dim fixed at 128, the first tile loaded before
-// pdl_wait, and both.
-ATTN_KERNEL(attn_decode_hd128_bf16, bf16, 128, false)
+// attn_decode's variants (cuda_decode.cu): the first tile loaded before pdl_wait, with head_dim an
+// argument and fixed at 128 (fixed at 128 alone, attn_decode_hd128_bf16, is in cuda_decode.cu).
 ATTN_KERNEL(attn_decode_early_bf16, bf16, 0, true)
 ATTN_KERNEL(attn_decode_hd128_early_bf16, bf16, 128, true)

@@ -57,8 +57,24 @@ struct Chunk {
   int pos, n;
 };
 
+using PrefillKernel = decltype(&attn_prefill_bf16_h128_k1);
+
+// The kernel for head_dim `hd` whose blocks split their keys between `ks` warps per row group.
+static PrefillKernel prefill_kernel(int hd, int ks) {
+  switch (hd * 10 + ks) {
+    case 1281: return attn_prefill_bf16_h128_k1;
+    case 1282: return attn_prefill_bf16_h128_k2;
+    case 641: return attn_prefill_bf16_h64_k1;
+    case 642: return attn_prefill_bf16_h64_k2;
+    case 321: return attn_prefill_bf16_h32_k1;
+    case 322: return attn_prefill_bf16_h32_k2;
+    case 161: return attn_prefill_bf16_h16_k1;
+    default: return attn_prefill_bf16_h16_k2;
+  }
+}
+
 // A pass over `chunks` (each its own sequence with a shuffled block table) against the reference.
-static bool check(int hd, int window, const std::vector<Chunk>& chunks, u32 seed) {
+static bool check(int hd, int ks, int window, const std::vector<Chunk>& chunks, u32 seed) {
   const int nh = 16, nkv = 8, bs = 16, wide = (nh + 2 * nkv) * hd, nblk_seq = 8192 / bs;
   const float scale = 1.f / sqrtf((float)hd);
   int rows = 0, longest = 0;
@@ -101,8 +117,7 @@ static bool check(int hd, int window, const std::vector<Chunk>& chunks, u32 seed
   CK(cudaMalloc(&out, nout * 2));
   CK(cudaMalloc(&ref, nout * 4));
   CK(cudaMemset(out, 0xff, nout * 2)); // NaN: an unwritten element fails
-  auto kernel = hd == 128 ? attn_prefill_bf16_h128 : hd == 64 ? attn_prefill_bf16_h64 : hd == 32 ? attn_prefill_bf16_h32 : attn_prefill_bf16_h16;
-  kernel<<<dim3(ntiles, nh), NWARP * 32>>>(q, wide, kp, vp, dt, dtab, nh, nkv, bs, window, scale, out);
+  prefill_kernel(hd, ks)<<<dim3(ntiles, nh), ks * 4 * 32>>>(q, wide, kp, vp, dt, dtab, nh, nkv, bs, window, scale, out);
   CK(cudaGetLastError());
   attn_ref<<<dim3(rows, nh), 128, (longest + 1) * 4>>>(q, wide, kp, vp, dp, dto, dtab, nh, nkv, hd, bs, window, scale, ref);
   CK(cudaGetLastError());
@@ -123,7 +138,7 @@ static bool check(int hd, int window, const std::vector<Chunk>& chunks, u32 seed
   }
   const double rel = sqrt(num / den);
   const bool ok = bad == 0 && rel < 1e-2;
-  printf("| %d | %d | %s | %d | %.2e | %zu | %s |\n", hd, window, [&] {
+  printf("| %d | %d | %d | %s | %d | %.2e | %zu | %s |\n", hd, ks, window, [&] {
     static char buf[128];
     buf[0] = 0;
     for (auto& c : chunks) snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%d+%d ", c.pos, c.n);
@@ -136,14 +151,18 @@ static bool check(int hd, int window, const std::vector<Chunk>& chunks, u32 seed
 
 int main() {
   bool ok = true;
-  printf("| head_dim | window | chunks (pos+rows) | rows | ‖out − ref‖ / ‖ref‖ | non-finite | |\n|---:|---:|---|---:|---:|---:|---|\n");
+  printf("| head_dim | key split | window | chunks (pos+rows) | rows | ‖out − ref‖ / ‖ref‖ | non-finite | |\n"
+         "|---:|---:|---:|---|---:|---:|---:|---|\n");
   u32 seed = 1;
   for (int hd : {128, 64, 32, 16}) {
-    ok &= check(hd, 0, {{0, 512}}, seed++);
-    ok &= check(hd, 0, {{0, 100}, {300, 200}, {37, 1}, {1000, 65}}, seed++);
-    ok &= check(hd, 0, {{2000, 48}, {0, 1}}, seed++);
-    ok &= check(hd, 64, {{0, 300}, {300, 200}}, seed++);
-    ok &= check(hd, 1000, {{1500, 130}}, seed++);
+    for (int ks : {1, 2}) {
+      ok &= check(hd, ks, 0, {{0, 512}}, seed++);
+      ok &= check(hd, ks, 0, {{0, 100}, {300, 200}, {37, 1}, {1000, 65}}, seed++);
+      ok &= check(hd, ks, 0, {{2000, 48}, {0, 1}}, seed++);
+      ok &= check(hd, ks, 64, {{0, 300}, {300, 200}}, seed++);
+      ok &= check(hd, ks, 1000, {{1500, 130}}, seed++);
+      ok &= check(hd, ks, 40, {{0, 33}, {90, 7}}, seed++);
+    }
   }
   // Device time on the Qwen3-0.6B shape (16 query heads, 8 KV heads, head_dim 128), one chunk
   // from position 0, identity block tables.
@@ -159,8 +178,9 @@ int main() {
   u32* dtab;
   CK(cudaMalloc(&dtab, tab.size() * 4));
   CK(cudaMemcpy(dtab, tab.data(), tab.size() * 4, cudaMemcpyHostToDevice));
-  printf("\n| prompt rows | attn_prefill (µs) | TFLOP/s (causal) | ×28 layers (ms) |\n|---:|---:|---:|---:|\n");
-  for (int n : {512, 2048, 8192}) {
+  printf("\n| prompt rows | key split | attn_prefill (µs) | TFLOP/s (causal) | ×28 layers (ms) |\n|---:|---:|---:|---:|---:|\n");
+  for (int n : {512, 1024, 2048, 8192})
+  for (int ks : {1, 2}) {
     std::vector<u32> tiles;
     for (int first = 0; first < n; first += PTILE) tiles.insert(tiles.end(), {(u32)first, (u32)std::min(PTILE, n - first), (u32)first, 0u});
     u32* dt;
@@ -168,11 +188,11 @@ int main() {
     CK(cudaMemcpy(dt, tiles.data(), tiles.size() * 4, cudaMemcpyHostToDevice));
     const int ntiles = (int)tiles.size() / 4;
     const float us = time_us(s, [&] {
-      launch(true, attn_prefill_bf16_h128, dim3(ntiles, nh), NWARP * 32, 0, s, (const bf16*)q, wide, (const bf16*)kp,
+      launch(true, prefill_kernel(hd, ks), dim3(ntiles, nh), ks * 4 * 32, 0, s, (const bf16*)q, wide, (const bf16*)kp,
              (const bf16*)vp, (const u32*)dt, (const u32*)dtab, nh, nkv, bs, 0, 1.f / sqrtf((float)hd), out);
     });
     const double flop = 4.0 * hd * nh * (double)n * (n + 1) / 2;
-    printf("| %d | %.1f | %.1f | %.2f |\n", n, us, flop / us / 1e6, us * 28 / 1000);
+    printf("| %d | %d | %.1f | %.1f | %.2f |\n", n, ks, us, flop / us / 1e6, us * 28 / 1000);
     CK(cudaFree(dt));
   }
   printf("\nprefill attention check: %s\n", ok ? "all ok" : "FAILED");

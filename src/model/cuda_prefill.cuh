@@ -88,36 +88,48 @@ __device__ void norm_rows(const T* x, const T* add, const T* w, T* out, const u3
     st(&orow[i], scale * rnd<T>(ld(x[src + i]) + ld(add[src + i])) * ld(w[i]));
 }
 
-#define PTILE 64 // query rows of a prefill attention block (16 a warp), and positions of a key tile
+#define PTILE 64 // query rows of a prefill attention block (16 a warp), and key positions a step
 
 // Causal attention of a pass's rows, flash-attention style, bf16 on the tensor cores. Grid
-// (tiles, nh), NWARP warps. A tile is up to PTILE consecutive rows of one chunk: `tiles` holds per
-// tile its first row in the pass, its row count, the position of its first row and the offset of
-// its sequence's block table in `tables`. Block (t, h) attends query head h of the tile's rows
-// (queries finished by qkv_rows, `stride` apart) to KV head h / (nh / nkv):
+// (tiles, nh), 4 · KS warps. A tile is up to PTILE consecutive rows of one chunk: `tiles` holds
+// per tile its first row in the pass, its row count, the position of its first row and the offset
+// of its sequence's block table in `tables`. Block (t, h) attends query head h of the tile's rows
+// (queries finished by qkv_rows, `stride` apart) to KV head h / (nh / nkv). Warp w holds rows
+// 16 · (w % 4) .. + 16 and takes the keys of split w / 4:
 // 1. each warp keeps its 16 queries as mma fragments in registers;
-// 2. per tile of PTILE key positions, from the first one the tile's first row sees (with a
+// 2. per step of PTILE key positions, from the first one the tile's first row sees (with a
 //    sliding window of `window` > 0 positions, a row at p sees p + 1 − window ..= p) to its last
-//    row's position: the keys (row-major) and values (transposed) are copied from the pool into
-//    shared memory; each warp whose rows see any of them computes its scores (S = Q Kᵀ), masks
-//    them, runs the online softmax in registers (each row's max and sum kept by the four lanes
-//    that hold it, in the log2 domain), and adds P V to its output fragments, P rounded to bf16;
-// 3. the output, divided by each row's sum, rounded to bf16, into out ([rows, nh · HD]).
-template <int HD>
+//    row's position: the step's keys (row-major) and values (transposed) are copied from the pool
+//    into shared memory, KS tiles of PTILE / KS positions; each warp whose rows see any of its
+//    split's tile computes its scores (S = Q Kᵀ), masks them, runs the online softmax in
+//    registers (each row's max and sum kept by the four lanes that hold it, in the log2 domain),
+//    and adds P V to its output fragments, P rounded to bf16;
+// 3. with KS = 2 the two warps of each row group merge their maxima, sums and outputs through
+//    shared memory; the output, divided by each row's sum, rounded to bf16, goes to out
+//    ([rows, nh · HD]).
+// Splitting the keys between warps halves the longest chain of dependent steps (the tile of a
+// short prompt's last rows, which sees every key), where a block has little else to overlap.
+template <int HD, int KS>
 __device__ void attn_prefill(const bf16* q, int stride, const bf16* kpool, const bf16* vpool, const u32* tiles,
                              const u32* tables, int nh, int nkv, int bs, int window, float scale, bf16* out) {
-  constexpr int KB = HD / 16, NB = PTILE / 8, VB = HD / 8, CH = HD / 8;
-  constexpr int LDK = HD + 8, LDV = PTILE + 8; // padded rows: the fragment loads hit 32 banks
-  __shared__ __align__(16) bf16 ks[PTILE * LDK];
-  __shared__ __align__(16) bf16 vt[HD * LDV];
+  constexpr int KT = PTILE / KS; // key positions of a warp's tile
+  constexpr int KB = HD / 16, NB = KT / 8, VB = HD / 8, CH = HD / 8;
+  constexpr int LDK = HD + 8, LDV = KT + 8; // padded rows: the fragment loads hit 32 banks
+  constexpr int TILE_BYTES = KS * (KT * LDK + HD * LDV) * 2;
+  constexpr int MERGE = 4 * VB + 4;                             // floats a lane hands its partner
+  constexpr int MERGE_BYTES = KS > 1 ? 4 * MERGE * 32 * 4 : 0; // four row groups' lanes
+  __shared__ __align__(16) unsigned char smem[TILE_BYTES > MERGE_BYTES ? TILE_BYTES : MERGE_BYTES];
+  bf16* const ks = (bf16*)smem;         // [KS][KT][LDK]
+  bf16* const vt = ks + KS * KT * LDK;  // [KS][HD][LDV]
   pdl_launch();
   const u32* tile = tiles + 4 * blockIdx.x;
   const int h = blockIdx.y, g = h / (nh / nkv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t4 = lane & 3;
+  const int split = warp >> 2;
   const int row0 = (int)tile[0], n = (int)tile[1], pos0 = (int)tile[2];
   const u32* table = tables + tile[3];
   pdl_wait();
-  const int wrow = warp * 16, r0 = wrow + gr, r1 = r0 + 8;
+  const int wrow = (warp & 3) * 16, r0 = wrow + gr, r1 = r0 + 8;
   const bool active = wrow < n;
   const int qp0 = pos0 + r0, qp1 = pos0 + r1, last = pos0 + n - 1;
   const int wfirst = pos0 + wrow, wlast = pos0 + min(wrow + 15, n - 1);
@@ -141,31 +153,36 @@ __device__ void attn_prefill(const bf16* q, int stride, const bf16* kpool, const
   for (int vb = 0; vb < VB; vb++) o[vb][0] = o[vb][1] = o[vb][2] = o[vb][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const float sl2 = scale * 1.4426950408889634f; // scores in the log2 domain
-  for (int k0 = lo / PTILE * PTILE; k0 <= last; k0 += PTILE) {
-    // 2a. The tile: positions before `lo` or after `last` as zeros (never read from the pool).
-    __syncthreads(); // the previous tile's reads are done
-    for (int c = threadIdx.x; c < PTILE * CH; c += NWARP * 32) {
-      const int p = c / CH, f = (c % CH) * 8, key = k0 + p;
+  for (int step = lo / PTILE * PTILE; step <= last; step += PTILE) {
+    // 2a. The step's keys: positions before `lo` or after `last` as zeros (never read from the pool).
+    __syncthreads(); // the previous step's reads are done
+    for (int c = threadIdx.x; c < PTILE * CH; c += KS * 4 * 32) {
+      const int p = c / CH, f = (c % CH) * 8, key = step + p;
       uint4 kk = make_uint4(0u, 0u, 0u, 0u), vv = kk;
       if (key >= lo && key <= last) {
         const size_t at = ((size_t)table[key / bs] * (size_t)bs + (size_t)(key % bs)) * (size_t)(nkv * HD) + g * HD + f;
         kk = *(const uint4*)(kpool + at);
         vv = *(const uint4*)(vpool + at);
       }
-      *(uint4*)(ks + p * LDK + f) = kk;
+      const int tk = p / KT, pk = p % KT;
+      *(uint4*)(ks + (tk * KT + pk) * LDK + f) = kk;
       const bf16* ve = (const bf16*)&vv;
+      bf16* vdst = vt + tk * HD * LDV + pk;
 #pragma unroll
-      for (int i = 0; i < 8; i++) vt[(f + i) * LDV + p] = ve[i];
+      for (int i = 0; i < 8; i++) vdst[(f + i) * LDV] = ve[i];
     }
     __syncthreads();
-    // A warp whose rows see none of the tile skips it (warp-uniform).
-    if (!active || k0 > wlast || (window > 0 && k0 + PTILE <= wfirst + 1 - window)) continue;
+    const int k0 = step + split * KT; // this warp's tile
+    // A warp whose rows see none of its tile skips it (warp-uniform).
+    if (!active || k0 > wlast || (window > 0 && k0 + KT <= wfirst + 1 - window)) continue;
+    const bf16* kst = ks + split * KT * LDK;
+    const bf16* vtt = vt + split * HD * LDV;
     // 2b. Scores.
     float s[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) {
       s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
-      const bf16* kr = ks + (nb * 8 + gr) * LDK + 2 * t4;
+      const bf16* kr = kst + (nb * 8 + gr) * LDK + 2 * t4;
 #pragma unroll
       for (int kb = 0; kb < KB; kb++) mma_bf16(s[nb], qa[kb], *(const u32*)(kr + kb * 16), *(const u32*)(kr + kb * 16 + 8));
     }
@@ -210,22 +227,54 @@ __device__ void attn_prefill(const bf16* q, int stride, const bf16* kpool, const
     }
     // 2d. o += P · V: the score fragments of key blocks 2j and 2j + 1 are P's a fragment of k block j.
 #pragma unroll
-    for (int j = 0; j < PTILE / 16; j++) {
+    for (int j = 0; j < KT / 16; j++) {
       const u32 pa[4] = {pack_bf16(s[2 * j][0], s[2 * j][1]), pack_bf16(s[2 * j][2], s[2 * j][3]),
                          pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]), pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3])};
-      const bf16* vr = vt + gr * LDV + j * 16 + 2 * t4;
+      const bf16* vr = vtt + gr * LDV + j * 16 + 2 * t4;
 #pragma unroll
       for (int vb = 0; vb < VB; vb++)
         mma_bf16(o[vb], pa, *(const u32*)(vr + vb * 8 * LDV), *(const u32*)(vr + vb * 8 * LDV + 8));
     }
   }
-  if (!active) return;
-  // 3. The output.
+  // 3. Each row's sum over its four lanes, the merge of the splits, the output.
+  if (active) {
 #pragma unroll
-  for (int i = 0; i < 2; i++) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    for (int i = 0; i < 2; i++) {
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
   }
+  if constexpr (KS > 1) {
+    // Split 1 hands its lanes' values to split 0's same lanes (element-major: no bank conflicts).
+    float* mg = (float*)smem + (warp & 3) * MERGE * 32 + lane;
+    __syncthreads(); // the last step's tiles are read
+    if (active && split == 1) {
+#pragma unroll
+      for (int vb = 0; vb < VB; vb++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) mg[(4 * vb + e) * 32] = o[vb][e];
+      }
+      mg[(4 * VB) * 32] = m[0];
+      mg[(4 * VB + 1) * 32] = m[1];
+      mg[(4 * VB + 2) * 32] = l[0];
+      mg[(4 * VB + 3) * 32] = l[1];
+    }
+    __syncthreads();
+    if (split != 0 || !active) return;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const float m2 = mg[(4 * VB + i) * 32], l2 = mg[(4 * VB + 2 + i) * 32];
+      const float mm = fmaxf(m[i], m2);
+      const float a = m[i] == -INFINITY ? 0.f : exp2f(m[i] - mm), b = m2 == -INFINITY ? 0.f : exp2f(m2 - mm);
+      l[i] = l[i] * a + l2 * b;
+#pragma unroll
+      for (int vb = 0; vb < VB; vb++) {
+        o[vb][2 * i] = o[vb][2 * i] * a + mg[(4 * vb + 2 * i) * 32] * b;
+        o[vb][2 * i + 1] = o[vb][2 * i + 1] * a + mg[(4 * vb + 2 * i + 1) * 32] * b;
+      }
+    }
+  }
+  if (!active) return;
 #pragma unroll
   for (int vb = 0; vb < VB; vb++) {
     const int f = h * HD + vb * 8 + 2 * t4;
@@ -248,13 +297,17 @@ extern "C" __global__ void norm_rows_bf16(const bf16* x, const bf16* add, const 
   norm_rows<bf16>(x, add, w, out, rows, n, eps);
 }
 
-#define PREFILL_KERNEL(HD)                                                                                        \
-  extern "C" __global__ void __launch_bounds__(NWARP * 32)                                                       \
-      attn_prefill_bf16_h##HD(const bf16* q, int stride, const bf16* kpool, const bf16* vpool, const u32* tiles, \
-                              const u32* tables, int nh, int nkv, int bs, int window, float scale, bf16* out) {   \
-    attn_prefill<HD>(q, stride, kpool, vpool, tiles, tables, nh, nkv, bs, window, scale, out);                   \
+// attn_prefill_bf16_h{HD}_k{KS}: KS = 1 (4 warps, every warp over every key) and KS = 2 (8 warps,
+// the keys split between two); the host launches 32 · 4 · KS threads.
+#define PREFILL_KERNEL(HD, KS)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(KS * 4 * 32)                                                      \
+      attn_prefill_bf16_h##HD##_k##KS(const bf16* q, int stride, const bf16* kpool, const bf16* vpool,           \
+                                      const u32* tiles, const u32* tables, int nh, int nkv, int bs, int window,   \
+                                      float scale, bf16* out) {                                                   \
+    attn_prefill<HD, KS>(q, stride, kpool, vpool, tiles, tables, nh, nkv, bs, window, scale, out);               \
   }
-PREFILL_KERNEL(16)
-PREFILL_KERNEL(32)
-PREFILL_KERNEL(64)
-PREFILL_KERNEL(128)
+#define PREFILL_KERNELS(HD) PREFILL_KERNEL(HD, 1) PREFILL_KERNEL(HD, 2)
+PREFILL_KERNELS(16)
+PREFILL_KERNELS(32)
+PREFILL_KERNELS(64)
+PREFILL_KERNELS(128)

@@ -28,14 +28,23 @@ type Outputs = (Option<candle_core::Tensor>, Option<candle_core::Tensor>);
 pub const PREFILL_ROWS: usize = 4096;
 /// Query rows per attention block and key positions per tile (the kernels' PTILE).
 const TILE: usize = 64;
-/// Threads of the attention and q/k/v blocks (the kernels' NWARP warps).
+/// Threads of the q/k/v blocks (the kernels' NWARP warps).
 const THREADS: u32 = 128;
+/// Attention blocks (tiles × query heads) below which each block splits its keys between two
+/// warps per row group (`attn_prefill<HD, 2>`, 256 threads): a short prompt has too few blocks
+/// to fill the GPU, and its last tile's chain of key steps sets the time. From there on, four
+/// warps a block (`<HD, 1>`), more blocks per multiprocessor. `EXPERT_RUNTIME_CUDA_PREFILL_SPLIT`
+/// = 1 or 2 forces one.
+const SPLIT_BELOW_BLOCKS: usize = 512;
 
 /// The prefill kernels of this model (bf16, head_dim 16, 32, 64 or 128).
 pub(super) struct PrefillKernels {
     qkv_rows: CudaFunction,
     norm_rows: CudaFunction,
-    attn: CudaFunction,
+    /// The attention with the keys of a block's step taken by 1 and by 2 warps per row group.
+    attn: [CudaFunction; 2],
+    /// `EXPERT_RUNTIME_CUDA_PREFILL_SPLIT`: always 1 or always 2 (else chosen per pass).
+    split: Option<usize>,
 }
 
 impl PrefillKernels {
@@ -47,10 +56,16 @@ impl PrefillKernels {
         {
             return Ok(None);
         }
+        let split = match std::env::var("EXPERT_RUNTIME_CUDA_PREFILL_SPLIT").as_deref() {
+            Ok("1") => Some(1),
+            Ok("2") => Some(2),
+            _ => None,
+        };
         Ok(Some(Self {
             qkv_rows: f("qkv_rows_bf16")?,
             norm_rows: f("norm_rows_bf16")?,
-            attn: f(&format!("attn_prefill_bf16_h{head_dim}"))?,
+            attn: [f(&format!("attn_prefill_bf16_h{head_dim}_k1"))?, f(&format!("attn_prefill_bf16_h{head_dim}_k2"))?],
+            split,
         }))
     }
 }
@@ -254,6 +269,7 @@ impl CudaDecode {
         let (k_at, v_at) = (qkv + nq as u64 * es, qkv + (nq + nk) as u64 * es);
         let (up_at, wide_i, inter_i) = (gate_up + inter as u64 * es, wide as i32, inter as i32);
         let null = 0u64;
+        let split = k.split.unwrap_or(if tiles * self.nh < SPLIT_BELOW_BLOCKS { 2 } else { 1 });
 
         self.launch("embed", &self.k.embed, (r, 1, 1), norm_threads, &[&self.embed, &at(lay.ids), &x, &h])?;
         for (i, l) in self.layers.iter().enumerate() {
@@ -303,9 +319,9 @@ impl CudaDecode {
             )?;
             self.launch(
                 "attn_prefill",
-                &k.attn,
+                &k.attn[split - 1],
                 (tiles as u32, self.nh as u32, 1),
-                THREADS,
+                32 * 4 * split as u32,
                 &[&qkv, &wide_i, &kp, &vp, &at(lay.tiles), &at(lay.tables), &nh, &nkv, &bs, &window, &scale, &attn],
             )?;
             self.mat("gemm_o", attn, nq, l.o, delta, hid, rows, hid, nq)?;

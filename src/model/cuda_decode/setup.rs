@@ -99,7 +99,8 @@ impl CudaDecode {
         let k = Kernels {
             embed: f("embed")?,
             add_rmsnorm: f("add_rmsnorm")?,
-            attn_decode: f("attn_decode")?,
+            // head_dim 128 in bf16: the variant compiled for it (the same bits, faster).
+            attn_decode: f(if dt == DType::BF16 && hd == 128 { "attn_decode_hd128" } else { "attn_decode" })?,
             silu_mul: f("silu_mul")?,
             widen: f("widen")?,
             greedy_reduce: dev.get_or_load_custom_func("greedy_reduce", MODULE, PTX)?.into_cuda_function(),

@@ -3,15 +3,17 @@
 // against the generic candle path, which EXPERT_RUNTIME_CUDA_PREFILL=0 selects for runtimes
 // loaded while it is set. Skipped without a usable GPU; scripts/gpu-check.sh runs it there.
 //
-// Workloads: three sessions whose prompts (300, 260, 220 tokens) are read in one pass and
-// cross the kernel's 64-row tiles; each then continues with a second turn, a prompt chunk
-// that starts at a position > 0 and attends to the first turn's keys in the pool; and the same
-// with two plain LoRAs and the base model mixed in one pass (qwen3-tiny's adapters).
+// Workloads: three sessions whose prompts (304, 256, 208 tokens) are read in one pass and cross
+// the kernel's 64-row tiles; then three fresh sessions whose prompts are those prompts followed by
+// 150, 110 and 70 more tokens: the prefix cache serves the first part, so their prompt chunks
+// start at a position > 0 and attend to keys already in the pool (the same context on both
+// paths, whatever either generated before); and the same with two plain LoRAs and the base model
+// mixed in one pass (qwen3-tiny's adapters).
 // Both runs are bf16, rounding at different points (the attention's probabilities are rounded to
 // bf16 before they weigh the values), and these tiny random models have near ties: at the first
-// step of each turn (the logits of the prompt chunk itself) the generic path's top 5 tokens must
-// be within BF16_TOL in the prefill path's distribution; then tokens and logprobs are compared up
-// to the first difference.
+// step of each session (the logits of the prompt chunk itself) the generic path's top 5 tokens
+// must be within BF16_TOL in the prefill path's distribution; then tokens and logprobs are
+// compared up to the first difference.
 import { describe, it, after } from 'node:test'
 import assert from 'node:assert/strict'
 import path from 'node:path'
@@ -24,12 +26,15 @@ after(() => probe.rt?.dispose())
 
 const prompt = (s, n) => Array.from({ length: n }, (_, i) => (i * 7919 + s * 31) % 300 + 3)
 
-/** Two turns of three concurrent sessions; per session and turn, its chunks. */
+/** Three concurrent sessions, then three that continue their prompts through the prefix cache;
+ *  per session, its chunks. */
 async function twoTurns(rt, experts = () => []) {
-  const sessions = [0, 1, 2].map(() => rt.createSession())
-  const turn = (n, len) => Promise.all(sessions.map(async (s, i) =>
-    (await collect(s.generate({ tokens: prompt(10 * n + i, len - 40 * i) }, { maxTokens: 24, temperature: 0, topLogprobs: 20, experts: experts(i) }))).chunks))
-  return [...(await turn(1, 300)), ...(await turn(2, 150))]
+  const first = (i) => prompt(10 + i, 304 - 48 * i)
+  const run = (tokens, i) => collect(rt.createSession().generate({ tokens }, { maxTokens: 24, temperature: 0, topLogprobs: 20, experts: experts(i) }))
+  const a = await Promise.all([0, 1, 2].map((i) => run(first(i), i)))
+  const b = await Promise.all([0, 1, 2].map((i) => run([...first(i), ...prompt(20 + i, 150 - 40 * i)], i)))
+  for (const [i, r] of b.entries()) assert.equal((await r.result).usage.cachedTokens, first(i).length, `session ${i}: served from the cache`)
+  return [...a, ...b].map((r) => r.chunks)
 }
 
 function check(label, fast, generic) {

@@ -7,7 +7,8 @@
 // the kernel's 64-row tiles; then three fresh sessions whose prompts are those prompts followed by
 // 150, 110 and 70 more tokens: the prefix cache serves the first part, so their prompt chunks
 // start at a position > 0 and attend to keys already in the pool (the same context on both
-// paths, whatever either generated before); and the same with two plain LoRAs and the base model
+// paths, whatever either generated before; at least one of them must be served from the
+// cache); and the same with two plain LoRAs and the base model
 // mixed in one pass (qwen3-tiny's adapters).
 // Both runs are bf16, rounding at different points (the attention's probabilities are rounded to
 // bf16 before they weigh the values), and these tiny random models have near ties: at the first
@@ -33,7 +34,12 @@ async function twoTurns(rt, experts = () => []) {
   const run = (tokens, i) => collect(rt.createSession().generate({ tokens }, { maxTokens: 24, temperature: 0, topLogprobs: 20, experts: experts(i) }))
   const a = await Promise.all([0, 1, 2].map((i) => run(first(i), i)))
   const b = await Promise.all([0, 1, 2].map((i) => run([...first(i), ...prompt(20 + i, 150 - 40 * i)], i)))
-  for (const [i, r] of b.entries()) assert.equal((await r.result).usage.cachedTokens, first(i).length, `session ${i}: served from the cache`)
+  // A fresh session admitted right as another ends may miss that one's blocks (seen once on an
+  // H200); its prompt then starts at 0, the same context on both paths all the same. The
+  // continuation case needs one session served from the cache.
+  const cached = await Promise.all(b.map(async (r) => (await r.result).usage.cachedTokens))
+  cached.forEach((c, i) => assert.ok(c === 0 || c === first(i).length, `session ${i}: ${c} positions from the cache`))
+  assert.ok(cached.some((c) => c > 0), 'no session was served from the cache')
   return [...a, ...b].map((r) => r.chunks)
 }
 

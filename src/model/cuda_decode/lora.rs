@@ -5,7 +5,7 @@
 use candle_core::cuda_backend::cudarc::driver::CudaSlice;
 use candle_core::Device;
 
-use super::{err, i32n, ptr, slice_ptr, CudaDecode, LORA_ENTRY, LORA_MAX, LORA_RANK, SETS};
+use super::{err, i32n, ptr, CudaDecode, LORA_ENTRY, LORA_MAX, LORA_RANK};
 use crate::error::Result;
 use crate::model::adapt::{Adapters, Proj, Slot};
 
@@ -63,31 +63,12 @@ impl CudaDecode {
 
     /// The LoRA deltas of module `slot` for the rows that run LoRAs: `y` (rows `ldy` apart,
     /// `out` columns) += each adapter's `s · B (A x)`, `x` rows `ldx` apart with `inp` columns.
+    /// `sets` holds each row's set address (a `u64` per row), `t` is the workspace
+    /// (`[rows, LORA_MAX, LORA_RANK]` f32): [`LoraPtrs`].
     #[allow(clippy::too_many_arguments)]
     pub(super) fn lora(
         &self,
-        rows: usize,
-        slot: Slot,
-        x: u64,
-        ldx: usize,
-        inp: usize,
-        y: u64,
-        ldy: usize,
-        out: usize,
-    ) -> Result<()> {
-        let s = self.stream.as_ref();
-        let sets = slice_ptr(&self.b.input, s) + (SETS * 4) as u64;
-        let t = slice_ptr(&self.b.lora_t, s);
-        self.lora_at(sets, t, rows, slot, x, ldx, inp, y, ldy, out)
-    }
-
-    /// [`Self::lora`] with the rows' set addresses at `sets` (a `u64` per row) and the workspace
-    /// `t` (`[rows, LORA_MAX, LORA_RANK]` f32) of the caller's buffers.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn lora_at(
-        &self,
-        sets: u64,
-        t: u64,
+        (sets, t): (u64, u64),
         rows: usize,
         slot: Slot,
         x: u64,
@@ -110,3 +91,6 @@ impl CudaDecode {
         self.launch("lora_expand", &self.k.lora_expand, (r, blocks, 1), 256, &[&sets, &slot_i, &t, &y, &ldy, &out_i])
     }
 }
+
+/// A pass's LoRA inputs, where some row runs LoRAs: the rows' set addresses and the workspace.
+pub(super) type LoraPtrs = Option<(u64, u64)>;

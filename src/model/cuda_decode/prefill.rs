@@ -15,6 +15,7 @@
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice};
 use candle_core::DType;
 
+use super::lora::LoraPtrs;
 use super::{err, i32n, ptr, slice_ptr, CudaDecode, Decoder, Logits, SeqChunk, GREEDY_PARTS, LORA_MAX, LORA_RANK, MAX_ROWS};
 use crate::error::Result;
 use crate::kv::{KvFormat, KvStore};
@@ -260,7 +261,7 @@ impl CudaDecode {
         let input = slice_ptr(&p.input, s);
         let at = |off: usize| input + (off * 4) as u64;
         let lay = p.layout;
-        let (sets, t) = (at(lay.sets), slice_ptr(&p.lora_t, s));
+        let lora: LoraPtrs = lora.then(|| (at(lay.sets), slice_ptr(&p.lora_t, s)));
         let (hid, nq, nk, inter) = (self.h, self.nh * self.hd, self.nkv * self.hd, self.inter);
         let es = self.dtype.size_in_bytes() as u64;
         let wide = nq + 2 * nk;
@@ -271,7 +272,7 @@ impl CudaDecode {
         let (bs, window) = (i32n(store.block_size)?, 0i32);
         let scale = 1f32 / (self.hd as f32).sqrt();
         let (k_at, v_at) = (qkv + nq as u64 * es, qkv + (nq + nk) as u64 * es);
-        let (up_at, wide_i, inter_i) = (gate_up + inter as u64 * es, wide as i32, inter as i32);
+        let wide_i = wide as i32;
         let null = 0u64;
         let split = k.split.unwrap_or(if tiles * self.nh < SPLIT_BELOW_BLOCKS { 2 } else { 1 });
 
@@ -279,18 +280,7 @@ impl CudaDecode {
         for (i, l) in self.layers.iter().enumerate() {
             let add = if i == 0 { null } else { delta };
             self.launch("add_rmsnorm", &self.k.add_rmsnorm, (r, 1, 1), norm_threads, &[&x, &add, &l.ln1, &hn, &h, &eps])?;
-            if l.qkv_fused {
-                self.mat("gemm_qkv", hn, hid, l.q, qkv, wide, rows, wide, hid)?;
-            } else {
-                self.mat("gemm_qkv", hn, hid, l.q, qkv, wide, rows, nq, hid)?;
-                self.mat("gemm_qkv", hn, hid, l.k, k_at, wide, rows, nk, hid)?;
-                self.mat("gemm_qkv", hn, hid, l.v, v_at, wide, rows, nk, hid)?;
-            }
-            if lora {
-                self.lora_at(sets, t, rows, Slot::new(i, Proj::Q), hn, hid, hid, qkv, wide, nq)?;
-                self.lora_at(sets, t, rows, Slot::new(i, Proj::K), hn, hid, hid, k_at, wide, nk)?;
-                self.lora_at(sets, t, rows, Slot::new(i, Proj::V), hn, hid, hid, v_at, wide, nk)?;
-            }
+            self.qkv_products(i, rows, hn, qkv, lora)?;
             let (kp, vp) = store.layer(i);
             let (kp, vp) = (ptr(kp, s)?, ptr(vp, s)?);
             self.launch(
@@ -329,28 +319,14 @@ impl CudaDecode {
                 &[&qkv, &wide_i, &kp, &vp, &at(lay.tiles), &at(lay.tables), &nh, &nkv, &bs, &window, &scale, &attn],
             )?;
             self.mat("gemm_o", attn, nq, l.o, delta, hid, rows, hid, nq)?;
-            if lora {
-                self.lora_at(sets, t, rows, Slot::new(i, Proj::O), attn, nq, nq, delta, hid, hid)?;
+            if let Some(ptrs) = lora {
+                self.lora(ptrs, rows, Slot::new(i, Proj::O), attn, nq, nq, delta, hid, hid)?;
             }
             self.launch("add_rmsnorm", &self.k.add_rmsnorm, (r, 1, 1), norm_threads, &[&x, &delta, &l.ln2, &hn, &h, &eps])?;
-            if l.gate_up_fused {
-                self.mat("gemm_gate_up", hn, hid, l.gate, gate_up, 2 * inter, rows, 2 * inter, hid)?;
-            } else {
-                self.mat("gemm_gate_up", hn, hid, l.gate, gate_up, 2 * inter, rows, inter, hid)?;
-                self.mat("gemm_gate_up", hn, hid, l.up, up_at, 2 * inter, rows, inter, hid)?;
-            }
-            if lora {
-                self.lora_at(sets, t, rows, Slot::new(i, Proj::Gate), hn, hid, hid, gate_up, 2 * inter, inter)?;
-                self.lora_at(sets, t, rows, Slot::new(i, Proj::Up), hn, hid, hid, up_at, 2 * inter, inter)?;
-            }
-            let n = rows * inter;
-            let grid = ((n as u32).div_ceil(256)).min(4096);
-            let two_inter = 2 * inter_i;
-            let n_i = i32n(n)?;
-            self.launch("silu_mul", &self.k.silu_mul, (grid, 1, 1), 256, &[&gate_up, &up_at, &two_inter, &act, &inter_i, &n_i])?;
+            self.gate_up_silu(i, rows, hn, gate_up, act, lora)?;
             self.mat("gemm_down", act, inter, l.down, delta, hid, rows, hid, inter)?;
-            if lora {
-                self.lora_at(sets, t, rows, Slot::new(i, Proj::Down), act, inter, inter, delta, hid, hid)?;
+            if let Some(ptrs) = lora {
+                self.lora(ptrs, rows, Slot::new(i, Proj::Down), act, inter, inter, delta, hid, hid)?;
             }
         }
         // The returned rows: the final norm (with the last residual add), the head, the reduction.

@@ -158,7 +158,15 @@ impl GrammarCompiler {
             _ => Vec::new(),
         };
         let mut c = self.build(grammar)?;
-        c.guard = json.then(|| LoopGuard::new(self.closers.clone()));
+        let response = matches!(format, ResponseFormat::JsonObject | ResponseFormat::JsonSchema { .. });
+        c.guard = json.then(|| {
+            let g = LoopGuard::new(self.closers.clone());
+            if response {
+                g.with_budget()
+            } else {
+                g
+            }
+        });
         c.watch = json.then(|| JsonWatch::new(self.watch_vocab.clone(), Arc::new(places)));
         Ok(Some(c))
     }
@@ -299,6 +307,18 @@ impl Constraint {
         // The matcher was fine before the token; going back one token cannot fail.
         let _ = self.matcher.rollback(1);
         on
+    }
+
+    /// Tells the constraint that the answer may take `remaining` more tokens of `max_tokens`:
+    /// near the end a JSON response format closes what it can (`super::loop_guard`).
+    pub fn set_remaining(&mut self, remaining: usize, max_tokens: usize) {
+        if let Some(g) = &mut self.guard {
+            if g.set_remaining(remaining, max_tokens) {
+                if let Some(m) = &mut self.mask {
+                    g.narrow(m);
+                }
+            }
+        }
     }
 
     /// The tokens allowed next (after [`Self::compute_mask`]).

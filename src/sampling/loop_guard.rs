@@ -12,6 +12,13 @@
 //! the repetition is refused instead, if anything else is allowed. The object then closes as soon as the schema
 //! lets it, with its required members still written, and the answer ends with `stop`.
 //!
+//! The same closing starts when an answer to a JSON response format (`json_object`,
+//! `json_schema`) nears its `maxTokens`: within the last quarter of the budget, at most
+//! [`CLOSING_MARGIN`] tokens. A small model that keeps adding items to an array the schema
+//! does not bound would otherwise be cut off mid-object (`finishReason: 'length'`, text that
+//! does not parse); it closes the array at the next item boundary and the object when its
+//! required members are in, and ends with `stop`. Forced tool calls keep running to the budget.
+//!
 //! Only JSON formats (`json_object`, `json_schema`, forced tool calls) have a guard: in a
 //! regex or a Lark grammar those bytes mean nothing in particular.
 
@@ -25,6 +32,14 @@ pub const MIN_LOOP_TOKENS: usize = 32;
 pub const MIN_REPEATS: usize = 4;
 /// Longest repeated sequence looked for, in tokens.
 pub const MAX_PERIOD: usize = 32;
+/// Most of an answer's last tokens in which a JSON response format closes what it can.
+pub const CLOSING_MARGIN: usize = 128;
+
+/// The tokens at the end of a `max_tokens` budget in which a JSON response format closes what it
+/// can: a quarter of it, at most [`CLOSING_MARGIN`] (none for a budget under 4 tokens).
+pub fn closing_margin(max_tokens: usize) -> usize {
+    (max_tokens / 4).min(CLOSING_MARGIN)
+}
 
 /// The tokens made only of closing bytes (special tokens never), over `bytes` (each token's
 /// bytes, as the grammar compiler's vocabulary holds them): first those that begin with `"`
@@ -43,12 +58,16 @@ pub fn closers(bytes: &[Vec<u8>]) -> Closers {
         }
     }
     let mut words = SimpleVob::alloc(bytes.len());
+    let mut reopen = SimpleVob::alloc(bytes.len());
     for (id, b) in bytes.iter().enumerate() {
         if b.first().is_some_and(u8::is_ascii_alphanumeric) {
             words.allow_token(id as u32);
         }
+        if b.first().is_some_and(|c| matches!(c, b']' | b'}')) && b.contains(&b',') {
+            reopen.allow_token(id as u32);
+        }
     }
-    Closers { quote, bracket, words }
+    Closers { quote, bracket, words, reopen }
 }
 
 /// See [`closers`].
@@ -58,6 +77,9 @@ pub struct Closers {
     bracket: SimpleVob,
     /// Tokens that begin with a letter or a digit (allowed inside strings and values).
     words: SimpleVob,
+    /// Tokens that close a value and go on to the next one (`},`, `}, {`): refused while
+    /// closing, where anything else is allowed.
+    reopen: SimpleVob,
 }
 
 /// One request's watch for a loop.
@@ -68,16 +90,37 @@ pub struct LoopGuard {
     recent: Vec<u32>,
     /// The period of the last loop seen: close what can be closed from then on.
     period: Option<usize>,
+    /// Whether the answer's budget closes it too (JSON response formats, see the module note).
+    budget: bool,
+    /// Whether the budget is nearly spent: close what can be closed from then on.
+    short: bool,
 }
 
 impl LoopGuard {
     pub fn new(closers: Arc<Closers>) -> Self {
-        Self { closers, recent: Vec::new(), period: None }
+        Self { closers, recent: Vec::new(), period: None, budget: false, short: false }
     }
 
-    /// Whether a loop was seen.
+    /// The guard of a JSON response format: it also closes what it can near the end of the
+    /// answer's budget ([`Self::set_remaining`]).
+    pub fn with_budget(mut self) -> Self {
+        self.budget = true;
+        self
+    }
+
+    /// Tells the guard that the answer may take `remaining` more tokens of `max_tokens`; `true`
+    /// when that starts the closing now.
+    pub fn set_remaining(&mut self, remaining: usize, max_tokens: usize) -> bool {
+        if !self.budget || self.short || remaining > closing_margin(max_tokens) {
+            return false;
+        }
+        self.short = true;
+        true
+    }
+
+    /// Whether a loop was seen or the budget is nearly spent.
     pub fn closing(&self) -> bool {
-        self.period.is_some()
+        self.period.is_some() || self.short
     }
 
     /// Records the token just committed.
@@ -92,13 +135,22 @@ impl LoopGuard {
         }
     }
 
-    /// Narrows `mask` once a loop was seen (see the module note); a mask that would be left
-    /// empty stays as it is.
+    /// Narrows `mask` once a loop was seen or the budget is nearly spent (see the module note); a
+    /// mask that would be left empty stays as it is.
     pub fn narrow(&self, mask: &mut SimpleVob) {
-        let Some(p) = self.period else { return };
+        if !self.closing() {
+            return;
+        }
         let c = &*self.closers;
         if mask.len() != c.quote.len() {
             return;
+        }
+        if !mask.and_is_zero(&c.reopen) {
+            let mut rest = mask.clone();
+            rest.sub(&c.reopen);
+            if !rest.is_zero() {
+                *mask = rest;
+            }
         }
         if !mask.and_is_zero(&c.quote) {
             mask.and(&c.quote);
@@ -109,6 +161,7 @@ impl LoopGuard {
             return;
         }
         // No closer: refuse what would repeat the loop once more.
+        let Some(p) = self.period else { return };
         if let Some(&next) = self.recent.len().checked_sub(p).and_then(|i| self.recent.get(i)) {
             if mask.is_allowed(next) && mask.num_set() > 1 {
                 mask.disallow_token(next);
@@ -150,6 +203,47 @@ mod tests {
         assert_eq!(looping(&t), None);
         let distinct: Vec<u32> = (0..200).collect();
         assert_eq!(looping(&distinct), None);
+    }
+
+    #[test]
+    fn near_the_end_of_its_budget_a_response_format_closes() {
+        // 0 `"`, 1 `a`, 2 `]`, 3 `}}`, 4 `,`, 5 `},` (closes an item and opens the next), 6 `7`.
+        let bytes: Vec<Vec<u8>> =
+            vec![b"\"".to_vec(), b"a".to_vec(), b"]".to_vec(), b"}}".to_vec(), b",".to_vec(), b"},".to_vec(), b"7".to_vec()];
+        let closers = Arc::new(closers(&bytes));
+        let between = || {
+            let mut m = SimpleVob::alloc(bytes.len());
+            [2, 3, 4].iter().for_each(|&t| m.allow_token(t));
+            m
+        };
+        let mut g = LoopGuard::new(closers.clone()).with_budget();
+        assert_eq!(closing_margin(512), CLOSING_MARGIN);
+        assert_eq!((closing_margin(100), closing_margin(3), closing_margin(4096)), (25, 0, CLOSING_MARGIN));
+        assert!(!g.set_remaining(129, 512), "outside the margin");
+        let mut m = between();
+        g.narrow(&mut m);
+        assert_eq!(m.to_list(), vec![2, 3, 4]);
+        assert!(g.set_remaining(128, 512), "the margin starts the closing");
+        assert!(!g.set_remaining(10, 512), "once");
+        assert!(g.closing());
+        g.narrow(&mut m);
+        assert_eq!(m.to_list(), vec![2, 3], "a bracket, not another item");
+        // After a number's digit: more digits, or a closer; not the token that closes the item
+        // and opens the next one.
+        let mut after_digit = SimpleVob::alloc(bytes.len());
+        [3, 5, 6].iter().for_each(|&t| after_digit.allow_token(t));
+        g.narrow(&mut after_digit);
+        assert_eq!(after_digit.to_list(), vec![3, 6]);
+        // Without a closer and without a loop, nothing is refused.
+        let mut words = SimpleVob::alloc(bytes.len());
+        [1, 4].iter().for_each(|&t| words.allow_token(t));
+        g.narrow(&mut words);
+        assert_eq!(words.to_list(), vec![1, 4]);
+        // A tool call's guard (no budget) and a budget of 3 tokens never start it.
+        let mut tool = LoopGuard::new(closers.clone());
+        assert!(!tool.set_remaining(0, 512) && !tool.closing());
+        let mut tiny = LoopGuard::new(closers).with_budget();
+        assert!(!tiny.set_remaining(1, 3) && !tiny.closing());
     }
 
     #[test]

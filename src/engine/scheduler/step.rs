@@ -46,6 +46,10 @@ impl Scheduler {
         //    constrained requests (they depend only on the tokens already sampled).
         let mut constrained: Vec<(usize, Box<Constraint>)> =
             self.running.iter_mut().enumerate().filter_map(|(i, seq)| seq.constraint.take().map(|c| (i, c))).collect();
+        for (i, c) in constrained.iter_mut() {
+            let seq = &self.running[*i];
+            c.set_remaining(seq.max_tokens.saturating_sub(seq.usage.completion_tokens), seq.max_tokens);
+        }
         let mut out = None;
         let forward = || {
             let chunks: Vec<SeqChunk> = plan

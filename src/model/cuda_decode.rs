@@ -297,13 +297,7 @@ impl CudaDecode {
         let rows = chunks.len();
         let bs = store.block_size;
         // 0. Each row's LoRA table (built once per expert set).
-        let mut sets = [0u64; MAX_ROWS];
-        for (r, c) in chunks.iter().enumerate() {
-            match self.set_table(c)? {
-                Some(p) => sets[r] = p,
-                None => return Ok(None),
-            }
-        }
+        let Some(sets) = self.set_tables(chunks)? else { return Ok(None) };
         let lora = sets.iter().any(|&p| p != 0);
         // 1. The rows' inputs, one upload.
         let st = &mut self.staging;
@@ -375,13 +369,30 @@ impl CudaDecode {
             return Ok(Some(0));
         }
         if !self.lora_sets.contains_key(&key) {
-            if self.lora_sets.len() >= LORA_SETS {
-                self.lora_sets.clear();
-            }
             let table = self.lora_table(c.experts)?;
             self.lora_sets.insert(key.clone(), table);
         }
         Ok(self.lora_sets[&key].as_ref().map(|t| slice_ptr(t, &self.stream)))
+    }
+
+    /// The addresses of the LoRA tables of `chunks`' expert sets ([`Self::set_table`], 0: the
+    /// base model), or `None` when a set holds adapters this path does not run. The cache of
+    /// tables starts over beyond LORA_SETS before any address of the pass is taken, so none
+    /// of them is freed while the pass uses it.
+    fn set_tables(&mut self, chunks: &[SeqChunk]) -> Result<Option<Vec<u64>>> {
+        let new: HashSet<Vec<u64>> =
+            chunks.iter().map(|c| c.experts.key()).filter(|k| !k.is_empty() && !self.lora_sets.contains_key(k)).collect();
+        if self.lora_sets.len() + new.len() > LORA_SETS {
+            self.lora_sets.clear();
+        }
+        let mut sets = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            match self.set_table(c)? {
+                Some(p) => sets.push(p),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(sets))
     }
 
     /// Whether this path can run over `store`'s pool: every layer's keys and values start on a

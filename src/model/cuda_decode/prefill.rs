@@ -142,7 +142,7 @@ impl CudaDecode {
     /// holds adapters this path does not run.
     pub fn prefill(&mut self, chunks: &[SeqChunk], store: &KvStore) -> Result<Option<Outputs>> {
         let rows: usize = chunks.iter().map(|c| c.tokens.len()).sum();
-        let Some(sets) = self.row_sets(chunks)? else { return Ok(None) };
+        let Some(sets) = self.set_tables(chunks)? else { return Ok(None) };
         if !self.check_pool(store)? {
             return Ok(None);
         }
@@ -343,19 +343,6 @@ impl CudaDecode {
             &[&x, &delta, &self.norm, &out_hn, &at(lay.outs), &h, &eps],
         )?;
         self.issue_head(out_hn, outputs)
-    }
-
-    /// The expert-set table address of each chunk (0: the base model), or `None` when a set holds
-    /// adapters this path does not run.
-    fn row_sets(&mut self, chunks: &[SeqChunk]) -> Result<Option<Vec<u64>>> {
-        let mut sets = vec![0u64; chunks.len()];
-        for (r, c) in chunks.iter().enumerate() {
-            match self.set_table(c)? {
-                Some(p) => sets[r] = p,
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(sets))
     }
 }
 

@@ -371,3 +371,10 @@ export function writeLoraDir(dir, cfg, { rank = 8, alpha = 16, seed = 1, init = 
   mkdirSync(dirname(dir), { recursive: true })
   renameSync(tmp, dir)
 }
+
+/** What the process holds on the runtime's GPU (deviceMemoryTotal − deviceMemoryFree), in
+ *  bytes; `null` on CPU (gpu.mjs, gpu-prefill.mjs). */
+export function deviceMemoryUsed(rt) {
+  const s = rt.stats()
+  return s.deviceMemoryTotal === null ? null : s.deviceMemoryTotal - s.deviceMemoryFree
+}

@@ -18,7 +18,7 @@
 import { readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { Runtime } from '../dist/index.js'
-import { parseBenchArgs, randomTokens } from './common.mjs'
+import { deviceMemoryUsed, parseBenchArgs, randomTokens } from './common.mjs'
 
 const args = parseBenchArgs(process.argv.slice(2), {
   usage: 'node benches/gpu-prefill.mjs --model DIR [--hf HF.json] [--lengths 512,2048,8192] [--out OUT.json]',
@@ -36,10 +36,6 @@ if (!lengths.every((n) => Number.isInteger(n) && n > 0)) throw new Error('--leng
 const config = JSON.parse(readFileSync(join(args.model, 'config.json'), 'utf8'))
 const range = [0, Math.min(config.vocab_size, 150000)]
 const longest = Math.max(...lengths, 512)
-const memUsed = (rt) => {
-  const s = rt.stats()
-  return s.deviceMemoryTotal === null ? null : s.deviceMemoryTotal - s.deviceMemoryFree
-}
 
 /** One runtime's figures, with `env` set while it runs (the engine reads the switches at its
  *  first pass). */
@@ -48,7 +44,7 @@ async function measure(label, env) {
   Object.assign(process.env, env)
   const rt = await Runtime.load(args.model, { device: args.device, dtype: args.dtype, kvCache: { maxTokens: 2 * longest + 1024 } })
   try {
-    const afterLoad = memUsed(rt)
+    const afterLoad = deviceMemoryUsed(rt)
     const memory = rt.stats().memory
     // Warm-up: kernels load, cuBLAS picks its algorithms, the prefill buffers are allocated.
     await rt.createSession().complete({ tokens: randomTokens(5, 2048, range) }, { maxTokens: 1, temperature: 0 })

@@ -22,7 +22,7 @@
 import { readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { Runtime } from '../dist/index.js'
-import { aggregate, concurrent, parseBenchArgs, randomTokens, writeLoraDir } from './common.mjs'
+import { aggregate, concurrent, deviceMemoryUsed, parseBenchArgs, randomTokens, writeLoraDir } from './common.mjs'
 
 const args = parseBenchArgs(process.argv.slice(2), {
   usage: 'node benches/gpu.mjs --model DIR [--hf HF.json] [--loras D1,D2] [--out OUT.json] [--quick] [--device cuda] [--dtype bf16] [--sessions N]',
@@ -51,10 +51,6 @@ const prefillTokens = args.quick ? 128 : 512
 const sessions = args.sessions ?? (args.quick ? 8 : 64)
 const range = [0, Math.min(config.vocab_size, 150000)]
 
-const memUsed = (rt) => {
-  const s = rt.stats()
-  return s.deviceMemoryTotal === null ? null : s.deviceMemoryTotal - s.deviceMemoryFree
-}
 
 async function timedChunks(session, input, opts) {
   const stamps = []
@@ -70,7 +66,7 @@ async function sessionsRun(rt, n, experts) {
   const run = await concurrent(n, (r) => ss[r].generate({ tokens: randomTokens(1000 + r, 16, range) },
     { maxTokens: decodeTokens, temperature: 0, experts: experts(r) }), {
     onChunk: () => {
-      peakMem = Math.max(peakMem, memUsed(rt) ?? 0)
+      peakMem = Math.max(peakMem, deviceMemoryUsed(rt) ?? 0)
       peakKv = Math.max(peakKv, rt.stats().kvDeviceBytes)
     },
   })
@@ -86,7 +82,7 @@ const poolTokens = Math.max(sessions, 8) * (16 + decodeTokens + 16)
 const rt = await Runtime.load(args.model, { device: args.device, dtype: args.dtype, kvCache: { maxTokens: poolTokens } })
 const loadS = (performance.now() - t) / 1000
 const info = rt.info
-const afterLoad = memUsed(rt)
+const afterLoad = deviceMemoryUsed(rt)
 console.error(`loaded in ${loadS.toFixed(2)} s on ${info.deviceName} (${info.device}, ${info.dtype}, ${info.binary} build)`)
 
 // Warm-up: kernels load and cuBLAS picks its algorithms on the first calls.

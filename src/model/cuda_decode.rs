@@ -278,16 +278,22 @@ impl CudaDecode {
         let exact = model.ropes[0].exact_until();
         !chunks.is_empty()
             && chunks.len() <= MAX_ROWS
-            && store.format == KvFormat::Dense(self.dtype)
-            && !store.head_major()
-            && store.kv_heads == self.nkv
-            && store.head_dim == self.hd
+            && self.fits_store(store)
             && chunks.iter().all(|c| {
                 c.tokens.len() == 1
                     && c.virtual_rows.is_empty()
                     && c.logits == Logits::Last
                     && exact.is_none_or(|n| c.seq_len.max(c.pos + 1) <= n)
             })
+    }
+
+    /// Whether the kernels can read and write `store`'s pool: dense in the model dtype, laid out
+    /// position-major, with this model's KV heads and head_dim.
+    fn fits_store(&self, store: &KvStore) -> bool {
+        store.format == KvFormat::Dense(self.dtype)
+            && !store.head_major()
+            && store.kv_heads == self.nkv
+            && store.head_dim == self.hd
     }
 
     /// f32 logits `[rows, vocab]` of a pass that [`Self::accepts`], and per row `[max, greedy id,

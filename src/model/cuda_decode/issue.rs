@@ -6,7 +6,7 @@ use candle_core::cuda_backend::cudarc::driver::{self, CudaSlice};
 use candle_core::DType;
 
 use super::lora::LoraPtrs;
-use super::{err, i32n, ptr, slice_ptr, CudaDecode, Shape, ATTN_THREADS, IDS, LENS, POS, SETS, SLOT, TABLES, TOFF};
+use super::{err, i32n, ptr, slice_ptr, CudaDecode, Shape, ATTN_THREADS, GREEDY_PARTS, IDS, LENS, POS, SETS, SLOT, TABLES, TOFF};
 use crate::error::Result;
 use crate::kv::KvStore;
 use crate::model::adapt::{Proj, Slot};
@@ -203,7 +203,7 @@ impl CudaDecode {
             self.launch("widen", &self.k.widen, (grid, 1, 1), threads, &[&lt, &logits, &(n as i32)])?;
         }
         let (reduced, part, done) = (slice_ptr(&b.reduced, s), slice_ptr(&b.greedy_part, s), slice_ptr(&b.greedy_done, s));
-        let parts = super::prefill::greedy_parts(vocab);
+        let parts = vocab.div_ceil(4096).clamp(1, GREEDY_PARTS) as u32;
         self.launch(
             "greedy_reduce",
             &self.k.greedy_reduce,

@@ -16,9 +16,9 @@ use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice};
 use candle_core::DType;
 
 use super::lora::LoraPtrs;
-use super::{err, i32n, ptr, slice_ptr, CudaDecode, Decoder, Logits, SeqChunk, GREEDY_PARTS, LORA_MAX, LORA_RANK, MAX_ROWS};
+use super::{err, i32n, ptr, slice_ptr, CudaDecode, Decoder, Logits, SeqChunk, LORA_MAX, LORA_RANK, MAX_ROWS};
 use crate::error::Result;
-use crate::kv::{KvFormat, KvStore};
+use crate::kv::KvStore;
 use crate::model::adapt::{Proj, Slot};
 
 /// What a pass returns: f32 logits of the rows asked for and their greedy reduction.
@@ -124,10 +124,7 @@ impl CudaDecode {
             && chunks.len() <= MAX_ROWS
             && chunks.iter().any(|c| c.tokens.len() > 1)
             && chunks.iter().map(|c| c.tokens.len()).sum::<usize>() <= PREFILL_ROWS
-            && store.format == KvFormat::Dense(self.dtype)
-            && !store.head_major()
-            && store.kv_heads == self.nkv
-            && store.head_dim == self.hd
+            && self.fits_store(store)
             && chunks.iter().all(|c| {
                 !c.tokens.is_empty()
                     && c.virtual_rows.is_empty()
@@ -344,9 +341,4 @@ impl CudaDecode {
         )?;
         self.issue_head(out_hn, outputs)
     }
-}
-
-/// Blocks per row of the greedy reduction for a vocabulary of `vocab` entries.
-pub(super) fn greedy_parts(vocab: usize) -> u32 {
-    vocab.div_ceil(4096).clamp(1, GREEDY_PARTS) as u32
 }

@@ -98,12 +98,14 @@ impl NativeSession {
     }
 
     /// Writes the session (history, cache, recurrent state) to `path`, atomically; off the JS
-    /// thread. `SESSION_BUSY` while generating.
-    #[napi]
-    pub async fn save(&self, path: String) -> Result<()> {
+    /// thread. `SESSION_BUSY` while generating: checked here, on the JS thread, so a save
+    /// called while a request runs is refused even when the request ends before the promise
+    /// is polled.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn save<'env>(&self, env: &'env Env, path: String) -> Result<PromiseRaw<'env, ()>> {
         self.check()?;
         let rx = self.engine.save_session(&self.handle, std::path::Path::new(&path));
-        rx.await.map_err(|_| disposed("runtime"))?.map_err(to_napi)
+        env.spawn_future(async move { rx.await.map_err(|_| disposed("runtime"))?.map_err(to_napi) })
     }
 
     #[napi]

@@ -13,6 +13,11 @@
 //      one token for the one the saved session generated, the 16), one token out: the time to
 //      first token an app pays without a saved session.
 // The ratio is re-prefill TTFT / resume; the target is ≥ 10×.
+// Then the prefix cache's disk tier (kvCache.disk), each step in a fresh child process:
+//   4. disk-fill: a chat with a ~2k-token system prompt, with an empty disk tier; its blocks are
+//      written as they fill (the load's extra cost, fingerprinting the model, is reported).
+//   5. disk-warm: a fresh runtime, the same tier: the first chat's time to first token.
+//   6. disk-cold: a fresh runtime without one: the same chat's time to first token.
 //
 // Results: a table on stdout, JSON under <cacheDir>/bench-results/persist-<date>.json.
 import { createRequire } from 'node:module'
@@ -41,7 +46,34 @@ const args = parseBenchArgs(process.argv.slice(2), {
   },
 })
 
-async function child({ step, model, file, tokens, threads }) {
+/** A system prompt of about 2k tokens: seeded words. */
+function systemPrompt() {
+  const words = ['the', 'model', 'answers', 'questions', 'about', 'invoices', 'customers', 'orders', 'and', 'refunds',
+    'politely', 'with', 'short', 'sentences', 'never', 'guessing', 'numbers', 'it', 'cannot', 'see', 'in', 'context']
+  const ids = randomTokens(3, 1700, [0, words.length])
+  return `You are a support assistant. ${ids.map((i) => words[i]).join(' ')}.`
+}
+
+async function diskChild({ step, model, dir, threads }) {
+  const { Runtime } = require(join(root, 'dist', 'index.js'))
+  const t0 = performance.now()
+  const kvCache = step === 'disk-cold' ? {} : { disk: { dir, maxBytes: 2 ** 30 } }
+  const rt = await Runtime.load(model, { threads, contextLength: 4096, kvCache })
+  const out = { loadMs: performance.now() - t0 }
+  const s = rt.createSession({ system: systemPrompt() })
+  const t1 = performance.now()
+  const stream = s.generate('Hello', { temperature: 0, maxTokens: 1 })
+  for await (const _ of stream) out.ttftMs ??= performance.now() - t1
+  out.promptTokens = stream.result.usage.promptTokens
+  out.cachedTokens = stream.result.usage.cachedTokens
+  out.disk = rt.stats().kvDisk
+  await rt.dispose()
+  return out
+}
+
+async function child(spec) {
+  if (spec.step.startsWith('disk-')) return diskChild(spec)
+  const { step, model, file, tokens, threads } = spec
   const { Runtime } = require(join(root, 'dist', 'index.js'))
   const rt = await Runtime.load(model, { threads, contextLength: tokens + 256 })
   const history = randomTokens(1, tokens, TOKEN_RANGE)
@@ -98,6 +130,11 @@ async function parent() {
           await waitIdleThenSay(args, rep, `${m.key} ${step}`)
           run[step] = runChild(self, spec(step), `${step} ${m.key}`)
         }
+        const tier = join(dir, `${m.key}-tier-${rep}`)
+        for (const step of ['disk-fill', 'disk-warm', 'disk-cold']) {
+          await waitIdleThenSay(args, rep, `${m.key} ${step}`)
+          run[step] = runChild(self, { step, model: m.path, dir: tier, threads: args.threads }, `${step} ${m.key}`)
+        }
         runs.push(run)
       }
       results.models[m.key] = { label: m.label, runs }
@@ -122,6 +159,23 @@ async function parent() {
       fmt(resume).padStart(9),
       fmt(prefill).padStart(18),
       `${fmt(prefill / resume, 1)}x (cached ${runs[0].restore.cachedTokens})`,
+    ]
+    console.log(cells.join(' | '))
+  }
+  console.log('\nA fresh process\'s first chat with a ~2k-token system prompt: the disk tier warm (written by an earlier process) against none')
+  console.log('model                  | prompt | from disk | load ms, tier / none | TTFT warm tier ms | TTFT no tier ms | no tier / warm')
+  for (const m of models) {
+    const { runs } = results.models[m.key]
+    const warm = best(runs, (r) => r['disk-warm'].ttftMs)
+    const cold = best(runs, (r) => r['disk-cold'].ttftMs)
+    const cells = [
+      m.label.padEnd(22),
+      String(runs[0]['disk-warm'].promptTokens).padStart(6),
+      String(runs[0]['disk-warm'].cachedTokens).padStart(9),
+      `${fmt(best(runs, (r) => r['disk-warm'].loadMs))} / ${fmt(best(runs, (r) => r['disk-cold'].loadMs))}`.padStart(20),
+      fmt(warm).padStart(17),
+      fmt(cold).padStart(15),
+      `${fmt(cold / warm, 1)}x`,
     ]
     console.log(cells.join(' | '))
   }

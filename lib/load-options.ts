@@ -4,7 +4,7 @@
 import type * as N from '../native'
 import { checkInt, onlyKeys, optionKeys } from './checks'
 import { invalidArgument } from './errors'
-import type { KvCacheOptions, LoadOptions, RopeScaling } from './types'
+import type { KvCacheOptions, KvDiskOptions, LoadOptions, RopeScaling } from './types'
 
 // The keys each options object takes (checked complete against its type): any other key is
 // refused with INVALID_ARGUMENT naming the nearest of them.
@@ -12,7 +12,8 @@ export const LOAD_KEYS = optionKeys<LoadOptions>({
   device: true, dtype: true, contextLength: true, ropeScaling: true, threads: true, quantize: true, mmap: true,
   onProgress: true, kvCache: true, hub: true, onDownloadProgress: true, memoryLimit: true,
 })
-const KV_CACHE_KEYS = optionKeys<KvCacheOptions>({ blockSize: true, maxTokens: true, maxBytes: true, idleReleaseMs: true, prefixCache: true, dtype: true, maxSequences: true })
+const KV_CACHE_KEYS = optionKeys<KvCacheOptions>({ blockSize: true, maxTokens: true, maxBytes: true, idleReleaseMs: true, prefixCache: true, dtype: true, maxSequences: true, disk: true })
+const KV_DISK_KEYS = optionKeys<KvDiskOptions>({ dir: true, maxBytes: true })
 /** Every member's keys of a union type. */
 type KeysOfUnion<T> = T extends unknown ? keyof T : never
 /**
@@ -53,6 +54,13 @@ export function nativeLoadOptions(o: EngineLoadOptions): { device: NonNullable<L
     if (kv.prefixCache !== undefined && typeof kv.prefixCache !== 'boolean') throw invalidArgument('kvCache.prefixCache must be a boolean')
     if (kv.dtype !== undefined && typeof kv.dtype !== 'string') throw invalidArgument('kvCache.dtype must be a string')
     if (kv.maxSequences !== undefined) checkInt('kvCache.maxSequences', kv.maxSequences, 1, 4096)
+    if (kv.disk !== undefined) {
+      const d = kv.disk
+      if (d === null || typeof d !== 'object' || Array.isArray(d)) throw invalidArgument('kvCache.disk must be an object { dir, maxBytes }')
+      onlyKeys(d, KV_DISK_KEYS, 'kvCache.disk')
+      if (typeof d.dir !== 'string' || d.dir.length === 0 || d.dir.includes('\0')) throw invalidArgument('kvCache.disk.dir must be a non-empty path')
+      checkInt('kvCache.disk.maxBytes', d.maxBytes, 1, Number.MAX_SAFE_INTEGER)
+    }
   }
   const ropeScaling = ropeScalingJson(o.ropeScaling)
   const device = o.device ?? (process.env.EXPERT_RUNTIME_DEVICE as LoadOptions['device']) ?? 'auto'
@@ -70,7 +78,7 @@ export function nativeLoadOptions(o: EngineLoadOptions): { device: NonNullable<L
     threads: o.threads,
     quantize: o.quantize,
     mmap: o.mmap,
-    kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, maxBytes: kv.maxBytes, idleReleaseMs: kv.idleReleaseMs, prefixCache: kv.prefixCache, dtype: kv.dtype, maxSequences: kv.maxSequences } : undefined,
+    kvCache: kv ? { blockSize: kv.blockSize, maxTokens: kv.maxTokens, maxBytes: kv.maxBytes, idleReleaseMs: kv.idleReleaseMs, prefixCache: kv.prefixCache, dtype: kv.dtype, maxSequences: kv.maxSequences, disk: kv.disk ? { dir: kv.disk.dir, maxBytes: kv.disk.maxBytes } : undefined } : undefined,
   }
   return { device, native }
 }

@@ -315,7 +315,7 @@ export class Runtime {
     this.#check()
     try {
       const s = this.#native.stats()
-      return { ...s, deviceMemoryFree: s.deviceMemoryFree ?? null, deviceMemoryTotal: s.deviceMemoryTotal ?? null, memory: { ...s.memory } }
+      return { ...s, deviceMemoryFree: s.deviceMemoryFree ?? null, deviceMemoryTotal: s.deviceMemoryTotal ?? null, memory: { ...s.memory }, kvDisk: s.kvDisk ? { ...s.kvDisk } : null }
     } catch (e) {
       throw toError(e)
     }

@@ -241,6 +241,28 @@ export interface KvCacheOptions {
    * when half the default pool budget holds fewer. Ignored for other models.
    */
   maxSequences?: number
+  /**
+   * A disk tier for the prefix cache: full blocks are also written to files in `dir` (off the
+   * engine thread, as soon as they are full, so a quit or a crash keeps them), keyed by chained
+   * SHA-256 hashes of their tokens over the model's fingerprint, the pool's layout and the
+   * expert set. A runtime started later on the same model files finds them: a long system
+   * prompt then costs a disk read, not a prefill. Every file carries its key and a checksum; a
+   * torn, foreign or swapped file is skipped, never used. The directory is kept within
+   * `maxBytes`, least recently used first; several processes may share it (eviction takes a
+   * lock, as the download cache does). Loading reads the model's files once to fingerprint
+   * them. Not yet for models with sliding-window or recurrent layers (`INVALID_ARGUMENT`).
+   * Blocks computed under experts are kept only where the experts were loaded from files
+   * (their fingerprint keys them). `stats().kvDisk` counts what it did.
+   */
+  disk?: KvDiskOptions
+}
+
+/** `kvCache.disk`: where the prefix cache keeps blocks across restarts. */
+export interface KvDiskOptions {
+  /** A directory (created if missing). */
+  dir: string
+  /** Bytes of block files the directory may hold (at least one block's file). */
+  maxBytes: number
 }
 
 /** What the KV pool stores keys and values as (`KvCacheOptions.dtype`). */

@@ -123,6 +123,26 @@ export interface RuntimeStats {
    * pool), the recurrent state sequences hold, and the resident experts.
    */
   memory: { weights: number; kv: number; state: number; experts: number }
+  /** The prefix cache's disk tier (`kvCache.disk`) since load; `null` without one. */
+  kvDisk: KvDiskStats | null
+}
+
+/** What the prefix cache's disk tier did since load (`stats().kvDisk`), in blocks. */
+export interface KvDiskStats {
+  /** Blocks written to files. */
+  writtenBlocks: number
+  /** Blocks not written because the writer was behind (the engine never waits for the disk). */
+  droppedBlocks: number
+  /** Writes that failed: a full disk, a read-only directory. Generation goes on. */
+  failedBlocks: number
+  /** Blocks read back into the cache instead of being computed. */
+  readBlocks: number
+  /** Files skipped (and removed): the wrong size, key or checksum. */
+  rejectedBlocks: number
+  /** Files removed to stay within `maxBytes`, least recently used first. */
+  evictedBlocks: number
+  /** Bytes of block files in the directory (other processes' included), as last counted. */
+  bytes: number
 }
 
 /** `Runtime.info`: what was loaded and how it runs. */

@@ -250,7 +250,26 @@ impl Engine {
             kv_dtype,
             idle_release: crate::kv::sizing::idle_release(&opts.kv_cache),
             state_slots,
+            disk: None,
         };
+        // A disk tier's keys start from the model's fingerprint (its files are read once, here)
+        // and the pool's layout: blocks are only ever found by the model and pool that wrote them.
+        let fingerprint = std::sync::OnceLock::new();
+        if let Some(disk) = &opts.kv_cache.disk {
+            let fp = persist::fingerprint(&info, path)
+                .map_err(|e| EngineError::Internal(format!("cannot fingerprint the model: {e}")))?;
+            let layout = format!(
+                "{}|{}|{}|{}|{}|{}",
+                kv_dtype.name(),
+                block_size,
+                model.cfg.num_layers,
+                model.cfg.num_kv_heads,
+                model.cfg.head_dim,
+                bytes_per_token
+            );
+            cfg.disk = Some((disk.clone(), crate::kv::disk::DiskTier::namespace(&fp, &layout)));
+            let _ = fingerprint.set(Ok(fp));
+        }
         // The default pool is "what the budget holds": where the process may not reserve that
         // much (an address-space limit, an overcommit policy), take half, down to one context
         // or MIN_DEFAULT_POOL positions. A pool the caller sized is what they asked for, or an
@@ -281,7 +300,7 @@ impl Engine {
             generic_reference: GenericReference::default(),
             route_index: routing::IndexCache::default(),
             model_path: path.to_path_buf(),
-            fingerprint: std::sync::OnceLock::new(),
+            fingerprint,
         });
         Ok((engine, scheduler, rx))
     }

@@ -57,35 +57,38 @@ fn model_files(path: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// A fingerprint of the model at `path` and of the load options that shape its cache (see
+/// the module note): reads the model's files.
+pub(super) fn fingerprint(i: &super::ModelInfo, path: &Path) -> std::result::Result<String, String> {
+    let mut h = Sha256::new();
+    let options = format!(
+        "{}|{}|{}|{}|{:?}|{}|{}|{}",
+        i.architecture, i.device, i.dtype, i.quantization, i.rope_scaling, i.vocab_size, i.num_layers, i.hidden_size
+    );
+    h.update(options.as_bytes());
+    let files = model_files(path).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 1 << 20];
+    for f in files {
+        let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        h.update(name.as_bytes());
+        let mut file = std::fs::File::open(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+        loop {
+            let n = file.read(&mut buf).map_err(|e| format!("{}: {e}", f.display()))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    Ok(format!("sha256:{:x}", h.finalize()))
+}
+
 impl Engine {
-    /// A fingerprint of the model and of the load options that shape its cache (see the module
-    /// note). Reads the model's files once per runtime.
+    /// [`fingerprint`], computed once per runtime (at load when the prefix cache has a disk
+    /// tier, on first use otherwise).
     pub fn model_fingerprint(&self) -> Result<String> {
         self.fingerprint
-            .get_or_init(|| {
-                let mut h = Sha256::new();
-                let i = &self.info;
-                let options = format!(
-                    "{}|{}|{}|{}|{:?}|{}|{}|{}",
-                    i.architecture, i.device, i.dtype, i.quantization, i.rope_scaling, i.vocab_size, i.num_layers, i.hidden_size
-                );
-                h.update(options.as_bytes());
-                let files = model_files(&self.model_path).map_err(|e| e.to_string())?;
-                let mut buf = vec![0u8; 1 << 20];
-                for f in files {
-                    let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                    h.update(name.as_bytes());
-                    let mut file = std::fs::File::open(&f).map_err(|e| format!("{}: {e}", f.display()))?;
-                    loop {
-                        let n = file.read(&mut buf).map_err(|e| format!("{}: {e}", f.display()))?;
-                        if n == 0 {
-                            break;
-                        }
-                        h.update(&buf[..n]);
-                    }
-                }
-                Ok(format!("sha256:{:x}", h.finalize()))
-            })
+            .get_or_init(|| fingerprint(&self.info, &self.model_path))
             .clone()
             .map_err(|e| EngineError::Internal(format!("cannot fingerprint the model: {e}")))
     }

@@ -137,6 +137,8 @@ pub struct SchedulerConfig {
     /// Sequences that may hold a recurrent state at once, and snapshots of shared prefixes
     /// (models with recurrent layers).
     pub state_slots: (usize, usize),
+    /// The prefix cache's disk tier and the namespace its keys start from.
+    pub disk: Option<(crate::kv::disk::DiskOptions, crate::kv::disk::DiskKey)>,
 }
 
 pub struct Scheduler {
@@ -182,7 +184,12 @@ impl Scheduler {
         stats.kv_block_bytes.store(store.bytes_per_block() as u64, Ordering::Relaxed);
         stats.kv_state_slots.store(store.state_sequences() as u64, Ordering::Relaxed);
         stats.kv_state_bytes_per_sequence.store(store.states().bytes_per_slot() as u64, Ordering::Relaxed);
+        let image_bytes = store.bytes_per_block();
         let mut kv = KvManager::try_new(store, cfg.prefix_cache)?;
+        if let Some((opts, namespace)) = &cfg.disk {
+            kv.set_disk(crate::kv::disk::DiskTier::open(opts, *namespace, image_bytes, stats.kv_disk.clone())?)?;
+            stats.kv_disk_enabled.store(true, Ordering::Relaxed);
+        }
         // A pass writes at most a step's tokens of a sequence, a block, or a decode row with
         // every draft.
         kv.set_pass_limit(cfg.step_tokens.max(cfg.block_size).max(crate::engine::speculative::MAX_DRAFT + 1));

@@ -35,6 +35,9 @@ pub struct EngineStats {
     pub kv_on_device: AtomicBool,
     pub device_memory_free: AtomicU64,
     pub device_memory_total: AtomicU64,
+    /// What the prefix cache's disk tier did (zeros without one).
+    pub kv_disk: std::sync::Arc<crate::kv::disk::DiskCounters>,
+    pub kv_disk_enabled: AtomicBool,
 }
 
 /// A consistent-enough copy of [`EngineStats`] (each field is read atomically).
@@ -73,6 +76,26 @@ pub struct StatsSnapshot {
     pub device_memory_total: Option<u64>,
     /// Resident bytes by kind.
     pub memory: MemoryByKind,
+    /// The prefix cache's disk tier (`None` without one).
+    pub kv_disk: Option<DiskStats>,
+}
+
+/// What the prefix cache's disk tier did since load, in blocks, and the bytes its directory
+/// holds (as its writer last counted, other processes' files included).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DiskStats {
+    pub written_blocks: u64,
+    /// Not written: the writer's queue was full (the engine never waits for the disk).
+    pub dropped_blocks: u64,
+    /// Writes that failed (a full disk, a read-only directory).
+    pub failed_blocks: u64,
+    /// Read back into the pool instead of being computed.
+    pub read_blocks: u64,
+    /// Files skipped: the wrong size, key or checksum.
+    pub rejected_blocks: u64,
+    /// Files removed to stay within `maxBytes`.
+    pub evicted_blocks: u64,
+    pub bytes: u64,
 }
 
 /// What the runtime holds, by kind, in bytes.
@@ -127,6 +150,18 @@ impl EngineStats {
                 state: r(&self.kv_state_slots_used).saturating_mul(r(&self.kv_state_bytes_per_sequence)),
                 experts: 0,
             },
+            kv_disk: self.kv_disk_enabled.load(Ordering::Relaxed).then(|| {
+                let d = &self.kv_disk;
+                DiskStats {
+                    written_blocks: r(&d.written),
+                    dropped_blocks: r(&d.dropped),
+                    failed_blocks: r(&d.failed),
+                    read_blocks: r(&d.read),
+                    rejected_blocks: r(&d.rejected),
+                    evicted_blocks: r(&d.evicted),
+                    bytes: r(&d.bytes),
+                }
+            }),
         }
     }
 

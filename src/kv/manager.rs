@@ -109,6 +109,8 @@ pub struct KvManager {
     free_states: Vec<StateId>,
     /// States at the ends of registered blocks, for prefix hits ([`super::snapshots`]).
     snapshots: Snapshots,
+    /// The prefix cache's disk tier, when `kvCache.disk` asks for one.
+    disk: Option<disk::DiskSide>,
 }
 
 /// Each table group's rule, for passes of at most `pass` positions.
@@ -140,7 +142,7 @@ impl KvManager {
         let pool = BlockPool::try_new(store.num_blocks, store.block_size)?;
         let rules = rules(&store, DEFAULT_PASS_POSITIONS);
         let (free_states, snapshots) = state_slots(&store);
-        Ok(Self { pool, store, prefix_cache, rules, behind_window: 0, free_states, snapshots })
+        Ok(Self { pool, store, prefix_cache, rules, behind_window: 0, free_states, snapshots, disk: None })
     }
 
     /// Passes write at most `positions` positions of a sequence (a window group keeps room
@@ -155,7 +157,7 @@ impl KvManager {
         let pool = BlockPool::with_hasher(store.num_blocks, store.block_size, hasher);
         let rules = rules(&store, DEFAULT_PASS_POSITIONS);
         let (free_states, snapshots) = state_slots(&store);
-        Self { pool, store, prefix_cache: true, rules, behind_window: 0, free_states, snapshots }
+        Self { pool, store, prefix_cache: true, rules, behind_window: 0, free_states, snapshots, disk: None }
     }
 
     /// See [`BlockPool::assume_cache_pays`].
@@ -520,8 +522,10 @@ impl KvManager {
             return;
         }
         let bs = self.pool.block_size();
+        let (first, end) = (from / bs, table.len().min(until) / bs);
+        // The first block of group 0 registered now: the disk tier takes it and those after.
+        let mut first_new = None;
         for (g, blocks) in table.groups().iter().enumerate() {
-            let (first, end) = (from / bs, table.len().min(until) / bs);
             for (b, &block) in blocks.iter().enumerate().take(end).skip(first) {
                 if block == NO_BLOCK || self.pool.is_registered(block) {
                     continue;
@@ -529,8 +533,14 @@ impl KvManager {
                 if let Some(parent) = table.parent_of(g, b, &self.pool) {
                     let tokens = (b * bs..(b + 1) * bs).map(&key).collect();
                     self.pool.register(block, BlockKey { parent, experts: experts.to_vec(), tokens });
+                    if g == 0 {
+                        first_new = first_new.or(Some(b));
+                    }
                 }
             }
+        }
+        if let (Some(first_new), true) = (first_new, self.disk.is_some()) {
+            self.offer_to_disk(table, first_new, end, experts, &key);
         }
     }
 
@@ -549,6 +559,8 @@ impl KvManager {
     }
 }
 
+#[path = "manager_disk.rs"]
+mod disk;
 #[cfg(test)]
 #[path = "manager_state_tests.rs"]
 mod state_tests;

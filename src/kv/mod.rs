@@ -9,13 +9,15 @@
 //! recurrent state; the layers grouped by kind into table groups), `store` (the tensors), `quant`
 //! (block-quantized rows), `states` (recurrent layers' per-sequence states), `snapshots` (states at shared prefixes), `attention` (attention through block tables: the backend seam;
 //! `attention_x86` holds its AVX2 micro-kernels), `cache` (a single-sequence cache over a
-//! private store), `sizing` (the pool's size from the `kvCache` options).
+//! private store), `sizing` (the pool's size from the `kvCache` options), `disk` (the prefix cache's disk tier:
+//! full blocks in files under chained SHA-256 keys, written off the engine thread).
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attention_x86;
 pub mod block_pool;
 pub mod block_table;
 pub mod cache;
+pub mod disk;
 pub mod image;
 pub mod layers;
 pub mod manager;

@@ -25,6 +25,8 @@ pub struct KvCacheOptions {
     /// Sequences that may hold a recurrent state at once, for models with recurrent layers
     /// (default: [`DEFAULT_STATE_SLOTS`], fewer where the budget holds fewer).
     pub max_sequences: Option<usize>,
+    /// A disk tier for the prefix cache (`kvCache.disk`, see [`super::disk`]).
+    pub disk: Option<super::disk::DiskOptions>,
 }
 
 /// The pool's format from the `kvCache.dtype` option; `model` when not given.

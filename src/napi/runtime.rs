@@ -64,6 +64,7 @@ pub(crate) fn load_options(options: Option<NativeLoadOptions>) -> Result<LoadOpt
             prefix_cache: kv.prefix_cache,
             dtype: kv.dtype,
             max_sequences: kv.max_sequences.map(|n| n as usize),
+            disk: kv.disk.map(|d| crate::kv::disk::DiskOptions { dir: d.dir.into(), max_bytes: d.max_bytes as u64 }),
         },
         context_auto: o.context_length_auto.unwrap_or(false),
         memory_limit: o.memory_limit.map(|n| n as u64),

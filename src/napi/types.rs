@@ -36,6 +36,14 @@ pub struct NativeKvCacheOptions {
     pub prefix_cache: Option<bool>,
     pub dtype: Option<String>,
     pub max_sequences: Option<u32>,
+    pub disk: Option<NativeKvDiskOptions>,
+}
+
+/// `kvCache.disk`: the prefix cache's disk tier.
+#[napi(object)]
+pub struct NativeKvDiskOptions {
+    pub dir: String,
+    pub max_bytes: f64,
 }
 
 #[napi(object)]
@@ -63,6 +71,19 @@ pub struct RuntimeStats {
     pub device_memory_free: Option<f64>,
     pub device_memory_total: Option<f64>,
     pub memory: NativeMemoryByKind,
+    pub kv_disk: Option<NativeKvDiskStats>,
+}
+
+/// What the prefix cache's disk tier did since load (`stats().kvDisk`).
+#[napi(object)]
+pub struct NativeKvDiskStats {
+    pub written_blocks: f64,
+    pub dropped_blocks: f64,
+    pub failed_blocks: f64,
+    pub read_blocks: f64,
+    pub rejected_blocks: f64,
+    pub evicted_blocks: f64,
+    pub bytes: f64,
 }
 
 /// Resident bytes by kind (`stats().memory`).
@@ -105,6 +126,15 @@ impl From<engine::StatsSnapshot> for RuntimeStats {
                 state: s.memory.state as f64,
                 experts: s.memory.experts as f64,
             },
+            kv_disk: s.kv_disk.map(|d| NativeKvDiskStats {
+                written_blocks: d.written_blocks as f64,
+                dropped_blocks: d.dropped_blocks as f64,
+                failed_blocks: d.failed_blocks as f64,
+                read_blocks: d.read_blocks as f64,
+                rejected_blocks: d.rejected_blocks as f64,
+                evicted_blocks: d.evicted_blocks as f64,
+                bytes: d.bytes as f64,
+            }),
         }
     }
 }

@@ -56,8 +56,22 @@ fn load_options(k: &Kwargs<'_>) -> PyResult<LoadOptions> {
     let kv = match k.any("kv_cache")? {
         Some(v) => {
             let d = dict(&v, "kv_cache")?;
-            let keys = ["block_size", "max_tokens", "max_bytes", "idle_release_ms", "prefix_cache", "dtype", "max_sequences"];
+            let keys =
+                ["block_size", "max_tokens", "max_bytes", "idle_release_ms", "prefix_cache", "dtype", "max_sequences", "disk"];
             let kv = Kwargs::new(Some(&d), &keys, "kv_cache")?;
+            // `disk`: {'dir': str, 'max_bytes': int}, the prefix cache's disk tier.
+            let disk = match kv.any("disk")? {
+                Some(v) => {
+                    let d = dict(&v, "kv_cache['disk']")?;
+                    let o = Kwargs::new(Some(&d), &["dir", "max_bytes"], "kv_cache['disk']")?;
+                    let dir = o.string("dir")?.filter(|s| !s.is_empty());
+                    let (Some(dir), Some(max_bytes)) = (dir, o.u64("max_bytes")?) else {
+                        return Err(invalid("kv_cache['disk'] needs 'dir' (a non-empty string) and 'max_bytes'"));
+                    };
+                    Some(crate::kv::disk::DiskOptions { dir: dir.into(), max_bytes })
+                }
+                None => None,
+            };
             KvCacheOptions {
                 block_size: kv.u32("block_size")?.map(|n| n as usize),
                 max_tokens: kv.u64("max_tokens")?.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
@@ -66,6 +80,7 @@ fn load_options(k: &Kwargs<'_>) -> PyResult<LoadOptions> {
                 prefix_cache: kv.bool("prefix_cache")?,
                 dtype: kv.string("dtype")?,
                 max_sequences: kv.u32("max_sequences")?.map(|n| n as usize),
+                disk,
             }
         }
         None => KvCacheOptions::default(),

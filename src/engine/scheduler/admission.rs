@@ -62,6 +62,12 @@ impl Scheduler {
         } else {
             0
         };
+        if own < reusable.len() && self.kv.disk().is_some() {
+            // Blocks the RAM index misses may be on disk (written by this process or an
+            // earlier one): read them into the pool first. A block that cannot be written
+            // into the pool is simply computed.
+            let _ = self.kv.revive_from_disk(reusable, &set_key);
+        }
         let mut hit = self.kv.match_prefix(reusable, &set_key);
         // `dynamic` RoPE: a sequence longer than the original length rotates every position
         // by its own length, so nothing cached fits it (and what it writes fits nothing else).

@@ -112,6 +112,46 @@ describe('kvCache.disk', () => {
     }
   })
 
+  it('blocks computed under an expert come back under the same adapter files only', async () => {
+    const dir = path.join(root, 'experts')
+    const adapters = fixture('adapters')
+    const open = async () => Runtime.load(fixture('llama-tiny'), { kvCache: { disk: { dir, maxBytes: 64 << 20 } } })
+    const under = async (rt, expert) => {
+      const stream = rt.createSession().generate(PROMPT, { ...GREEDY, maxTokens: 6, experts: [expert] })
+      const tokens = []
+      for await (const c of stream) tokens.push([c.tokenId, c.logprob])
+      return { tokens, cached: stream.result.usage.cachedTokens }
+    }
+    let ramHit
+    const a = await open()
+    try {
+      await a.loadExpert(path.join(adapters, 'lora_llama'), { name: 'x' })
+      assert.equal((await under(a, 'x')).cached, 0)
+      ramHit = await under(a, 'x')
+      assert.equal(ramHit.cached, 64)
+      await written(a, 4)
+    } finally {
+      await a.dispose()
+    }
+    const b = await open()
+    try {
+      // The same files under another name: the same blocks.
+      await b.loadExpert(path.join(adapters, 'lora_llama'), { name: 'y' })
+      const got = await under(b, 'y')
+      assert.equal(got.cached, 64)
+      assert.deepEqual(got.tokens, ramHit.tokens)
+      // Another scale, another adapter, or none: nothing of those blocks.
+      await b.loadExpert(path.join(adapters, 'lora_llama'), { name: 'z', scale: 0.5 })
+      assert.equal((await under(b, 'z')).cached, 0)
+      await b.loadExpert(path.join(adapters, 'dora_llama'), { name: 'd' })
+      assert.equal((await under(b, 'd')).cached, 0)
+      assert.equal((await turn(b)).cached, 0)
+      assert.equal(b.stats().kvDisk.readBlocks, 4)
+    } finally {
+      await b.dispose()
+    }
+  })
+
   it('another model sharing the directory finds nothing of the first', async () => {
     const q = await Runtime.load(fixture('qwen3-tiny'), { kvCache: { disk: disk() } })
     try {

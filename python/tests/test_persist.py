@@ -56,3 +56,29 @@ def test_bad_session_files_raise_invalid_argument(tmp_path):
     with Runtime.load(FIXTURES / "qwen3-tiny") as other:
         with pytest.raises(ExpertRuntimeError, match="another model"):
             other.restore_session(good)
+
+
+def test_the_prefix_cache_disk_tier_serves_a_later_runtime(tmp_path):
+    from expert_runtime import ExpertRuntimeError, Runtime
+
+    disk = {"dir": str(tmp_path / "tier"), "max_bytes": 64 << 20}
+    prompt = ids(1, 70)
+
+    def first(rt):
+        stream = rt.create_session().generate({"tokens": prompt}, max_tokens=6, temperature=0)
+        return [(c.token_id, c.logprob) for c in stream], stream.result.usage.cached_tokens
+
+    with Runtime.load(FIXTURES / "llama-tiny", kv_cache={"disk": disk}) as rt:
+        assert first(rt)[1] == 0
+        ram_hit, cached = first(rt)
+        assert cached == 64
+    # Closing the runtime lets the writer finish: the blocks are on disk.
+    with Runtime.load(FIXTURES / "llama-tiny", kv_cache={"disk": disk}) as rt:
+        got, cached = first(rt)
+        assert (got, cached) == (ram_hit, 64)
+        assert rt.stats()["kv_disk"]["read_blocks"] == 4
+    for bad in [{"dir": str(tmp_path)}, {"max_bytes": 1 << 20}, {"dir": "", "max_bytes": 1 << 20}, "x",
+                {"dir": str(tmp_path), "max_bytes": 10}, {"dir": str(tmp_path), "max_bytes": 1 << 20, "other": 1}]:
+        with pytest.raises(ExpertRuntimeError) as e:
+            Runtime.load(FIXTURES / "llama-tiny", kv_cache={"disk": bad})
+        assert e.value.code == "INVALID_ARGUMENT", bad

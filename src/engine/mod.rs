@@ -445,10 +445,16 @@ impl Engine {
         };
         let path = path.to_path_buf();
         let generic = self.generic_reference.clone();
+        // With a disk tier, blocks computed under the adapter are kept there under its
+        // fingerprint, which reads its files.
+        let fingerprint = self.stats.kv_disk_enabled.load(Ordering::Relaxed);
         let spawned = crate::stack::untrusted_thread("expert-runtime-adapter").spawn(move || {
             let r = catch_panic(|| {
                 crate::backend::bind_thread(&model.device)?;
                 let mut e = crate::experts::load_expert(&path, &opts, &model, registry.next_id())?;
+                if fingerprint {
+                    e.fingerprint = Some(crate::experts::fingerprint(&path, opts.scale)?);
+                }
                 // The manifest's routing examples, embedded by the base model on the engine
                 // thread (this thread waits; generation goes on).
                 routing::embed_examples(&tok, &sender, &generic, &mut e)?;

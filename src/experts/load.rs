@@ -113,6 +113,7 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     }
     Ok(Expert {
         examples: Vec::new(),
+        fingerprint: None,
         id,
         name,
         kind,
@@ -309,6 +310,7 @@ fn prompt_expert(
     let bytes = prompt.elem_count() * dtype.size_in_bytes();
     Ok(Expert {
         examples: Vec::new(),
+        fingerprint: None,
         id,
         name,
         kind: ExpertKind::Prompt,

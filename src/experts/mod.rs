@@ -120,6 +120,10 @@ pub struct Expert {
     /// The manifest's `routing.examples`, embedded with the base model (mean-pooled, unit
     /// length), in the manifest's order.
     pub examples: Vec<Vec<f32>>,
+    /// A SHA-256 over the adapter's files and its scale ([`fingerprint`]), computed at load
+    /// where the runtime keeps a disk tier of its prefix cache (it keys the blocks computed
+    /// under the adapter there); `None` elsewhere.
+    pub fingerprint: Option<[u8; 32]>,
     /// Indexed by [`Slot::index`].
     modules: Vec<Option<ModuleAdapter>>,
     /// Prompt tuning: `[num_virtual_tokens, hidden]` in the model dtype.
@@ -179,6 +183,19 @@ impl ExpertSet {
     /// The load ids, in order: what a KV cache computed under this set is keyed by.
     pub fn key(&self) -> Vec<u64> {
         self.experts.iter().map(|e| e.id).collect()
+    }
+
+    /// What the prefix cache's disk tier keys blocks computed under this set by: a hash of the
+    /// adapters' fingerprints in order (stable across loads and processes); `None` when one
+    /// has no fingerprint.
+    pub fn disk_key(&self) -> Option<[u8; 32]> {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"expert set");
+        for e in self.experts.iter() {
+            h.update(e.fingerprint?);
+        }
+        Some(h.finalize().into())
     }
 
     /// Virtual tokens prepended at position 0 (prompt tuning), summed over the set.
@@ -290,4 +307,43 @@ impl Adapters for ExpertSet {
         }
         Some(out)
     }
+}
+
+/// A SHA-256 over the files of the adapter at `path` that shape its outputs (its
+/// `adapter_config.json` and weight files, in name order; a file path is hashed alone) and
+/// the `scale` it is applied with. Reads the files.
+pub fn fingerprint(path: &std::path::Path, scale: f64) -> Result<[u8; 32]> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let files: Vec<std::path::PathBuf> = if path.is_dir() {
+        let mut f: Vec<_> = std::fs::read_dir(path)
+            .map_err(|e| crate::error::EngineError::Io(format!("cannot list {}: {e}", path.display())))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                p.is_file() && (n == "adapter_config.json" || n.ends_with(".safetensors") || n.ends_with(".bin"))
+            })
+            .collect();
+        f.sort();
+        f
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut h = Sha256::new();
+    h.update(scale.to_bits().to_le_bytes());
+    let mut buf = vec![0u8; 1 << 20];
+    for f in files {
+        h.update(f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default().as_bytes());
+        let mut file =
+            std::fs::File::open(&f).map_err(|e| crate::error::EngineError::Io(format!("cannot read {}: {e}", f.display())))?;
+        loop {
+            let n =
+                file.read(&mut buf).map_err(|e| crate::error::EngineError::Io(format!("cannot read {}: {e}", f.display())))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    Ok(h.finalize().into())
 }

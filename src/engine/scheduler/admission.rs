@@ -62,6 +62,11 @@ impl Scheduler {
         } else {
             0
         };
+        if self.kv.disk().is_some() && !set_key.is_empty() {
+            if let Some(k) = seq.experts.disk_key() {
+                self.kv.name_expert_set(&set_key, k);
+            }
+        }
         if own < reusable.len() && self.kv.disk().is_some() {
             // Blocks the RAM index misses may be on disk (written by this process or an
             // earlier one): read them into the pool first. A block that cannot be written

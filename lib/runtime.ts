@@ -229,9 +229,13 @@ export class Runtime {
    * loaded with the same dtype, quantization, RoPE and `kvCache` options): its history is
    * back, and its next turn continues from the saved cache without evaluating the
    * conversation again (`usage.cachedTokens` counts it). `contextShift` as for
-   * `createSession`. Errors: `INVALID_ARGUMENT` (not a session file, a damaged or truncated
-   * one, one from another model or KV cache format, a cache computed under experts),
-   * `KV_CACHE_EXHAUSTED` (running requests hold the blocks it needs), `CONTEXT_OVERFLOW`.
+   * `createSession`. A cache computed under experts needs them loaded here under the same
+   * names from the same files with the same scale (their fingerprints are in the file); the
+   * restored session's default experts are those. Errors: `INVALID_ARGUMENT` (not a session
+   * file, a damaged or truncated one, one from another model or KV cache format, an expert
+   * loaded here that is another adapter than the saved one), `EXPERT_NOT_FOUND` (an expert
+   * of the saved cache is not loaded), `KV_CACHE_EXHAUSTED` (running requests hold the
+   * blocks it needs), `CONTEXT_OVERFLOW`.
    */
   async restoreSession(path: string, sessionOptions?: Pick<SessionOptions, 'contextShift'>): Promise<Session> {
     this.#check()

@@ -541,8 +541,10 @@ export class Session {
    * own format) and any recurrent state, with the model's fingerprint, checksummed and
    * atomically (a crash mid-save leaves the old file or the new one). `rt.restoreSession(path)`
    * brings it back, in this process or a later one, with no prefill. Off the JS thread.
-   * Errors: `SESSION_BUSY` while generating, `INVALID_ARGUMENT` (the file cannot be written,
-   * a cache computed under experts, a model with sliding-window layers).
+   * A cache computed under experts is saved with each expert's name and fingerprint (a
+   * SHA-256 over its files and scale, read the first time). Errors: `SESSION_BUSY` while
+   * generating, `INVALID_ARGUMENT` (the file cannot be written, a cache computed under an
+   * expert since unloaded, a model with sliding-window layers).
    */
   async save(path: string): Promise<void> {
     this.#check()

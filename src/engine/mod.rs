@@ -452,8 +452,9 @@ impl Engine {
             let r = catch_panic(|| {
                 crate::backend::bind_thread(&model.device)?;
                 let mut e = crate::experts::load_expert(&path, &opts, &model, registry.next_id())?;
+                e.source = Some((path.clone(), opts.scale));
                 if fingerprint {
-                    e.fingerprint = Some(crate::experts::fingerprint(&path, opts.scale)?);
+                    e.fingerprint()?;
                 }
                 // The manifest's routing examples, embedded by the base model on the engine
                 // thread (this thread waits; generation goes on).

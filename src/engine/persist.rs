@@ -14,8 +14,12 @@
 //! * The model fingerprint is a SHA-256 over the model's files (the GGUF, or a directory's
 //!   config and weights) and the load options that change what the cache holds (device kind,
 //!   compute dtype, quantization, RoPE scaling), computed once per runtime on first use.
-//! * Not yet: sessions whose cache was computed under experts or prompt tuning are refused;
-//!   models with sliding-window layers are refused (`kv::image`).
+//! * Experts: the file lists the experts the cache was computed under, by name and fingerprint
+//!   (a SHA-256 over the adapter's files and scale, [`crate::experts::fingerprint`]), and the
+//!   virtual positions prompt tuning put first. A restore needs each loaded under its name with
+//!   the same fingerprint, and makes them the session's default set, so its next turn continues
+//!   the cache.
+//! * Not yet: models with sliding-window layers are refused (`kv::image`).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -122,6 +126,7 @@ impl Engine {
             }),
         })?;
         let snap = srx.recv().map_err(|_| EngineError::Disposed("runtime".into()))??;
+        let experts = self.saved_experts(&snap.experts)?;
         let history = session.shared.history.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let data = SessionData { history, system: session.shared.system.clone() };
         let header = SessionHeader {
@@ -132,9 +137,9 @@ impl Engine {
             positions: snap.cache.len,
             tokens: snap.tokens.len(),
             pending: snap.pending,
-            virtual_tokens: 0,
+            virtual_tokens: snap.n_virtual,
             state_values: snap.cache.state.as_ref().map_or(0, Vec::len),
-            experts: Vec::new(),
+            experts,
             session: serde_json::to_value(data).map_err(|e| EngineError::Internal(format!("session data: {e}")))?,
         };
         let bytes = session_file::encode(&SessionFile { header, tokens: snap.tokens, cache: snap.cache })?;
@@ -173,11 +178,7 @@ impl Engine {
                 h.model
             )));
         }
-        if !h.experts.is_empty() || h.virtual_tokens > 0 {
-            return Err(EngineError::InvalidArgument(
-                "the session file holds a cache computed under experts, which this build does not restore".into(),
-            ));
-        }
+        let (experts, names) = self.restored_experts(&h.experts, h.virtual_tokens)?;
         let vocab = self.info.vocab_size as u32;
         if let Some(t) = file.tokens.iter().chain(&h.pending).find(|&&t| t >= vocab) {
             return Err(EngineError::InvalidArgument(format!(
@@ -198,7 +199,7 @@ impl Engine {
             busy: AtomicBool::new(false),
             history: Mutex::new(data.history),
             system: data.system,
-            experts: Mutex::new(ExpertChoice::Named(Vec::new())),
+            experts: Mutex::new(ExpertChoice::Named(names)),
             context_shift,
         });
         let snapshot = SessionSnapshot {
@@ -208,6 +209,8 @@ impl Engine {
             block_size: h.block_size,
             block_bytes: h.block_bytes,
             cache: file.cache,
+            experts,
+            n_virtual: h.virtual_tokens,
         };
         let (rtx, rrx) = std::sync::mpsc::channel();
         self.send(Command::RestoreSession {
@@ -221,4 +224,62 @@ impl Engine {
         rrx.recv().map_err(|_| EngineError::Disposed("runtime".into()))??;
         Ok(SessionHandle { id, shared })
     }
+
+    /// `[name, fingerprint]` of each expert (load ids, in order) a saved cache was computed
+    /// under; fails where one is no longer loaded. Reads adapter files the first time.
+    fn saved_experts(&self, ids: &[u64]) -> Result<Vec<(String, String)>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let loaded = self.experts()?.list();
+        ids.iter()
+            .map(|id| {
+                let e = loaded.iter().find(|e| e.id == *id).ok_or_else(|| {
+                    EngineError::InvalidArgument(
+                        "this session's cache was computed under an expert that has since been unloaded; \
+                         it cannot be saved (a new turn under loaded experts can)"
+                            .into(),
+                    )
+                })?;
+                Ok((e.name.clone(), hex(&e.fingerprint()?)))
+            })
+            .collect()
+    }
+
+    /// The load ids and names of the loaded experts a saved cache's `[name, fingerprint]`
+    /// list names, in order: each must be loaded under its name with the same files and
+    /// scale. Their virtual positions must be the file's.
+    fn restored_experts(&self, saved: &[(String, String)], virtual_tokens: usize) -> Result<(Vec<u64>, Vec<String>)> {
+        let names: Vec<String> = saved.iter().map(|(n, _)| n.clone()).collect();
+        let set = self.experts()?.resolve(&names).map_err(|e| match e {
+            EngineError::ExpertNotFound(m) => {
+                EngineError::ExpertNotFound(format!("the saved session's cache was computed under experts {names:?}: {m}"))
+            }
+            e => e,
+        })?;
+        for ((name, want), e) in saved.iter().zip(set.experts()) {
+            let have = hex(&e.fingerprint()?);
+            if &have != want {
+                return Err(EngineError::InvalidArgument(format!(
+                    "the expert '{name}' loaded here is another adapter (other files or scale) than the one the saved \
+                     session's cache was computed under: {have} here, {want} in the file"
+                )));
+            }
+        }
+        if set.num_virtual_tokens() != virtual_tokens {
+            return Err(EngineError::InvalidArgument(format!(
+                "the saved session starts with {virtual_tokens} virtual tokens; its experts here give {}",
+                set.num_virtual_tokens()
+            )));
+        }
+        Ok((set.key(), names))
+    }
+}
+
+fn hex(bytes: &[u8; 32]) -> String {
+    let mut s = String::from("sha256:");
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
 }

@@ -274,6 +274,10 @@ pub struct SessionSnapshot {
     pub kv_format: String,
     pub block_size: usize,
     pub block_bytes: usize,
+    /// The load ids of the experts the cache was computed under, and the virtual (prompt
+    /// tuning) positions it starts with.
+    pub experts: Vec<u64>,
+    pub n_virtual: usize,
 }
 
 /// Called once, on the engine thread, with a session's snapshot (or the error).

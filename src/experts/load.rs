@@ -113,7 +113,8 @@ pub fn load_expert(dir: &Path, opts: &ExpertLoadOptions, model: &Decoder, id: u6
     }
     Ok(Expert {
         examples: Vec::new(),
-        fingerprint: None,
+        source: None,
+        fingerprint: Default::default(),
         id,
         name,
         kind,
@@ -310,7 +311,8 @@ fn prompt_expert(
     let bytes = prompt.elem_count() * dtype.size_in_bytes();
     Ok(Expert {
         examples: Vec::new(),
-        fingerprint: None,
+        source: None,
+        fingerprint: Default::default(),
         id,
         name,
         kind: ExpertKind::Prompt,

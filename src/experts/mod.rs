@@ -120,10 +120,13 @@ pub struct Expert {
     /// The manifest's `routing.examples`, embedded with the base model (mean-pooled, unit
     /// length), in the manifest's order.
     pub examples: Vec<Vec<f32>>,
-    /// A SHA-256 over the adapter's files and its scale ([`fingerprint`]), computed at load
-    /// where the runtime keeps a disk tier of its prefix cache (it keys the blocks computed
-    /// under the adapter there); `None` elsewhere.
-    pub fingerprint: Option<[u8; 32]>,
+    /// Where it was loaded from and the scale it is applied with: what [`Self::fingerprint`]
+    /// hashes.
+    pub source: Option<(std::path::PathBuf, f64)>,
+    /// [`Self::fingerprint`], once computed: at load where the runtime keeps a disk tier of
+    /// its prefix cache (it keys the blocks computed under the adapter there), else when a
+    /// session computed under it is first saved.
+    fingerprint: std::sync::OnceLock<std::result::Result<[u8; 32], String>>,
     /// Indexed by [`Slot::index`].
     modules: Vec<Option<ModuleAdapter>>,
     /// Prompt tuning: `[num_virtual_tokens, hidden]` in the model dtype.
@@ -141,6 +144,24 @@ impl Drop for Expert {
 }
 
 impl Expert {
+    /// A SHA-256 over the adapter's files and its scale ([`fingerprint`]): the same adapter
+    /// loaded again, under any name and in any process, has the same one. Reads the files the
+    /// first time (call it off the engine thread).
+    pub fn fingerprint(&self) -> Result<[u8; 32]> {
+        self.fingerprint
+            .get_or_init(|| match &self.source {
+                Some((path, scale)) => fingerprint(path, *scale).map_err(|e| e.to_string()),
+                None => Err(format!("the expert '{}' was not loaded from files", self.name)),
+            })
+            .clone()
+            .map_err(crate::error::EngineError::InvalidArgument)
+    }
+
+    /// [`Self::fingerprint`] if it was computed already.
+    pub fn known_fingerprint(&self) -> Option<[u8; 32]> {
+        self.fingerprint.get().and_then(|r| r.as_ref().ok().copied())
+    }
+
     pub fn load_order(&self) -> i64 {
         self.manifest.as_ref().map_or(0, |m| m.load_order)
     }
@@ -187,13 +208,13 @@ impl ExpertSet {
 
     /// What the prefix cache's disk tier keys blocks computed under this set by: a hash of the
     /// adapters' fingerprints in order (stable across loads and processes); `None` when one
-    /// has no fingerprint.
+    /// has none computed yet. Never reads a file.
     pub fn disk_key(&self) -> Option<[u8; 32]> {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         h.update(b"expert set");
         for e in self.experts.iter() {
-            h.update(e.fingerprint?);
+            h.update(e.known_fingerprint()?);
         }
         Some(h.finalize().into())
     }

@@ -13,11 +13,6 @@ impl Scheduler {
         if s.running {
             return Err(EngineError::SessionBusy("the session is generating; save it when the request ends".into()));
         }
-        if !s.set_key.is_empty() || s.n_virtual > 0 {
-            return Err(EngineError::InvalidArgument(
-                "this session's cache was computed under experts, and saving such a session is not supported yet".into(),
-            ));
-        }
         let cache = self.kv.export_table(&s.table)?;
         let store = self.kv.store();
         Ok(SessionSnapshot {
@@ -27,6 +22,8 @@ impl Scheduler {
             kv_format: store.format.name().to_string(),
             block_size: store.block_size,
             block_bytes: store.bytes_per_block(),
+            experts: s.set_key.clone(),
+            n_virtual: s.n_virtual,
         })
     }
 
@@ -44,7 +41,7 @@ impl Scheduler {
                 store.block_size
             )));
         }
-        if snap.tokens.len() + 1 > self.context_length || snap.cache.len > snap.tokens.len() {
+        if snap.tokens.len() + snap.n_virtual + 1 > self.context_length || snap.cache.len > snap.tokens.len() + snap.n_virtual {
             return Err(EngineError::ContextOverflow(format!(
                 "the saved session holds {} tokens; this runtime's context is {}",
                 snap.tokens.len(),
@@ -75,8 +72,8 @@ impl Scheduler {
             tokens: snap.tokens,
             pending: snap.pending,
             table,
-            set_key: Vec::new(),
-            n_virtual: 0,
+            set_key: snap.experts,
+            n_virtual: snap.n_virtual,
             last_used: self.tick,
             running: false,
             shareable,

@@ -1,12 +1,12 @@
 // The prefix cache's disk tier under faults (issue 52): a full disk and a read-only directory
-// (tmpfs mounts, which need root: skipped elsewhere, saying so) and a process killed while it
-// writes. Writes that fail are counted and generation goes on unchanged; what a later runtime
+// (tmpfs mounts, which need root: skipped elsewhere, saying so), a process killed while it
+// writes, and two processes sharing the directory. Writes that fail are counted and generation goes on unchanged; what a later runtime
 // reads is only ever whole files; nothing crashes.
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, spawnSync } from 'node:child_process'
 import { createRequire } from 'node:module'
-import { mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -111,7 +111,7 @@ describe('disk tier faults', () => {
 
   it('a process killed while writing leaves only whole files, which a later runtime reads', async () => {
     const tier = path.join(dir, 'killed')
-    const child = spawn(process.execPath, [CHILD, tier], { stdio: ['ignore', 'pipe', 'inherit'] })
+    const child = spawn(process.execPath, [CHILD, tier, 'kill'], { stdio: ['ignore', 'pipe', 'inherit'] })
     await new Promise((resolve, reject) => {
       child.stdout.on('data', (d) => {
         if (String(d).includes('first token')) {
@@ -130,6 +130,33 @@ describe('disk tier faults', () => {
       assert.equal(d.rejectedBlocks, 0, 'a temp file is never read, a renamed one is whole')
       assert.equal(got.cached, d.readBlocks * 16)
       if (got.cached === 0) assert.deepEqual(got.tokens, cold.tokens)
+    } finally {
+      await rt.dispose()
+    }
+  })
+
+  it('two processes sharing the directory leave only whole files, within the budget', async () => {
+    const tier = path.join(dir, 'shared')
+    // Overlapping prompts (seeds 10-12 and 11-13): both write blocks 11 and 12's files.
+    const run = (seed) =>
+      new Promise((resolve, reject) => {
+        const c = spawn(process.execPath, [CHILD, tier, 'share', String(seed)], { stdio: ['ignore', 'pipe', 'inherit'] })
+        let out = ''
+        c.stdout.on('data', (d) => (out += d))
+        c.on('error', reject)
+        c.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out)) : reject(new Error(`child exited with ${code}`))))
+      })
+    const [a, b] = await Promise.all([run(10), run(11)])
+    for (const r of [a, b]) assert.equal(r.disk.rejectedBlocks + r.disk.failedBlocks, 0, JSON.stringify(r.disk))
+    const kvb = readdirSync(tier, { recursive: true }).filter((f) => String(f).endsWith('.kvb'))
+    const total = kvb.reduce((n, f) => n + statSync(path.join(tier, String(f))).size, 0)
+    // Each keeps within 8 files counting what it saw; the other's last writes may come on top.
+    assert.ok(total <= a.fileBytes * 12, `${kvb.length} files`)
+    assert.ok(!readdirSync(tier).includes('.evict.lock'), 'no lock is left')
+    const rt = await withTier(tier)
+    try {
+      for (const seed of [10, 11, 12, 13]) await turn(rt, { tokens: ids(seed, 70) })
+      assert.equal(rt.stats().kvDisk.rejectedBlocks, 0, 'every file left is whole')
     } finally {
       await rt.dispose()
     }

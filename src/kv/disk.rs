@@ -28,7 +28,8 @@
 //!   exclusive lock file (`.evict.lock`, pid and host inside; one whose process is gone or
 //!   untouched for a minute is taken over), the download cache's discipline, so two
 //!   processes sharing the directory never evict at once; writes need no lock (renames are
-//!   atomic and two writers of one key write the same bytes).
+//!   atomic and two writers of one key write the same bytes). Each writer counts the
+//!   directory again every 64 writes, so what other processes wrote is seen.
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -55,6 +56,8 @@ const TRAILER: usize = 32;
 const QUEUE_BYTES: usize = 64 << 20;
 /// Keys this process wrote, queued or read are remembered (not offered again) up to this many.
 const MAX_KNOWN: usize = 1 << 20;
+/// Writes between two counts of the directory's bytes (other processes may share it).
+const RESCAN_EVERY: usize = 64;
 /// Files a scan of the directory looks at, at most.
 const MAX_SCAN: usize = 4 << 20;
 /// A lock untouched this long has lost its owner.
@@ -327,7 +330,11 @@ impl Writer {
     fn run(self, rx: Receiver<Job>, queued: &AtomicUsize) {
         let mut total = self.scan().map_or(0, |s| s.total);
         self.counters.bytes.store(total, Ordering::Relaxed);
-        for job in rx {
+        for (n, job) in rx.into_iter().enumerate() {
+            // Other processes sharing the directory write too: count it again now and then.
+            if n > 0 && n % RESCAN_EVERY == 0 {
+                total = self.scan().map_or(total, |s| s.total);
+            }
             let written = write_block(&self.dir, &job.key, &job.image);
             if let Ok(true) = written {
                 total += self.file_len;

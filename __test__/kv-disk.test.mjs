@@ -6,7 +6,7 @@
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
-import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { cpSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { fixture, GREEDY } from './helpers.mjs'
@@ -152,6 +152,35 @@ describe('kvCache.disk', () => {
     }
   })
 
+  it('the model\'s fingerprint is remembered; changed weights under the same name find nothing', async () => {
+    const remembered = readdirSync(disk().dir).filter((f) => f.startsWith('.fingerprint-'))
+    assert.equal(remembered.length, 1, remembered.join(', '))
+    // A remembered value that is not a fingerprint is computed again: the blocks are still found.
+    writeFileSync(path.join(disk().dir, remembered[0]), 'not a fingerprint')
+    const a = await Runtime.load(fixture('llama-tiny'), { kvCache: { disk: disk() } })
+    try {
+      assert.equal((await turn(a)).cached, 64)
+    } finally {
+      await a.dispose()
+    }
+    assert.match(readFileSync(path.join(disk().dir, remembered[0]), 'utf8'), /^sha256:[0-9a-f]{64}$/)
+    // The same model files, one weight changed: another fingerprint, nothing found.
+    const copy = path.join(root, 'llama-copy')
+    cpSync(fixture('llama-tiny'), copy, { recursive: true })
+    const weights = path.join(copy, 'model.safetensors')
+    const bytes = readFileSync(weights)
+    bytes[bytes.length - 3] ^= 0x01
+    writeFileSync(weights, bytes)
+    const b = await Runtime.load(copy, { kvCache: { disk: disk() } })
+    try {
+      const got = await turn(b)
+      assert.equal(got.cached, 0)
+      assert.equal(b.stats().kvDisk.rejectedBlocks, 0, 'not rejected: never even looked up under this model')
+    } finally {
+      await b.dispose()
+    }
+  })
+
   it('another model sharing the directory finds nothing of the first', async () => {
     const q = await Runtime.load(fixture('qwen3-tiny'), { kvCache: { disk: disk() } })
     try {
@@ -163,7 +192,7 @@ describe('kvCache.disk', () => {
     } finally {
       await q.dispose()
     }
-    assert.equal(blockFiles(disk().dir).length, 8)
+    assert.equal(blockFiles(disk().dir).length, 12, 'the changed llama\'s 4, qwen3\'s 4, the first 4')
   })
 
   it('the directory stays within maxBytes, least recently used first', async () => {

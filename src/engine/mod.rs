@@ -256,7 +256,8 @@ impl Engine {
         // and the pool's layout: blocks are only ever found by the model and pool that wrote them.
         let fingerprint = std::sync::OnceLock::new();
         if let Some(disk) = &opts.kv_cache.disk {
-            let fp = persist::fingerprint(&info, path)
+            let _ = std::fs::create_dir_all(&disk.dir);
+            let fp = persist::fingerprint_remembered(&info, path, &disk.dir)
                 .map_err(|e| EngineError::Internal(format!("cannot fingerprint the model: {e}")))?;
             let layout = format!(
                 "{}|{}|{}|{}|{}|{}",

@@ -87,6 +87,51 @@ pub(super) fn fingerprint(i: &super::ModelInfo, path: &Path) -> std::result::Res
     Ok(format!("sha256:{:x}", h.finalize()))
 }
 
+/// [`fingerprint`], remembered in `dir` (a disk tier's directory) under the model files' names,
+/// sizes, inodes and modification and change times: a later load of the same, untouched files
+/// does not read them again (a 600 MB GGUF takes 0.7 s to hash on 2 cores). A file replaced or
+/// rewritten changes its inode or change time, which no caller can set back. A remembered
+/// value that is not a fingerprint is ignored and computed again.
+pub(super) fn fingerprint_remembered(i: &super::ModelInfo, path: &Path, dir: &Path) -> std::result::Result<String, String> {
+    let mut h = Sha256::new();
+    h.update(b"model files v1");
+    for f in model_files(path).map_err(|e| e.to_string())? {
+        let abs = std::fs::canonicalize(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let m = std::fs::metadata(&abs).map_err(|e| format!("{}: {e}", f.display()))?;
+        h.update(abs.to_string_lossy().as_bytes());
+        h.update(m.len().to_le_bytes());
+        let nanos = |t: std::io::Result<std::time::SystemTime>| {
+            t.ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos())
+        };
+        h.update(nanos(m.modified()).to_le_bytes());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            h.update(m.ino().to_le_bytes());
+            h.update(m.dev().to_le_bytes());
+            h.update(m.ctime().to_le_bytes());
+            h.update(m.ctime_nsec().to_le_bytes());
+        }
+    }
+    let i_key = format!("{}|{}|{}|{}|{:?}", i.architecture, i.device, i.dtype, i.quantization, i.rope_scaling);
+    h.update(i_key.as_bytes());
+    let name = format!(".fingerprint-{:x}", h.finalize());
+    let file = dir.join(&name);
+    let valid = |s: &str| s.len() == 71 && s.starts_with("sha256:") && s[7..].bytes().all(|b| b.is_ascii_hexdigit());
+    if let Ok(text) = std::fs::read_to_string(&file) {
+        if valid(text.trim()) {
+            return Ok(text.trim().to_string());
+        }
+    }
+    let fp = fingerprint(i, path)?;
+    // Best effort: a directory that cannot take it only costs the next load the hashing.
+    let tmp = dir.join(format!("{name}.tmp{}", std::process::id()));
+    if std::fs::write(&tmp, &fp).is_ok() && std::fs::rename(&tmp, &file).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    Ok(fp)
+}
+
 impl Engine {
     /// [`fingerprint`], computed once per runtime (at load when the prefix cache has a disk
     /// tier, on first use otherwise).

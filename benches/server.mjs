@@ -12,7 +12,10 @@
 //     send the same requests as streaming chat completions and read the SSE to `data: [DONE]`.
 // Reported: errors, streams that ended without [DONE], completion tokens, wall time, aggregate
 // tok/s, and for HTTP the process RSS before and after the load; the ratio HTTP / in-process
-// (target ≥ 0.9).
+// (target ≥ 0.9). During the HTTP load, /metrics is scraped every 50 ms (the inference
+// gateway's interval): the cost of building the text (prom-client's registry, our series and
+// the vllm: ones; CPU time on the event loop) and the round trip a scraper on 127.0.0.1 sees
+// (which includes waiting behind the 64 streams' work on the same loop), median and p99.
 import os from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -64,6 +67,23 @@ async function child(spec) {
   const url = `http://127.0.0.1:${port}/v1/chat/completions`
   const rssBefore = process.memoryUsage().rss
   const t0 = performance.now()
+  // The gateway's scraper: every 50 ms while the load runs.
+  const build = []
+  const roundTrip = []
+  let loading = true
+  const scraper = (async () => {
+    const metricsUrl = `http://127.0.0.1:${port}/metrics`
+    while (loading) {
+      const b0 = performance.now()
+      await server.handler.metrics.registry.metrics()
+      build.push(performance.now() - b0)
+      const r0 = performance.now()
+      const res = await fetch(metricsUrl)
+      await res.text()
+      roundTrip.push(performance.now() - r0)
+      await new Promise((r) => setTimeout(r, 50))
+    }
+  })()
   await pool(items, CONCURRENCY, async ({ model, question }) => {
     try {
       const res = await fetch(url, {
@@ -81,10 +101,14 @@ async function child(spec) {
     }
   })
   const wallS = (performance.now() - t0) / 1e3
+  loading = false
+  await scraper
   const rssAfter = process.memoryUsage().rss
   await server.close()
+  const q = (v, p) => v.sort((a, b) => a - b)[Math.min(v.length - 1, Math.floor(v.length * p))]
+  const scrape = { n: build.length, buildMedianMs: q(build, 0.5), buildP99Ms: q(build, 0.99), roundTripMedianMs: q(roundTrip, 0.5), roundTripP99Ms: q(roundTrip, 0.99) }
   await rt.dispose()
-  return { kind: spec.kind, tokens, errors, undone, wallS, tokPerS: tokens / wallS, rssBeforeMB: rssBefore / 2 ** 20, rssAfterMB: rssAfter / 2 ** 20 }
+  return { kind: spec.kind, tokens, errors, undone, wallS, tokPerS: tokens / wallS, rssBeforeMB: rssBefore / 2 ** 20, rssAfterMB: rssAfter / 2 ** 20, scrape }
 }
 
 async function parent(args) {
@@ -113,6 +137,9 @@ async function parent(args) {
       (r.kind === 'http' ? `; streams without [DONE] ${r.undone}; RSS ${fmt(r.rssBeforeMB, 0)} → ${fmt(r.rssAfterMB, 0)} MB` : ''))
   }
   console.log(`HTTP / in-process: ${fmt(http.tokPerS / inp.tokPerS, 2)}× (target ≥ 0.9×)`)
+  const sc = http.scrape
+  console.log(`/metrics every 50 ms during the HTTP load (${sc.n} scrapes): building the text ${fmt(sc.buildMedianMs, 3)} ms median, ${fmt(sc.buildP99Ms, 3)} ms p99` +
+    ` (${fmt(sc.buildMedianMs / 50 * 100, 2)}% of the 50 ms interval); round trip ${fmt(sc.roundTripMedianMs, 2)} ms median, ${fmt(sc.roundTripP99Ms, 2)} ms p99 (the picker's staleness limit: 200 ms)`)
   console.log(`  ${loadSummary(load0, load1)}`)
   writeResults(args.out ?? resultsPath(cacheDir, 'server'), { ...runInfo(args), machine: machineInfo(load0, load1), requests: n, concurrency: CONCURRENCY, maxTokens: MAX_TOKENS, runs })
 }

@@ -319,7 +319,7 @@ export class Runtime {
     this.#check()
     try {
       const s = this.#native.stats()
-      return { ...s, deviceMemoryFree: s.deviceMemoryFree ?? null, deviceMemoryTotal: s.deviceMemoryTotal ?? null, memory: { ...s.memory }, kvDisk: s.kvDisk ? { ...s.kvDisk } : null }
+      return { ...s, deviceMemoryFree: s.deviceMemoryFree ?? null, deviceMemoryTotal: s.deviceMemoryTotal ?? null, memory: { ...s.memory }, kvDisk: s.kvDisk ? { ...s.kvDisk } : null, runningExperts: [...s.runningExperts], waitingExperts: [...s.waitingExperts] }
     } catch (e) {
       throw toError(e)
     }

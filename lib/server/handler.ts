@@ -11,6 +11,7 @@ import { HttpError, badRequest, errorBody, notFound, toHttpError } from './error
 import { loadExpert, unloadExpert } from './experts'
 import { runGeneration } from './generation'
 import { Metrics } from './metrics'
+import { registerVllmMetrics } from './vllm-metrics'
 import { listModels, selectModel } from './models'
 
 export interface ServerOptions {
@@ -41,6 +42,12 @@ export interface ServerOptions {
   cors?: boolean | string
   /** The base model's id in `/v1/models` and `model`. Default `'base'`. */
   modelName?: string
+  /**
+   * `max_lora` of the `vllm:lora_requests_info` series (the inference gateway's LoRA
+   * affinity reads it): how many experts the server offers to run at once. Default: the
+   * number loaded (every loaded expert can run in one batch).
+   */
+  maxLoras?: number
 }
 
 /** A `(req, res)` handler serving the OpenAI API for one runtime, with its metrics and shutdown. */
@@ -61,6 +68,7 @@ export function createHandler(runtime: Runtime | Promise<Runtime>, options: Serv
   if (!(Number.isSafeInteger(maxBody) && maxBody > 0)) throw new TypeError('maxBodyBytes must be a positive integer')
   if (!(Number.isSafeInteger(bodyTimeout) && bodyTimeout >= 0)) throw new TypeError('bodyTimeoutMs must be a non-negative integer')
   if (!(Number.isSafeInteger(maxConcurrent) && maxConcurrent > 0)) throw new TypeError('maxConcurrentRequests must be a positive integer')
+  if (options.maxLoras !== undefined && !(Number.isSafeInteger(options.maxLoras) && options.maxLoras > 0)) throw new TypeError('maxLoras must be a positive integer')
   if (options.apiKey !== undefined && (typeof options.apiKey !== 'string' || options.apiKey.length === 0)) throw new TypeError('apiKey must be a non-empty string')
   const keyHash = options.apiKey === undefined ? null : createHash('sha256').update(options.apiKey).digest()
   const baseId = options.modelName ?? 'base'
@@ -71,6 +79,7 @@ export function createHandler(runtime: Runtime | Promise<Runtime>, options: Serv
   if (runtime instanceof Promise) runtime.then((r) => (rt = r), (e) => (loadError = e))
   else rt = runtime
   const metrics = new Metrics(() => rt)
+  registerVllmMetrics(metrics.registry, () => rt, { modelName: baseId, maxLoras: options.maxLoras })
   const streams = new Set<GenerationStream>()
   const inFlight = new Set<Promise<void>>()
   let running = 0

@@ -125,6 +125,10 @@ export interface RuntimeStats {
   memory: { weights: number; kv: number; state: number; experts: number }
   /** The prefix cache's disk tier (`kvCache.disk`) since load; `null` without one. */
   kvDisk: KvDiskStats | null
+  /** The experts that running requests use, by name, sorted (as of the engine's last step). */
+  runningExperts: string[]
+  /** The experts that requests waiting for KV room will use, by name, sorted. */
+  waitingExperts: string[]
 }
 
 /** What the prefix cache's disk tier did since load (`stats().kvDisk`), in blocks. */

@@ -161,6 +161,8 @@ pub struct Scheduler {
     last_memory_probe: std::time::Instant,
     profile: StepProfile,
     idle_release: Option<std::time::Duration>,
+    /// A hash of the expert ids of the running and waiting requests, as last published.
+    experts_in_flight: u64,
 }
 
 /// How often `publish` asks the driver for free GPU memory (a driver call per step would be
@@ -212,6 +214,7 @@ impl Scheduler {
             last_memory_probe: std::time::Instant::now(),
             profile: StepProfile::from_env(),
             idle_release: cfg.idle_release,
+            experts_in_flight: 0,
         })
     }
 
@@ -269,6 +272,32 @@ impl Scheduler {
             s.publish_device_memory(&self.model.device);
             self.last_memory_probe = std::time::Instant::now();
         }
+        self.publish_experts_in_flight();
+    }
+
+    /// Publishes the names of the experts running and waiting requests use, when their ids
+    /// changed since the last time (a hash of them is compared at every step).
+    fn publish_experts_in_flight(&mut self) {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.running.iter().for_each(|s| s.experts.experts().iter().for_each(|e| e.id.hash(&mut h)));
+        u64::MAX.hash(&mut h);
+        self.waiting.iter().for_each(|s| s.experts.experts().iter().for_each(|e| e.id.hash(&mut h)));
+        let key = h.finish();
+        if key == self.experts_in_flight {
+            return;
+        }
+        self.experts_in_flight = key;
+        let names = |seqs: &mut dyn Iterator<Item = &Sequence>| {
+            let set: std::collections::BTreeSet<String> =
+                seqs.flat_map(|s| s.experts.experts().iter().map(|e| e.name.clone())).collect();
+            set.into_iter().collect::<Vec<_>>()
+        };
+        let now = crate::engine::stats::ExpertsInFlight {
+            running: names(&mut self.running.iter()),
+            waiting: names(&mut self.waiting.iter()),
+        };
+        *self.stats.experts_in_flight.lock().unwrap_or_else(|e| e.into_inner()) = now;
     }
 
     fn handle(&mut self, cmd: Command) {

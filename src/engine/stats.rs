@@ -38,6 +38,15 @@ pub struct EngineStats {
     /// What the prefix cache's disk tier did (zeros without one).
     pub kv_disk: std::sync::Arc<crate::kv::disk::DiskCounters>,
     pub kv_disk_enabled: AtomicBool,
+    /// The experts of the requests running and waiting, by name (as of the last change).
+    pub experts_in_flight: std::sync::Mutex<ExpertsInFlight>,
+}
+
+/// The names of the experts running and waiting requests use (each sorted, once each).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExpertsInFlight {
+    pub running: Vec<String>,
+    pub waiting: Vec<String>,
 }
 
 /// A consistent-enough copy of [`EngineStats`] (each field is read atomically).
@@ -78,6 +87,9 @@ pub struct StatsSnapshot {
     pub memory: MemoryByKind,
     /// The prefix cache's disk tier (`None` without one).
     pub kv_disk: Option<DiskStats>,
+    /// The experts running requests use, and those waiting requests will use, by name.
+    pub running_experts: Vec<String>,
+    pub waiting_experts: Vec<String>,
 }
 
 /// What the prefix cache's disk tier did since load, in blocks, and the bytes its directory
@@ -115,6 +127,14 @@ pub struct MemoryByKind {
 
 impl EngineStats {
     pub fn snapshot(&self) -> StatsSnapshot {
+        let mut s = self.counters();
+        let e = self.experts_in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        (s.running_experts, s.waiting_experts) = (e.running.clone(), e.waiting.clone());
+        s
+    }
+
+    /// [`Self::snapshot`] but for the experts in flight.
+    fn counters(&self) -> StatsSnapshot {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (used, bs, bpt) = (r(&self.kv_blocks_used), r(&self.kv_block_size), r(&self.kv_bytes_per_token));
         let block_bytes = r(&self.kv_block_bytes);
@@ -150,6 +170,8 @@ impl EngineStats {
                 state: r(&self.kv_state_slots_used).saturating_mul(r(&self.kv_state_bytes_per_sequence)),
                 experts: 0,
             },
+            running_experts: Vec::new(),
+            waiting_experts: Vec::new(),
             kv_disk: self.kv_disk_enabled.load(Ordering::Relaxed).then(|| {
                 let d = &self.kv_disk;
                 DiskStats {

@@ -72,6 +72,8 @@ pub struct RuntimeStats {
     pub device_memory_total: Option<f64>,
     pub memory: NativeMemoryByKind,
     pub kv_disk: Option<NativeKvDiskStats>,
+    pub running_experts: Vec<String>,
+    pub waiting_experts: Vec<String>,
 }
 
 /// What the prefix cache's disk tier did since load (`stats().kvDisk`).
@@ -135,6 +137,8 @@ impl From<engine::StatsSnapshot> for RuntimeStats {
                 evicted_blocks: d.evicted_blocks as f64,
                 bytes: d.bytes as f64,
             }),
+            running_experts: s.running_experts,
+            waiting_experts: s.waiting_experts,
         }
     }
 }

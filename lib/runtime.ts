@@ -11,7 +11,7 @@ import { Expert } from './expert'
 import { runtimeHandles } from './handles'
 import { fetchModel, parseHfRef } from './hub'
 import { checkHubOptions } from './hub/settings'
-import { Session, checkNames, toDecision, toNativeInput } from './session'
+import { Session, checkNames, toDecision, toNativeInput, toNativeMessages } from './session'
 import type {
   ChatMessage,
   EmbedOptions,
@@ -186,6 +186,26 @@ export class Runtime {
     if (parseSpecialTokens !== undefined && typeof parseSpecialTokens !== 'boolean') throw invalidArgument('parseSpecialTokens must be a boolean')
     try {
       return this.#native.tokenize(text, addSpecialTokens, parseSpecialTokens)
+    } catch (e) {
+      throw toError(e)
+    }
+  }
+
+  /**
+   * Token ids of a conversation as a request would evaluate them: rendered with the model's
+   * chat template (`addGenerationPrompt`, default true: the assistant's turn opened after
+   * it), the template's markup as control tokens and the messages' text as plain text. Off
+   * the JS thread. Errors: `INVALID_ARGUMENT` (malformed messages, or beyond the limits of a
+   * request's input), `CONTEXT_OVERFLOW`.
+   */
+  async tokenizeChat(messages: ChatMessage[], options?: { addGenerationPrompt?: boolean }): Promise<number[]> {
+    this.#check()
+    if (!Array.isArray(messages)) throw invalidArgument('messages must be an array of ChatMessage')
+    const o = optionsObject(options)
+    onlyKeys(o, ['addGenerationPrompt'], 'tokenizeChat')
+    if (o.addGenerationPrompt !== undefined && typeof o.addGenerationPrompt !== 'boolean') throw invalidArgument('addGenerationPrompt must be a boolean')
+    try {
+      return await this.#native.tokenizeChat(toNativeMessages(messages), o.addGenerationPrompt ?? true)
     } catch (e) {
       throw toError(e)
     }

@@ -66,7 +66,7 @@ export function toNativeInput(input: GenerateInput): N.NativeInput {
   throw invalidArgument('input must be a string, a ChatMessage[], { text } or { tokens }')
 }
 
-function toNativeMessages(messages: ChatMessage[]): N.JsChatMessage[] {
+export function toNativeMessages(messages: ChatMessage[]): N.JsChatMessage[] {
   for (const m of messages) {
     if (!m || typeof m.role !== 'string' || typeof m.content !== 'string') {
       throw invalidArgument('each ChatMessage needs a string role and content')

@@ -23,7 +23,8 @@ function content(v: unknown, i: number): string {
   throw badRequest(`messages[${i}].content must be a string or an array of text parts`, `messages[${i}].content`)
 }
 
-function messages(v: unknown): ChatMessage[] {
+/** OpenAI `messages` as chat messages (400 naming what is wrong). */
+export function chatMessages(v: unknown): ChatMessage[] {
   if (!Array.isArray(v) || v.length === 0) throw badRequest('messages must be a non-empty array', 'messages')
   return v.map((m, i) => {
     if (!m || typeof m !== 'object') throw badRequest(`messages[${i}] must be an object`, `messages[${i}]`)
@@ -49,7 +50,7 @@ function messages(v: unknown): ChatMessage[] {
 
 /** `POST /v1/chat/completions`. */
 export async function chatCompletions(ctx: Context, body: Record<string, unknown>, res: ServerResponse, model: string): Promise<void> {
-  const msgs = messages(body.messages)
+  const msgs = chatMessages(body.messages)
   const options = { ...samplingOptions(body, ['max_tokens', 'max_completion_tokens']), ...structuredOptions(body, true), ...thinkingOptions(body) }
   const logprobs = body.logprobs
   if (logprobs !== undefined && logprobs !== null && typeof logprobs !== 'boolean') throw badRequest('logprobs must be a boolean', 'logprobs')

@@ -12,6 +12,7 @@ import { loadExpert, unloadExpert } from './experts'
 import { runGeneration } from './generation'
 import { Metrics } from './metrics'
 import { registerVllmMetrics } from './vllm-metrics'
+import { detokenize, loadLoraAdapter, tokenize, unloadLoraAdapter } from './vllm'
 import { listModels, selectModel } from './models'
 
 export interface ServerOptions {
@@ -58,7 +59,7 @@ export interface OpenAIHandler {
   close(): Promise<void>
 }
 
-const ENDPOINTS = new Set(['/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/models', '/v1/experts', '/metrics', '/health'])
+const ENDPOINTS = new Set(['/v1/chat/completions', '/v1/completions', '/v1/embeddings', '/v1/models', '/v1/experts', '/metrics', '/health', '/v1/load_lora_adapter', '/v1/unload_lora_adapter', '/tokenize', '/detokenize'])
 
 /** Builds the handler; `runtime` may still be loading (requests get 503 until it resolves). */
 export function createHandler(runtime: Runtime | Promise<Runtime>, options: ServerOptions = {}): OpenAIHandler {
@@ -79,7 +80,7 @@ export function createHandler(runtime: Runtime | Promise<Runtime>, options: Serv
   if (runtime instanceof Promise) runtime.then((r) => (rt = r), (e) => (loadError = e))
   else rt = runtime
   const metrics = new Metrics(() => rt)
-  registerVllmMetrics(metrics.registry, () => rt, { modelName: baseId, maxLoras: options.maxLoras })
+  registerVllmMetrics(metrics.registry, () => metrics.snapshot(), { modelName: baseId, maxLoras: options.maxLoras })
   const streams = new Set<GenerationStream>()
   const inFlight = new Set<Promise<void>>()
   let running = 0
@@ -151,7 +152,8 @@ export function createHandler(runtime: Runtime | Promise<Runtime>, options: Serv
       res.end(text)
       return
     }
-    if (!path.startsWith('/v1/')) throw notFound(`no route ${method} ${path}`)
+    const vllmRoot = path === '/tokenize' || path === '/detokenize'
+    if (!path.startsWith('/v1/') && !vllmRoot) throw notFound(`no route ${method} ${path}`)
     if (!authorized(req)) throw new HttpError(401, 'Incorrect or missing API key (Authorization: Bearer <key>)', 'invalid_request_error', null, 'invalid_api_key')
     const ctx: Context = {
       rt,
@@ -166,6 +168,16 @@ export function createHandler(runtime: Runtime | Promise<Runtime>, options: Serv
     if (path === '/v1/models') {
       if (method !== 'GET') throw methodNotAllowed(method, path)
       json(res, 200, listModels(rt, baseId, created))
+      return
+    }
+    if (vllmRoot || path === '/v1/load_lora_adapter' || path === '/v1/unload_lora_adapter') {
+      if (method !== 'POST') throw methodNotAllowed(method, path)
+      if (path.includes('lora') && !options.expertsDir) throw notFound('expert management is off (the server has no expertsDir)')
+      const body = await readJson(req, maxBody, bodyTimeout)
+      if (path === '/tokenize') await tokenize(ctx, body, res)
+      else if (path === '/detokenize') await detokenize(ctx, body, res)
+      else if (path === '/v1/load_lora_adapter') await loadLoraAdapter(ctx, options.expertsDir!, body, res)
+      else await unloadLoraAdapter(ctx, body, res)
       return
     }
     if (path.startsWith('/v1/experts')) {

@@ -1,5 +1,13 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client'
 import type { Runtime } from '../runtime'
+import type { RuntimeStats } from '../types'
+
+/** What one scrape reads of the runtime. */
+export interface ScrapeSnapshot {
+  stats: RuntimeStats
+  /** Experts loaded. */
+  experts: number
+}
 
 /** The server's Prometheus metrics (`GET /metrics`), in a registry of its own. */
 export class Metrics {
@@ -36,20 +44,36 @@ export class Metrics {
     registers: [this.registry],
   })
 
-  constructor(runtime: () => Runtime | undefined) {
-    const stat = (name: string, help: string, read: (s: ReturnType<Runtime['stats']>, rt: Runtime) => number) =>
+  #cached: ScrapeSnapshot | undefined
+
+  /**
+   * The runtime's counters for the scrape under way: read once (one `stats()` for every
+   * series; prom-client collects all of a scrape's series within one task) and forgotten
+   * after it. `undefined` while loading or once disposed (the series keep their last values).
+   */
+  snapshot(): ScrapeSnapshot | undefined {
+    if (this.#cached) return this.#cached
+    const rt = this.runtime()
+    if (!rt) return undefined
+    try {
+      this.#cached = { stats: rt.stats(), experts: rt.experts.length }
+    } catch {
+      return undefined
+    }
+    setImmediate(() => (this.#cached = undefined))
+    return this.#cached
+  }
+
+  constructor(private readonly runtime: () => Runtime | undefined) {
+    const snapshot = () => this.snapshot()
+    const stat = (name: string, help: string, read: (s: RuntimeStats, experts: number) => number) =>
       new Gauge({
         name,
         help,
         registers: [this.registry],
         collect() {
-          const rt = runtime()
-          if (!rt) return
-          try {
-            this.set(read(rt.stats(), rt))
-          } catch {
-            /* disposed: keep the last value */
-          }
+          const r = snapshot()
+          if (r) this.set(read(r.stats, r.experts))
         },
       })
     stat('expert_runtime_running_requests', 'Requests holding KV blocks and running', (s) => s.activeRequests)
@@ -65,6 +89,6 @@ export class Metrics {
     stat('expert_runtime_kv_state_bytes', 'Bytes of recurrent state held by sessions', (s) => s.kvStateBytes)
     stat('expert_runtime_prefix_cache_hit_tokens', 'Prompt tokens served from shared prefix blocks (since load)', (s) => s.prefixCacheHitTokens)
     stat('expert_runtime_evicted_blocks', 'KV blocks taken from idle sessions (since load)', (s) => s.evictedBlocks)
-    stat('expert_runtime_loaded_experts', 'Experts resident', (_s, rt) => rt.experts.length)
+    stat('expert_runtime_loaded_experts', 'Experts resident', (_s, experts) => experts)
   }
 }

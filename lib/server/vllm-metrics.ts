@@ -10,11 +10,11 @@
 //   vllm:cache_config_info      gauge  1; labels block_size and num_gpu_blocks (the pool's,
 //                                      on a CPU too)
 //
-// The picker scrapes every 50 ms: a scrape reads the engine's counters once (one `stats()` for
-// every series) and never waits for the engine thread.
+// The picker scrapes every 50 ms: a scrape reads the engine's counters once for every series,
+// ours included (`Metrics.snapshot`), and never waits for the engine thread.
 import { Gauge, type Registry } from 'prom-client'
-import type { Runtime } from '../runtime'
 import type { RuntimeStats } from '../types'
+import type { ScrapeSnapshot } from './metrics'
 
 export interface VllmMetricsOptions {
   /** The `model_name` label (the base model's id). */
@@ -26,22 +26,9 @@ export interface VllmMetricsOptions {
   maxLoras?: number
 }
 
-/** Registers the vLLM-named series in `registry`, read from `runtime` at each scrape. */
-export function registerVllmMetrics(registry: Registry, runtime: () => Runtime | undefined, options: VllmMetricsOptions): void {
-  // One stats() per scrape: prom-client collects every series of a scrape within one task.
-  let cached: { stats: RuntimeStats; experts: number } | undefined
-  const read = () => {
-    if (cached) return cached
-    const rt = runtime()
-    if (!rt) return undefined
-    try {
-      cached = { stats: rt.stats(), experts: rt.experts.length }
-    } catch {
-      return undefined // disposed: keep the last values
-    }
-    setImmediate(() => (cached = undefined))
-    return cached
-  }
+/** Registers the vLLM-named series in `registry`, read from the scrape's `snapshot`. */
+export function registerVllmMetrics(registry: Registry, snapshot: () => ScrapeSnapshot | undefined, options: VllmMetricsOptions): void {
+  const read = snapshot
   const model = { model_name: options.modelName }
   const gauge = (name: string, help: string, value: (s: RuntimeStats) => number) =>
     new Gauge({

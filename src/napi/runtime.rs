@@ -11,8 +11,8 @@ use super::error::{disposed, to_napi};
 use super::expert::NativeExpert;
 use super::session::NativeSession;
 use super::types::{
-    JsRouteDecision, JsRouterSettings, LoadProgress, NativeEmbedOptions, NativeExpertOptions, NativeInput, NativeLoadOptions,
-    RuntimeInfo, RuntimeStats,
+    JsChatMessage, JsRouteDecision, JsRouterSettings, LoadProgress, NativeEmbedOptions, NativeExpertOptions, NativeInput,
+    NativeLoadOptions, RuntimeInfo, RuntimeStats,
 };
 use crate::engine::{ContextShift, EmbedOptions, Engine, ExpertChoice, KvCacheOptions, LoadOptions, Pooling};
 use crate::error::EngineError;
@@ -132,6 +132,20 @@ impl NativeRuntime {
         let tok = self.engine()?.tokenizer().map_err(to_napi)?;
         tok.encode_text(&text, add_special_tokens.unwrap_or(true), parse_special_tokens.unwrap_or(false))
             .map_err(|m| to_napi(EngineError::InvalidModel(m)))
+    }
+
+    /// Token ids of a conversation as a request would evaluate it: rendered with the chat
+    /// template (`add_generation_prompt`: the assistant's turn opened after it), the markup as
+    /// control tokens and the messages as plain text. Off the JS thread.
+    #[napi]
+    pub async fn tokenize_chat(&self, messages: Vec<JsChatMessage>, add_generation_prompt: bool) -> Result<Vec<u32>> {
+        let e = self.engine()?;
+        let messages: Vec<crate::tokenizer::ChatMessage> = messages.into_iter().map(Into::into).collect();
+        let input = crate::engine::Input::Chat(messages);
+        crate::engine::prepare::check_input(&input, e.info.context_length).map_err(to_napi)?;
+        let crate::engine::Input::Chat(messages) = input else { unreachable!("built above") };
+        let tok = e.tokenizer().map_err(to_napi)?;
+        tok.encode_chat(&messages, add_generation_prompt, None, &[]).map_err(to_napi)
     }
 
     #[napi]

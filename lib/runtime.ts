@@ -27,6 +27,7 @@ import type {
   RopeScalingInfo,
   RouterSettings,
   RuntimeInfo,
+  KvEvent,
   RuntimeStats,
   SessionOptions,
 } from './types'
@@ -211,6 +212,37 @@ export class Runtime {
     }
   }
 
+  /**
+   * Starts recording KV events: each block the prefix cache stores (full, shareable) or
+   * removes, as vLLM publishes them for prefix-aware routers. Take them with `takeKvEvents`;
+   * at most 65,536 wait, beyond which new ones are dropped (`stats().kvEventsDropped`), so a
+   * publisher that falls behind never slows generation. The server's `kvEvents` option
+   * publishes them over ZeroMQ.
+   */
+  startKvEvents(): void {
+    this.#check()
+    try {
+      this.#native.startKvEvents()
+    } catch (e) {
+      throw toError(e)
+    }
+  }
+
+  /** Up to `max` (default 4096) recorded KV events, oldest first (see `startKvEvents`). */
+  takeKvEvents(max = 4096): KvEvent[] {
+    this.#check()
+    checkInt('max', max, 1, 1 << 20)
+    try {
+      return this.#native.takeKvEvents(max).map((e) =>
+        e.kind === 'stored'
+          ? { type: 'BlockStored', blockHash: e.blockHash, parentBlockHash: e.parentBlockHash ?? null, tokenIds: e.tokenIds, blockSize: e.blockSize, loraId: e.loraId ?? null }
+          : { type: 'BlockRemoved', blockHash: e.blockHash },
+      )
+    } catch (e) {
+      throw toError(e)
+    }
+  }
+
   /** The text of token ids (special tokens included as their spellings). */
   detokenize(ids: number[]): string {
     this.#check()
@@ -339,7 +371,7 @@ export class Runtime {
     this.#check()
     try {
       const s = this.#native.stats()
-      return { ...s, deviceMemoryFree: s.deviceMemoryFree ?? null, deviceMemoryTotal: s.deviceMemoryTotal ?? null, memory: { ...s.memory }, kvDisk: s.kvDisk ? { ...s.kvDisk } : null, runningExperts: [...s.runningExperts], waitingExperts: [...s.waitingExperts] }
+      return { ...s, deviceMemoryFree: s.deviceMemoryFree ?? null, deviceMemoryTotal: s.deviceMemoryTotal ?? null, memory: { ...s.memory }, kvDisk: s.kvDisk ? { ...s.kvDisk } : null, runningExperts: [...s.runningExperts], waitingExperts: [...s.waitingExperts], kvEventsDropped: s.kvEventsDropped }
     } catch (e) {
       throw toError(e)
     }

@@ -49,6 +49,12 @@ export interface ServerOptions {
    * number loaded (every loaded expert can run in one batch).
    */
   maxLoras?: number
+  /**
+   * `OpenAIServer` only: publishes the KV cache's events (blocks stored and removed) over
+   * ZeroMQ as vLLM does, for prefix-aware routers (llm-d): `{ endpoint: 'tcp://HOST:PORT',
+   * topic?, intervalMs? }`. Needs the optional packages `zeromq` and `@msgpack/msgpack`.
+   */
+  kvEvents?: import('./kv-events').KvEventsOptions
 }
 
 /** A `(req, res)` handler serving the OpenAI API for one runtime, with its metrics and shutdown. */

@@ -1,9 +1,12 @@
 import { createServer as createHttpServer, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import type { Runtime } from '../runtime'
+import { Gauge } from 'prom-client'
 import { createHandler, type OpenAIHandler, type ServerOptions } from './handler'
+import { KvEventPublisher, checkKvEventsOptions } from './kv-events'
 
 export type { OpenAIHandler, ServerOptions } from './handler'
+export type { KvEventsOptions } from './kv-events'
 
 /**
  * A `(req, res)` handler serving the OpenAI API (`/v1/chat/completions`, `/v1/completions`,
@@ -18,8 +21,15 @@ export function openaiHandler(runtime: Runtime | Promise<Runtime>, options?: Ser
 export class OpenAIServer {
   readonly http: Server
   readonly handler: OpenAIHandler
+  /** The KV events publisher (`kvEvents`), once `listen` started it. */
+  kvEvents: KvEventPublisher | undefined
+  readonly #runtime: Runtime | Promise<Runtime>
+  readonly #options: ServerOptions
   constructor(runtime: Runtime | Promise<Runtime>, options?: ServerOptions) {
+    if (options?.kvEvents !== undefined) checkKvEventsOptions(options.kvEvents)
     this.handler = createHandler(runtime, options)
+    this.#runtime = runtime
+    this.#options = options ?? {}
     const headersTimeout = options?.headersTimeoutMs ?? 30_000
     const bodyTimeout = options?.bodyTimeoutMs ?? 30_000
     if (!(Number.isSafeInteger(headersTimeout) && headersTimeout >= 0)) throw new TypeError('headersTimeoutMs must be a non-negative integer')
@@ -38,8 +48,31 @@ export class OpenAIServer {
     )
   }
 
-  /** Starts listening; resolves with the address (port 0 picks a free one). */
-  listen(port = 8080, host = '127.0.0.1'): Promise<AddressInfo> {
+  /**
+   * Starts listening; resolves with the address (port 0 picks a free one). With `kvEvents`,
+   * first binds the KV events socket (once the runtime has loaded).
+   */
+  async listen(port = 8080, host = '127.0.0.1'): Promise<AddressInfo> {
+    const kv = this.#options.kvEvents
+    if (kv && !this.kvEvents) {
+      const rt = await this.#runtime
+      const publisher = await KvEventPublisher.start(rt, kv, this.#options.modelName ?? 'base')
+      this.kvEvents = publisher
+      new Gauge({
+        name: 'expert_runtime_kv_events_dropped',
+        help: 'KV events dropped because the publisher or its subscribers fell behind (since the server started)',
+        registers: [this.handler.metrics.registry],
+        collect() {
+          let engine = 0
+          try {
+            engine = rt.stats().kvEventsDropped
+          } catch {
+            /* disposed */
+          }
+          this.set(engine + publisher.dropped)
+        },
+      })
+    }
     return new Promise((resolve, reject) => {
       this.http.once('error', reject)
       this.http.listen(port, host, () => {
@@ -69,6 +102,7 @@ export class OpenAIServer {
       clearTimeout(timer)
     }
     this.http.closeAllConnections()
+    this.kvEvents?.close()
     await stopped
   }
 }

@@ -129,7 +129,19 @@ export interface RuntimeStats {
   runningExperts: string[]
   /** The experts that requests waiting for KV room will use, by name, sorted. */
   waitingExperts: string[]
+  /** KV events dropped because their consumer fell behind (`startKvEvents`), since it started. */
+  kvEventsDropped: number
 }
+
+/**
+ * A KV event (`Runtime.takeKvEvents`): a block of the prefix cache stored or removed, as vLLM
+ * publishes them. Hashes are the cache's own ids for blocks (unique within the runtime; a
+ * stored block names the block before it, `null` at a sequence's start); `loraId` names the
+ * expert set it was computed under (`null`: the base model).
+ */
+export type KvEvent =
+  | { type: 'BlockStored'; blockHash: number; parentBlockHash: number | null; tokenIds: number[]; blockSize: number; loraId: number | null }
+  | { type: 'BlockRemoved'; blockHash: number }
 
 /** What the prefix cache's disk tier did since load (`stats().kvDisk`), in blocks. */
 export interface KvDiskStats {

@@ -8,6 +8,7 @@ pub mod delivery;
 pub mod device;
 pub mod embedding;
 pub mod fit;
+pub mod kv_events;
 pub mod load;
 pub mod persist;
 pub mod prepare;
@@ -545,6 +546,22 @@ impl Engine {
 
     pub fn is_disposed(&self) -> bool {
         self.tx.lock().unwrap().is_none()
+    }
+
+    /// Starts recording KV events for a publisher (see [`kv_events`]); they are taken with
+    /// [`Self::take_kv_events`].
+    pub fn start_kv_events(&self) {
+        self.stats.kv_events.start();
+    }
+
+    /// Up to `max` KV events, oldest first.
+    pub fn take_kv_events(&self, max: usize) -> Vec<crate::kv::prefix::IndexEvent> {
+        self.stats.kv_events.take(max)
+    }
+
+    /// Positions per KV block.
+    pub fn kv_block_size(&self) -> usize {
+        self.stats.kv_block_size.load(Ordering::Relaxed) as usize
     }
 }
 

@@ -163,6 +163,8 @@ pub struct Scheduler {
     idle_release: Option<std::time::Duration>,
     /// A hash of the expert ids of the running and waiting requests, as last published.
     experts_in_flight: u64,
+    /// KV events not yet handed to the queue (`None`: not recording).
+    kv_events: Option<Vec<crate::kv::prefix::IndexEvent>>,
 }
 
 /// How often `publish` asks the driver for free GPU memory (a driver call per step would be
@@ -215,6 +217,7 @@ impl Scheduler {
             profile: StepProfile::from_env(),
             idle_release: cfg.idle_release,
             experts_in_flight: 0,
+            kv_events: None,
         })
     }
 
@@ -273,6 +276,21 @@ impl Scheduler {
             self.last_memory_probe = std::time::Instant::now();
         }
         self.publish_experts_in_flight();
+        self.publish_kv_events();
+    }
+
+    /// Moves the prefix index's events to the queue a publisher drains (see `kv_events`).
+    fn publish_kv_events(&mut self) {
+        if self.kv_events.is_none() {
+            if !self.stats.kv_events.is_on() {
+                return;
+            }
+            self.kv.record_events(true);
+            self.kv_events = Some(Vec::new());
+        }
+        let pending = self.kv_events.as_mut().expect("recording");
+        pending.extend(self.kv.take_events());
+        self.stats.kv_events.offer(pending);
     }
 
     /// Publishes the names of the experts running and waiting requests use, when their ids

@@ -40,6 +40,8 @@ pub struct EngineStats {
     pub kv_disk_enabled: AtomicBool,
     /// The experts of the requests running and waiting, by name (as of the last change).
     pub experts_in_flight: std::sync::Mutex<ExpertsInFlight>,
+    /// KV events for a publisher, once one started them.
+    pub kv_events: super::kv_events::KvEventQueue,
 }
 
 /// The names of the experts running and waiting requests use (each sorted, once each).
@@ -90,6 +92,8 @@ pub struct StatsSnapshot {
     /// The experts running requests use, and those waiting requests will use, by name.
     pub running_experts: Vec<String>,
     pub waiting_experts: Vec<String>,
+    /// KV events dropped because their consumer fell behind (since it started them).
+    pub kv_events_dropped: u64,
 }
 
 /// What the prefix cache's disk tier did since load, in blocks, and the bytes its directory
@@ -172,6 +176,7 @@ impl EngineStats {
             },
             running_experts: Vec::new(),
             waiting_experts: Vec::new(),
+            kv_events_dropped: self.kv_events.dropped(),
             kv_disk: self.kv_disk_enabled.load(Ordering::Relaxed).then(|| {
                 let d = &self.kv_disk;
                 DiskStats {

@@ -212,6 +212,15 @@ impl BlockPool {
         self.index.is_registered(b)
     }
 
+    /// See [`super::prefix::PrefixIndex::record_events`].
+    pub fn record_events(&mut self, on: bool) {
+        self.index.record_events(on)
+    }
+
+    pub fn take_events(&mut self) -> Vec<super::prefix::IndexEvent> {
+        self.index.take_events()
+    }
+
     pub fn cid(&self, b: BlockId) -> Option<u64> {
         self.index.cid(b)
     }

@@ -364,6 +364,17 @@ impl KvManager {
         (!blocks.is_empty()).then_some(parent)
     }
 
+    /// Records what the prefix index registers and forgets ([`Self::take_events`]), for
+    /// subscribers of KV events; `false` stops.
+    pub fn record_events(&mut self, on: bool) {
+        self.pool.record_events(on)
+    }
+
+    /// The prefix index's events since the last call (see [`Self::record_events`]).
+    pub fn take_events(&mut self) -> Vec<super::prefix::IndexEvent> {
+        self.pool.take_events()
+    }
+
     /// Prefix snapshots held.
     pub fn snapshots(&self) -> usize {
         self.snapshots.len()

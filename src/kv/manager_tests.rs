@@ -246,3 +246,39 @@ fn without_the_prefix_cache_nothing_is_shared() {
     m.free(&mut a);
     assert_eq!((m.cached_blocks(), m.match_prefix(&keys, &[]).tokens), (0, 0));
 }
+
+#[test]
+fn recorded_events_chain_stored_blocks_and_name_the_recycled_ones() {
+    use crate::kv::prefix::IndexEvent::{Removed, Stored};
+    let mut m = manager(4);
+    m.record_events(true);
+    let keys: Vec<u32> = (1..=9).collect();
+    let mut a = BlockTable::default();
+    assert_eq!(admit(&mut m, &mut a, 0, &keys, &[5], 1), Some(0));
+    write(&mut m, &mut a, &keys, &[5], 9);
+    let stored = m.take_events();
+    let (first, second) = match &stored[..] {
+        [Stored { cid: x, parent: None, experts: e0, tokens: t0 }, Stored { cid: y, parent: Some(p), experts: e1, tokens: t1 }] =>
+        {
+            assert_eq!((p, e0, e1), (x, &vec![5], &vec![5]));
+            assert_eq!((t0.as_slice(), t1.as_slice()), (&[1, 2, 3, 4][..], &[5, 6, 7, 8][..]));
+            (*x, *y)
+        }
+        other => panic!("{other:?}"),
+    };
+    assert!(m.take_events().is_empty(), "taken once");
+    // Freed, the blocks stay cached (no event); a prompt needing the whole pool recycles them.
+    m.free(&mut a);
+    assert!(m.take_events().is_empty());
+    m.assume_cache_pays();
+    let other: Vec<u32> = (100..115).collect();
+    let mut b = BlockTable::default();
+    assert_eq!(admit(&mut m, &mut b, 0, &other, &[], 1), Some(0));
+    let mut removed: Vec<u64> =
+        m.take_events().into_iter().map(|e| if let Removed { cid } = e { cid } else { panic!("{e:?}") }).collect();
+    removed.sort_unstable();
+    assert_eq!(removed, vec![first, second]);
+    m.record_events(false);
+    write(&mut m, &mut b, &other, &[], 15);
+    assert!(m.take_events().is_empty(), "off: nothing is recorded");
+}

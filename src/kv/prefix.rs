@@ -53,7 +53,25 @@ struct Entry {
     cid: u64,
 }
 
+/// What the index did, for subscribers of KV events (recorded only while
+/// [`PrefixIndex::record_events`] is on): a block registered under a key, or forgotten.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IndexEvent {
+    /// `parent`: the content id of the block before it (`None` at a sequence's start).
+    Stored {
+        cid: u64,
+        parent: Option<u64>,
+        experts: Vec<u64>,
+        tokens: Vec<u32>,
+    },
+    Removed {
+        cid: u64,
+    },
+}
+
 pub struct PrefixIndex {
+    /// Recorded events, while on.
+    events: Option<Vec<IndexEvent>>,
     hasher: KeyHasher,
     by_hash: HashMap<u64, Vec<BlockId>>,
     /// Indexed by block id.
@@ -75,7 +93,21 @@ impl PrefixIndex {
     /// [`Self::with_hasher`], or `OUT_OF_MEMORY` where the entries cannot be reserved.
     pub fn try_with_hasher(num_blocks: usize, hasher: KeyHasher) -> crate::error::Result<Self> {
         let entries = super::try_filled(num_blocks, None)?;
-        Ok(Self { hasher, by_hash: HashMap::new(), entries, children: HashMap::new(), next_cid: FIRST_CID })
+        Ok(Self { events: None, hasher, by_hash: HashMap::new(), entries, children: HashMap::new(), next_cid: FIRST_CID })
+    }
+
+    /// Records [`IndexEvent`]s from now on (`true`), or stops and forgets them.
+    pub fn record_events(&mut self, on: bool) {
+        match (on, &self.events) {
+            (true, None) => self.events = Some(Vec::new()),
+            (false, _) => self.events = None,
+            _ => {}
+        }
+    }
+
+    /// The events recorded since the last call.
+    pub fn take_events(&mut self) -> Vec<IndexEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     pub fn is_registered(&self, b: BlockId) -> bool {
@@ -101,6 +133,10 @@ impl PrefixIndex {
         self.next_cid += 1;
         self.by_hash.entry(hash).or_default().push(b);
         self.children.entry(key.parent).or_default().push(b);
+        if let Some(events) = &mut self.events {
+            let parent = (key.parent >= FIRST_CID).then_some(key.parent);
+            events.push(IndexEvent::Stored { cid, parent, experts: key.experts.clone(), tokens: key.tokens.clone() });
+        }
         self.entries[b as usize] = Some(Entry { hash, key, cid });
         cid
     }
@@ -110,6 +146,9 @@ impl PrefixIndex {
         let Some(e) = self.entries[b as usize].take() else { return };
         remove_from(&mut self.by_hash, e.hash, b);
         remove_from(&mut self.children, e.key.parent, b);
+        if let Some(events) = &mut self.events {
+            events.push(IndexEvent::Removed { cid: e.cid });
+        }
     }
 
     /// A registered block whose key equals `key` (contents compared, not just hashes).

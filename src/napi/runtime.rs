@@ -271,6 +271,21 @@ impl NativeRuntime {
         Ok(self.engine()?.stats().into())
     }
 
+    /// Starts recording KV events (what the prefix index stores and removes) for a publisher.
+    #[napi]
+    pub fn start_kv_events(&self) -> Result<()> {
+        self.engine()?.start_kv_events();
+        Ok(())
+    }
+
+    /// Up to `max` recorded KV events, oldest first (see `startKvEvents`).
+    #[napi]
+    pub fn take_kv_events(&self, max: u32) -> Result<Vec<super::types::NativeKvEvent>> {
+        let e = self.engine()?;
+        let block_size = e.kv_block_size() as u32;
+        Ok(e.take_kv_events(max as usize).into_iter().map(|ev| super::types::NativeKvEvent::new(ev, block_size)).collect())
+    }
+
     #[napi(getter)]
     pub fn disposed(&self) -> bool {
         self.engine.lock().unwrap().as_ref().is_none_or(|e| e.is_disposed())

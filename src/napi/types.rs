@@ -74,6 +74,43 @@ pub struct RuntimeStats {
     pub kv_disk: Option<NativeKvDiskStats>,
     pub running_experts: Vec<String>,
     pub waiting_experts: Vec<String>,
+    pub kv_events_dropped: f64,
+}
+
+/// A KV event (vLLM's `BlockStored` / `BlockRemoved`): `kind` `stored` or `removed`; hashes are
+/// the prefix index's content ids (below 2^53 in any real run: one per registered block).
+#[napi(object)]
+pub struct NativeKvEvent {
+    pub kind: String,
+    pub block_hash: f64,
+    pub parent_block_hash: Option<f64>,
+    pub token_ids: Vec<u32>,
+    pub block_size: u32,
+    pub lora_id: Option<f64>,
+}
+
+impl NativeKvEvent {
+    pub fn new(e: crate::kv::prefix::IndexEvent, block_size: u32) -> Self {
+        use crate::kv::prefix::IndexEvent;
+        match e {
+            IndexEvent::Stored { cid, parent, experts, tokens } => Self {
+                kind: "stored".into(),
+                block_hash: cid as f64,
+                parent_block_hash: parent.map(|p| p as f64),
+                token_ids: tokens,
+                block_size,
+                lora_id: crate::engine::kv_events::lora_id(&experts).map(|l| l as f64),
+            },
+            IndexEvent::Removed { cid } => Self {
+                kind: "removed".into(),
+                block_hash: cid as f64,
+                parent_block_hash: None,
+                token_ids: Vec::new(),
+                block_size,
+                lora_id: None,
+            },
+        }
+    }
 }
 
 /// What the prefix cache's disk tier did since load (`stats().kvDisk`).
@@ -139,6 +176,7 @@ impl From<engine::StatsSnapshot> for RuntimeStats {
             }),
             running_experts: s.running_experts,
             waiting_experts: s.waiting_experts,
+            kv_events_dropped: s.kv_events_dropped as f64,
         }
     }
 }

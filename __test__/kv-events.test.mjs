@@ -45,6 +45,7 @@ describe('KV events over ZeroMQ', () => {
     rt = await Runtime.load(fixture('qwen3-tiny'), { kvCache: { maxTokens: 160 } })
     server = createServer(rt, { modelName: 'tiny', kvEvents: { endpoint: 'tcp://127.0.0.1:*', topic: 'kv@test@tiny', intervalMs: 5 } })
     await server.listen(0, '127.0.0.1')
+    await server.kvEventsReady
     sub = new zmq.Subscriber({ receiveTimeout: 200 })
     sub.connect(server.kvEvents.boundEndpoint)
     sub.subscribe('kv@test@tiny')
@@ -123,6 +124,14 @@ describe('KV events over ZeroMQ', () => {
     } finally {
       await alone.dispose()
     }
+  })
+
+  it('a socket that cannot be bound rejects kvEventsReady; the HTTP side still serves', async () => {
+    const taken = createServer(rt, { kvEvents: { endpoint: server.kvEvents.boundEndpoint } })
+    const { port } = await taken.listen(0, '127.0.0.1')
+    await assert.rejects(taken.kvEventsReady, /Address already in use|EADDRINUSE|in use/i)
+    assert.equal((await fetch(`http://127.0.0.1:${port}/health`)).status, 200)
+    await taken.close()
   })
 
   it('refuses bad kvEvents options', () => {

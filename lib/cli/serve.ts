@@ -28,13 +28,18 @@ export const USAGE = `usage: expert-runtime serve <model.gguf | model-dir> [opti
   --headers-timeout-ms N request headers must arrive within N ms, else 408 (default 30000; 0: no limit)
   --exit-with-parent     shut down when the launching process exits (on by default under npx / npm)
   --cors [ORIGIN]        send CORS headers (any origin, or ORIGIN)
+  --kv-events ENDPOINT   publish the KV cache's events (blocks stored and removed) as vLLM does,
+                         on a ZeroMQ PUB socket bound at ENDPOINT (tcp://HOST:PORT), for
+                         prefix-aware routers such as llm-d (needs npm zeromq, @msgpack/msgpack)
+  --kv-events-topic T    their topic (default kv@<hostname>@<model name>)
+  --max-loras N          max_lora in vllm:lora_requests_info (default: the experts loaded)
 
 SIGINT and SIGTERM shut it down gracefully: running requests end (finish_reason "cancelled"),
 the model is unloaded, exit code 0.`
 
 function parse(argv: string[]) {
   const p = parseArgs(argv, {
-    values: ['experts', 'port', 'host', 'api-key', 'model-name', 'threads', 'context-length', 'kv-max-tokens', 'kv-max-bytes', 'kv-idle-release-ms', 'max-concurrent', 'max-body-bytes', 'body-timeout-ms', 'headers-timeout-ms'],
+    values: ['experts', 'port', 'host', 'api-key', 'model-name', 'threads', 'context-length', 'kv-max-tokens', 'kv-max-bytes', 'kv-idle-release-ms', 'max-concurrent', 'max-body-bytes', 'body-timeout-ms', 'headers-timeout-ms', 'kv-events', 'kv-events-topic', 'max-loras'],
     flags: ['exit-with-parent'],
     optionalValue: ['cors'],
   })
@@ -59,6 +64,9 @@ function parse(argv: string[]) {
     headersTimeoutMs: intOption(p, 'headers-timeout-ms', 0),
     exitWithParent: p.options.get('exit-with-parent') === true,
     cors: p.options.get('cors'),
+    kvEvents: stringOption(p, 'kv-events'),
+    kvEventsTopic: stringOption(p, 'kv-events-topic'),
+    maxLoras: intOption(p, 'max-loras', 1),
   }
 }
 
@@ -80,6 +88,8 @@ export async function serve(argv: string[]): Promise<void> {
     bodyTimeoutMs: a.bodyTimeoutMs,
     headersTimeoutMs: a.headersTimeoutMs,
     cors: a.cors,
+    maxLoras: a.maxLoras,
+    kvEvents: a.kvEvents ? { endpoint: a.kvEvents, topic: a.kvEventsTopic } : undefined,
   })
 
   // One shutdown, whatever asks for it first (a signal, the launcher's exit, a failed load):
@@ -115,6 +125,14 @@ export async function serve(argv: string[]): Promise<void> {
   }
   if (stopping) return
   process.stderr.write(`loaded ${a.modelName} (${rt.info.architecture}, ${rt.info.dtype}, ${rt.info.device})\n`)
+  if (server.kvEventsReady) {
+    try {
+      const p = await server.kvEventsReady
+      process.stderr.write(`publishing KV events on ${p.boundEndpoint} (topic ${p.topic})\n`)
+    } catch (e) {
+      return stop(`KV events: ${(e as Error).message}`, 1)
+    }
+  }
   if (a.experts) {
     const dirs = readdirSync(a.experts)
       .map((d) => join(a.experts!, d))

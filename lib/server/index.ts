@@ -49,14 +49,22 @@ export class OpenAIServer {
   }
 
   /**
-   * Starts listening; resolves with the address (port 0 picks a free one). With `kvEvents`,
-   * first binds the KV events socket (once the runtime has loaded).
+   * The KV events publisher (`kvEvents`) once bound: `listen` starts it as soon as the runtime
+   * has loaded (the HTTP side serves `/health` meanwhile); rejects when the socket cannot be
+   * bound.
    */
-  async listen(port = 8080, host = '127.0.0.1'): Promise<AddressInfo> {
+  kvEventsReady: Promise<KvEventPublisher> | undefined
+
+  #startKvEvents(): void {
     const kv = this.#options.kvEvents
-    if (kv && !this.kvEvents) {
+    if (!kv || this.kvEventsReady) return
+    this.kvEventsReady = (async () => {
       const rt = await this.#runtime
       const publisher = await KvEventPublisher.start(rt, kv, this.#options.modelName ?? 'base')
+      if (this.#closed) {
+        publisher.close()
+        throw new Error('the server closed before the KV events socket was bound')
+      }
       this.kvEvents = publisher
       new Gauge({
         name: 'expert_runtime_kv_events_dropped',
@@ -72,7 +80,20 @@ export class OpenAIServer {
           this.set(engine + publisher.dropped)
         },
       })
-    }
+      return publisher
+    })()
+    // Whoever awaits it sees the error; an unobserved failure must not crash the process.
+    this.kvEventsReady.catch(() => {})
+  }
+
+  #closed = false
+
+  /**
+   * Starts listening; resolves with the address (port 0 picks a free one). With `kvEvents`,
+   * also starts binding the KV events socket (`kvEventsReady`).
+   */
+  listen(port = 8080, host = '127.0.0.1'): Promise<AddressInfo> {
+    this.#startKvEvents()
     return new Promise((resolve, reject) => {
       this.http.once('error', reject)
       this.http.listen(port, host, () => {
@@ -102,6 +123,7 @@ export class OpenAIServer {
       clearTimeout(timer)
     }
     this.http.closeAllConnections()
+    this.#closed = true
     this.kvEvents?.close()
     await stopped
   }

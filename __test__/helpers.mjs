@@ -1,8 +1,8 @@
 // Helpers shared by the Node suites (__test__/*.test.mjs). Holds no tests: `node --test __test__/`
 // runs only the files named like tests (*.test.mjs), so this one runs only when a suite imports it.
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
-import { readFileSync } from 'node:fs'
+import { spawn, spawnSync } from 'node:child_process'
+import { mkdirSync, readFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -98,3 +98,17 @@ export async function pool(items, n, fn) {
   await Promise.all(Array.from({ length: Math.min(n, items.length) }, worker))
   return out
 }
+
+/**
+ * Mounts a tmpfs of `size` at `dir/name` (created); `null` where mounting is not allowed
+ * (it needs root: CAP_SYS_ADMIN). Tests of a full or read-only disk use it.
+ */
+export function mountTmpfs(dir, size, name) {
+  const at = path.join(dir, name)
+  mkdirSync(at)
+  const r = spawnSync('mount', ['-t', 'tmpfs', '-o', `size=${size}`, 'tmpfs', at])
+  return r.status === 0 ? at : null
+}
+
+/** Unmounts what `mountTmpfs` mounted. */
+export const umount = (at) => spawnSync('umount', [at])

@@ -14,7 +14,7 @@ import { mkdtempSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { fixture } from './helpers.mjs'
+import { mountTmpfs as mountTmpfsIn, umount, fixture } from './helpers.mjs'
 import { input, turn } from './persist-faults-child.mjs'
 
 const require = createRequire(import.meta.url)
@@ -89,14 +89,7 @@ describe('a process killed while saving', () => {
 
 // ---------------------------------------------------------------- disk faults, on a tmpfs
 
-/** Mounts a tmpfs of `size` at a fresh directory; `null` where mounting is not allowed. */
-function mountTmpfs(size, name) {
-  const at = path.join(dir, name)
-  mkdirSync(at)
-  const r = spawnSync('mount', ['-t', 'tmpfs', '-o', `size=${size}`, 'tmpfs', at])
-  return r.status === 0 ? at : null
-}
-const umount = (at) => spawnSync('umount', [at])
+const mountTmpfs = (size, name) => mountTmpfsIn(dir, size, name)
 
 describe('disk faults', () => {
   it('a full disk: IO_ERROR, no partial file, and the previous save still restores', async (t) => {

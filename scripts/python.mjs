@@ -18,7 +18,8 @@ const venv = join(root, 'target', 'python-venv')
 export const venvPython = join(venv, process.platform === 'win32' ? 'Scripts/python.exe' : 'bin/python')
 const wheels = join(root, 'target', 'wheels')
 const stamp = join(venv, '.expert-runtime-built')
-const TOOLS = ['maturin==1.16.0', 'pytest==9.2.0']
+// kubernetes-validate: the deployment manifests' schema check (python/tests/test_deploy.py).
+const TOOLS = ['maturin==1.16.0', 'pytest==9.2.0', 'kubernetes-validate==1.37.0']
 
 /** The venv with the package built from the current sources installed; returns its python. */
 /** The wheel the last build left in target/wheels. */

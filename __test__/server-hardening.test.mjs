@@ -103,6 +103,23 @@ describe('OpenAI server hardening', () => {
     }
   })
 
+  it('the vLLM-spelled endpoints bound their bodies too: stalled 408, oversized 413', { timeout: 30_000 }, async () => {
+    const s = await start(rt, { bodyTimeoutMs: 300, maxBodyBytes: 1024, expertsDir: ADAPTERS })
+    try {
+      for (const p of ['/tokenize', '/detokenize', '/v1/load_lora_adapter', '/v1/unload_lora_adapter']) {
+        const c = stalled(s.port, `POST ${p} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"prompt":`)
+        const a = parseAnswer(await c.answer)
+        assert.equal(a.status, 408, `${p}: ${a.headers}`)
+        const big = await fetch(`${s.base}${p}`, { method: 'POST', body: JSON.stringify({ prompt: 'x'.repeat(4096) }) })
+        assert.equal(big.status, 413, p)
+        const notJson = await fetch(`${s.base}${p}`, { method: 'POST', body: '{"prompt": ' })
+        assert.equal(notJson.status, 400, p)
+      }
+    } finally {
+      await s.server.close()
+    }
+  })
+
   it('the handler bounds a body by itself where it is mounted, a trickling one too; OpenAIServer bounds headers', { timeout: 30_000 }, async () => {
     // A server of the user's with node's own limits off: only the handler can end these.
     const handler = openaiHandler(rt, { modelName: 'tiny', bodyTimeoutMs: 300 })

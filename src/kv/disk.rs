@@ -254,11 +254,6 @@ impl DiskTier {
             }
         }
     }
-
-    /// Blocks waiting for the writer.
-    pub fn queued(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
-    }
 }
 
 impl Drop for DiskTier {

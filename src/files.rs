@@ -2,8 +2,9 @@
 //! the open, a link to `/dev/zero` would be read until memory runs out), text files only up to
 //! a size cap, and the machine's memory, which bounds what a file may make us allocate.
 
+use sha2::{Digest, Sha256};
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Largest JSON / template / tokenizer file read into memory (tokenizer.json files of large
 /// vocabularies are ~10–20 MB).
@@ -56,6 +57,41 @@ pub fn read_text(path: &Path) -> Result<String, ReadError> {
     Ok(text)
 }
 
+/// The files whose bytes make up what `path` names: `path` itself when it is not a directory,
+/// else the directory's regular files whose names `keep` accepts, in name order.
+pub fn content_files(path: &Path, keep: impl Fn(&str) -> bool) -> std::io::Result<Vec<PathBuf>> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && keep(p.file_name().and_then(|n| n.to_str()).unwrap_or("")))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Feeds each file's name and then its bytes, read 1 MiB at a time, to `h`, in the order
+/// given. Only regular files are opened (a named pipe would block the read); the error names
+/// the file that failed.
+pub fn hash_files(h: &mut Sha256, files: &[PathBuf]) -> Result<(), (PathBuf, ReadError)> {
+    let mut buf = vec![0u8; 1 << 20];
+    for f in files {
+        let fail = |e: ReadError| (f.clone(), e);
+        regular_file_len(f).map_err(fail)?;
+        h.update(f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default().as_bytes());
+        let mut file = std::fs::File::open(f).map_err(|e| fail(ReadError::Io(e)))?;
+        loop {
+            let n = file.read(&mut buf).map_err(|e| fail(ReadError::Io(e)))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    Ok(())
+}
+
 /// The machine's physical memory in bytes (Linux `/proc/meminfo`; `None` elsewhere).
 pub fn total_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -103,5 +139,38 @@ mod tests {
         }
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(total_memory().is_none_or(|m| m > 0));
+    }
+
+    #[test]
+    fn content_files_are_hashed_by_name_then_bytes_in_order() {
+        let dir = std::env::temp_dir().join(format!("er-hash-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub.json")).unwrap();
+        std::fs::write(dir.join("b.json"), b"bee").unwrap();
+        std::fs::write(dir.join("a.json"), vec![7u8; (1 << 20) + 3]).unwrap();
+        std::fs::write(dir.join("skip.txt"), b"x").unwrap();
+        let files = content_files(&dir, |n| n.ends_with(".json")).unwrap();
+        assert_eq!(files, vec![dir.join("a.json"), dir.join("b.json")]); // the directory is left out
+        let mut h = Sha256::new();
+        hash_files(&mut h, &files).unwrap();
+        let mut want = Sha256::new();
+        want.update(b"a.json");
+        want.update(vec![7u8; (1 << 20) + 3]);
+        want.update(b"b.json");
+        want.update(b"bee");
+        assert_eq!(h.finalize(), want.finalize());
+        assert_eq!(content_files(&dir.join("b.json"), |_| false).unwrap(), vec![dir.join("b.json")]);
+        assert!(content_files(&dir.join("missing"), |_| true).is_ok_and(|f| f.len() == 1));
+        let missing = [dir.join("missing")];
+        assert!(matches!(hash_files(&mut Sha256::new(), &missing), Err((p, ReadError::NotFound)) if p == missing[0]));
+        #[cfg(unix)]
+        {
+            let fifo = dir.join("pipe.bin");
+            let ok = std::process::Command::new("mkfifo").arg(&fifo).status().map(|s| s.success()).unwrap_or(false);
+            if ok {
+                // Refused before the open, which would block until a writer came.
+                assert!(matches!(hash_files(&mut Sha256::new(), &[fifo]), Err((_, ReadError::NotRegular))));
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

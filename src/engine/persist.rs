@@ -21,7 +21,6 @@
 //!   the cache.
 //! * Not yet: models with sliding-window layers are refused (`kv::image`).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,19 +45,8 @@ struct SessionData {
 /// The files whose bytes make a model at `path`: the file itself, or a directory's
 /// `config.json` and weight files, in name order.
 fn model_files(path: &Path) -> Result<Vec<PathBuf>> {
-    if path.is_file() {
-        return Ok(vec![path.to_path_buf()]);
-    }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| EngineError::Internal(format!("cannot list the model directory {}: {e}", path.display())))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            p.is_file() && (name == "config.json" || name.ends_with(".safetensors") || name.ends_with(".gguf"))
-        })
-        .collect();
-    files.sort();
-    Ok(files)
+    crate::files::content_files(path, |name| name == "config.json" || name.ends_with(".safetensors") || name.ends_with(".gguf"))
+        .map_err(|e| EngineError::Internal(format!("cannot list the model directory {}: {e}", path.display())))
 }
 
 /// A fingerprint of the model at `path` and of the load options that shape its cache (see
@@ -71,19 +59,7 @@ pub(super) fn fingerprint(i: &super::ModelInfo, path: &Path) -> std::result::Res
     );
     h.update(options.as_bytes());
     let files = model_files(path).map_err(|e| e.to_string())?;
-    let mut buf = vec![0u8; 1 << 20];
-    for f in files {
-        let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        h.update(name.as_bytes());
-        let mut file = std::fs::File::open(&f).map_err(|e| format!("{}: {e}", f.display()))?;
-        loop {
-            let n = file.read(&mut buf).map_err(|e| format!("{}: {e}", f.display()))?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-    }
+    crate::files::hash_files(&mut h, &files).map_err(|(f, e)| format!("{}: {e}", f.display()))?;
     Ok(format!("sha256:{:x}", h.finalize()))
 }
 

@@ -335,36 +335,12 @@ impl Adapters for ExpertSet {
 /// the `scale` it is applied with. Reads the files.
 pub fn fingerprint(path: &std::path::Path, scale: f64) -> Result<[u8; 32]> {
     use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let files: Vec<std::path::PathBuf> = if path.is_dir() {
-        let mut f: Vec<_> = std::fs::read_dir(path)
-            .map_err(|e| crate::error::EngineError::Io(format!("cannot list {}: {e}", path.display())))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                p.is_file() && (n == "adapter_config.json" || n.ends_with(".safetensors") || n.ends_with(".bin"))
-            })
-            .collect();
-        f.sort();
-        f
-    } else {
-        vec![path.to_path_buf()]
-    };
+    let files =
+        crate::files::content_files(path, |n| n == "adapter_config.json" || n.ends_with(".safetensors") || n.ends_with(".bin"))
+            .map_err(|e| crate::error::EngineError::Io(format!("cannot list {}: {e}", path.display())))?;
     let mut h = Sha256::new();
     h.update(scale.to_bits().to_le_bytes());
-    let mut buf = vec![0u8; 1 << 20];
-    for f in files {
-        h.update(f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default().as_bytes());
-        let mut file =
-            std::fs::File::open(&f).map_err(|e| crate::error::EngineError::Io(format!("cannot read {}: {e}", f.display())))?;
-        loop {
-            let n =
-                file.read(&mut buf).map_err(|e| crate::error::EngineError::Io(format!("cannot read {}: {e}", f.display())))?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-    }
+    crate::files::hash_files(&mut h, &files)
+        .map_err(|(f, e)| crate::error::EngineError::Io(format!("cannot read {}: {e}", f.display())))?;
     Ok(h.finalize().into())
 }

@@ -13,12 +13,29 @@ use crate::kv::BlockId;
 /// Expert sets named for the disk tier at most (a set is named at each admission under it).
 const MAX_NAMED_SETS: usize = 4096;
 
+/// Disk keys remembered by content id at most (48 bytes each with the map's overhead aside);
+/// past it the memo starts over, and the next offer walks its chain from the first block.
+const MAX_REMEMBERED_KEYS: usize = 1 << 16;
+
 /// The disk tier and the expert sets it may key.
 pub(crate) struct DiskSide {
     pub(crate) tier: DiskTier,
     /// The disk key of each expert set (load ids) whose adapters have fingerprints; the empty
     /// set is always zeros.
     sets: HashMap<Vec<u64>, DiskKey>,
+    /// The disk key of registered blocks, by content id: a block's disk key names its whole
+    /// chain, so the next block's key follows from it without hashing the chain again. Content
+    /// ids are never reused, and a set's disk key never changes, so an entry never goes stale.
+    chain: HashMap<u64, DiskKey>,
+}
+
+impl DiskSide {
+    fn remember(&mut self, cid: u64, key: DiskKey) {
+        if self.chain.len() >= MAX_REMEMBERED_KEYS {
+            self.chain.clear();
+        }
+        self.chain.insert(cid, key);
+    }
 }
 
 impl KvManager {
@@ -35,7 +52,7 @@ impl KvManager {
         if !self.prefix_cache {
             return Err(EngineError::InvalidArgument("kvCache.disk needs the prefix cache (kvCache.prefixCache: false)".into()));
         }
-        self.disk = Some(DiskSide { tier, sets: HashMap::new() });
+        self.disk = Some(DiskSide { tier, sets: HashMap::new(), chain: HashMap::new() });
         Ok(())
     }
 
@@ -65,9 +82,10 @@ impl KvManager {
         d.sets.get(set).copied()
     }
 
-    /// Offers the full blocks of `table` before position `until` that the disk may not hold
-    /// (those registered at or after `first_new`) to the writer. Keys chain from the first
-    /// block, so every full block's key is computed; only new ones are imaged.
+    /// Offers the full blocks of `table` before block `end` that the disk may not hold (those
+    /// registered at or after block `first_new`) to the writer. Keys chain from the first
+    /// block: the walk starts from the remembered key of the block before `first_new` (a
+    /// decoding sequence's previous offer), else from the first block.
     pub(super) fn offer_to_disk(
         &mut self,
         table: &BlockTable,
@@ -79,18 +97,29 @@ impl KvManager {
         let Some(set) = self.disk_set(experts) else { return };
         let bs = self.pool.block_size();
         let blocks = &table.groups()[0];
+        let end = end.min(blocks.len());
         let Some(d) = &mut self.disk else { return };
-        let mut parent = d.tier.root(0, &set);
+        let remembered = first_new
+            .checked_sub(1)
+            .and_then(|b| blocks.get(b))
+            .filter(|&&block| block != NO_BLOCK)
+            .and_then(|&block| self.pool.cid(block))
+            .and_then(|cid| d.chain.get(&cid));
+        let (mut parent, start) = match remembered {
+            Some(k) => (*k, first_new),
+            None => (d.tier.root(0, &set), 0),
+        };
         let mut tokens = Vec::with_capacity(bs);
-        for (b, &block) in blocks.iter().enumerate().take(end) {
+        for (b, &block) in blocks.iter().enumerate().take(end).skip(start) {
             tokens.clear();
             tokens.extend((b * bs..(b + 1) * bs).map(key));
             parent = DiskTier::chain(&parent, &tokens);
-            if b < first_new || block == NO_BLOCK || !self.pool.is_registered(block) {
-                continue;
+            let Some(cid) = (block != NO_BLOCK).then(|| self.pool.cid(block)).flatten() else { continue };
+            d.remember(cid, parent);
+            if b >= first_new {
+                let store = &self.store;
+                d.tier.offer(parent, || store.block_image(block));
             }
-            let store = &self.store;
-            d.tier.offer(parent, || store.block_image(block));
         }
     }
 
@@ -114,6 +143,7 @@ impl KvManager {
             let key = BlockKey { parent, experts: experts.to_vec(), tokens: tokens.to_vec() };
             if let Some(b) = self.pool.lookup(&key) {
                 parent = self.pool.cid(b).expect("a block found by lookup is registered");
+                d.remember(parent, disk_key);
                 found.push(b);
                 continue;
             }
@@ -129,6 +159,7 @@ impl KvManager {
                 break;
             }
             parent = self.pool.register(b, key);
+            d.remember(parent, disk_key);
             held.push(b);
             revived += 1;
         }

@@ -38,21 +38,26 @@ fn manager(dir: &Path, format: KvFormat, blocks: usize) -> (KvManager, Arc<DiskC
 /// registered under `experts`.
 fn filled(m: &mut KvManager, keys: &[u32], experts: &[u64]) -> BlockTable {
     let mut t = BlockTable::default();
-    assert!(m.resume(&mut t, 0, m.blocks_for(keys.len())).unwrap());
+    extend(m, &mut t, keys, experts);
+    t
+}
+
+/// Writes `t`'s positions from its length to `keys.len()` and registers the blocks they fill,
+/// as a prefill (many positions) or a decode step (one) does.
+fn extend(m: &mut KvManager, t: &mut BlockTable, keys: &[u32], experts: &[u64]) {
+    let from = t.len();
+    assert!(m.resume(t, from, m.blocks_for(keys.len())).unwrap());
     let mut runs = Vec::new();
-    slot_runs(t.blocks(), BS, 0, 0, keys.len(), &mut runs);
+    slot_runs(t.blocks(), BS, 0, from, keys.len() - from, &mut runs);
     for layer in 0..2 {
-        let v: Vec<f32> = keys
-            .iter()
-            .enumerate()
-            .flat_map(|(p, &k)| (0..64).map(move |i| ((k as usize * 7 + p * 3 + i + layer) % 97) as f32 / 10.0 - 4.0))
+        let v: Vec<f32> = (from..keys.len())
+            .flat_map(|p| (0..64).map(move |i| ((keys[p] as usize * 7 + p * 3 + i + layer) % 97) as f32 / 10.0 - 4.0))
             .collect();
-        let x = Tensor::from_vec(v, (keys.len(), 64), &Device::Cpu).unwrap();
+        let x = Tensor::from_vec(v, (keys.len() - from, 64), &Device::Cpu).unwrap();
         m.store().write(layer, &runs, &x, &(x.clone() * 0.5).unwrap()).unwrap();
     }
     t.advance(keys.len());
-    m.cache_full_blocks(&t, 0, usize::MAX, experts, |p| keys[p]);
-    t
+    m.cache_full_blocks(t, from, usize::MAX, experts, |p| keys[p]);
 }
 
 fn images(m: &KvManager, blocks: &[u32]) -> Vec<Vec<u8>> {
@@ -92,6 +97,46 @@ fn a_restarted_manager_reads_a_prompts_blocks_back_bit_for_bit() {
         drop((b, c));
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+#[test]
+fn blocks_filled_one_decode_step_at_a_time_reach_the_disk_under_their_chain() {
+    // Each offer continues the chain from the key remembered for the block before; a wrong
+    // parent would put the later blocks where a restarted manager does not look.
+    let f = KvFormat::Dense(DType::F32);
+    let dir = scratch();
+    let keys: Vec<u32> = (0..27).map(|i| 40 + i * 11 % 23).collect();
+    let (mut a, ca) = manager(&dir, f, 16);
+    a.name_expert_set(&[3], [3; 32]);
+    let mut t = BlockTable::default();
+    extend(&mut a, &mut t, &keys[..6], &[3]);
+    for n in 7..=keys.len() {
+        extend(&mut a, &mut t, &keys[..n], &[3]);
+    }
+    let want = images(&a, &t.blocks()[..6]);
+    drop(a);
+    assert_eq!(ca.written.load(Ordering::Relaxed), 6);
+    let (mut b, _) = manager(&dir, f, 16);
+    b.name_expert_set(&[4], [3; 32]);
+    assert_eq!(b.revive_from_disk(&keys, &[4]).unwrap(), 6);
+    let hit = b.match_prefix(&keys, &[4]);
+    assert_eq!(hit.tokens, 24);
+    assert_eq!(images(&b, &hit.groups[0].blocks), want);
+    // A revived chain is remembered too: a table continuing it offers its next blocks under
+    // their keys.
+    let mut longer = keys.clone();
+    longer.extend([5, 6, 7, 8, 9]);
+    let mut u = BlockTable::default();
+    let hit = b.pin(hit);
+    assert!(b.adopt(&mut u, hit, b.blocks_for(longer.len())).unwrap());
+    assert_eq!(u.len(), 24);
+    extend(&mut b, &mut u, &longer, &[4]);
+    drop(b);
+    let (mut c, _) = manager(&dir, f, 16);
+    c.name_expert_set(&[5], [3; 32]);
+    assert_eq!(c.revive_from_disk(&longer, &[5]).unwrap(), 8);
+    drop(c);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

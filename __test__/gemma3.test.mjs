@@ -63,7 +63,7 @@ describe('Gemma 3: gemma3-tiny', () => {
     })
   }
 
-  itRunsSessionsPastTheWindow(() => rt, ref)
+  itRunsSessionsPastTheWindow(() => rt, ref, fixture(NAME))
 })
 
 // The text model of a multimodal checkpoint (model_type gemma3 with a text_config, the layout of
@@ -105,5 +105,5 @@ describe('Gemma 3: the text model of a multimodal checkpoint (gemma3-mm-tiny)', 
     }
   })
 
-  itRunsSessionsPastTheWindow(() => rt, { prompt_ids: cases.base.prompt_ids, f32: { steps: cases.base.steps } })
+  itRunsSessionsPastTheWindow(() => rt, { prompt_ids: cases.base.prompt_ids, f32: { steps: cases.base.steps } }, fixture(MM))
 })

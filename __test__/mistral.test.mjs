@@ -21,6 +21,6 @@ for (const name of ['mistral-tiny', 'ministral-tiny']) {
     })
     after(() => rt?.dispose())
 
-    itRunsSessionsPastTheWindow(() => rt, ref)
+    itRunsSessionsPastTheWindow(() => rt, ref, fixture(name))
   })
 }

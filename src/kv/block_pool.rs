@@ -202,6 +202,13 @@ impl BlockPool {
         self.index.insert(b, key)
     }
 
+    /// Registers held block `b`, a copy of registered block `of`'s contents, as `of` is
+    /// (see [`super::prefix::PrefixIndex::insert_copy`]).
+    pub fn register_copy(&mut self, b: BlockId, of: BlockId) {
+        debug_assert!(self.refs(b) > 0);
+        self.index.insert_copy(b, of);
+    }
+
     /// Forgets a held block's key before its contents change.
     pub fn unregister(&mut self, b: BlockId) {
         debug_assert!(self.refs(b) > 0);
@@ -235,6 +242,16 @@ impl BlockPool {
 
     pub fn longest_partial(&self, parent: u64, experts: &[u64], tokens: &[u32]) -> Option<(BlockId, usize)> {
         self.index.longest_partial(parent, experts, tokens)
+    }
+
+    /// See [`super::prefix::PrefixIndex::lookup_link`].
+    pub fn lookup_link(&self, key: &BlockKey) -> Option<(Option<BlockId>, u64)> {
+        self.index.lookup_link(key)
+    }
+
+    /// See [`super::prefix::PrefixIndex::links`].
+    pub fn links(&self) -> usize {
+        self.index.links()
     }
 }
 
@@ -301,6 +318,58 @@ mod tests {
         assert_eq!(c, b);
         assert!(!p.is_registered(c));
         assert_eq!(p.lookup(&key(cid, &[3, 4])), None);
+    }
+
+    #[test]
+    fn a_recycled_block_leaves_a_link_that_keeps_its_chain_and_gives_its_cid_back() {
+        let mut p = BlockPool::new(2, 2);
+        let a = p.alloc().unwrap();
+        let cid = p.register(a, key(ROOT, &[1, 2]));
+        let b = p.alloc().unwrap();
+        let child = p.register(b, key(cid, &[3, 4]));
+        p.release(a);
+        // `a` is recycled: its key now finds no block, but the walk still gets its content id
+        // and, from it, the child that is still held.
+        let c = p.alloc().unwrap();
+        assert_eq!(c, a);
+        assert_eq!(p.lookup(&key(ROOT, &[1, 2])), None);
+        assert_eq!(p.lookup_link(&key(ROOT, &[1, 2])), Some((None, cid)));
+        assert_eq!(p.lookup_link(&key(cid, &[3, 4])), Some((Some(b), child)));
+        assert_eq!(p.lookup_link(&key(ROOT, &[1, 9])), None);
+        assert_eq!(p.links(), 1);
+        // The same contents computed again take the old content id, not a new one.
+        assert_eq!(p.register(c, key(ROOT, &[1, 2])), cid);
+        assert_eq!(p.links(), 0);
+        assert_eq!(p.lookup_link(&key(ROOT, &[1, 2])), Some((Some(c), cid)));
+        // Other contents get a new id.
+        p.unregister(c);
+        assert_ne!(p.register(c, key(ROOT, &[5, 6])), cid);
+    }
+
+    #[test]
+    fn links_are_bounded_oldest_forgotten_first() {
+        let mut p = BlockPool::new(1, 1);
+        let b = p.alloc().unwrap();
+        let cids: Vec<u64> = (0..100)
+            .map(|t| {
+                let cid = p.register(b, key(ROOT, &[t]));
+                p.unregister(b);
+                cid
+            })
+            .collect();
+        // A pool of one block keeps 64 links.
+        assert_eq!(p.links(), 64);
+        assert_eq!(p.lookup_link(&key(ROOT, &[35])), None);
+        assert_eq!(p.lookup_link(&key(ROOT, &[36])), Some((None, cids[36])));
+        assert_eq!(p.lookup_link(&key(ROOT, &[99])), Some((None, cids[99])));
+        // Equal hashes (a constant hasher) are told apart by the keys.
+        let mut q = BlockPool::with_hasher(1, 1, |_| 7);
+        let b = q.alloc().unwrap();
+        let x = q.register(b, key(ROOT, &[1]));
+        q.unregister(b);
+        let y = q.register(b, key(ROOT, &[2]));
+        q.unregister(b);
+        assert_eq!((q.lookup_link(&key(ROOT, &[1])), q.lookup_link(&key(ROOT, &[2]))), (Some((None, x)), Some((None, y))));
     }
 
     #[test]

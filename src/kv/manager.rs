@@ -65,10 +65,31 @@ pub struct PrefixHit {
 /// What one table group's chain holds of a prompt: whole blocks, then a partial block.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct GroupHit {
-    /// Full blocks matching the prompt's first `blocks.len() · block_size` positions.
+    /// Full blocks matching the prompt's first `blocks.len() · block_size` positions;
+    /// [`NO_BLOCK`] where only a link to a forgotten block remains (see [`super::prefix`]),
+    /// which a window group need not read.
     pub blocks: Vec<BlockId>,
+    /// The content id of each of `blocks`.
+    pub cids: Vec<u64>,
     /// A registered block sharing its first `n` positions with the prompt after `blocks`.
     pub partial: Option<(BlockId, usize)>,
+}
+
+impl GroupHit {
+    /// Whether the group holds every block a query at position `tokens` reads under `rule`.
+    fn serves(&self, tokens: usize, rule: GroupRule, bs: usize) -> bool {
+        (rule.live_from(tokens, bs)..blocks_for(tokens, bs)).all(|i| match self.blocks.get(i) {
+            Some(&b) => b != NO_BLOCK,
+            None => i == self.blocks.len() && self.partial.is_some_and(|(_, n)| i * bs + n >= tokens),
+        })
+    }
+
+    /// Keeps the first `n` whole blocks, without the partial one.
+    fn truncate(&mut self, n: usize) {
+        self.blocks.truncate(n);
+        self.cids.truncate(n);
+        self.partial = None;
+    }
 }
 
 /// A [`PrefixHit`] whose blocks are pinned (eviction cannot recycle them). Consume it with
@@ -81,7 +102,7 @@ impl PrefixHit {
     /// Every block the hit references: per group, the full ones, then the partial match's
     /// source.
     fn referenced_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.groups.iter().flat_map(|g| g.blocks.iter().copied().chain(g.partial.map(|(b, _)| b)))
+        self.groups.iter().flat_map(|g| g.blocks.iter().copied().filter(|&b| b != NO_BLOCK).chain(g.partial.map(|(b, _)| b)))
     }
 }
 
@@ -290,27 +311,40 @@ impl KvManager {
             return PrefixHit::default();
         }
         let bs = self.pool.block_size();
-        let mut hit = PrefixHit { groups: Vec::new(), tokens: usize::MAX, matched: 0 };
+        let mut groups = Vec::with_capacity(self.rules.len());
         for g in 0..self.rules.len() {
             let mut group = GroupHit::default();
             let mut parent = root(g);
             for tokens in keys.chunks_exact(bs) {
                 let key = BlockKey { parent, experts: experts.to_vec(), tokens: tokens.to_vec() };
-                let Some(b) = self.pool.lookup(&key) else { break };
-                parent = self.pool.cid(b).expect("a block found by lookup is registered");
-                group.blocks.push(b);
+                let Some((b, cid)) = self.pool.lookup_link(&key) else { break };
+                parent = cid;
+                group.blocks.push(b.unwrap_or(NO_BLOCK));
+                group.cids.push(cid);
             }
             let m = group.blocks.len() * bs;
             if m < keys.len() {
                 let next = &keys[m..(m + bs).min(keys.len())];
                 group.partial = self.pool.longest_partial(parent, experts, next);
             }
-            hit.tokens = hit.tokens.min(m + group.partial.map_or(0, |(_, n)| n));
-            hit.groups.push(group);
+            groups.push(group);
         }
-        if hit.tokens == 0 || hit.groups.is_empty() {
+        // The longest hit every group serves: what the shortest chain covers, or, where a
+        // group lacks a block it would read there, the last block boundary where none does.
+        let longest = |g: &GroupHit| g.blocks.len() * bs + g.partial.map_or(0, |(_, n)| n);
+        let mut tokens = groups.iter().map(longest).min().unwrap_or(0);
+        if !groups.iter().zip(&self.rules).all(|(g, &r)| g.serves(tokens, r, bs)) {
+            tokens = (0..tokens.div_ceil(bs))
+                .rev()
+                .map(|k| k * bs)
+                .find(|&t| groups.iter().zip(&self.rules).all(|(g, &r)| g.serves(t, r, bs)))
+                .unwrap_or(0);
+            groups.iter_mut().for_each(|g| g.truncate(tokens / bs));
+        }
+        if tokens == 0 {
             return PrefixHit::default();
         }
+        let hit = PrefixHit { groups, tokens, matched: 0 };
         if self.has_states() {
             return self.cut_to_snapshot(hit);
         }
@@ -321,14 +355,15 @@ impl KvManager {
     /// ends where a snapshot does (the last whole block that ends one), or is empty.
     fn cut_to_snapshot(&self, mut hit: PrefixHit) -> PrefixHit {
         let whole = hit.groups.iter().map(|g| g.blocks.len()).min().unwrap_or(0).min(hit.tokens / self.pool.block_size());
-        let ends_snapshot = |k: usize| self.pool.cid(hit.groups[0].blocks[k - 1]).is_some_and(|c| self.snapshots.contains(c));
-        let matched = whole * self.pool.block_size();
+        let bs = self.pool.block_size();
+        let ends_snapshot = |k: usize| {
+            self.snapshots.contains(hit.groups[0].cids[k - 1])
+                && hit.groups.iter().zip(&self.rules).all(|(g, &r)| g.serves(k * bs, r, bs))
+        };
+        let matched = whole * bs;
         let Some(k) = (1..=whole).rev().find(|&k| ends_snapshot(k)) else { return PrefixHit { matched, ..Default::default() } };
-        for g in &mut hit.groups {
-            g.blocks.truncate(k);
-            g.partial = None;
-        }
-        hit.tokens = k * self.pool.block_size();
+        hit.groups.iter_mut().for_each(|g| g.truncate(k));
+        hit.tokens = k * bs;
         hit.matched = matched;
         hit
     }
@@ -427,13 +462,19 @@ impl KvManager {
                 }
                 let b = self.pool.alloc().expect("availability checked");
                 self.store.copy_block(src, b, if i < whole { bs } else { tokens % bs })?;
+                if i < whole {
+                    // The blocks this table registers after it name it as their parent.
+                    self.pool.register_copy(b, src);
+                }
                 list.push(b);
             }
             // The pins not handed to the table.
             let shared = if rule.window.is_none() { whole } else { 0 };
-            unpinned.extend(group.blocks.iter().enumerate().filter(|&(i, _)| i >= shared || i < from).map(|(_, &b)| b));
+            unpinned.extend(
+                group.blocks.iter().enumerate().filter(|&(i, &b)| b != NO_BLOCK && (i >= shared || i < from)).map(|(_, &b)| b),
+            );
             unpinned.extend(group.partial.map(|(b, _)| b));
-            parents.push(if from == 0 { Some(root(g)) } else { self.pool.cid(group.blocks[from - 1]) });
+            parents.push(Some(if from == 0 { root(g) } else { group.cids[from - 1] }));
             lists.push(list);
             live.push(from);
         }

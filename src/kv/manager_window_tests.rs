@@ -85,8 +85,8 @@ fn blocks_behind_the_window_go_back_to_the_pool() {
 fn a_prefix_hit_copies_the_blocks_the_window_sees_and_shares_the_full_ones() {
     let mut m = manager(64);
     // Blocks behind a window are cached like any other; while the cache does not pay for
-    // itself the pool recycles them first (the sequence itself then reuses them), and a later
-    // prompt finds only what is left. Here it pays, so the chain behind the window lasts.
+    // itself the pool recycles them first (the sequence itself then reuses them), leaving
+    // links (see the next test). Here it pays, so the blocks behind the window stay cached.
     m.assume_cache_pays();
     let keys: Vec<u32> = (1..=30).collect();
     let mut a = finished(&mut m, &keys, 31);
@@ -119,6 +119,48 @@ fn a_prefix_hit_copies_the_blocks_the_window_sees_and_shares_the_full_ones() {
     m.free(&mut a);
     m.free(&mut b);
     assert_eq!(m.used_blocks(), 0);
+}
+
+#[test]
+fn a_hit_reaches_past_window_blocks_that_are_gone_to_the_ones_the_window_sees() {
+    let mut m = manager(64);
+    let keys: Vec<u32> = (1..=28).collect();
+    let mut a = finished(&mut m, &keys, 28);
+    // A holds the full group's 7 blocks and the window group's blocks 5 and 6 (what a query
+    // at 28 sees); the window group's blocks 0–4 went back to the pool, and giving the cache
+    // back now forgets them: only links to them remain.
+    assert_eq!(a.groups()[0].iter().filter(|&&b| b != NO_BLOCK).count(), 2);
+    m.give_back().unwrap();
+    assert_eq!(m.cached_blocks(), 0);
+    assert_eq!(m.pool.links(), 5);
+    let mut keys_b = keys.clone();
+    keys_b.push(99);
+    let hit = m.match_prefix(&keys_b[..28], &[]);
+    assert_eq!(hit.tokens, 28, "the chain walks through the links");
+    assert_eq!(hit.groups[0].blocks[..5], [NO_BLOCK; 5]);
+    let hit = m.pin(hit);
+    let need = m.blocks_for(30);
+    let mut b = BlockTable::default();
+    assert!(m.adopt(&mut b, hit, need).unwrap());
+    assert_eq!(read(&m, &b, 0, 23..28), vec![24.0, 25.0, 26.0, 27.0, 28.0]);
+    assert_eq!(read(&m, &b, 1, 0..28), read(&m, &a, 1, 0..28));
+    write(&mut m, &mut b, &keys_b, 29);
+    assert_eq!(read(&m, &b, 0, 24..29), vec![25.0, 26.0, 27.0, 28.0, 99.0]);
+    // B's blocks chain from A's: a third prompt that goes on as B did finds B's last block.
+    write(&mut m, &mut b, &[keys_b.clone(), vec![98, 97, 96]].concat(), 32);
+    let keys_c: Vec<u32> = [keys_b.clone(), vec![98, 97, 96, 1]].concat();
+    assert_eq!(m.match_prefix(&keys_c[..32], &[]).tokens, 32);
+    // Once A and B are gone too, nothing is left to serve a hit: a full group needs its blocks.
+    m.free(&mut a);
+    m.free(&mut b);
+    m.give_back().unwrap();
+    assert_eq!(m.match_prefix(&keys_c[..32], &[]), PrefixHit::default());
+    // The prefix computed again takes its old content ids back from the links.
+    let links = m.pool.links();
+    let mut d = finished(&mut m, &keys, 28);
+    assert!(m.pool.links() < links);
+    assert_eq!(m.match_prefix(&keys_b[..28], &[]).tokens, 28);
+    m.free(&mut d);
 }
 
 #[test]

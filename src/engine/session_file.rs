@@ -13,6 +13,8 @@
 //!   stream at most [`MAX_TOKENS`] tokens, a block at most [`MAX_BLOCK_BYTES`].
 //! * [`write_atomic`] writes a temporary file beside the target, syncs it, renames it over the
 //!   target and syncs the directory: a crash leaves the old file or the new one, never a mix.
+//!   A process killed mid-save leaves its temporary file (`.<name>.<pid>.tmp`): the next save
+//!   to the same name removes those of processes that are gone.
 //! * Whether a file fits the runtime that reads it (same model, pool format, experts) is the
 //!   caller's check: this module only guarantees that what it returns is what was written.
 
@@ -36,6 +38,11 @@ pub const MAX_TOKENS: usize = 1 << 24;
 pub const MAX_BLOCK_BYTES: usize = 1 << 30;
 /// Longest recurrent state, in values.
 pub const MAX_STATE_VALUES: usize = 1 << 30;
+/// Directory entries a save looks through for temporary files left by killed saves.
+const MAX_TEMP_SCAN: usize = 10_000;
+/// A temporary file younger than this is never taken for a dead save's (a process of another
+/// PID namespace may be writing it; a save takes seconds).
+const TEMP_MIN_AGE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What a session was made with, and how the file's body is sized.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -263,7 +270,29 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Ok(d) = std::fs::File::open(&dir) {
         let _ = d.sync_all();
     }
+    remove_left_temps(&dir, &file_name.to_string_lossy());
     Ok(())
+}
+
+/// Removes the temporary files that saves to `file_name` in `dir` left when their process was
+/// killed: `.<file_name>.<pid>.tmp`, older than [`TEMP_MIN_AGE`], of a process that is gone
+/// (where `/proc` says; elsewhere, older than a day). Best effort: what cannot be listed or
+/// removed stays.
+fn remove_left_temps(dir: &Path, file_name: &str) {
+    let (prefix, me) = (format!(".{file_name}."), std::process::id());
+    let proc_fs = Path::new("/proc/self").exists();
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten().take(MAX_TEMP_SCAN) {
+        let name = e.file_name();
+        let pid = name.to_str().and_then(|n| n.strip_prefix(&prefix)?.strip_suffix(".tmp")?.parse::<u32>().ok());
+        let Some(pid) = pid.filter(|&p| p != me) else { continue };
+        let Ok(meta) = e.metadata() else { continue };
+        let age = meta.modified().ok().and_then(|t| t.elapsed().ok()).unwrap_or_default();
+        let gone = if proc_fs { !Path::new(&format!("/proc/{pid}")).exists() } else { age > TEMP_MIN_AGE * 144 };
+        if meta.is_file() && age > TEMP_MIN_AGE && gone {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 #[cfg(test)]

@@ -175,6 +175,36 @@ fn only_regular_files_are_read_and_failed_writes_leave_nothing() {
 }
 
 #[test]
+fn a_save_removes_the_temporary_files_killed_saves_left_and_nothing_else() {
+    let d = dir();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    let make = |name: &str, old: bool| {
+        let p = d.path().join(name);
+        let f = std::fs::File::create(&p).unwrap();
+        if old {
+            f.set_modified(hour_ago).unwrap();
+        }
+        p
+    };
+    // No process has an id this large (Linux caps them at 2^22).
+    let dead = make(".s.session.999999999.tmp", true);
+    let fresh = make(".s.session.999999998.tmp", false);
+    let live = make(".s.session.1.tmp", true);
+    let other = make(".other.session.999999999.tmp", true);
+    let odd = make(".s.session.x1.tmp", true);
+    std::fs::create_dir(d.path().join(".s.session.999999997.tmp")).unwrap();
+    write_atomic(&d.path().join("s.session"), &encode(&sample(false)).unwrap()).unwrap();
+    assert!(!dead.exists(), "a dead process's old temporary file is removed");
+    #[cfg(target_os = "linux")]
+    assert!(live.exists(), "process 1 is alive");
+    for p in [&fresh, &other, &odd] {
+        assert!(p.exists(), "{} stays", p.display());
+    }
+    assert!(d.path().join(".s.session.999999997.tmp").is_dir());
+    assert!(read(&d.path().join("s.session")).is_ok());
+}
+
+#[test]
 fn the_fuzzing_seed_is_a_valid_file() {
     // fuzz/corpus/session_file/seed-valid (written by hand to this format): kept valid so the
     // fuzzer starts from a file that gets past every check.

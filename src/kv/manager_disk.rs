@@ -24,8 +24,9 @@ pub(crate) struct DiskSide {
     /// set is always zeros.
     sets: HashMap<Vec<u64>, DiskKey>,
     /// The disk key of registered blocks, by content id: a block's disk key names its whole
-    /// chain, so the next block's key follows from it without hashing the chain again. Content
-    /// ids are never reused, and a set's disk key never changes, so an entry never goes stale.
+    /// chain, so the next block's key follows from it without hashing the chain again. A
+    /// content id names contents (see [`crate::kv::prefix`]), and a set's disk key never
+    /// changes, so an entry never goes stale.
     chain: HashMap<u64, DiskKey>,
 }
 

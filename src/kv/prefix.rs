@@ -16,8 +16,9 @@
 //! past blocks that are gone: a sliding-window layer's blocks behind the window are never read
 //! again, only named as parents, and are the first a busy pool recycles. A block registered
 //! again under a link's key takes the link's content id back, which reconnects the chain's
-//! later blocks. Links are bounded (oldest forgotten first); a content id stays unique, since a
-//! link exists only while no block holds its id.
+//! later blocks. Links are bounded (oldest forgotten first). So a content id names contents,
+//! not a block: blocks that hold the same id (a link's id given back, a window group's copy of
+//! a hit registered as its source, [`PrefixIndex::insert_copy`]) hold the same keys and values.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
@@ -71,7 +72,8 @@ struct Link {
     seq: u64,
 }
 
-/// Links kept at most per block of the pool (a link is its key: ~100 bytes for 16 tokens).
+/// Links kept at most per block of the pool (a link is its key and the maps' entries: ~200
+/// bytes for 16 tokens).
 const LINKS_PER_BLOCK: usize = 2;
 
 /// What the index did, for subscribers of KV events (recorded only while
